@@ -1,0 +1,89 @@
+"""Pure-PyTorch attention over the KV cache: the correctness oracle every kernel is checked against."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.interfaces import AttentionBackend, ScoreKind
+
+
+def visibility_mask(
+    lengths: torch.Tensor,
+    T: int,
+    L: int,
+    plan_indices: torch.Tensor | None = None,
+    dense_from: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Boolean mask of the cache positions each new row may see.
+
+    Returns:
+        ``(B, H_kv or 1, T, L)``: causal (``pos <= lengths[b] + t``) and, with a plan, restricted
+        to ``plan_indices`` plus positions ``>= dense_from[b]``.
+    """
+    device = lengths.device
+    B = lengths.shape[0]
+    pos = torch.arange(L, device=device)
+    row_pos = lengths.view(B, 1) + torch.arange(T, device=device)  # (B, T)
+    mask = (pos.view(1, 1, L) <= row_pos.view(B, T, 1)).unsqueeze(1)  # (B, 1, T, L)
+    if plan_indices is None:
+        return mask
+    Hkv = plan_indices.shape[1]
+    sel = torch.zeros(B, Hkv, L + 1, dtype=torch.bool, device=device)
+    idx = plan_indices.clamp(min=-1).long()
+    idx = torch.where((idx < 0) | (idx >= L), torch.full_like(idx, L), idx)  # padding → dump slot
+    sel.scatter_(2, idx, True)
+    sel = sel[..., :L]
+    if dense_from is not None:
+        sel = sel | (pos.view(1, 1, L) >= dense_from.view(B, 1, 1))
+    return mask & sel.unsqueeze(2)
+
+
+class ReferenceBackend(AttentionBackend):
+    """Dense, sparse and score-emitting attention written as plain einsums in float32.
+
+    Slow and memory-hungry on purpose: it is the definition, not the implementation.
+    """
+
+    name = "reference"
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+        plan_indices: torch.Tensor | None = None,
+        dense_from: torch.Tensor | None = None,
+        score_rows: Sequence[int] | None = None,
+        score_kind: ScoreKind = "logits",
+        score_heads: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, H, T, D = q.shape
+        Hkv, L = k_cache.shape[1], k_cache.shape[2]
+        G = H // Hkv
+        used = min(L, int(lengths.max()) + T)  # positions anyone can see
+        k = k_cache[:, :, :used].float()
+        v = v_cache[:, :, :used].float()
+        qg = q.float().view(B, Hkv, G, T, D)
+        logits = torch.einsum("bhgtd,bhld->bhgtl", qg, k) * scale  # (B, Hkv, G, T, used)
+        mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
+        logits = logits.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        out = torch.einsum("bhgtl,bhld->bhgtd", probs, v).reshape(B, H, T, D).to(q.dtype)
+
+        scores = None
+        if score_rows is not None:
+            src = logits if score_kind == "logits" else probs
+            rows = torch.as_tensor(list(score_rows), device=q.device, dtype=torch.long)
+            s = src.index_select(3, rows)  # (B, Hkv, G, R, used)
+            s = s.masked_fill(~mask.expand_as(logits).index_select(3, rows), 0.0)
+            if score_heads is not None:
+                keep = torch.zeros(H, dtype=torch.bool, device=q.device)
+                keep[torch.as_tensor(list(score_heads), device=q.device, dtype=torch.long)] = True
+                s = s * keep.view(1, Hkv, G, 1, 1)
+            scores = torch.zeros(B, Hkv, L, dtype=torch.float32, device=q.device)
+            scores[..., :used] = s.sum(dim=(2, 3))
+        return out, scores

