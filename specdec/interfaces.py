@@ -180,16 +180,34 @@ class KVSelector(ABC):
 
 
 class Drafter(ABC):
-    """Proposes ``gamma`` tokens per sequence."""
+    """Proposes ``gamma`` tokens per sequence from the engine's :class:`specdec.engine.DecodeState`."""
+
+    def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
+        """Called once after the target's prefill (a model drafter prefills its own cache here)."""
 
     @abstractmethod
-    def draft(self, state, gamma: int):  # noqa: ANN001 - engine state, see specdec.engine
-        """Return ``(draft_tokens (B, gamma), draft_probs (B, gamma, V) or None)``."""
+    def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # noqa: ANN001
+        """Propose drafts after ``state.pending``.
+
+        Returns:
+            ``tokens`` ``(B, gamma)`` and, when sampling, the warped draft distributions
+            ``q`` ``(B, gamma, V)`` (``None`` when greedy).
+        """
+
+    def score_request(self, gamma: int) -> ScoreRequest | None:
+        """Scores this drafter wants collected by the coming verification pass."""
+        return None
+
+    def on_verify(self, state, scores: ScoreRequest | None) -> None:  # noqa: ANN001
+        """After acceptance: ``state.lengths`` holds the new verified lengths."""
 
 
 class Verifier(ABC):
-    """Scores ``gamma + 1`` rows (last pending token + drafts) with the target model."""
+    """Scores ``gamma + 1`` rows (the pending token + the drafts) with the target model."""
 
     @abstractmethod
-    def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None):  # noqa: ANN001
-        """Return target logits ``(B, gamma + 1, V)`` for ``tokens`` ``(B, gamma + 1)``."""
+    def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:  # noqa: ANN001
+        """Target logits ``(B, gamma + 1, V)`` for ``tokens`` ``(B, gamma + 1)`` at ``state.lengths``."""
+
+    def on_verify(self, state) -> None:  # noqa: ANN001
+        """After acceptance: ``state.lengths`` holds the new verified lengths."""

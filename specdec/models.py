@@ -126,7 +126,9 @@ def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu
     read from the local Hugging Face cache: nothing is downloaded at run time.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     torch_dtype = resolve_dtype(dtype)
     gguf: Path | None = None
     if model in EMBEDDED_MODELS:

@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.registry import BACKENDS, ComponentConfig
 
 
 def visibility_mask(
@@ -40,6 +41,11 @@ def visibility_mask(
     return mask & sel.unsqueeze(2)
 
 
+class ReferenceConfig(ComponentConfig):
+    """The reference backend takes no options."""
+
+
+@BACKENDS.register("reference", ReferenceConfig)
 class ReferenceBackend(AttentionBackend):
     """Dense, sparse and score-emitting attention written as plain einsums in float32.
 
@@ -47,6 +53,10 @@ class ReferenceBackend(AttentionBackend):
     """
 
     name = "reference"
+    Config = ReferenceConfig
+
+    def __init__(self, config: ReferenceConfig | None = None) -> None:
+        self.config = config or ReferenceConfig()
 
     def attend(
         self,

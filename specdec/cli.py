@@ -1,0 +1,313 @@
+"""The ``specdec`` command line: ``demo``, ``generate``, ``bench`` (and commands added by method modules).
+
+Every bad input ends with one line ``error: ...`` on stderr and exit code 2 — no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import wraps
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from pydantic import ValidationError
+
+from specdec.errors import SpecdecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Long-context speculative decoding with sparse attention.")
+
+
+def fail(message: str) -> None:
+    """Print one error line and exit 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def friendly(fn: Callable) -> Callable:
+    """Turn expected failures into one clear line (exit 2) instead of a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any):
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except SpecdecError as exc:
+            fail(str(exc))
+        except ValidationError as exc:
+            from specdec.registry import format_validation_error
+
+            fail(format_validation_error("config", exc))
+        except FileNotFoundError as exc:
+            fail(f"file not found: {exc.filename}; check the path.")
+        except FloatingPointError as exc:
+            fail(str(exc))
+        except torch_oom() as exc:  # type: ignore[misc]
+            fail(f"out of memory ({str(exc).splitlines()[0]}); use a smaller --batch-size or --context-tokens.")
+        except KeyboardInterrupt:
+            fail("interrupted.")
+
+    return wrapper
+
+
+def torch_oom() -> type[BaseException]:
+    import torch
+
+    return torch.OutOfMemoryError
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecdecError(f"--device {device} was requested but no CUDA GPU is available; use --device cpu.")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise SpecdecError(f"unknown device {device!r}; use cpu, cuda or auto.")
+    return device
+
+
+def load_model(model: str, dtype: str, device: str, backend: str):
+    """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper)."""
+    import torch
+
+    from specdec.models import SpecdecModel, resolve_dtype
+    from specdec.registry import BACKENDS
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    if dev == "cpu" and torch_dtype == torch.float16:
+        raise SpecdecError("float16 is not supported on the CPU here; use --dtype float32 or bfloat16.")
+    be = BACKENDS.build(backend)
+    reason = be.validate(torch.device(dev), torch_dtype)
+    if reason:
+        raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
+    return SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
+
+
+def pipeline_config(
+    method: Optional[str],
+    gamma: Optional[int],
+    budget: Optional[int],
+    budget_ratio: Optional[float],
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: Optional[int],
+    config_file: Optional[Path] = None,
+):
+    """Merge ``--config FILE`` (JSON from ``specdec tune``) with the options given explicitly."""
+    from specdec.presets import PipelineConfig, get_method
+    from specdec.sampling import SamplingConfig
+
+    base: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            base = json.loads(Path(config_file).read_text())
+        except FileNotFoundError:
+            raise SpecdecError(f"config file {config_file} does not exist; pass the JSON written by `specdec tune`.")
+        except json.JSONDecodeError as exc:
+            raise SpecdecError(f"config file {config_file} is not valid JSON (line {exc.lineno}: {exc.msg}).")
+        if not isinstance(base, dict) or not isinstance(base.get("recommended", base), dict):
+            raise SpecdecError(f"config file {config_file} must hold a JSON object of pipeline fields.")
+        base = dict(base.get("recommended", base))
+        base.pop("sampling", None)
+    given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
+    merged = {**base, **{k: v for k, v in given.items() if v is not None}}
+    if budget is not None:
+        merged.pop("budget_ratio", None)
+    if budget_ratio is not None:
+        merged.pop("budget", None)
+    merged.setdefault("method", "magicdec")
+    get_method(merged["method"])  # unknown names list the known ones
+    merged["sampling"] = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    return PipelineConfig.make(**merged)
+
+
+def check_budget(cfg, context: int) -> None:
+    if cfg.budget is not None and cfg.budget > context:
+        raise SpecdecError(
+            f"--budget {cfg.budget} exceeds the context of {context} tokens; use a budget <= {context} or --budget-ratio."
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+@app.command()
+@friendly
+def generate(
+    prompt_file: Path = typer.Option(..., "--prompt-file", help="plain-text prompt file"),
+    max_new_tokens: int = typer.Option(..., "--max-new-tokens", min=1),
+    output_json: Path = typer.Option(..., "--output-json", help="where to write tokens, text and stats"),
+    model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
+    method: Optional[str] = typer.Option(None, "--method", help="dense, magicdec, vegas, quest, dustin, ... (default magicdec)"),
+    context_tokens: Optional[int] = typer.Option(None, "--context-tokens", help="keep the last N tokens of the file"),
+    budget: Optional[int] = typer.Option(None, "--budget", help="KV entries one sparse step sees"),
+    budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio", help="budget as a share of the context"),
+    gamma: Optional[int] = typer.Option(None, "--gamma", help="draft length γ (default 4)"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    batch_size: int = typer.Option(1, "--batch-size", help="repeat the prompt B times"),
+    backend: str = typer.Option("reference", "--backend"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
+    chat: bool = typer.Option(False, "--chat", help="wrap the prompt in the model's chat template"),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
+) -> None:
+    """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
+    from specdec.data import context_ids
+    from specdec.presets import build_engine
+
+    if batch_size < 1:
+        raise SpecdecError(f"--batch-size must be >= 1 (got {batch_size}).")
+    if context_tokens is not None and context_tokens < 1:
+        raise SpecdecError(f"--context-tokens must be >= 1 (got {context_tokens}).")
+    cfg = pipeline_config(method, gamma, budget, budget_ratio, temperature, top_p, top_k, seed, config_file)
+    text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")
+    m = load_model(model, dtype, device, backend)
+    if chat:
+        text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    ids = context_ids(m.tokenizer, text, None)
+    if context_tokens is not None:
+        ids = ids[-context_tokens:]
+    check_budget(cfg, len(ids))
+    engine = build_engine(m, cfg)
+    res = engine.generate([ids] * batch_size, max_new_tokens=max_new_tokens)
+    output_json.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "model": model,
+        "config": json.loads(cfg.model_dump_json()),
+        "context_tokens": len(ids),
+        "tokens": res.tokens,
+        "text": res.text,
+        "stats": res.stats.to_dict(),
+    }
+    tmp = output_json.with_suffix(output_json.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(output_json)
+    s = res.stats
+    typer.echo(
+        f"{cfg.method}: {s.generated_tokens} tokens, τ={s.mean_accepted_length:.2f}, {s.tokens_per_second:.2f} tok/s"
+        f"{'' if s.lossless else ' (near-lossless: sparse verification)'} → {output_json}"
+    )
+
+
+@app.command()
+@friendly
+def demo(
+    context_tokens: int = typer.Option(1024, "--context-tokens"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens", min=1),
+    methods: str = typer.Option("dense,magicdec", "--methods", help="comma-separated methods to compare"),
+    budget_ratio: float = typer.Option(0.1, "--budget-ratio"),
+    gamma: int = typer.Option(4, "--gamma"),
+    model: str = typer.Option("smollm2-135m", "--model"),
+    device: str = typer.Option("auto", "--device"),
+) -> None:
+    """Continue Python's own documentation with the embedded model; compare dense vs speculative."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from specdec.data import context_ids, load_document
+    from specdec.presets import build_engine
+
+    console = Console()
+    names = [x.strip() for x in methods.split(",") if x.strip()]
+    m = load_model(model, "float32", device, "reference")
+    ids = context_ids(m.tokenizer, load_document("pydoc"), context_tokens, offset=20000)
+    console.print(f"[bold]specdec demo[/]: {model}, {len(ids)} tokens of pydoc_data.topics, {max_new_tokens} new tokens")
+    results = {}
+    for name in names:
+        cfg = pipeline_config(name, gamma, None, budget_ratio, 0.0, 1.0, 0, None)
+        with console.status(f"generating with {name} ..."):
+            results[name] = build_engine(m, cfg).generate([ids], max_new_tokens=max_new_tokens)
+    first = results[names[0]]
+    console.rule("continuation")
+    console.print(first.text[0])
+    console.rule()
+    same = all(r.tokens[0] == first.tokens[0] for r in results.values())
+    base = results.get("dense", first).stats.tokens_per_second
+    table = Table(title=f"dense vs speculative (budget {budget_ratio:.0%}, γ={gamma}, CPU reference backend)")
+    for col in ("method", "τ", "tokens/s", "speedup vs dense", "iterations", "same tokens as first"):
+        table.add_column(col)
+    for name, r in results.items():
+        s = r.stats
+        table.add_row(
+            name,
+            f"{s.mean_accepted_length:.2f}",
+            f"{s.tokens_per_second:.2f}",
+            f"{s.tokens_per_second / base:.2f}×" if base else "-",
+            str(s.iterations),
+            "yes" if r.tokens[0] == first.tokens[0] else "no",
+        )
+    console.print(table)
+    if not same:
+        console.print("[yellow]note: a near-lossless method changed the output[/]")
+
+
+@app.command()
+@friendly
+def bench(
+    methods: str = typer.Option("dense,magicdec", "--methods"),
+    contexts: str = typer.Option("2048", "--contexts", help="comma-separated context lengths"),
+    batch_sizes: str = typer.Option("1", "--batch-sizes"),
+    documents: str = typer.Option("pydoc", "--documents", help="comma-separated: pydoc, stdlib:<module>"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
+    budget: Optional[int] = typer.Option(None, "--budget"),
+    budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio"),
+    gamma: int = typer.Option(4, "--gamma"),
+    model: str = typer.Option("smollm2-135m", "--model"),
+    backend: str = typer.Option("reference", "--backend"),
+    dtype: str = typer.Option("float32", "--dtype"),
+    device: str = typer.Option("auto", "--device"),
+    hf_baseline: bool = typer.Option(False, "--hf-baseline", help="also time Hugging Face generate (dense)"),
+    output_dir: Path = typer.Option(Path("benchmarks/results"), "--output-dir"),
+    tag: str = typer.Option("bench", "--tag", help="file name prefix"),
+) -> None:
+    """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
+    from specdec.bench import run_bench
+
+    run_bench(
+        methods=[x.strip() for x in methods.split(",") if x.strip()],
+        contexts=[int(x) for x in contexts.split(",")],
+        batch_sizes=[int(x) for x in batch_sizes.split(",")],
+        documents=[x.strip() for x in documents.split(",") if x.strip()],
+        max_new_tokens=max_new_tokens,
+        budget=budget,
+        budget_ratio=budget_ratio,
+        gamma=gamma,
+        model=model,
+        backend=backend,
+        dtype=dtype,
+        device=device,
+        hf_baseline=hf_baseline,
+        output_dir=output_dir,
+        tag=tag,
+        argv=sys.argv,
+    )
+
+
+@app.command("methods")
+def list_methods() -> None:
+    """List the known methods, selectors and backends."""
+    from specdec.presets import get_method, method_names
+    from specdec.registry import BACKENDS, SELECTORS
+
+    for name in method_names():
+        spec = get_method(name)
+        typer.echo(f"{name:12s} {'lossless' if spec.lossless else 'near-lossless':14s} {spec.description}")
+    typer.echo(f"selectors: {', '.join(SELECTORS.names())}")
+    typer.echo(f"backends:  {', '.join(BACKENDS.names())}")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,306 @@
+"""Triton kernels: split-K attention of a few query rows over a long ragged KV cache.
+
+One kernel serves three uses (``SPARSE`` and ``SCORE_MODE`` are compile-time switches):
+
+* **verify / decode** (dense): the ``T`` new rows of a sequence attend causally to positions
+  ``<= lengths[b] + t``. The ``T`` rows times the ``G`` query heads of one KV group are packed
+  into the ``BLOCK_M`` rows of one tile (row ``m = g * T + t``), so each K/V tile is read from
+  memory once per KV head, not once per query head and row.
+* **sparse** (draft steps, sparse verification): the positions come from an index list per
+  (sequence, KV head) (page size 1) followed by the dense tail ``dense_from[b] ..
+  lengths[b] + T - 1``. Plan entries ``>= dense_from[b]`` are skipped (the tail covers them), so
+  a position is never counted twice; the plan itself must not repeat a position.
+* **scores**: ``SCORE_MODE == 1`` reduces the pre-softmax logits of the requested rows over the
+  group's heads in registers and stores ``(B, H_kv, L)`` fp32 without a second pass;
+  ``SCORE_MODE == 2`` stores the raw logits of each requested (row, head) so that softmax
+  weights can be rebuilt after the combine, once the final log-sum-exp is known.
+
+The sequence (or its virtual index list) is cut into ``num_splits`` chunks per (sequence, KV head)
+so that enough programs run at batch 1 (flash-decoding); a second small kernel combines the chunks
+by log-sum-exp. Every launch size depends only on tensor shapes, never on the values of
+``lengths``: no host synchronisation, and the launches can be captured in a CUDA graph.
+
+This module imports nothing from specdec (the GPU benchmarks import it alone).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _splitk_attn_kernel(
+    Q, K, V, Lens, Idx, DenseFrom, RowW, RowSlot,
+    PartO, PartLse, Scores, RawLogits,
+    sm_scale,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_kl,
+    stride_vb, stride_vh, stride_vl,
+    stride_ib, stride_ih,
+    L, NUM_SPLITS, KPLAN, NSLOT,
+    HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPARSE: tl.constexpr, SCORE_MODE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = pid_bh // HKV
+    h = pid_bh % HKV
+    b64 = b.to(tl.int64)
+
+    length = tl.load(Lens + b)
+    n_ctx = length + T
+
+    offs_m = tl.arange(0, BLOCK_M)
+    g = offs_m // T
+    t = offs_m % T
+    row_valid = offs_m < T * G
+    row_pos = length + t
+    offs_d = tl.arange(0, D)
+
+    q_ptrs = Q + b64 * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_valid[:, None], other=0.0)
+    if UPCAST:  # Triton's CPU interpreter miscomputes bf16 dots: do them in fp32 there
+        q = q.to(tl.float32)
+
+    if SPARSE:
+        df = tl.maximum(tl.load(DenseFrom + b), 0)
+        tail = tl.maximum(n_ctx - df, 0)
+        vlen = KPLAN + tail
+    else:
+        df = n_ctx  # unused
+        vlen = n_ctx
+    per_split = tl.cdiv(tl.cdiv(vlen, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = pid_s * per_split
+    end = tl.minimum(start + per_split, vlen)
+
+    k_base = K + b64 * stride_kb + h * stride_kh
+    v_base = V + b64 * stride_vb + h * stride_vh
+    if SCORE_MODE == 1:
+        w = tl.load(RowW + h * (G * T) + offs_m, mask=row_valid, other=0.0)
+    if SCORE_MODE == 2:
+        slot = tl.load(RowSlot + h * (G * T) + offs_m, mask=row_valid, other=-1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+
+    for j0 in range(start, end, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        in_rng = offs_n < end
+        if SPARSE:
+            is_plan = offs_n < KPLAN
+            ip = tl.load(Idx + b64 * stride_ib + h * stride_ih + offs_n, mask=in_rng & is_plan, other=-1)
+            ok_plan = (ip >= 0) & (ip < df) & (ip < L)
+            pos = tl.where(is_plan, ip, (df + offs_n - KPLAN).to(tl.int64))
+            valid = in_rng & (ok_plan | (~is_plan))
+            pos = tl.where(valid, pos, 0)
+        else:
+            pos = offs_n
+            valid = in_rng
+        kt = tl.load(k_base + pos[None, :] * stride_kl + offs_d[:, None], mask=valid[None, :], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=DOT_PREC) * sm_scale
+        vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
+        s = tl.where(vis, s, float("-inf"))
+        if SCORE_MODE == 1:
+            sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
+            tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc, mask=valid)
+        if SCORE_MODE == 2:
+            r_ptrs = RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos[None, :]
+            tl.store(r_ptrs, s, mask=(slot >= 0)[:, None] & valid[None, :])
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
+        p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
+        pv = p.to(vt.dtype)
+        if UPCAST:
+            pv = pv.to(tl.float32)
+            vt = vt.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(pv, vt, input_precision=DOT_PREC)
+        m_i = m_new
+
+    has = l_i > 0.0
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    part = pid_bh.to(tl.int64) * NUM_SPLITS + pid_s
+    tl.store(PartO + (part * BLOCK_M + offs_m)[:, None] * D + offs_d[None, :], o)
+    tl.store(PartLse + part * BLOCK_M + offs_m, lse)
+
+
+@triton.jit
+def _combine_kernel(
+    PartO, PartLse, Out, Lse,
+    stride_ob, stride_oh, stride_ot,
+    NUM_SPLITS,
+    HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """One program per (sequence, KV head, packed row): log-sum-exp merge of the chunks."""
+    pid_bh = tl.program_id(0)
+    m_row = tl.program_id(1)
+    b = pid_bh // HKV
+    h = pid_bh % HKV
+    g = m_row // T
+    t = m_row % T
+    offs_d = tl.arange(0, D)
+    offs_s = tl.arange(0, BLOCK_S)
+    base = pid_bh.to(tl.int64) * NUM_SPLITS
+
+    m_run = float("-inf")
+    den = 0.0
+    acc = tl.zeros([D], tl.float32)
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        sidx = s0 + offs_s
+        smask = sidx < NUM_SPLITS
+        lse_s = tl.load(PartLse + (base + sidx) * BLOCK_M + m_row, mask=smask, other=float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(lse_s, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale_old = tl.exp(m_run - m_safe)
+        wgt = tl.exp(lse_s - m_safe)
+        o_s = tl.load(PartO + ((base + sidx) * BLOCK_M + m_row)[:, None] * D + offs_d[None, :],
+                      mask=smask[:, None], other=0.0)
+        acc = acc * scale_old + tl.sum(wgt[:, None] * o_s, axis=0)
+        den = den * scale_old + tl.sum(wgt, axis=0)
+        m_run = m_new
+    has = den > 0.0
+    out = acc / tl.where(has, den, 1.0)
+    o_ptrs = Out + b.to(tl.int64) * stride_ob + (h * G + g) * stride_oh + t * stride_ot + offs_d
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty))
+    m_fin = tl.where(m_run == float("-inf"), 0.0, m_run)
+    lse = tl.where(has, m_fin + tl.log(tl.where(has, den, 1.0)), float("-inf"))
+    tl.store(Lse + (b * (HKV * G) + h * G + g) * T + t, lse)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tunables of the split-K launch (see ``benchmarks/gpu`` for the sweep that picked them)."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    num_splits: int | None = None  # None: enough programs to fill the GPU
+    ctas_per_sm: int = 4
+    combine_warps: int = 2
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: a few splits so the combine path is exercised
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchConfig) -> int:
+    """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, at least one tile each."""
+    if cfg.num_splits is not None:
+        return max(1, cfg.num_splits)
+    target = _sm_count(device) * cfg.ctas_per_sm
+    s = max(1, math.ceil(target / max(bh, 1)))
+    return max(1, min(s, math.ceil(max(virtual_len, 1) / cfg.block_n)))
+
+
+def splitk_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    plan_indices: torch.Tensor | None = None,
+    dense_from: torch.Tensor | None = None,
+    row_weights: torch.Tensor | None = None,
+    row_slots: torch.Tensor | None = None,
+    n_slots: int = 0,
+    cfg: LaunchConfig = LaunchConfig(),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Launch the split-K kernel and the combine.
+
+    Args:
+        q: ``(B, H, T, D)`` (last dim contiguous); k_cache/v_cache ``(B, H_kv, L, D)``.
+        lengths: ``(B,)`` integer tokens cached before the new rows.
+        plan_indices / dense_from: sparse plan ``(B, H_kv, K)`` and ``(B,)``, or ``None`` (dense).
+        row_weights: ``(H, T)`` fp32 weight of each (head, row) in the fused logits sum, or ``None``.
+        row_slots: ``(H, T)`` int32 slot of each (head, row) whose raw logits to keep (-1: none),
+            with ``n_slots`` slots per KV head; exclusive with ``row_weights``.
+
+    Returns:
+        ``(out (B, H, T, D), lse (B, H, T) fp32, scores (B, H_kv, L) fp32 or None,
+        raw logits (B, H_kv, n_slots, L) fp32 or None)``.
+    """
+    B, H, T, D = q.shape
+    Hkv, L = k_cache.shape[1], k_cache.shape[2]
+    G = H // Hkv
+    dev = q.device
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache/v_cache need a contiguous last dimension")
+    block_m = max(16, triton.next_power_of_2(T * G))
+    sparse = plan_indices is not None
+    if sparse:
+        idx = plan_indices
+        if idx.stride(-1) != 1:
+            idx = idx.contiguous()
+        kplan = idx.shape[-1]
+        df = dense_from if dense_from is not None else torch.full((B,), L + T, dtype=torch.long, device=dev)
+        virtual = kplan + cfg.block_n
+    else:
+        idx, df, kplan = lengths, lengths, 0
+        virtual = L
+    S = choose_splits(B * Hkv, virtual, dev, cfg)
+
+    part_o = torch.empty((B * Hkv * S, block_m, D), dtype=torch.float32, device=dev)
+    part_lse = torch.empty((B * Hkv * S, block_m), dtype=torch.float32, device=dev)
+    out = torch.empty((B, H, T, D), dtype=q.dtype, device=dev)
+    lse = torch.empty((B, H, T), dtype=torch.float32, device=dev)
+
+    score_mode = 0
+    scores = raw = None
+    rw = rs = part_lse  # dummies
+    if row_weights is not None:
+        score_mode = 1
+        scores = torch.zeros((B, Hkv, L), dtype=torch.float32, device=dev)
+        rw = row_weights
+    elif row_slots is not None and n_slots > 0:
+        score_mode = 2
+        raw = torch.full((B, Hkv, n_slots, L), float("-inf"), dtype=torch.float32, device=dev)
+        rs = row_slots
+    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    upcast = dev.type != "cuda" and q.dtype == torch.bfloat16
+
+    _splitk_attn_kernel[(B * Hkv, S)](
+        q, k_cache, v_cache, lengths, idx, df, rw, rs,
+        part_o, part_lse, scores if scores is not None else part_lse, raw if raw is not None else part_lse,
+        float(scale),
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        idx.stride(0) if sparse else 0, idx.stride(1) if sparse else 0,
+        L, S, kplan, max(n_slots, 1),
+        HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    _combine_kernel[(B * Hkv, T * G)](
+        part_o, part_lse, out, lse,
+        out.stride(0), out.stride(1), out.stride(2),
+        S,
+        HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_S=min(32, triton.next_power_of_2(S)),
+        num_warps=cfg.combine_warps,
+    )
+    return out, lse, scores, raw

@@ -1,0 +1,180 @@
+"""``TritonBackend``: the GPU attention backend (split-K verify/decode, sparse, fused scores).
+
+Select it with ``--backend triton`` or ``BACKENDS.build("triton")``. It runs on CUDA GPUs, and on
+the CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported),
+which is how the parity tests exercise it in CI.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.registry import BACKENDS, ComponentConfig
+
+try:  # triton is an optional extra
+    from specdec.cuda.triton_attention import LaunchConfig, splitk_attention
+
+    _TRITON_ERROR: str | None = None
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    LaunchConfig = None  # type: ignore[assignment,misc]
+    splitk_attention = None  # type: ignore[assignment]
+    _TRITON_ERROR = str(exc)
+
+
+class TritonConfig(ComponentConfig):
+    """Launch tunables of the Triton backend.
+
+    Attributes:
+        block_n: KV positions per tile.
+        num_warps / num_stages: Triton launch options of the split-K kernel.
+        num_splits: fixed chunks per (sequence, KV head); ``None`` picks enough to fill the GPU.
+        ctas_per_sm: programs per SM the automatic split count aims for.
+        sdpa_decode: use ``torch.nn.functional.scaled_dot_product_attention`` for a dense single
+            row without scores (costs one host synchronisation to size the KV slice; off by
+            default: see docs/backends.md for the measurement).
+    """
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    num_splits: int | None = None
+    ctas_per_sm: int = 4
+    sdpa_decode: bool = False
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@BACKENDS.register("triton", TritonConfig)
+class TritonBackend(AttentionBackend):
+    """Split-K (flash-decoding) attention with GQA row packing, sparse index lists and fused scores."""
+
+    name = "triton"
+    Config = TritonConfig
+
+    def __init__(self, config: TritonConfig | None = None) -> None:
+        self.config = config or TritonConfig()
+        c = self.config
+        self._launch = (
+            LaunchConfig(block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages,
+                         num_splits=c.num_splits, ctas_per_sm=c.ctas_per_sm)
+            if LaunchConfig is not None
+            else None
+        )
+        self._row_cache: dict[tuple, tuple] = {}
+
+    def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        if _TRITON_ERROR is not None:
+            return f"the triton backend needs the 'triton' package ({_TRITON_ERROR}); pip install 'specdec[triton]'."
+        if torch.device(device).type != "cuda" and not _interpreting():
+            return "the triton backend runs on a CUDA GPU (or on the CPU with TRITON_INTERPRET=1, slowly)."
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return f"the triton backend supports float32, bfloat16 and float16, not {dtype}."
+        return None
+
+    # -- score bookkeeping (cached per shape/request so graph replays reuse the same tensors) --
+    def _row_weights(self, H: int, T: int, rows: Sequence[int], heads: Sequence[int] | None, dev) -> torch.Tensor:
+        key = ("w", H, T, tuple(rows), None if heads is None else tuple(heads), str(dev))
+        if key not in self._row_cache:
+            w = torch.zeros(H, T, dtype=torch.float32)
+            for r in rows:
+                w[:, int(r)] += 1.0
+            if heads is not None:
+                keep = torch.zeros(H, dtype=torch.bool)
+                keep[list(heads)] = True
+                w[~keep] = 0.0
+            self._row_cache[key] = (w.to(dev),)
+        return self._row_cache[key][0]
+
+    def _row_slots(self, H: int, Hkv: int, T: int, rows: Sequence[int], heads: Sequence[int] | None, dev):
+        key = ("s", H, Hkv, T, tuple(rows), None if heads is None else tuple(heads), str(dev))
+        if key not in self._row_cache:
+            G = H // Hkv
+            keep = set(range(H)) if heads is None else {int(h) for h in heads}
+            mult: dict[int, int] = {}
+            for r in rows:
+                mult[int(r)] = mult.get(int(r), 0) + 1
+            slots = torch.full((H, T), -1, dtype=torch.int32)
+            per_kv: list[list[tuple[int, int, int]]] = [[] for _ in range(Hkv)]
+            for h in range(H):
+                if h not in keep:
+                    continue
+                for t, m in sorted(mult.items()):
+                    per_kv[h // G].append((h, t, m))
+            n = max((len(x) for x in per_kv), default=0)
+            wts = torch.zeros(Hkv, max(n, 1), dtype=torch.float32)
+            flat = torch.zeros(Hkv, max(n, 1), dtype=torch.long)
+            for kv, items in enumerate(per_kv):
+                for i, (h, t, m) in enumerate(items):
+                    slots[h, t] = i
+                    wts[kv, i] = float(m)
+                    flat[kv, i] = h * T + t
+            self._row_cache[key] = (slots.to(dev), n, wts.to(dev), flat.to(dev))
+        return self._row_cache[key]
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+        plan_indices: torch.Tensor | None = None,
+        dense_from: torch.Tensor | None = None,
+        score_rows: Sequence[int] | None = None,
+        score_kind: ScoreKind = "logits",
+        score_heads: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if splitk_attention is None:  # pragma: no cover
+            raise RuntimeError(self.validate(q.device, q.dtype))
+        B, H, T, D = q.shape
+        Hkv, L = k_cache.shape[1], k_cache.shape[2]
+        dev = q.device
+
+        if (
+            self.config.sdpa_decode and T == 1 and plan_indices is None and score_rows is None
+            and dev.type == "cuda"
+        ):
+            return self._sdpa_decode(q, k_cache, v_cache, lengths, scale), None
+
+        if score_rows is None:
+            out, _, _, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
+                                            cfg=self._launch)
+            return out, None
+        if len(score_rows) == 0 or (score_heads is not None and len(score_heads) == 0):
+            out, _, _, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
+                                            cfg=self._launch)
+            return out, torch.zeros(B, Hkv, L, dtype=torch.float32, device=dev)
+        if score_kind == "logits":
+            w = self._row_weights(H, T, score_rows, score_heads, dev)
+            out, _, scores, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
+                                                 row_weights=w, cfg=self._launch)
+            return out, scores
+        if score_kind != "softmax":
+            raise ValueError(f"unknown score kind {score_kind!r}; use 'logits' or 'softmax'.")
+        slots, n, wts, flat = self._row_slots(H, Hkv, T, score_rows, score_heads, dev)
+        out, lse, _, raw = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
+                                            row_slots=slots, n_slots=n, cfg=self._launch)
+        lse_sel = lse.reshape(B, H * T)[:, flat.view(-1)].view(B, Hkv, -1)[:, :, :n]  # (B, Hkv, n)
+        p = torch.exp(raw - lse_sel.unsqueeze(-1))
+        p = torch.where(raw == float("-inf"), torch.zeros((), device=dev), p)
+        scores = (p * wts[:, :n].view(1, Hkv, n, 1)).sum(dim=2)
+        return out, scores
+
+    @staticmethod
+    def _sdpa_decode(q, k_cache, v_cache, lengths, scale):
+        """One dense row through PyTorch SDPA (slices the KV to the longest sequence: one host sync)."""
+        B, H, T, D = q.shape
+        n = int(lengths.max()) + 1
+        k, v = k_cache[:, :, :n], v_cache[:, :, :n]
+        mask = None
+        if B > 1:
+            mask = (torch.arange(n, device=q.device).view(1, 1, 1, n) <= lengths.view(B, 1, 1, 1))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+        )

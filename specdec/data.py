@@ -1,0 +1,44 @@
+"""Long real documents that ship with Python: no downloads needed.
+
+* ``pydoc``: Python's own reference documentation (``pydoc_data.topics``, ~113k tokens of English).
+* ``stdlib:<module>``: the source of a standard-library module, e.g. ``stdlib:argparse``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+#: documents used by benchmarks: prose and source code, each long enough for 8k tokens of context
+BENCH_DOCUMENTS = ["pydoc", "stdlib:argparse", "stdlib:typing", "stdlib:inspect", "stdlib:tarfile"]
+
+
+def load_document(name: str) -> str:
+    """Text of a built-in document (see module docstring)."""
+    if name == "pydoc":
+        from pydoc_data.topics import topics
+
+        return "\n\n".join(topics[k] for k in sorted(topics))
+    if name.startswith("stdlib:"):
+        mod = name.split(":", 1)[1]
+        spec = importlib.util.find_spec(mod)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            raise SpecdecError(f"no pure-Python standard-library module {mod!r}; try stdlib:argparse.")
+        return Path(spec.origin).read_text(encoding="utf-8")
+    raise SpecdecError(f"unknown document {name!r}; use 'pydoc' or 'stdlib:<module>' (e.g. {', '.join(BENCH_DOCUMENTS)}).")
+
+
+def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0) -> list[int]:
+    """Tokenize ``text`` and keep ``context_tokens`` tokens ending ``offset`` tokens before its end."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    if context_tokens is None:
+        return ids
+    end = len(ids) - offset
+    if end < context_tokens:
+        raise SpecdecError(
+            f"the document has {len(ids)} tokens, fewer than the {context_tokens + offset} requested; "
+            "use a longer document or a smaller --context-tokens."
+        )
+    return ids[end - context_tokens : end]

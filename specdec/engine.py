@@ -1,0 +1,300 @@
+"""The decode loop: prefill, then ``draft → verify → accept → rollback`` until every sequence ends.
+
+One preallocated :class:`~specdec.cache.KVCache` holds the whole batch with a length per
+sequence. Rolling back rejected drafts is lowering that length; finished sequences are frozen
+(their length stops moving) so shapes stay static.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.errors import SpecdecError
+from specdec.interfaces import Drafter, Verifier
+from specdec.models import SpecdecModel
+from specdec.sampling import SamplingConfig, accept, check_finite, choose
+
+PHASES = ("prefill", "draft", "select", "verify", "sample")
+
+
+class PhaseTimer:
+    """Wall time per phase; synchronizes CUDA at phase edges so GPU time lands in the right phase."""
+
+    def __init__(self, device: torch.device, sync: bool = True) -> None:
+        self.seconds = {p: 0.0 for p in PHASES}
+        self.sync = sync and device.type == "cuda"
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if self.sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class DecodeState:
+    """What every component sees during generation.
+
+    Attributes:
+        model: the target model.
+        cache: KV cache ``(N, B, H_kv, L, D)``.
+        lengths: ``(B,)`` int64 verified tokens in the cache per sequence.
+        pending: ``(B,)`` int64 last emitted token, not yet in the cache.
+        tokens: per sequence, the prompt and every emitted token (``pending`` included).
+        active: ``(B,)`` bool, sequences still generating.
+    """
+
+    model: SpecdecModel
+    cache: KVCache
+    lengths: torch.Tensor
+    pending: torch.Tensor
+    tokens: list[list[int]]
+    active: torch.Tensor
+    sampling: SamplingConfig
+    generator: torch.Generator | None
+    timer: PhaseTimer
+
+
+@dataclass
+class RunStats:
+    """Statistics of one :meth:`SpeculativeEngine.generate` call."""
+
+    method: str
+    batch_size: int
+    gamma: int
+    iterations: int = 0
+    generated_tokens: int = 0
+    mean_accepted_length: float = 1.0
+    acceptance_per_position: list[float] = field(default_factory=list)
+    decode_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    lossless: bool = True
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["selection_overhead_share"] = (
+            self.phase_seconds.get("select", 0.0) / self.decode_seconds if self.decode_seconds else 0.0
+        )
+        return d
+
+
+@dataclass
+class GenerationResult:
+    """``tokens[b]``: generated ids of sequence ``b`` (prompt excluded); ``text[b]`` decoded."""
+
+    tokens: list[list[int]]
+    text: list[str]
+    stats: RunStats
+
+
+class SpeculativeEngine:
+    """Speculative (or, without a drafter, plain autoregressive) decoding on one engine.
+
+    Args:
+        model: the target :class:`SpecdecModel`.
+        drafter: proposes γ tokens per iteration; ``None`` = dense autoregressive decoding.
+        verifier: checks the γ+1 rows; defaults to :class:`specdec.verifiers.FullVerifier`.
+        gamma: draft length γ.
+        sampling: greedy (temperature 0) or sampling settings.
+        method: a name for the stats.
+        prefill_chunk: prompt tokens per prefill forward (bounds memory at long context).
+    """
+
+    def __init__(
+        self,
+        model: SpecdecModel,
+        drafter: Drafter | None = None,
+        verifier: Verifier | None = None,
+        gamma: int = 4,
+        sampling: SamplingConfig | None = None,
+        method: str | None = None,
+        prefill_chunk: int = 1024,
+        eos_token_id: int | Sequence[int] | None = None,
+        sync_timing: bool = True,
+    ) -> None:
+        from specdec.verifiers import FullVerifier
+
+        if gamma < 1:
+            raise SpecdecError(f"gamma must be >= 1 (got {gamma}); use gamma=4 or so.")
+        self.model = model
+        self.drafter = drafter
+        self.verifier = verifier or (FullVerifier(model) if drafter is not None else None)
+        self.gamma = gamma
+        self.sampling = sampling or SamplingConfig()
+        self.method = method or ("dense" if drafter is None else type(drafter).__name__)
+        self.prefill_chunk = prefill_chunk
+        self.sync_timing = sync_timing
+        if eos_token_id is None:
+            eos_token_id = model.hf.generation_config.eos_token_id if model.hf.generation_config else None
+            if eos_token_id is None:
+                eos_token_id = model.hf.config.eos_token_id
+        self.eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+        self.lossless = getattr(self.verifier, "lossless", True)
+
+    # ------------------------------------------------------------------------------------------
+    def _encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+        if isinstance(prompts, (str, bytes)):
+            raise SpecdecError("prompts must be a list of strings or token-id lists, not one string; wrap it in [ ].")
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                if not p.strip():
+                    raise SpecdecError("a prompt is empty or whitespace only; give it some text.")
+                if self.model.tokenizer is None:
+                    raise SpecdecError("text prompts need a tokenizer; pass token ids or load the model with one.")
+                ids = self.model.tokenizer(p, add_special_tokens=False).input_ids
+            else:
+                ids = [int(t) for t in p]
+            if not ids:
+                raise SpecdecError("a prompt has no tokens; give it some text.")
+            out.append(ids)
+        if not out:
+            raise SpecdecError("no prompts given; pass at least one.")
+        return out
+
+    def _prefill(self, state: DecodeState, prompts: list[list[int]]) -> torch.Tensor:
+        """Fill the cache one sequence at a time (ragged prompts, exact per-sequence numerics)."""
+        dev = self.model.device
+        last = []
+        for b, ids in enumerate(prompts):
+            view = state.cache.rows(b, b + 1)
+            done = 0
+            logits = None
+            while done < len(ids):
+                chunk = torch.tensor([ids[done : done + self.prefill_chunk]], device=dev)
+                logits = self.model.forward(chunk, view, torch.tensor([done], device=dev), logits_to_keep=1)
+                done += chunk.shape[1]
+            last.append(logits[0, -1])
+        return torch.stack(last)
+
+    # ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 64) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` per prompt (stopping at EOS); see :class:`GenerationResult`."""
+        if max_new_tokens < 1:
+            raise SpecdecError(f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
+        ids = self._encode(prompts)
+        dims, dev = self.model.dims, self.model.device
+        B = len(ids)
+        longest = max(len(p) for p in ids)
+        if longest + max_new_tokens > dims.max_positions:
+            raise SpecdecError(
+                f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
+                f"{dims.max_positions} positions; shorten the prompt (e.g. --context-tokens) or generate fewer tokens."
+            )
+        gamma = self.gamma if self.drafter is not None else 0
+        cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2)
+        gen = None
+        if not self.sampling.greedy:
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(self.sampling.seed if self.sampling.seed is not None else torch.seed())
+        timer = PhaseTimer(dev, self.sync_timing)
+        state = DecodeState(
+            model=self.model,
+            cache=cache,
+            lengths=torch.tensor([len(p) for p in ids], device=dev),
+            pending=torch.zeros(B, dtype=torch.long, device=dev),
+            tokens=[list(p) for p in ids],
+            active=torch.ones(B, dtype=torch.bool, device=dev),
+            sampling=self.sampling,
+            generator=gen,
+            timer=timer,
+        )
+        stats = RunStats(method=self.method, batch_size=B, gamma=gamma, lossless=self.lossless)
+        out: list[list[int]] = [[] for _ in range(B)]
+
+        with timer("prefill"):
+            logits = self._prefill(state, ids)
+            check_finite(logits, "prefill")
+            first, _ = choose(logits, self.sampling, gen)
+        self._emit(state, out, first, torch.zeros(B, dtype=torch.long, device=dev), None, max_new_tokens, advance=False)
+        if self.drafter is not None:
+            with timer("prefill"):
+                self.drafter.prefill(state)
+
+        accepted_at = torch.zeros(max(gamma, 1), dtype=torch.float64)
+        trials = 0
+        t_start = time.perf_counter()
+        while bool(state.active.any()):
+            stats.iterations += 1
+            active = state.active.clone()
+            if self.drafter is None:
+                with timer("verify"):
+                    logits = self.model.forward(state.pending.view(B, 1), cache, state.lengths)[:, -1]
+                    check_finite(logits, "target")
+                with timer("sample"):
+                    nxt, _ = choose(logits, self.sampling, gen)
+                self._emit(state, out, nxt, torch.zeros(B, dtype=torch.long, device=dev), None, max_new_tokens)
+                continue
+            with timer("draft"):
+                drafts, q = self.drafter.draft(state, gamma)
+            req = self.drafter.score_request(gamma)
+            with timer("verify"):
+                rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)
+                logits = self.verifier.verify(state, rows, req)
+                check_finite(logits, "verifier")
+            with timer("sample"):
+                acc = accept(drafts, logits, self.sampling, q, gen)
+            n_act = int(active.sum())
+            trials += n_act
+            pos = torch.arange(gamma, device=dev).view(1, gamma)
+            accepted_at += ((pos < acc.n_accepted.view(B, 1)) & active.view(B, 1)).sum(0).double().cpu()
+            self._emit(state, out, acc.next_token, acc.n_accepted, drafts, max_new_tokens)
+            with timer("select"):
+                self.verifier.on_verify(state)
+                self.drafter.on_verify(state, req)
+        stats.decode_seconds = time.perf_counter() - t_start
+        stats.generated_tokens = sum(len(o) for o in out)
+        stats.tokens_per_second = (stats.generated_tokens - B) / stats.decode_seconds if stats.decode_seconds else 0.0
+        if trials:
+            stats.acceptance_per_position = (accepted_at / trials).tolist()
+            stats.mean_accepted_length = 1.0 + float(accepted_at.sum()) / trials
+        stats.phase_seconds = dict(timer.seconds)
+        tok = self.model.tokenizer
+        text = [tok.decode(o, skip_special_tokens=True) if tok is not None else "" for o in out]
+        return GenerationResult(tokens=out, text=text, stats=stats)
+
+    def _emit(
+        self,
+        state: DecodeState,
+        out: list[list[int]],
+        next_token: torch.Tensor,
+        n_accepted: torch.Tensor,
+        drafts: torch.Tensor | None,
+        max_new_tokens: int,
+        advance: bool = True,
+    ) -> None:
+        """Append accepted drafts + the next token per active sequence; advance lengths; stop at EOS/limit."""
+        n_list = n_accepted.tolist()
+        nxt_list = next_token.tolist()
+        drafts_list = drafts.tolist() if drafts is not None else None
+        active = state.active.tolist()
+        adv = torch.zeros_like(state.lengths)
+        for b in range(len(out)):
+            if not active[b]:
+                continue
+            new = (drafts_list[b][: n_list[b]] if drafts_list is not None else []) + [nxt_list[b]]
+            for t in new:
+                out[b].append(t)
+                state.tokens[b].append(t)
+                if t in self.eos or len(out[b]) >= max_new_tokens:
+                    state.active[b] = False
+                    break
+            # the pending token and accepted drafts enter the cache; the new token is pending.
+            # A finished sequence is frozen where it is (its writes stay inside the capacity).
+            adv[b] = 1 + n_list[b] if (advance and state.active[b]) else 0
+        state.lengths += adv
+        state.pending = torch.where(state.active, next_token, state.pending)

@@ -1,0 +1,114 @@
+"""Registries map a name to ``(class, pydantic config class)``.
+
+Unknown names are an error that lists the known ones. Third-party selectors register through the
+entry-point group ``specdec.selectors`` (value ``"package.module:Class"``; the class carries its
+config class as ``Config``), loaded lazily the first time a name is looked up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module, metadata
+from typing import Any, Callable, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from specdec.errors import SpecdecError
+
+T = TypeVar("T")
+
+
+class ComponentConfig(BaseModel):
+    """Base of every component config: frozen, no unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def format_validation_error(where: str, exc: ValidationError) -> str:
+    """One sentence naming the first bad field and what it needs."""
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err.get("loc", ())) or "<config>"
+    return f"{where}: field '{field}' {err.get('msg', 'is invalid').lower()} (got {err.get('input')!r})."
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    name: str
+    cls: type[T]
+    config_cls: type[ComponentConfig]
+
+
+class Registry(Generic[T]):
+    """Name → (class, config class), with an optional entry-point group for plugins."""
+
+    def __init__(self, kind: str, entry_point_group: str | None = None) -> None:
+        self.kind = kind
+        self.group = entry_point_group
+        self._entries: dict[str, Entry[T]] = {}
+        self._lazy: dict[str, str] = {}  # name -> "module:attr" for built-ins imported on demand
+        self._plugins_loaded = False
+
+    def register(self, name: str, config_cls: type[ComponentConfig] | None = None) -> Callable[[type[T]], type[T]]:
+        """Class decorator: ``@SELECTORS.register("quest", QuestConfig)``."""
+
+        def deco(cls: type[T]) -> type[T]:
+            cfg = config_cls or getattr(cls, "Config", None)
+            if cfg is None:
+                raise TypeError(f"{cls.__name__} needs a config class (argument or `Config` attribute)")
+            self._entries[name] = Entry(name, cls, cfg)
+            return cls
+
+        return deco
+
+    def add_lazy(self, name: str, target: str) -> None:
+        """Register a built-in by import path so the registry imports it only when used."""
+        self._lazy[name] = target
+
+    def _load_plugins(self) -> None:
+        if self._plugins_loaded or self.group is None:
+            return
+        self._plugins_loaded = True
+        for ep in metadata.entry_points(group=self.group):
+            if ep.name in self._entries:
+                continue
+            cls = ep.load()
+            cfg = getattr(cls, "Config", None)
+            if cfg is None:
+                raise SpecdecError(f"plugin {ep.name!r} ({ep.value}) has no `Config` class attribute; add one.")
+            self._entries[ep.name] = Entry(ep.name, cls, cfg)
+
+    def names(self) -> list[str]:
+        self._load_plugins()
+        return sorted(set(self._entries) | set(self._lazy))
+
+    def get(self, name: str) -> Entry[T]:
+        if name not in self._entries and name in self._lazy:
+            mod, _, attr = self._lazy[name].partition(":")
+            import_module(mod)  # its decorator registers the entry
+            getattr(import_module(mod), attr)
+        if name not in self._entries:
+            self._load_plugins()
+        if name not in self._entries:
+            raise SpecdecError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}.")
+        return self._entries[name]
+
+    def config(self, name: str, **params: Any) -> ComponentConfig:
+        entry = self.get(name)
+        try:
+            return entry.config_cls(**params)
+        except ValidationError as exc:
+            raise SpecdecError(format_validation_error(f"{self.kind} {name!r}", exc)) from None
+
+    def build(self, name: str, config: ComponentConfig | None = None, **params: Any) -> T:
+        """Instantiate ``name`` from a config object or keyword parameters."""
+        entry = self.get(name)
+        cfg = config if config is not None else self.config(name, **params)
+        return entry.cls(cfg)  # type: ignore[call-arg]
+
+
+SELECTORS: Registry = Registry("selector", "specdec.selectors")
+BACKENDS: Registry = Registry("backend", "specdec.backends")
+
+SELECTORS.add_lazy("sliding_window", "specdec.selectors.sliding_window:SlidingWindow")
+BACKENDS.add_lazy("reference", "specdec.attention.reference:ReferenceBackend")
+BACKENDS.add_lazy("triton", "specdec.cuda.triton_backend:TritonBackend")

@@ -1,0 +1,113 @@
+"""Base of the KV selectors: sinks + recent window + top-k over a score, with one budget meaning.
+
+A selector that only scores tokens overrides :meth:`BudgetSelector.score`; the base keeps the
+``sinks`` first tokens and the ``recent`` last verified tokens, then fills the rest of the budget
+with the highest-scoring positions. ``budget`` always counts *everything* a sparse step sees
+(sinks + recent + selected) so equal budgets compare fairly across methods; the tokens written
+during the current iteration (≤ γ) are visible on top of it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import Field, model_validator
+
+from specdec.cache import KVCache
+from specdec.interfaces import KVSelector, SparsePlan
+from specdec.registry import ComponentConfig
+
+
+class BudgetConfig(ComponentConfig):
+    """Budget shared by every selector.
+
+    Exactly one of ``budget`` (entries) and ``budget_ratio`` (share of the context) is set;
+    the effective budget is ``max(min_budget, ceil(budget_ratio * length))`` per sequence.
+    """
+
+    budget: int | None = Field(default=None, gt=0, description="total KV entries one sparse step sees")
+    budget_ratio: float | None = Field(default=None, gt=0, le=1, description="budget as a share of the context")
+    min_budget: int = Field(default=0, ge=0, description="floor for a ratio budget (Vegas' code uses 256)")
+    sinks: int = Field(default=4, ge=0, description="first tokens always kept (attention sinks)")
+    recent: int = Field(default=16, ge=0, description="last verified tokens always kept")
+
+    @model_validator(mode="after")
+    def _one_budget(self):
+        if self.budget is None and self.budget_ratio is None:
+            object.__setattr__(self, "budget_ratio", 0.05)
+        if self.budget is not None and self.budget_ratio is not None:
+            raise ValueError("set either budget or budget_ratio, not both")
+        return self
+
+    def budget_for(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` int64 budget per sequence, never more than its length."""
+        if self.budget is not None:
+            k = torch.full_like(lengths, self.budget)
+        else:
+            k = torch.ceil(lengths.double() * self.budget_ratio).long().clamp(min=self.min_budget)
+        return torch.minimum(k, lengths)
+
+
+def fixed_positions(lengths: torch.Tensor, budget: torch.Tensor, sinks: int, recent: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Always-kept positions (sinks + recent window) and how many top-k slots remain per sequence.
+
+    Returns:
+        ``fixed`` ``(B, sinks + recent)`` int64 (``-1`` = unused) and ``room`` ``(B,)`` int64.
+    """
+    B = lengths.shape[0]
+    dev = lengths.device
+    s = torch.minimum(torch.full_like(lengths, sinks), budget)
+    r = torch.minimum(torch.full_like(lengths, recent), budget - s)
+    j = torch.arange(sinks, device=dev).view(1, -1).expand(B, -1)
+    sink_pos = torch.where(j < s.view(B, 1), j, torch.full_like(j, -1))
+    i = torch.arange(recent, device=dev).view(1, -1).expand(B, -1)
+    rec_pos = lengths.view(B, 1) - recent + i
+    rec_ok = (i >= recent - r.view(B, 1)) & (rec_pos >= s.view(B, 1))
+    rec_pos = torch.where(rec_ok, rec_pos, torch.full_like(rec_pos, -1))
+    used = (sink_pos >= 0).sum(1) + (rec_pos >= 0).sum(1)
+    return torch.cat([sink_pos, rec_pos], dim=1), (budget - used).clamp(min=0)
+
+
+class BudgetSelector(KVSelector):
+    """Sinks + recent window + top-k of :meth:`score` within the budget.
+
+    Subclasses implement :meth:`score`; see :class:`specdec.selectors.sliding_window.SlidingWindow`
+    for the smallest example.
+    """
+
+    Config = BudgetConfig
+    #: one plan for all layers (``True``) or a plan per layer (``False``)
+    shared_across_layers: bool = True
+
+    def __init__(self, config: BudgetConfig | None = None) -> None:
+        self.config = config or self.Config()
+
+    def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
+        """Importance of each cached position: ``(N or 1, B, H_kv or 1, L)``; higher is kept first."""
+        raise NotImplementedError
+
+    def plan(self, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+        c = self.config
+        budget = self.config.budget_for(lengths)
+        fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)
+        L = int(lengths.max())
+        k_sel = int(room.max())
+        if k_sel == 0:
+            idx = fixed.view(1, lengths.shape[0], 1, -1)
+            return SparsePlan(indices=idx, dense_from=lengths.clone())
+        s = self.score(cache, lengths)[..., :L].float()  # (N', B, Hs, L)
+        Np, B, Hs, _ = s.shape
+        pos = torch.arange(L, device=lengths.device)
+        blocked = pos.view(1, L) >= lengths.view(B, 1)  # not cached yet
+        blocked = blocked | (pos.view(1, L) < c.sinks) | (pos.view(1, L) >= (lengths - c.recent).view(B, 1))
+        s = s.masked_fill(blocked.view(1, B, 1, L), float("-inf"))
+        top = torch.topk(s, k_sel, dim=-1).indices  # (N', B, Hs, k_sel)
+        slot = torch.arange(k_sel, device=lengths.device).view(1, 1, 1, k_sel)
+        top = torch.where(slot < room.view(1, B, 1, 1), top, torch.full_like(top, -1))
+        fixed = fixed.view(1, B, 1, -1).expand(Np, B, Hs, -1)
+        return SparsePlan(indices=torch.cat([fixed, top], dim=-1), dense_from=lengths.clone())
+
+    @staticmethod
+    def ceil_ratio(length: int, ratio: float) -> int:
+        return math.ceil(length * ratio)

@@ -1,0 +1,81 @@
+"""Shared fixtures: the embedded model (loaded once per session) and tiny random HF models."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """SmolLM2-135M-Instruct in float32 through the reference backend."""
+    from specdec import SpecdecModel
+
+    return SpecdecModel.from_pretrained("smollm2-135m", dtype="float32", device="cpu")
+
+
+def tiny_config(family: str, **over):
+    """A 2-layer random config of a model family (GQA: 4 query heads, 2 KV heads)."""
+    import transformers as tf
+
+    common = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    common.update(over)
+    if family == "llama":
+        return tf.LlamaConfig(**common)
+    if family == "qwen2":
+        return tf.Qwen2Config(**common, use_sliding_window=False)
+    if family == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=16, use_sliding_window=False)
+    if family == "mistral":
+        return tf.MistralConfig(**common, sliding_window=None)
+    raise ValueError(family)
+
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+
+
+def make_tiny(family: str, seed: int = 0, **over):
+    """A tiny random :class:`SpecdecModel` (no tokenizer) of ``family``."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec import SpecdecModel
+
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(tiny_config(family, **over), dtype=torch.float32).eval()
+    # sharpen the random model a little so greedy drafts are sometimes accepted
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(4.0)
+    return SpecdecModel(hf)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request):
+    return make_tiny(request.param)
+
+
+def real_prompts(tokenizer, n_tokens: int, count: int = 2) -> list[list[int]]:
+    """``count`` real prompts of ``n_tokens`` tokens: pydoc prose and standard-library source."""
+    from specdec.data import load_document
+
+    docs = ["pydoc", "stdlib:argparse", "stdlib:typing"][:count]
+    out = []
+    for i, d in enumerate(docs):
+        ids = tokenizer(load_document(d), add_special_tokens=False).input_ids
+        start = 5000 + 3000 * i
+        out.append(ids[start : start + n_tokens])
+    return out

@@ -1,0 +1,199 @@
+"""Parity of the Triton backend with the reference backend.
+
+On the CPU these run under Triton's interpreter (``TRITON_INTERPRET=1``, set below before triton is
+imported) at small sizes; on a CUDA machine (``SPECDEC_TEST_DEVICE=cuda``) the same tests compile
+the kernels for real, with a few larger shapes added.
+"""
+
+from __future__ import annotations
+
+import os
+
+_DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
+if _DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="the triton backend needs the optional 'triton' package")
+pytest.importorskip("pydantic", reason="backend configs need pydantic")
+
+from specdec.attention.reference import ReferenceBackend  # noqa: E402
+from specdec.cuda.triton_attention import LaunchConfig, choose_splits, splitk_attention  # noqa: E402
+from specdec.cuda.triton_backend import TritonBackend, TritonConfig  # noqa: E402
+
+if _DEVICE == "cuda" and not torch.cuda.is_available():  # pragma: no cover
+    pytest.skip("SPECDEC_TEST_DEVICE=cuda but no CUDA device", allow_module_level=True)
+
+DEV = torch.device(_DEVICE)
+ON_GPU = DEV.type == "cuda"
+# block_n small on the CPU so that short caches still span several tiles and splits
+SMALL = TritonConfig(block_n=16, num_splits=3)
+AUTO = TritonConfig(block_n=16 if not ON_GPU else 64)
+
+# (atol, rtol) of the attention output and of the scores, against the fp32 reference run on the
+# same (rounded) inputs. bf16/fp16: P is rounded to the input dtype before P·V, as in every
+# flash kernel; scores are accumulated in fp32 from the same products.
+TOL_OUT = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+TOL_SCORE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1e-2, 1e-2)}
+if ON_GPU:  # GPU fp32 logits come from tensor-core-free FMA paths with another summation order
+    TOL_SCORE[torch.float32] = (2e-4, 2e-4)
+
+REF = ReferenceBackend()
+
+
+def make_case(B, Hkv, G, T, D, L, dtype, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    H = Hkv * G
+    q = torch.randn(B, H, T, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
+    lens = torch.tensor(lengths, dtype=torch.long)
+    return q.to(DEV), k.to(DEV), v.to(DEV), lens.to(DEV)
+
+
+def make_plan(B, Hkv, K, lengths, T, seed=1, pad=2, dense_back=3):
+    """Unique plan positions below each sequence's end, some -1 padding; dense tail of ``dense_back``."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.full((B, Hkv, K), -1, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        for h in range(Hkv):
+            avail = n + T  # may include future/tail positions: the kernel must mask/dedupe them
+            take = min(K - pad, avail)
+            idx[b, h, :take] = torch.randperm(avail, generator=g)[:take]
+            idx[b, h] = idx[b, h][torch.randperm(K, generator=g)]  # padding anywhere
+    dense_from = torch.tensor([max(0, n - dense_back) for n in lengths], dtype=torch.long)
+    return idx.to(DEV), dense_from.to(DEV)
+
+
+def check(cfg, q, k, v, lens, **kw):
+    dtype = q.dtype
+    scale = q.shape[-1] ** -0.5
+    o_ref, s_ref = REF.attend(q, k, v, lens, scale, **kw)
+    o, s = TritonBackend(cfg).attend(q, k, v, lens, scale, **kw)
+    assert o.shape == o_ref.shape and o.dtype == dtype
+    assert torch.isfinite(o.float()).all()
+    atol, rtol = TOL_OUT[dtype]
+    # a row that sees no position at all: the reference yields NaN, the kernel guards it to 0
+    blind = torch.isnan(o_ref.float())
+    assert (o.float()[blind] == 0).all()
+    torch.testing.assert_close(o.float()[~blind], o_ref.float()[~blind], atol=atol, rtol=rtol)
+    if s_ref is None:
+        assert s is None
+    else:
+        assert s is not None and s.shape == s_ref.shape and s.dtype == torch.float32
+        atol, rtol = TOL_SCORE[dtype]
+        if kw.get("score_kind", "logits") == "logits":
+            atol = atol * q.shape[1]  # a sum of up to H*R logits of size ~sqrt(D)*scale
+        torch.testing.assert_close(s, s_ref, atol=atol, rtol=rtol)
+
+
+SHAPES = [(1, 1), (2, 3), (2, 4)]  # (H_kv, G)
+
+
+@pytest.mark.parametrize("hkv,G", SHAPES)
+@pytest.mark.parametrize("D", [16, 64])
+@pytest.mark.parametrize("T", [1, 3, 5])
+def test_dense_matches_reference(hkv, G, D, T):
+    lengths = [37, 0, 90] if not ON_GPU else [1000, 0, 3001]
+    L = max(lengths) + T + 5
+    q, k, v, lens = make_case(3, hkv, G, T, D, L, torch.float32, lengths, seed=T * 10 + D)
+    check(SMALL, q, k, v, lens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["logits", "softmax"])
+@pytest.mark.parametrize("T,rows", [(1, [0]), (5, [0, 4]), (3, [1])])
+def test_dense_scores_dtypes(dtype, kind, T, rows):
+    lengths = [50, 13] if not ON_GPU else [4000, 777]
+    q, k, v, lens = make_case(2, 2, 3, T, 64, max(lengths) + T, dtype, lengths, seed=7)
+    check(SMALL, q, k, v, lens, score_rows=rows, score_kind=kind)
+
+
+@pytest.mark.parametrize("kind", ["logits", "softmax"])
+@pytest.mark.parametrize("heads", [[0], [1, 5], [], None])
+def test_score_heads(kind, heads):
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 70, torch.float32, [40, 64], seed=3)
+    check(SMALL, q, k, v, lens, score_rows=[0, 4], score_kind=kind, score_heads=heads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("budget", [4, 24, 64])
+@pytest.mark.parametrize("T", [1, 5])
+@pytest.mark.parametrize("hkv,G", [(2, 3), (1, 4)])
+def test_sparse_matches_reference(dtype, budget, T, hkv, G):
+    lengths = [70, 33, 5] if not ON_GPU else [6000, 2500, 5]
+    L = max(lengths) + T + 3
+    q, k, v, lens = make_case(3, hkv, G, T, 64, L, dtype, lengths, seed=budget + T)
+    idx, df = make_plan(3, hkv, budget, lengths, T)
+    check(SMALL, q, k, v, lens, plan_indices=idx, dense_from=df)
+
+
+@pytest.mark.parametrize("kind", ["logits", "softmax"])
+def test_sparse_with_scores(kind):
+    lengths = [60, 21]
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 70, torch.float32, lengths, seed=11)
+    idx, df = make_plan(2, 2, 12, lengths, 5)
+    check(SMALL, q, k, v, lens, plan_indices=idx, dense_from=df, score_rows=[0, 4], score_kind=kind)
+
+
+def test_sparse_edge_plans():
+    """All-padding plan, dense_from past the rows (plan only), dense_from 0 (all dense), overlaps."""
+    lengths = [30, 45, 20]
+    q, k, v, lens = make_case(3, 2, 2, 3, 16, 50, torch.float32, lengths, seed=5)
+    idx = torch.full((3, 2, 8), -1, dtype=torch.long)
+    idx[1, :, :5] = torch.tensor([0, 44, 46, 47, 10])  # 46, 47: the new rows' own positions
+    idx[2, 0, :4] = torch.tensor([19, 20, 22, 49])  # 49: beyond every row (never visible)
+    # seq 0: everything dense; seq 1: no tail; seq 2 / KV head 1: row 0 sees nothing at all
+    df = torch.tensor([0, 10**6, 21], dtype=torch.long)
+    check(SMALL, q, k, v, lens, plan_indices=idx.to(DEV), dense_from=df.to(DEV))
+    check(SMALL, q, k, v, lens, plan_indices=idx.to(DEV), dense_from=df.to(DEV), score_rows=[0, 2])
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 40])
+def test_split_counts_and_auto(splits):
+    """More splits than tiles leaves empty chunks: the combine must ignore them."""
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 80, torch.float32, [3, 70], seed=splits)
+    check(TritonConfig(block_n=16, num_splits=splits), q, k, v, lens, score_rows=[0, 4])
+    check(AUTO, q, k, v, lens)
+
+
+def test_full_cache_and_strided_views():
+    """Rows ending at the last cache slot, a layer view of a 5-D cache, HF-style transposed q."""
+    B, Hkv, G, T, D, L = 2, 2, 3, 4, 16, 48
+    q, k, v, lens = make_case(B, Hkv, G, T, D, L, torch.float32, [L - T, 17], seed=9)
+    big_k = torch.randn(3, B, Hkv, L, D, device=DEV)
+    big_v = torch.randn(3, B, Hkv, L, D, device=DEV)
+    big_k[1], big_v[1] = k, v
+    q_t = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, D) view with strides of (B, T, H, D)
+    check(SMALL, q_t, big_k[1], big_v[1], lens, score_rows=[0, 3])
+
+
+def test_launcher_returns_lse():
+    q, k, v, lens = make_case(2, 1, 2, 2, 16, 40, torch.float32, [10, 30], seed=2)
+    out, lse, s, raw = splitk_attention(q, k, v, lens, 0.25, cfg=LaunchConfig(block_n=16, num_splits=2))
+    assert s is None and raw is None
+    pos = torch.arange(40, device=DEV)
+    for b in range(2):
+        for t in range(2):
+            logits = torch.einsum("hd,ld->hl", q[b, :, t].float(), k[b, 0].float()) * 0.25
+            logits[:, pos > int(lens[b]) + t] = float("-inf")
+            torch.testing.assert_close(lse[b, :, t], torch.logsumexp(logits, dim=-1), atol=1e-5, rtol=1e-5)
+
+
+def test_choose_splits_fills_gpu_without_empty_tiles():
+    cfg = LaunchConfig(block_n=64, ctas_per_sm=4)
+    cpu = torch.device("cpu")  # counts 4 "SMs" off the GPU
+    assert choose_splits(1, 10_000, cpu, cfg) == 16
+    assert choose_splits(64, 10_000, cpu, cfg) == 1
+    assert choose_splits(1, 100, cpu, cfg) == 2  # never more chunks than tiles
+
+
+def test_registry_and_validate():
+    from specdec.registry import BACKENDS
+
+    backend = BACKENDS.build("triton", block_n=32)
+    assert isinstance(backend, TritonBackend) and backend.config.block_n == 32
+    assert backend.validate(DEV, torch.float32) is None
+    assert "float" in backend.validate(DEV, torch.int8)
