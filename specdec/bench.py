@@ -90,12 +90,16 @@ def run_bench(
                 ids = context_ids(m.tokenizer, text, ctx, offset=max_new_tokens + 16)
                 for bs in batch_sizes:
                     dense_tps = None
+                    pre = None
                     for name in methods:
                         cfg = pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
                         if options:
                             cfg = cfg.model_copy(update={"options": options})
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} {name}")
-                        res = build_engine(m, cfg).generate([ids] * bs, max_new_tokens=max_new_tokens)
+                        eng = build_engine(m, cfg)
+                        if pre is None:
+                            pre = eng.prefill([ids] * bs)  # one prefill shared by every method
+                        res = eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
                         s = res.stats
                         if name == "dense":
                             dense_tps = s.tokens_per_second

@@ -92,6 +92,22 @@ class RunStats:
 
 
 @dataclass
+class Prefilled:
+    """A prompt batch already run through the target: reuse it across methods with the same model.
+
+    Attributes:
+        ids: the prompts' token ids.
+        k, v: ``(N, B, H_kv, L_p, D)`` cache contents for the longest prompt.
+        last_logits: ``(B, V)`` target logits after each prompt's last token.
+    """
+
+    ids: list[list[int]]
+    k: torch.Tensor
+    v: torch.Tensor
+    last_logits: torch.Tensor
+
+
+@dataclass
 class GenerationResult:
     """``tokens[b]``: generated ids of sequence ``b`` (prompt excluded); ``text[b]`` decoded."""
 
@@ -180,13 +196,38 @@ class SpeculativeEngine:
             last.append(logits[0, -1])
         return torch.stack(last)
 
+    @torch.no_grad()
+    def prefill(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> Prefilled:
+        """Run the prompts through the target once; pass the result to :meth:`generate` of any engine
+        on the same model to skip its prefill (benchmarks compare methods this way)."""
+        ids = self._encode(prompts)
+        cache = self.model.new_cache(len(ids), max(len(p) for p in ids))
+        lengths = torch.tensor([len(p) for p in ids], device=self.model.device)
+        state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,
+                            PhaseTimer(self.model.device, False))
+        logits = self._prefill(state, ids)
+        return Prefilled(ids=ids, k=cache.k, v=cache.v, last_logits=logits)
+
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 64) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` per prompt (stopping at EOS); see :class:`GenerationResult`."""
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        max_new_tokens: int = 64,
+        prefilled: Prefilled | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` per prompt (stopping at EOS); see :class:`GenerationResult`.
+
+        Args:
+            prompts: strings (tokenized without special tokens) or token-id lists.
+            max_new_tokens: per sequence.
+            prefilled: the result of :meth:`prefill` on the same prompts, to skip the prefill.
+        """
         if max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
         ids = self._encode(prompts)
+        if prefilled is not None and prefilled.ids != ids:
+            raise SpecdecError("prefilled was made for other prompts; call engine.prefill(prompts) with these prompts.")
         dims, dev = self.model.dims, self.model.device
         B = len(ids)
         longest = max(len(p) for p in ids)
@@ -217,7 +258,13 @@ class SpeculativeEngine:
         out: list[list[int]] = [[] for _ in range(B)]
 
         with timer("prefill"):
-            logits = self._prefill(state, ids)
+            if prefilled is not None:
+                lp = prefilled.k.shape[3]
+                cache.k[:, :, :, :lp].copy_(prefilled.k)
+                cache.v[:, :, :, :lp].copy_(prefilled.v)
+                logits = prefilled.last_logits.clone()
+            else:
+                logits = self._prefill(state, ids)
             check_finite(logits, "prefill")
             first, _ = choose(logits, self.sampling, gen)
         self._emit(state, out, first, torch.zeros(B, dtype=torch.long, device=dev), None, max_new_tokens, advance=False)

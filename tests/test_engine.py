@@ -88,3 +88,12 @@ def test_attach_detach_restores_implementation():
         m.forward(torch.zeros(1, 1, dtype=torch.long), m.new_cache(1, 4), torch.zeros(1, dtype=torch.long))
     m.attach()
     assert m.hf.config._attn_implementation == "specdec"
+
+
+def test_prefilled_reuse_gives_the_same_tokens():
+    m = make_tiny("mistral")
+    eng = engine(m, "magicdec")
+    pre = engine(m, "dense").prefill(PROMPTS)
+    assert eng.generate(PROMPTS, 8, prefilled=pre).tokens == eng.generate(PROMPTS, 8).tokens
+    with pytest.raises(SpecdecError, match="prefilled"):
+        eng.generate(PROMPTS[:1], 8, prefilled=pre)
