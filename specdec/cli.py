@@ -305,6 +305,22 @@ def list_methods() -> None:
     typer.echo(f"backends:  {', '.join(BACKENDS.names())}")
 
 
+#: modules that add sub-commands: each defines ``register(app)`` (e.g. ``specdec tune``, ``specdec profile-srh``)
+EXTRA_COMMAND_MODULES = ("specdec.tune", "specdec.srh", "specdec.fidelity")
+
+
+def _register_extra_commands() -> None:
+    import importlib.util
+    from importlib import import_module
+
+    for mod in EXTRA_COMMAND_MODULES:
+        if importlib.util.find_spec(mod) is not None:
+            import_module(mod).register(app)
+
+
+_register_extra_commands()
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -73,7 +73,13 @@ class MethodSpec:
 
 _METHODS: dict[str, MethodSpec] = {}
 _LAZY: dict[str, str] = {
-    # name -> module that registers it on import (added by the Vegas / Quest / Dustin modules)
+    # name -> module that registers it on import
+    "vegas": "specdec.vegas",
+    "vegas-all": "specdec.vegas",
+    "vegas-last": "specdec.vegas",
+    "quest": "specdec.vegas",
+    "dustin": "specdec.dustin",
+    "dustin-adaptive": "specdec.dustin",
 }
 
 
@@ -89,12 +95,19 @@ def add_lazy_method(name: str, module: str) -> None:
     _LAZY[name] = module
 
 
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def method_names() -> list[str]:
-    return sorted(set(_METHODS) | set(_LAZY))
+    """Registered methods plus lazy ones whose module exists."""
+    return sorted(set(_METHODS) | {n for n, mod in _LAZY.items() if _importable(mod)})
 
 
 def get_method(name: str) -> MethodSpec:
-    if name not in _METHODS and name in _LAZY:
+    if name not in _METHODS and name in _LAZY and _importable(_LAZY[name]):
         import_module(_LAZY[name])
     if name not in _METHODS:
         raise SpecdecError(f"unknown method {name!r}; known: {', '.join(method_names())}.")

@@ -78,14 +78,17 @@ class Registry(Generic[T]):
             self._entries[ep.name] = Entry(ep.name, cls, cfg)
 
     def names(self) -> list[str]:
+        """Registered names, lazy built-ins whose module exists, and entry-point plugins."""
+        import importlib.util
+
         self._load_plugins()
-        return sorted(set(self._entries) | set(self._lazy))
+        lazy = {n for n, t in self._lazy.items() if importlib.util.find_spec(t.partition(":")[0]) is not None}
+        return sorted(set(self._entries) | lazy)
 
     def get(self, name: str) -> Entry[T]:
-        if name not in self._entries and name in self._lazy:
+        if name not in self._entries and name in self._lazy and name in self.names():
             mod, _, attr = self._lazy[name].partition(":")
-            import_module(mod)  # its decorator registers the entry
-            getattr(import_module(mod), attr)
+            getattr(import_module(mod), attr)  # importing runs the module's @register decorator
         if name not in self._entries:
             self._load_plugins()
         if name not in self._entries:
@@ -110,5 +113,9 @@ SELECTORS: Registry = Registry("selector", "specdec.selectors")
 BACKENDS: Registry = Registry("backend", "specdec.backends")
 
 SELECTORS.add_lazy("sliding_window", "specdec.selectors.sliding_window:SlidingWindow")
+SELECTORS.add_lazy("verification_guided", "specdec.selectors.verification_guided:VerificationGuidedSelector")
+SELECTORS.add_lazy("collect2", "specdec.selectors.verification_guided:Collect2Query")
+SELECTORS.add_lazy("quest", "specdec.selectors.quest:Quest")
+SELECTORS.add_lazy("hybrid_srh", "specdec.selectors.hybrid_srh:HybridSRHSelector")
 BACKENDS.add_lazy("reference", "specdec.attention.reference:ReferenceBackend")
 BACKENDS.add_lazy("triton", "specdec.cuda.triton_backend:TritonBackend")
