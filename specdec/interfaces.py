@@ -34,7 +34,7 @@ class SparsePlan:
     """Which cached KV entries a sparse attention step may see.
 
     Attributes:
-        indices: ``(N or 1, B, H_kv, K)`` int64 cache positions per layer, sequence and KV head;
+        indices: ``(N or 1, B, H_kv or 1, K)`` int64 cache positions per layer, sequence and KV head;
             ``-1`` pads unused slots. A leading dimension of 1 shares one plan across layers.
         dense_from: ``(B,)`` int64; every position ``>= dense_from[b]`` (up to the row's own
             position) is visible as well: the tokens written since the plan was built.
@@ -52,6 +52,14 @@ class SparsePlan:
         """Entries per (sequence, KV head) the plan holds, padding included."""
         return int(self.indices.shape[-1])
 
+    def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """``(B, H_kv, K)`` indices for one layer given this step's queries ``q`` ``(B, H, T, D)``.
+
+        The default ignores ``q`` (the plan was fixed when built). Query-aware plans (Quest)
+        override it to pick entries per draft step; the attention route calls this method.
+        """
+        return self.for_layer(layer)
+
 
 @dataclass
 class ScoreRequest:
@@ -66,6 +74,9 @@ class ScoreRequest:
         layers: restrict collection to these layers (``None`` = every layer).
         query_heads: restrict the sum to these query heads per layer (``{layer: [heads]}``);
             used by Dustin's retrieval heads. ``None`` = all heads.
+        per_row: keep the rows separate: ``scores[layer]`` is ``(B, H_kv, R, L)`` with ``R =
+            len(rows)`` in the order of ``rows`` instead of their sum (used by Vegas' last-token
+            mode and the overlap measurement). Backends that do not support it raise.
     """
 
     rows: Sequence[int]
@@ -73,8 +84,10 @@ class ScoreRequest:
     heads: Literal["group", "all"] = "group"
     layers: Sequence[int] | None = None
     query_heads: dict[int, Sequence[int]] | None = None
+    per_row: bool = False
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Filled by the forward: ``{layer: (B, H_kv, L) float32}``; positions a row cannot see are 0."""
+    """Filled by the forward: ``{layer: (B, H_kv, L) float32}`` (``(B, H_kv, R, L)`` with ``per_row``);
+    positions a row cannot see are 0."""
 
     def wants(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
@@ -121,6 +134,7 @@ class AttentionBackend(ABC):
         score_rows: Sequence[int] | None = None,
         score_kind: ScoreKind = "logits",
         score_heads: Sequence[int] | None = None,
+        **options,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of new rows over the cache (their own K/V already written).
 
@@ -130,11 +144,14 @@ class AttentionBackend(ABC):
             lengths: ``(B,)`` int64 cached tokens *before* the new rows; row ``t`` of
                 sequence ``b`` sits at position ``lengths[b] + t``.
             scale: softmax scale (usually ``D ** -0.5``).
-            plan_indices: ``(B, H_kv, K)`` int64 sparse positions (``-1`` = unused) or ``None``.
+            plan_indices: ``(B, H_kv or 1, K)`` int64 sparse positions (``-1`` = unused; a size-1
+                head dimension shares one list across KV heads) or ``None``.
             dense_from: ``(B,)`` int64, with a plan: positions ``>= dense_from[b]`` stay visible.
             score_rows: rows whose per-KV-token scores to return, or ``None``.
             score_kind: ``"logits"`` or ``"softmax"``.
             score_heads: query heads included in the score sum (``None`` = all).
+            options: optional capabilities passed only when requested; ``score_per_row=True``
+                returns ``(B, H_kv, R, L)`` scores (one slice per entry of ``score_rows``).
 
         Returns:
             ``out``: ``(B, H, T, D)`` in ``q.dtype``; ``scores``: ``(B, H_kv, L)`` float32 summed

@@ -118,4 +118,5 @@ SELECTORS.add_lazy("collect2", "specdec.selectors.verification_guided:Collect2Qu
 SELECTORS.add_lazy("quest", "specdec.selectors.quest:Quest")
 SELECTORS.add_lazy("hybrid_srh", "specdec.selectors.hybrid_srh:HybridSRHSelector")
 BACKENDS.add_lazy("reference", "specdec.attention.reference:ReferenceBackend")
+BACKENDS.add_lazy("torch", "specdec.attention.torch_backend:TorchBackend")
 BACKENDS.add_lazy("triton", "specdec.cuda.triton_backend:TritonBackend")

@@ -1,0 +1,95 @@
+"""A fast pure-PyTorch backend: SDPA for dense rows, gather-then-attend for sparse plans.
+
+The reference backend masks the whole cache even for a sparse plan, so a sparse step costs as
+much as a dense one. Here a sparse step gathers only the plan's ``K`` entries plus the dense tail
+(positions ``>= dense_from``) per (sequence, KV head) and attends over those: its cost scales with
+the budget, not the context. Scores, when requested, are computed exactly as the reference does.
+Checked against :class:`~specdec.attention.reference.ReferenceBackend` in ``tests/test_torch_backend.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from specdec.attention.reference import ReferenceBackend, visibility_mask
+from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.registry import BACKENDS, ComponentConfig
+
+
+class TorchConfig(ComponentConfig):
+    """The torch backend takes no options."""
+
+
+@BACKENDS.register("torch", TorchConfig)
+class TorchBackend(AttentionBackend):
+    """Dense: ``scaled_dot_product_attention`` with a ragged causal mask. Sparse: gather + attend."""
+
+    name = "torch"
+    Config = TorchConfig
+
+    def __init__(self, config: TorchConfig | None = None) -> None:
+        self.config = config or TorchConfig()
+        self._ref = ReferenceBackend()
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+        plan_indices: torch.Tensor | None = None,
+        dense_from: torch.Tensor | None = None,
+        score_rows: Sequence[int] | None = None,
+        score_kind: ScoreKind = "logits",
+        score_heads: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if score_rows is not None:  # scores need the full logits: same computation as the oracle
+            return self._ref.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
+                                    score_rows, score_kind, score_heads)
+        if plan_indices is None:
+            return self._dense(q, k_cache, v_cache, lengths, scale), None
+        return self._sparse(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from), None
+
+    @staticmethod
+    def _dense(q, k_cache, v_cache, lengths, scale) -> torch.Tensor:
+        B, H, T, D = q.shape
+        Hkv = k_cache.shape[1]
+        used = min(k_cache.shape[2], int(lengths.max()) + T)
+        mask = visibility_mask(lengths, T, used)  # (B, 1, T, used)
+        k = k_cache[:, :, :used]
+        v = v_cache[:, :, :used]
+        if H != Hkv:
+            k = k.repeat_interleave(H // Hkv, dim=1)
+            v = v.repeat_interleave(H // Hkv, dim=1)
+        return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+
+    @staticmethod
+    def _sparse(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from) -> torch.Tensor:
+        """``plan_indices`` ``(B, H_kv, K)`` + tail ``dense_from[b] .. lengths[b] + T - 1``."""
+        B, H, T, D = q.shape
+        Hkv, L = k_cache.shape[1], k_cache.shape[2]
+        G = H // Hkv
+        dev = q.device
+        if dense_from is None:  # plan entries only (as in the reference)
+            dense_from = lengths + T
+        tail_len = int((lengths + T - dense_from).max())
+        tail = dense_from.view(B, 1, 1) + torch.arange(tail_len, device=dev).view(1, 1, tail_len)
+        tail = tail.expand(B, Hkv, tail_len)
+        plan = plan_indices.long().expand(B, Hkv, -1)  # a plan may share one list across KV heads
+        # entries at or past dense_from are already in the tail: drop them so nothing counts twice
+        plan = torch.where(plan >= dense_from.view(B, 1, 1), torch.full_like(plan, -1), plan)
+        idx = torch.cat([plan, tail], dim=-1)  # (B, Hkv, K')
+        row_pos = lengths.view(B, 1, 1, 1) + torch.arange(T, device=dev).view(1, 1, T, 1)  # (B,1,T,1)
+        valid = (idx >= 0) & (idx < L)
+        safe = torch.where(valid, idx, torch.zeros_like(idx))
+        k = k_cache.gather(2, safe.unsqueeze(-1).expand(-1, -1, -1, D))  # (B, Hkv, K', D)
+        v = v_cache.gather(2, safe.unsqueeze(-1).expand(-1, -1, -1, D))
+        mask = valid.unsqueeze(2) & (idx.unsqueeze(2) <= row_pos)  # (B, Hkv, T, K')
+        qg = q.view(B, Hkv, G * T, D)
+        mask = mask.unsqueeze(2).expand(B, Hkv, G, T, -1).reshape(B, Hkv, G * T, -1)
+        out = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+        return out.view(B, H, T, D)
