@@ -46,10 +46,11 @@ class TorchBackend(AttentionBackend):
         score_rows: Sequence[int] | None = None,
         score_kind: ScoreKind = "logits",
         score_heads: Sequence[int] | None = None,
+        **score_options,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if score_rows is not None:  # scores need the full logits: same computation as the oracle
             return self._ref.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                    score_rows, score_kind, score_heads)
+                                    score_rows, score_kind, score_heads, **score_options)
         if plan_indices is None:
             return self._dense(q, k_cache, v_cache, lengths, scale), None
         return self._sparse(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from), None
