@@ -151,11 +151,15 @@ def test_sparse_edge_plans():
     check(SMALL, q, k, v, lens, plan_indices=idx.to(DEV), dense_from=df.to(DEV), score_rows=[0, 2])
 
 
-@pytest.mark.parametrize("splits", [1, 2, 7, 40])
-def test_split_counts_and_auto(splits):
+@pytest.mark.parametrize("splits", [1, 7, 40])
+def test_split_counts(splits):
     """More splits than tiles leaves empty chunks: the combine must ignore them."""
-    q, k, v, lens = make_case(2, 2, 3, 5, 16, 80, torch.float32, [3, 70], seed=splits)
+    q, k, v, lens = make_case(2, 1, 3, 5, 16, 80, torch.float32, [3, 70], seed=splits)
     check(TritonConfig(block_n=16, num_splits=splits), q, k, v, lens, score_rows=[0, 4])
+
+
+def test_auto_splits():
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 80, torch.float32, [3, 70], seed=1)
     check(AUTO, q, k, v, lens)
 
 
@@ -168,6 +172,17 @@ def test_full_cache_and_strided_views():
     big_k[1], big_v[1] = k, v
     q_t = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, T, D) view with strides of (B, T, H, D)
     check(SMALL, q_t, big_k[1], big_v[1], lens, score_rows=[0, 3])
+
+
+@pytest.mark.parametrize("kw", [{}, {"score_rows": [0, 6, 11]}, {"sparse": True}])
+def test_many_rows_prefill_chunks(kw):
+    """Forwards with more rows than one tile packs (prefill chunks) are cut into row chunks."""
+    lengths = [0, 9]
+    q, k, v, lens = make_case(2, 2, 3, 12, 16, 24, torch.float32, lengths, seed=4)
+    kw = dict(kw)
+    if kw.pop("sparse", False):
+        kw["plan_indices"], kw["dense_from"] = make_plan(2, 2, 6, lengths, 12)
+    check(TritonConfig(block_n=16, num_splits=2, max_packed_rows=16), q, k, v, lens, **kw)
 
 
 def test_launcher_returns_lse():

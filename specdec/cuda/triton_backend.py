@@ -36,6 +36,8 @@ class TritonConfig(ComponentConfig):
         sdpa_decode: use ``torch.nn.functional.scaled_dot_product_attention`` for a dense single
             row without scores (costs one host synchronisation to size the KV slice; off by
             default: see docs/backends.md for the measurement).
+        max_packed_rows: most ``T * G`` rows packed in one tile; longer forwards (prefill chunks)
+            go through SDPA (dense, no scores, GPU) or through the kernel in chunks of rows.
     """
 
     block_n: int = 64
@@ -44,6 +46,7 @@ class TritonConfig(ComponentConfig):
     num_splits: int | None = None
     ctas_per_sm: int = 4
     sdpa_decode: bool = False
+    max_packed_rows: int = 64
 
 
 def _interpreting() -> bool:
@@ -142,6 +145,9 @@ class TritonBackend(AttentionBackend):
         ):
             return self._sdpa_decode(q, k_cache, v_cache, lengths, scale), None
 
+        if T * (H // Hkv) > self.config.max_packed_rows:
+            return self._many_rows(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
+                                   score_rows, score_kind, score_heads)
         if score_rows is None:
             out, _, _, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
                                             cfg=self._launch)
@@ -165,6 +171,37 @@ class TritonBackend(AttentionBackend):
         p = torch.where(raw == float("-inf"), torch.zeros((), device=dev), p)
         scores = (p * wts[:, :n].view(1, Hkv, n, 1)).sum(dim=2)
         return out, scores
+
+    def _many_rows(self, q, k_cache, v_cache, lengths, scale, plan_indices, dense_from, score_rows,
+                   score_kind, score_heads):
+        """Prefill-sized forwards (more rows than one packed tile holds).
+
+        Dense without scores on a GPU: PyTorch SDPA with a causal mask (one host sync to size the
+        KV slice). Otherwise: the split-K kernel over chunks of rows (row ``t`` of a chunk starting
+        at ``t0`` is row ``t0 + t`` of the forward, i.e. the same kernel with ``lengths + t0``).
+        """
+        B, H, T, D = q.shape
+        Hkv, L = k_cache.shape[1], k_cache.shape[2]
+        if plan_indices is None and score_rows is None and q.device.type == "cuda":
+            n = min(L, int(lengths.max()) + T)
+            pos = torch.arange(n, device=q.device).view(1, 1, 1, n)
+            rowpos = lengths.view(B, 1, 1, 1) + torch.arange(T, device=q.device).view(1, 1, T, 1)
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k_cache[:, :, :n], v_cache[:, :, :n], attn_mask=pos <= rowpos, scale=scale, enable_gqa=True
+            ), None
+        chunk = max(1, self.config.max_packed_rows // (H // Hkv))
+        outs, total = [], None
+        for t0 in range(0, T, chunk):
+            t1 = min(T, t0 + chunk)
+            rows = None if score_rows is None else [r - t0 for r in score_rows if t0 <= r < t1]
+            o, s = self.attend(q[:, :, t0:t1], k_cache, v_cache, lengths + t0, scale, plan_indices, dense_from,
+                               rows if rows else None, score_kind, score_heads)
+            outs.append(o)
+            if s is not None:
+                total = s if total is None else total + s
+        if score_rows is not None and total is None:
+            total = torch.zeros(B, Hkv, L, dtype=torch.float32, device=q.device)
+        return torch.cat(outs, dim=2), total
 
     @staticmethod
     def _sdpa_decode(q, k_cache, v_cache, lengths, scale):
