@@ -13,10 +13,45 @@ from typing import Any, Callable, Optional
 
 import typer
 from pydantic import ValidationError
+from typer.core import TyperGroup
 
 from specdec.errors import SpecdecError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Long-context speculative decoding with sparse attention.")
+
+#: the click exceptions module typer uses (its vendored copy in typer >= 0.20, click itself before)
+_CLICK = sys.modules[typer.BadParameter.__module__]
+_NO_ARGS = getattr(_CLICK, "NoArgsIsHelpError", ())  # click < 8.2 prints the help itself
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors (a bad option value, an unknown or missing option) as one ``error: ...`` line, exit 2.
+
+    Typer's default prints a multi-line usage banner and a boxed message; a script reading stderr
+    should get the same single line as every other bad input.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except _CLICK.ClickException as exc:
+            cmd = f"{exc.ctx.command_path} --help" if getattr(exc, "ctx", None) is not None else "--help"
+            msg = " ".join(exc.format_message().split())
+            typer.echo(f"error: {msg.rstrip('.')}; see `{cmd}`.", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("error: aborted.", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(
+    cls=OneLineErrors, add_completion=False, no_args_is_help=True, help="Long-context speculative decoding with sparse attention."
+)
 
 
 def fail(message: str) -> None:
@@ -42,6 +77,10 @@ def friendly(fn: Callable) -> Callable:
             fail(format_validation_error("config", exc))
         except FileNotFoundError as exc:
             fail(f"file not found: {exc.filename}; check the path.")
+        except IsADirectoryError as exc:
+            fail(f"{exc.filename} is a directory, not a file; pass a file path.")
+        except PermissionError as exc:
+            fail(f"permission denied: {exc.filename}; check the file's permissions.")
         except FloatingPointError as exc:
             fail(str(exc))
         except torch_oom() as exc:  # type: ignore[misc]
