@@ -32,11 +32,18 @@ class SamplingConfig(ComponentConfig):
 
 
 def check_finite(logits: torch.Tensor, where: str) -> None:
-    """Refuse NaN logits with a clear error instead of emitting a silent wrong token."""
-    if torch.isnan(logits).any():
+    """Refuse logits no token can be chosen from, instead of emitting a silent wrong token.
+
+    ``-inf`` entries are legitimate (a token masked out), but NaN, ``+inf`` or a row that is
+    ``-inf`` everywhere have no meaningful argmax or softmax.
+    """
+    if torch.isnan(logits).any() or torch.isposinf(logits).any():
         raise FloatingPointError(
-            f"{where} produced NaN logits; the model overflowed in this dtype — run in float32 or bfloat16."
+            f"{where} produced NaN or +inf logits: the model's weights or activations are not finite "
+            "(a corrupt checkpoint, or an overflow in float16 — then run in float32 or bfloat16)."
         )
+    if bool((logits.amax(dim=-1) == float("-inf")).any()):
+        raise FloatingPointError(f"{where} produced a row of logits that is -inf everywhere; no token can be chosen.")
 
 
 def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
