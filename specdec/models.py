@@ -153,6 +153,11 @@ def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu
                     f"model {model!r} is not an embedded name ({', '.join(EMBEDDED_MODELS)}), "
                     "a local directory, a .gguf file or a hub id."
                 )
+            if Path(model).is_dir() and not (Path(model) / "config.json").is_file():
+                raise SpecdecError(
+                    f"model directory {model} has no config.json; pass a transformers model directory "
+                    "(config.json, weights, tokenizer), a .gguf file or an embedded name."
+                )
         tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
         hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype, local_files_only=True)
     except SpecdecError:
@@ -204,6 +209,26 @@ def model_dims(config) -> ModelDims:
     )
 
 
+def _checked_dims(hf_model) -> ModelDims:
+    """:func:`model_dims`, refusing models the adapter cannot serve with one clear sentence."""
+    cfg = hf_model.config
+    kind = getattr(cfg, "model_type", type(hf_model).__name__)
+    supported = "supported: decoder-only models that use transformers' attention interface (Llama, Qwen2, Qwen3, Mistral, ...)."
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise SpecdecError(f"model type {kind!r} is an encoder-decoder model; {supported}")
+    try:
+        dims = model_dims(cfg)
+    except AttributeError as exc:
+        raise SpecdecError(f"model type {kind!r} has no attention geometry ({exc}); {supported}") from None
+    bidirectional = [m for m in hf_model.modules() if hasattr(m, "layer_idx") and getattr(m, "is_causal", True) is False]
+    if bidirectional:
+        raise SpecdecError(
+            f"model type {kind!r} has bidirectional (non-causal) attention, e.g. {type(bidirectional[0]).__name__}; "
+            f"it is an encoder, not a decoder; {supported}"
+        )
+    return dims
+
+
 class SpecdecModel:
     """A Hugging Face causal LM whose attention runs through a specdec :class:`AttentionBackend`.
 
@@ -219,7 +244,7 @@ class SpecdecModel:
         self.hf = hf_model
         self.tokenizer = tokenizer
         self.backend = backend or ReferenceBackend()
-        self.dims = model_dims(hf_model.config)
+        self.dims = _checked_dims(hf_model)
         self._saved_impl: str | None = None
         self.attach()
 
