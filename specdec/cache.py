@@ -57,20 +57,27 @@ class KVCache:
         """A view of sequences ``start:stop`` sharing storage (used for per-sequence prefill)."""
         return KVCache._from(self.k[:, start:stop], self.v[:, start:stop])
 
-    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Write ``T`` new entries per sequence at ``lengths[b] .. lengths[b] + T - 1``.
-
-        Args:
-            key, value: ``(B, H_kv, T, D)``.
-            lengths: ``(B,)`` int64 tokens cached before this write.
-        """
-        B, _, T, _ = key.shape
+    def check_capacity(self, lengths: torch.Tensor, T: int) -> None:
+        """Refuse a write of ``T`` entries past the capacity (reads ``lengths`` on the host)."""
         end = int(lengths.max()) + T
         if end > self.capacity:
             raise ValueError(
                 f"KV cache overflow: writing up to position {end} but capacity is {self.capacity}; "
                 "allocate a larger cache (max_new_tokens or gamma exceed the planned size)."
             )
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor, check: bool = True) -> None:
+        """Write ``T`` new entries per sequence at ``lengths[b] .. lengths[b] + T - 1``.
+
+        Args:
+            key, value: ``(B, H_kv, T, D)``.
+            lengths: ``(B,)`` int64 tokens cached before this write.
+            check: verify the capacity (one host read of ``lengths``; off inside CUDA-graph capture,
+                where the caller checks before replaying).
+        """
+        B, _, T, _ = key.shape
+        if check:
+            self.check_capacity(lengths, T)
         pos = lengths.view(B, 1) + torch.arange(T, device=lengths.device)  # (B, T)
         bidx = torch.arange(B, device=lengths.device).view(B, 1)
         self.k[layer][bidx, :, pos] = key.transpose(1, 2).to(self.k.dtype)

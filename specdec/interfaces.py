@@ -103,6 +103,7 @@ class ForwardContext:
         backend: the attention backend that computes this forward.
         plan: sparse plan, or ``None`` for dense causal attention.
         scores: optional score request, filled in place.
+        static: CUDA-graph capture: no host synchronisation (the cache skips its capacity check).
     """
 
     cache: "KVCache"
@@ -110,6 +111,7 @@ class ForwardContext:
     backend: AttentionBackend
     plan: SparsePlan | None = None
     scores: ScoreRequest | None = None
+    static: bool = False
 
 
 class AttentionBackend(ABC):

@@ -44,23 +44,25 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     layer = module.layer_idx
-    ctx.cache.write(layer, key, value, ctx.lengths)
+    ctx.cache.write(layer, key, value, ctx.lengths, check=not ctx.static)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     req = ctx.scores if (ctx.scores is not None and ctx.scores.wants(layer)) else None
     heads = None
     if req is not None and req.query_heads is not None:
         heads = req.query_heads.get(layer, ())
+    extra = {"score_per_row": True} if (req is not None and req.per_row) else {}
     out, scores = ctx.backend.attend(
         query,
         ctx.cache.k[layer],
         ctx.cache.v[layer],
         ctx.lengths,
         scale,
-        plan_indices=ctx.plan.for_layer(layer) if ctx.plan is not None else None,
+        plan_indices=ctx.plan.indices_for(layer, query) if ctx.plan is not None else None,
         dense_from=ctx.plan.dense_from if ctx.plan is not None else None,
         score_rows=req.rows if req is not None else None,
         score_kind=req.kind if req is not None else "logits",
         score_heads=heads,
+        **extra,
     )
     if req is not None and scores is not None:
         if req.heads == "all":
@@ -246,6 +248,7 @@ class SpecdecModel:
         self.backend = backend or ReferenceBackend()
         self.dims = _checked_dims(hf_model)
         self._saved_impl: str | None = None
+        self._graphs = None  # specdec.graphs.GraphCache once enable_cuda_graphs() is called
         self.attach()
 
     @classmethod
@@ -346,15 +349,41 @@ class SpecdecModel:
         """
         if self._saved_impl is None:
             raise SpecdecError("this SpecdecModel was detached; call .attach() before running it.")
+        if self._graphs is not None and backend is None and input_ids.device.type == "cuda":
+            cache.check_capacity(lengths, input_ids.shape[1])  # the captured forward skips it
+            return self._graphs.run(input_ids, cache, lengths, plan, scores, logits_to_keep)
+        return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, backend)
+
+    def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, backend, static: bool = False):
         T = input_ids.shape[1]
         position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
-        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend or self.backend, plan=plan, scores=scores)
+        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend or self.backend, plan=plan, scores=scores,
+                             static=static)
         token = _CONTEXT.set(ctx)
         try:
             out = self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=logits_to_keep)
         finally:
             _CONTEXT.reset(token)
         return out.logits.float()
+
+    def enable_cuda_graphs(self, plan_bucket: int = 128, max_graphs: int = 32) -> None:
+        """Capture every forward shape as a CUDA graph and replay it (see :mod:`specdec.graphs`).
+
+        Needs a CUDA model and a backend with ``capture_safe = True``.
+        """
+        from specdec.graphs import GraphCache
+
+        if self.device.type != "cuda":
+            raise SpecdecError("CUDA graphs need the model on a CUDA device; load it with device='cuda'.")
+        if not getattr(self.backend, "capture_safe", False):
+            raise SpecdecError(
+                f"backend {self.backend.name!r} is not capture-safe; use BACKENDS.build('torch', static=True) "
+                "or another backend with capture_safe = True."
+            )
+        self._graphs = GraphCache(self, plan_bucket=plan_bucket, max_graphs=max_graphs)
+
+    def disable_cuda_graphs(self) -> None:
+        self._graphs = None
 
     @contextmanager
     def using_backend(self, backend: AttentionBackend) -> Iterator[None]:

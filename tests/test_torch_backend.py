@@ -54,3 +54,23 @@ def test_engine_with_torch_backend_equals_reference_engine():
         sel = SELECTORS.build("sliding_window", budget=10, sinks=2, recent=2)
         outs.append(SpeculativeEngine(m, SparseSelfDrafter(m, sel), gamma=3, eos_token_id=-1).generate(prompts, 12).tokens)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_static_mode_matches_reference(T):
+    """The CUDA-graph (static-shape) mode gives the same result as the dynamic one."""
+    static = TorchBackend(TorchBackend.Config(static=True, max_draft=8))
+    assert static.capture_safe and not FAST.capture_safe
+    q, k, v, lengths, dense_from, idx = _case(2, 2, 3, T, 90, 16, 10, torch.float32, seed=T)
+    for kw in ({}, dict(plan_indices=idx, dense_from=dense_from)):
+        ref, _ = REF.attend(q, k, v, lengths, 0.25, **kw)
+        out, _ = static.attend(q, k, v, lengths, 0.25, **kw)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_graphs_need_cuda_and_a_capture_safe_backend():
+    from specdec.errors import SpecdecError
+
+    m = make_tiny("llama")
+    with pytest.raises(SpecdecError, match="CUDA"):
+        m.enable_cuda_graphs()

@@ -16,11 +16,22 @@ import torch.nn.functional as F
 
 from specdec.attention.reference import ReferenceBackend, visibility_mask
 from specdec.interfaces import AttentionBackend, ScoreKind
+from pydantic import Field
+
 from specdec.registry import BACKENDS, ComponentConfig
 
 
 class TorchConfig(ComponentConfig):
-    """The torch backend takes no options."""
+    """Options of the torch backend.
+
+    Attributes:
+        static: CUDA-graph mode — no host synchronisation: dense rows attend over the whole cache
+            capacity (masked) and a sparse step gathers a fixed tail of ``T + max_draft`` positions.
+        max_draft: bound on tokens drafted since the plan was built (γ ≤ 64 is enforced upstream).
+    """
+
+    static: bool = False
+    max_draft: int = Field(default=64, ge=1)
 
 
 @BACKENDS.register("torch", TorchConfig)
@@ -33,6 +44,11 @@ class TorchBackend(AttentionBackend):
     def __init__(self, config: TorchConfig | None = None) -> None:
         self.config = config or TorchConfig()
         self._ref = ReferenceBackend()
+
+    @property
+    def capture_safe(self) -> bool:
+        """Whether a forward through this backend can be captured as a CUDA graph."""
+        return self.config.static
 
     def attend(
         self,
@@ -55,21 +71,16 @@ class TorchBackend(AttentionBackend):
             return self._dense(q, k_cache, v_cache, lengths, scale), None
         return self._sparse(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from), None
 
-    @staticmethod
-    def _dense(q, k_cache, v_cache, lengths, scale) -> torch.Tensor:
+    def _dense(self, q, k_cache, v_cache, lengths, scale) -> torch.Tensor:
         B, H, T, D = q.shape
-        Hkv = k_cache.shape[1]
-        used = min(k_cache.shape[2], int(lengths.max()) + T)
+        Hkv, L = k_cache.shape[1], k_cache.shape[2]
+        used = L if self.config.static else min(L, int(lengths.max()) + T)
         mask = visibility_mask(lengths, T, used)  # (B, 1, T, used)
-        k = k_cache[:, :, :used]
-        v = v_cache[:, :, :used]
-        if H != Hkv:
-            k = k.repeat_interleave(H // Hkv, dim=1)
-            v = v.repeat_interleave(H // Hkv, dim=1)
-        return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+        k = k_cache[:, :, :used].to(q.dtype)
+        v = v_cache[:, :, :used].to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=H != Hkv)
 
-    @staticmethod
-    def _sparse(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from) -> torch.Tensor:
+    def _sparse(self, q, k_cache, v_cache, lengths, scale, plan_indices, dense_from) -> torch.Tensor:
         """``plan_indices`` ``(B, H_kv, K)`` + tail ``dense_from[b] .. lengths[b] + T - 1``."""
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
@@ -77,7 +88,10 @@ class TorchBackend(AttentionBackend):
         dev = q.device
         if dense_from is None:  # plan entries only (as in the reference)
             dense_from = lengths + T
-        tail_len = int((lengths + T - dense_from).max())
+        if self.config.static:
+            tail_len = T + self.config.max_draft  # fixed shape; positions past a row are masked
+        else:
+            tail_len = int((lengths + T - dense_from).max())
         tail = dense_from.view(B, 1, 1) + torch.arange(tail_len, device=dev).view(1, 1, tail_len)
         tail = tail.expand(B, Hkv, tail_len)
         plan = plan_indices.long().expand(B, Hkv, -1)  # a plan may share one list across KV heads

@@ -1,0 +1,124 @@
+"""CUDA-graph capture of whole model forwards (draft steps, verify passes, dense steps).
+
+On a GPU, one decode step of a small model is a few hundred kernel launches: the launch and
+Python overhead, not the memory traffic, sets its time (DESIGN.md §3–4). :class:`GraphCache`
+captures :meth:`SpecdecModel.forward` once per *step shape* — ``(cache, B, T, plan entries
+bucket, logits_to_keep, score request)`` — into a CUDA graph with static input buffers and
+replays it: each call copies ``input_ids``, ``lengths`` and the plan into the buffers and runs the
+whole forward with one launch. Plans are padded with ``-1`` to a multiple of ``plan_bucket`` so a
+growing ratio budget does not trigger a capture every few tokens.
+
+Requirements: the backend declares ``capture_safe = True`` (no host synchronisation, static
+shapes: e.g. ``TorchBackend(TorchConfig(static=True))``), and the forward runs in "static" mode
+(the cache skips its host-side capacity check — the engine sizes the cache up front).
+Enable with :meth:`SpecdecModel.enable_cuda_graphs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.interfaces import ScoreRequest, SparsePlan
+
+
+def _score_key(req: ScoreRequest | None) -> Any:
+    if req is None:
+        return None
+    qh = None if req.query_heads is None else tuple(sorted((k, tuple(v)) for k, v in req.query_heads.items()))
+    layers = None if req.layers is None else tuple(req.layers)
+    return (tuple(req.rows), req.kind, req.heads, layers, qh, getattr(req, "per_row", False))
+
+
+@dataclass
+class _Graph:
+    graph: Any
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    plan: SparsePlan | None
+    req: ScoreRequest | None
+    logits: torch.Tensor = field(default=None)  # type: ignore[assignment]
+
+
+class GraphCache:
+    """Captured forwards of one :class:`~specdec.models.SpecdecModel`, keyed by step shape."""
+
+    def __init__(self, model, plan_bucket: int = 128, max_graphs: int = 32) -> None:
+        self.model = model
+        self.plan_bucket = plan_bucket
+        self.max_graphs = max_graphs
+        self.graphs: dict[Any, _Graph] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.captures = 0
+        self.replays = 0
+
+    def _pad_plan(self, plan: SparsePlan) -> SparsePlan:
+        K = plan.indices.shape[-1]
+        Kp = -(-K // self.plan_bucket) * self.plan_bucket
+        if Kp == K:
+            return plan
+        pad = plan.indices.new_full((*plan.indices.shape[:-1], Kp - K), -1)
+        return SparsePlan(indices=torch.cat([plan.indices, pad], dim=-1), dense_from=plan.dense_from)
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        cache: KVCache,
+        lengths: torch.Tensor,
+        plan: SparsePlan | None,
+        scores: ScoreRequest | None,
+        logits_to_keep: int,
+    ) -> torch.Tensor:
+        """Replay (capturing first if needed) the forward of this step shape; returns fresh logits."""
+        if plan is not None:
+            plan = self._pad_plan(plan)
+        key = (id(cache), tuple(input_ids.shape), None if plan is None else tuple(plan.indices.shape),
+               logits_to_keep, _score_key(scores))
+        g = self.graphs.get(key)
+        if g is None:
+            if len(self.graphs) >= self.max_graphs:  # bound memory: drop the oldest shape
+                self.graphs.pop(next(iter(self.graphs)))
+            g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep)
+        else:
+            g.ids.copy_(input_ids)
+            g.lengths.copy_(lengths)
+            if plan is not None:
+                g.plan.indices.copy_(plan.indices)
+                g.plan.dense_from.copy_(plan.dense_from)
+            g.graph.replay()
+            self.replays += 1
+        if scores is not None and g.req is not None:
+            scores.scores = {layer: s.clone() for layer, s in g.req.scores.items()}
+        return g.logits.clone()
+
+    def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
+        ids = input_ids.clone()
+        lens = lengths.clone()
+        splan = None if plan is None else SparsePlan(indices=plan.indices.clone(), dense_from=plan.dense_from.clone())
+        req = None
+        if scores is not None:
+            req = ScoreRequest(rows=list(scores.rows), kind=scores.kind, heads=scores.heads, layers=scores.layers,
+                               query_heads=scores.query_heads)
+            if getattr(scores, "per_row", False):
+                req.per_row = True  # type: ignore[attr-defined]
+
+        def step():
+            return self.model._eager_forward(ids, cache, lens, splan, req, logits_to_keep, None, static=True)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up (allocations, autotuning) off the capture
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = step()
+        graph.replay()  # the captured run leaves outputs unset until the first replay
+        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, req=req, logits=logits)
+        self.graphs[key] = g
+        self.captures += 1
+        return g
