@@ -176,6 +176,12 @@ class SpeculativeEngine:
                 ids = [int(t) for t in p]
             if not ids:
                 raise SpecdecError("a prompt has no tokens; give it some text.")
+            vocab = self.model.dims.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise SpecdecError(
+                    f"token id {bad[0]} is outside the model's vocabulary [0, {vocab}); pass ids from this model's tokenizer."
+                )
             out.append(ids)
         if not out:
             raise SpecdecError("no prompts given; pass at least one.")
