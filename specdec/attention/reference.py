@@ -81,7 +81,8 @@ class ReferenceBackend(AttentionBackend):
         logits = torch.einsum("bhgtd,bhld->bhgtl", qg, k) * scale  # (B, Hkv, G, T, used)
         mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
         logits = logits.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
+        # a row that sees no position (fully masked) attends to nothing: output 0, not NaN
+        probs = torch.softmax(logits, dim=-1).masked_fill(~mask, 0.0)
         out = torch.einsum("bhgtl,bhld->bhgtd", probs, v).reshape(B, H, T, D).to(q.dtype)
 
         scores = None
