@@ -51,6 +51,8 @@ class GraphCache:
         self.plan_bucket = plan_bucket
         self.max_graphs = max_graphs
         self.graphs: dict[Any, _Graph] = {}
+        #: step shapes whose capture failed (the reason), run eagerly from then on
+        self.uncapturable: dict[Any, str] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.captures = 0
         self.replays = 0
@@ -77,11 +79,18 @@ class GraphCache:
             plan = self._pad_plan(plan)
         key = (id(cache), tuple(input_ids.shape), None if plan is None else tuple(plan.indices.shape),
                logits_to_keep, _score_key(scores))
+        if key in self.uncapturable:  # this step shape runs eagerly (e.g. a score path that syncs)
+            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
         g = self.graphs.get(key)
         if g is None:
             if len(self.graphs) >= self.max_graphs:  # bound memory: drop the oldest shape
                 self.graphs.pop(next(iter(self.graphs)))
-            g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep)
+            try:
+                g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep)
+            except RuntimeError as exc:
+                self.uncapturable[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                torch.cuda.synchronize()
+                return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
         else:
             g.ids.copy_(input_ids)
             g.lengths.copy_(lengths)

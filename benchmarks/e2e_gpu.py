@@ -1,0 +1,181 @@
+"""End-to-end decoding on a GPU: our engine (dense and speculative methods, CUDA graphs) vs HF generate.
+
+Workload: the embedded SmolLM2-135M (real weights, bf16), a real document (pydoc) cut to
+``--context`` tokens, the prompt repeated ``B`` times, ``--new`` greedy tokens per sequence.
+Reports per (B, method): tokens/s, τ, per-phase seconds, speedup over our dense and over HF
+``generate``, a dense step against the roofline ``(weights + KV bytes) / copy bandwidth`` measured
+in the same run, and token agreement with our dense output.
+
+    python benchmarks/e2e_gpu.py --gguf /tmp/smol.gguf --context 8192 --batches 1,16,64 \
+        --methods dense,magicdec,quest,vegas --backend triton --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes/s, read + write counted), median of 10."""
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    ts = []
+    for _ in range(12):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    return 2 * nbytes / statistics.median(ts[2:])
+
+
+def hf_tps(model, ids, B, new) -> float:
+    x = torch.tensor([ids] * B, device="cuda")
+    kw = dict(do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model.hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    model.hf.generate(x, max_new_tokens=new, min_new_tokens=new, **kw)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return B * (new - 1) / ((t2 - t1) - (t1 - t0))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--methods", default="dense,magicdec,quest,vegas")
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--budget-ratio", type=float, default=0.05)
+    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--graphs", type=int, default=1)
+    ap.add_argument("--hf", type=int, default=1)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    from specdec import BACKENDS, PipelineConfig, SpecdecModel, build_engine
+    from specdec.data import context_ids, load_document
+    from specdec.engine import Prefilled
+    from specdec.models import load_hf
+
+    out: dict = {"args": vars(args), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    import transformers
+
+    out["transformers"] = transformers.__version__
+    out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+    def save():
+        Path(args.out).write_text(json.dumps(out, indent=2))
+
+    bw = copy_bandwidth()
+    out["copy_bandwidth_GBps"] = bw / 1e9
+    hf, tok = load_hf(args.gguf, "bfloat16", "cuda")
+    be_kw = {"static": True} if (args.backend == "torch" and args.graphs) else {}
+    backend = BACKENDS.build(args.backend, **be_kw)
+    if args.graphs and args.backend != "torch":
+        backend.capture_safe = True  # checked below: graph replay must match eager output
+    model = SpecdecModel(hf, tok, backend)
+    d = model.dims
+    kv_bytes_per_token = 2 * d.n_layers * d.n_kv_heads * d.head_dim * 2
+    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+    out["kv_bytes_per_token"] = kv_bytes_per_token
+    out["weight_bytes"] = weight_bytes
+    ids = context_ids(tok, load_document("pydoc"), args.context, offset=20000)
+    save()
+
+    # graph replay == eager, on one dense and one sparse step
+    if args.graphs:
+        try:
+            cache = model.new_cache(2, args.context + 64)
+            lengths = torch.tensor([args.context - 5, args.context - 300], device="cuda")
+            cache.k.normal_()
+            cache.v.normal_()
+            x = torch.tensor([[11], [12]], device="cuda")
+            eager = model.forward(x, cache, lengths)
+            model.enable_cuda_graphs()
+            g1 = model.forward(x, cache, lengths)
+            g2 = model.forward(torch.tensor([[13], [14]], device="cuda"), cache, lengths + 1)
+            model.disable_cuda_graphs()
+            e2 = model.forward(torch.tensor([[13], [14]], device="cuda"), cache, lengths + 1)
+            out["graph_parity_max_abs"] = [float((g1 - eager).abs().max()), float((g2 - e2).abs().max())]
+            del cache
+        except Exception as exc:  # keep going without graphs
+            out["graph_error"] = traceback.format_exc(limit=3)
+            args.graphs = 0
+            model.disable_cuda_graphs()
+            print("graphs disabled:", exc, flush=True)
+    save()
+
+    for B in [int(b) for b in args.batches.split(",")]:
+        pre1 = None
+        dense_tokens = None
+        dense_tps = None
+        hf_rate = None
+        if args.hf:
+            try:
+                hf_rate = hf_tps(model, ids, B, min(args.new, 32))
+                out["rows"].append(dict(B=B, method="hf-generate", tokens_per_second=hf_rate))
+            except Exception:
+                out["rows"].append(dict(B=B, method="hf-generate", error=traceback.format_exc(limit=2)))
+            save()
+        for name in args.methods.split(","):
+            row = dict(B=B, method=name)
+            try:
+                cfg = PipelineConfig.make(method=name, gamma=args.gamma, budget_ratio=args.budget_ratio)
+                eng = build_engine(model, cfg, eos_token_id=-1)
+                if pre1 is None:
+                    pre1 = eng.prefill([ids])
+                pre = Prefilled(ids=[ids] * B, k=pre1.k.expand(-1, B, -1, -1, -1), v=pre1.v.expand(-1, B, -1, -1, -1),
+                                last_logits=pre1.last_logits.expand(B, -1))
+                if args.graphs:
+                    model.enable_cuda_graphs()
+                eng.generate([ids] * B, max_new_tokens=8, prefilled=pre)  # warm-up + graph capture
+                torch.cuda.synchronize()
+                res = eng.generate([ids] * B, max_new_tokens=args.new, prefilled=pre)
+                model.disable_cuda_graphs()
+                s = res.stats
+                row.update(tau=s.mean_accepted_length, tokens_per_second=s.tokens_per_second,
+                           iterations=s.iterations, phase_seconds=s.phase_seconds,
+                           acceptance_per_position=s.acceptance_per_position,
+                           select_share=s.to_dict()["selection_overhead_share"])
+                if name == "dense":
+                    dense_tokens, dense_tps = res.tokens, s.tokens_per_second
+                    step = s.decode_seconds / max(1, s.iterations)
+                    roof = (weight_bytes + B * (args.context + args.new // 2) * kv_bytes_per_token) / bw
+                    row.update(step_seconds=step, roofline_seconds=roof, step_over_roofline=step / roof)
+                if dense_tokens is not None:
+                    agree = [sum(a == b for a, b in zip(x, y)) / len(y) for x, y in zip(res.tokens, dense_tokens)]
+                    row["token_agreement_with_dense"] = sum(agree) / len(agree)
+                if dense_tps:
+                    row["speedup_vs_dense"] = s.tokens_per_second / dense_tps
+                if hf_rate:
+                    row["speedup_vs_hf"] = s.tokens_per_second / hf_rate
+            except Exception:
+                model.disable_cuda_graphs()
+                row["error"] = traceback.format_exc(limit=4)
+            out["rows"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "phase_seconds"}), flush=True)
+            save()
+            torch.cuda.empty_cache()
+    save()
+
+
+if __name__ == "__main__":
+    main()
