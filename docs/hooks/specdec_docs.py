@@ -1,0 +1,200 @@
+"""MkDocs hooks of the specdec site (build-time only; not part of the package).
+
+* ``on_config``: fill the *Tutorials* section of the nav from ``tutorials/*.ipynb`` and add the
+  component pages other engineers write (``selectors/*.md``, ``dustin.md``, ...) once they exist,
+  so the nav never points at a missing page.
+* ``on_page_markdown``: expand three markers
+  - ``<!-- cli-reference -->``: one section per ``specdec`` sub-command, built from the Typer app
+    (usage, help text, an options table) — new commands (``tune``, ``profile-srh``, ...) appear by
+    themselves;
+  - ``<!-- api-modules: PACKAGE [EXCLUDE ...] -->``: a ``::: module`` block per module of a package;
+  - ``<!-- benchmark-results -->``: the Markdown tables in ``benchmarks/results/*.md`` and a plot
+    per ``benchmarks/results/*.json`` written by ``specdec bench``.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import pkgutil
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # document this checkout's specdec, not another installed copy
+    sys.path.insert(0, str(ROOT))
+DOCS = ROOT / "docs"
+RESULTS = ROOT / "benchmarks" / "results"
+
+# pages written by other engineers: (nav section, title, path relative to docs/)
+OPTIONAL_PAGES = [
+    ("Components", "Selectors (Vegas, Quest, hybrid SRH)", "selectors"),
+    ("Components", "Drafters", "drafters.md"),
+    ("Components", "Verifiers", "verifiers.md"),
+    ("Components", "Dustin", "dustin.md"),
+    ("Components", "Optimized backends", "backends.md"),
+    ("Components", "Vegas tuner", "tuner.md"),
+]
+
+
+def _title_of(path: Path) -> str:
+    """First ``# heading`` of a Markdown file or notebook, else the file stem."""
+    try:
+        if path.suffix == ".ipynb":
+            nb = json.loads(path.read_text(encoding="utf-8"))
+            text = "".join(
+                "".join(c["source"]) + "\n" for c in nb.get("cells", []) if c.get("cell_type") == "markdown"
+            )
+        else:
+            text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return path.stem
+    m = re.search(r"^#\s+(.+)$", text, re.M)
+    return m.group(1).strip() if m else path.stem.replace("_", " ").replace("-", " ").capitalize()
+
+
+def _section(nav: list, name: str) -> list | None:
+    for item in nav:
+        if isinstance(item, dict) and name in item and isinstance(item[name], list):
+            return item[name]
+    return None
+
+
+def on_config(config, **kwargs):
+    nav = config.get("nav")
+    if not nav:
+        return config
+    tutorials = _section(nav, "Tutorials")
+    if tutorials is not None:
+        listed = {next(iter(e.values())) for e in tutorials if isinstance(e, dict)}
+        for nb in sorted((DOCS / "tutorials").glob("*.ipynb")):
+            rel = f"tutorials/{nb.name}"
+            if rel not in listed:
+                tutorials.append({_title_of(nb): rel})
+    for section, title, rel in OPTIONAL_PAGES:
+        target = _section(nav, section)
+        if target is None:
+            continue
+        path = DOCS / rel
+        if path.is_dir():
+            pages = sorted(path.glob("*.md"))
+            if pages:
+                target.append({title: [{_title_of(p): f"{rel}/{p.name}"} for p in pages]})
+        elif path.is_file():
+            target.append({title: rel})
+    return config
+
+
+# -- CLI reference ---------------------------------------------------------------------------------
+def _cli_markdown() -> str:
+    import typer.main
+
+    from specdec.cli import app
+
+    group = typer.main.get_command(app)
+    out = []
+    for name, cmd in group.commands.items():
+        out.append(f"## `specdec {name}`\n")
+        if cmd.help:
+            out.append(cmd.help.strip() + "\n")
+        params = [p for p in cmd.params if getattr(p, "opts", None) and "--help" not in p.opts]
+        usage = " ".join(
+            (f"{p.opts[0]} …" if not p.is_flag else p.opts[0]) for p in params if p.required
+        )
+        out.append(f"```text\nspecdec {name} {usage} [OPTIONS]\n```\n")
+        if params:
+            out.append("| option | required | default | description |\n|---|---|---|---|")
+            for p in params:
+                opts = ", ".join(f"`{o}`" for o in [*p.opts, *getattr(p, "secondary_opts", [])])
+                default = "" if p.required or p.default is None else f"`{p.default}`"
+                text = html.escape(p.help or "").replace("|", "\\|")
+                rng = []
+                if getattr(p, "min", None) is not None:
+                    rng.append(f"≥ {p.min}")
+                if getattr(p, "max", None) is not None:
+                    rng.append(f"≤ {p.max}")
+                if rng:
+                    text += f" ({', '.join(rng)})"
+                out.append(f"| {opts} | {'yes' if p.required else ''} | {default} | {text} |")
+            out.append("")
+    return "\n".join(out)
+
+
+# -- API modules -----------------------------------------------------------------------------------
+def _api_modules(package: str, exclude: list[str]) -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return ""  # a plain module (or nothing): the page documents it with ::: itself
+    names = sorted(
+        f"{package}.{m.name}" for m in pkgutil.iter_modules(spec.submodule_search_locations) if not m.name.startswith("_")
+    )
+    blocks = [f"::: {n}\n" for n in names if n not in exclude and n.rsplit(".", 1)[-1] not in exclude]
+    return "\n".join(blocks) if blocks else "*None installed yet.*\n"
+
+
+# -- benchmarks ------------------------------------------------------------------------------------
+def _plot_rows(rows: list[dict], title: str) -> str | None:
+    """An inline SVG bar chart of τ and tokens/s per method (mean over the other axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["method"], []).append(r)
+    if not by:
+        return None
+    methods = list(by)
+    tau = [sum(r.get("tau", 1.0) for r in by[m]) / len(by[m]) for m in methods]
+    tps = [sum(r.get("tokens_per_second", 0.0) or 0.0 for r in by[m]) / len(by[m]) for m in methods]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    axes[0].bar(methods, tau, color="#3f51b5")
+    axes[0].set_title("mean accepted length τ")
+    axes[1].bar(methods, tps, color="#009688")
+    axes[1].set_title("tokens / s")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg")
+    plt.close(fig)
+    svg = buf.getvalue()
+    return svg[svg.index("<svg") :]
+
+
+def _benchmarks_markdown() -> str:
+    if not RESULTS.is_dir():
+        return "*No benchmark results yet: run `specdec bench` (see below).*\n"
+    out = []
+    for md in sorted(RESULTS.glob("*.md")):
+        text = md.read_text(encoding="utf-8")
+        text = re.sub(r"^(#+)", r"##\1", text, flags=re.M)  # demote below this page's "## Results"
+        out.append(text)
+        js = md.with_suffix(".json")
+        if js.is_file():
+            try:
+                rows = json.loads(js.read_text(encoding="utf-8")).get("rows", [])
+                svg = _plot_rows([r for r in rows if "method" in r], md.stem)
+            except (ValueError, KeyError, TypeError):
+                svg = None
+            if svg:
+                out.append(f'<figure class="bench-plot">{svg}</figure>\n')
+    return "\n".join(out) if out else "*No benchmark results yet: run `specdec bench` (see below).*\n"
+
+
+_API_RE = re.compile(r"<!--\s*api-modules:\s*([\w.]+)((?:\s+[\w.]+)*)\s*-->")
+
+
+def on_page_markdown(markdown, page, config, files, **kwargs):
+    if "<!-- cli-reference -->" in markdown:
+        markdown = markdown.replace("<!-- cli-reference -->", _cli_markdown())
+    if "<!-- benchmark-results -->" in markdown:
+        markdown = markdown.replace("<!-- benchmark-results -->", _benchmarks_markdown())
+    markdown = _API_RE.sub(lambda m: _api_modules(m.group(1), m.group(2).split()), markdown)
+    return markdown
