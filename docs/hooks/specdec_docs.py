@@ -23,8 +23,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # document this checkout's specdec, not another installed copy
-    sys.path.insert(0, str(ROOT))
 DOCS = ROOT / "docs"
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -62,7 +60,15 @@ def _section(nav: list, name: str) -> list | None:
     return None
 
 
+def _use_this_checkout() -> None:
+    """Document this checkout's specdec, not another installed copy (mkdocs restores sys.path after
+    loading a hook module, so this runs from ``on_config``, not at import)."""
+    if not sys.path or sys.path[0] != str(ROOT):
+        sys.path.insert(0, str(ROOT))
+
+
 def on_config(config, **kwargs):
+    _use_this_checkout()
     nav = config.get("nav")
     if not nav:
         return config
