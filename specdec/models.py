@@ -164,9 +164,12 @@ def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu
         hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype, local_files_only=True)
     except SpecdecError:
         raise
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecdecError(f"could not load model {model!r}: {first}") from exc
+    except Exception as exc:  # any failure to read the files is bad input: corrupt/truncated GGUF or safetensors, bad JSON
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SpecdecError(
+            f"could not load model {model!r} ({type(exc).__name__}: {first.rstrip('.')}); "
+            "check that the files are complete and in a supported format."
+        ) from exc
     hf.to(device).eval()
     return hf, tok
 
