@@ -3,6 +3,7 @@
 * ``on_config``: fill the *Tutorials* section of the nav from ``tutorials/*.ipynb`` and add the
   component pages other engineers write (``selectors/*.md``, ``dustin.md``, ...) once they exist,
   so the nav never points at a missing page.
+* ``on_env``: turn Sphinx roles left in docstrings (``:class:`X```) into cross-references.
 * ``on_page_markdown``: expand three markers
   - ``<!-- cli-reference -->``: one section per ``specdec`` sub-command, built from the Typer app
     (usage, help text, an options table) — new commands (``tune``, ``profile-srh``, ...) appear by
@@ -192,6 +193,46 @@ def _benchmarks_markdown() -> str:
             if svg:
                 out.append(f'<figure class="bench-plot">{svg}</figure>\n')
     return "\n".join(out) if out else "*No benchmark results yet: run `specdec bench` (see below).*\n"
+
+
+_ROLE_RE = re.compile(r":(?:class|meth|func|attr|mod|data|exc|obj):<code>(~?)([\w.]+)</code>")
+_ID_RE = re.compile(r'id="(specdec(?:\.\w+)+)"')
+
+
+_PAGE_IDS: dict[str, list[str]] = {}  # page src path -> documented object ids (shortest first)
+
+
+def on_page_content(html, page, config, files, **kwargs):
+    """Remember which API objects each page documents (used by :func:`on_env`)."""
+    _PAGE_IDS[page.file.src_path] = sorted(set(_ID_RE.findall(html)), key=len)
+    return html
+
+
+def on_env(env, config, files, **kwargs):
+    """Turn Sphinx roles left in docstrings (``:class:`~specdec.cache.KVCache```) into cross-references.
+
+    mkdocstrings' Google parser leaves them as text; each becomes an ``<autoref>`` that
+    mkdocs-autorefs resolves right after this hook (``optional``: an unknown name stays plain code,
+    no warning). A relative name is looked up first among the objects documented on the same page,
+    then on every page.
+    """
+    everywhere = sorted({i for ids in _PAGE_IDS.values() for i in ids}, key=len)
+    for file in files:
+        page = file.page
+        if page is None or not page.content or ":<code>" not in page.content:
+            continue
+        local = _PAGE_IDS.get(file.src_path, [])
+
+        def repl(m: re.Match) -> str:
+            tilde, name = m.group(1), m.group(2)
+            ident = name
+            if not name.startswith("specdec."):
+                ident = next((i for i in [*local, *everywhere] if i.endswith("." + name)), name)
+            title = name.rsplit(".", 1)[-1] if tilde else name
+            return f'<autoref identifier="{ident}" optional><code>{title}</code></autoref>'
+
+        page.content = _ROLE_RE.sub(repl, page.content)
+    return env
 
 
 _API_RE = re.compile(r"<!--\s*api-modules:\s*([\w.]+)((?:\s+[\w.]+)*)\s*-->")
