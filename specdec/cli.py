@@ -154,6 +154,8 @@ def pipeline_config(
             raise SpecdecError(f"config file {config_file} must hold a JSON object of pipeline fields.")
         base = dict(base.get("recommended", base))
         base.pop("sampling", None)
+    if budget is not None and budget_ratio is not None:
+        raise SpecdecError(f"--budget {budget} and --budget-ratio {budget_ratio} were both given; pass only one.")
     given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
     merged = {**base, **{k: v for k, v in given.items() if v is not None}}
     if budget is not None:
