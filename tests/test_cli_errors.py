@@ -1,0 +1,220 @@
+"""The CLI on bad input: exit code 2, exactly one ``error: ...`` line on stderr, no traceback, nothing written.
+
+Each case runs ``specdec generate`` in-process (typer's runner) on a tiny model directory, so the whole
+table takes seconds; two cases also run as a real subprocess. ``python tests/test_cli_errors.py``
+prints the table of bad inputs and their messages (the one in ``docs/guarantees.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_validation import save_tiny_dir
+
+# (id, what is wrong, extra/override arguments, substring the one error line must contain)
+# ``{x}`` placeholders name files of the ``files`` fixture.
+CASES = [
+    ("unknown-method", "unknown method", ["--method", "nope"], "known: dense"),
+    ("unknown-backend", "unknown backend", ["--backend", "nope"], "known: reference"),
+    ("unknown-dtype", "unknown dtype", ["--dtype", "float64"], "choose one of float32"),
+    ("gamma-0", "γ < 1", ["--gamma", "0"], "'gamma'"),
+    ("gamma-100", "γ absurd (> 64)", ["--gamma", "100"], "'gamma'"),
+    ("gamma-abc", "γ not a number", ["--gamma", "abc"], "'--gamma'"),
+    ("budget-0", "budget ≤ 0", ["--budget", "0"], "'budget'"),
+    ("budget-both", "--budget and --budget-ratio together", ["--budget", "4", "--budget-ratio", "0.5"], "pass only one"),
+    ("budget-big", "budget > context", ["--budget", "500"], "exceeds the context"),
+    ("ratio-0", "budget ratio 0", ["--budget-ratio", "0"], "'budget_ratio'"),
+    ("ratio-1.5", "budget ratio > 1", ["--budget-ratio", "1.5"], "'budget_ratio'"),
+    ("batch-0", "batch size < 1", ["--batch-size", "0"], "--batch-size"),
+    ("temperature", "temperature < 0", ["--temperature", "-1"], "'temperature'"),
+    ("top-p-0", "top-p = 0", ["--top-p", "0"], "'top_p'"),
+    ("top-p-1.5", "top-p > 1", ["--top-p", "1.5"], "'top_p'"),
+    ("top-k", "top-k < 0", ["--top-k", "-1"], "'top_k'"),
+    ("max-new-0", "max-new-tokens < 1", ["--max-new-tokens", "0"], "'--max-new-tokens'"),
+    ("context-0", "context-tokens < 1", ["--context-tokens", "0"], "--context-tokens"),
+    ("empty-prompt", "empty prompt file", ["--prompt-file", "{empty}"], "empty or whitespace"),
+    ("blank-prompt", "whitespace-only prompt file", ["--prompt-file", "{blank}"], "empty or whitespace"),
+    ("no-prompt", "missing prompt file", ["--prompt-file", "{nowhere}/p.txt"], "file not found"),
+    ("dir-prompt", "a directory as prompt file", ["--prompt-file", "{root}"], "is a directory"),
+    ("long-prompt", "prompt beyond the model's positions", ["--prompt-file", "{long}"], "positions"),
+    ("no-model", "missing model", ["--model", "{nowhere}/model"], "not an embedded name"),
+    ("no-gguf", "missing GGUF file", ["--model", "{nowhere}/m.gguf"], "does not exist"),
+    ("bad-gguf", "corrupt GGUF file", ["--model", "{gguf}"], "could not load model"),
+    ("bad-weights", "corrupt safetensors weights", ["--model", "{corrupt}"], "could not load model"),
+    ("empty-dir", "model directory without config.json", ["--model", "{emptydir}"], "no config.json"),
+    ("encoder", "unsupported architecture (BERT encoder)", ["--model", "{bert}"], "bidirectional"),
+    ("no-attention", "unsupported architecture (Mamba)", ["--model", "{mamba}"], "no attention geometry"),
+    ("fp16-cpu", "float16 on the CPU", ["--dtype", "float16", "--device", "cpu"], "float16 is not supported on the CPU"),
+    ("cuda", "--device cuda without a GPU", ["--device", "cuda"], "no CUDA GPU"),
+    ("bad-device", "unknown device", ["--device", "tpu"], "unknown device"),
+    ("triton-cpu", "--backend triton without GPU or TRITON_INTERPRET", ["--backend", "triton"], "CUDA GPU"),
+    ("config-json", "malformed --config (not JSON)", ["--config", "{cfg_bad}"], "not valid JSON"),
+    ("config-list", "--config not an object", ["--config", "{cfg_list}"], "JSON object"),
+    ("config-field", "--config with an unknown field", ["--config", "{cfg_field}"], "'gama'"),
+    ("config-value", "--config with a bad value", ["--config", "{cfg_value}"], "'gamma'"),
+    ("config-method", "--config with an unknown method", ["--config", "{cfg_method}"], "unknown method"),
+    ("config-missing", "missing --config file", ["--config", "{nowhere}/c.json"], "does not exist"),
+    ("nan-model", "NaN in the model's weights", ["--model", "{nan}"], "NaN or +inf logits"),
+    ("unknown-option", "unknown option", ["--frobnicate"], "No such option"),
+    ("missing-option", "missing --output-json", ["--drop-output"], "Missing option '--output-json'"),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    import torch
+    import transformers as tf
+
+    from test_validation import word_tokenizer
+
+    root = tmp_path_factory.mktemp("cli")
+    f = {"root": str(root), "nowhere": str(root / "nowhere")}
+    f["model"] = str(save_tiny_dir(root / "tiny", max_position_embeddings=64))
+    f["nan"] = str(save_tiny_dir(root / "nan", nan=True))
+    corrupt = save_tiny_dir(root / "corrupt")
+    (corrupt / "model.safetensors").write_bytes(os.urandom(4096))
+    f["corrupt"] = str(corrupt)
+    torch.manual_seed(0)
+    for name, hf in [
+        ("bert", tf.BertLMHeadModel(tf.BertConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=16,
+                                                  intermediate_size=32, vocab_size=96))),
+        ("mamba", tf.MambaForCausalLM(tf.MambaConfig(num_hidden_layers=1, hidden_size=16, vocab_size=96))),
+    ]:
+        hf.save_pretrained(root / name)
+        word_tokenizer(96).save_pretrained(root / name)
+        f[name] = str(root / name)
+    (root / "emptydir").mkdir()
+    f["emptydir"] = str(root / "emptydir")
+    (root / "bad.gguf").write_bytes(b"GGUF" + os.urandom(512))
+    f["gguf"] = str(root / "bad.gguf")
+    texts = {"prompt": " ".join(f"w{i % 90 + 1}" for i in range(12)), "empty": "", "blank": "  \n\t  \n",
+             "long": " ".join(f"w{i % 90 + 1}" for i in range(200))}
+    for k, t in texts.items():
+        (root / f"{k}.txt").write_text(t)
+        f[k] = str(root / f"{k}.txt")
+    cfgs = {"cfg_bad": "{not json", "cfg_list": "[1, 2]", "cfg_field": '{"gama": 3}', "cfg_value": '{"gamma": -3}',
+            "cfg_method": '{"method": "nope"}'}
+    for k, t in cfgs.items():
+        (root / f"{k}.json").write_text(t)
+        f[k] = str(root / f"{k}.json")
+    return f
+
+
+def base_options(files, out: Path) -> dict[str, str]:
+    return {"--prompt-file": files["prompt"], "--max-new-tokens": "4", "--output-json": str(out),
+            "--model": files["model"], "--device": "cpu"}
+
+
+def base_args(files, out: Path) -> list[str]:
+    return ["generate", *[x for kv in base_options(files, out).items() for x in kv]]
+
+
+def build_args(files, extra: list[str], out: Path) -> list[str]:
+    """The valid baseline with ``extra``'s options overriding (or adding to) it."""
+    opts: dict[str, str | None] = dict(base_options(files, out))
+    extra = [e.format(**files) for e in extra]
+    i = 0
+    while i < len(extra):
+        if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            opts[extra[i]] = extra[i + 1]
+            i += 2
+        else:
+            opts[extra[i]] = None
+            i += 1
+    if "--drop-output" in opts:
+        del opts["--drop-output"], opts["--output-json"]
+    return ["generate", *[x for k, v in opts.items() for x in ((k,) if v is None else (k, v))]]
+
+
+def run_in_process(args: list[str]):
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+
+    return CliRunner().invoke(app, args)
+
+
+@pytest.fixture(autouse=True)
+def _no_triton_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # CI sets it; the triton case needs it off
+
+
+def test_good_input_runs(files, tmp_path):
+    """The baseline the bad cases modify is itself valid."""
+    out = tmp_path / "sub" / "o.json"
+    res = run_in_process(base_args(files, out))
+    assert res.exit_code == 0, res.stderr
+    assert len(json.loads(out.read_text())["tokens"][0]) == 4
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line(files, tmp_path, case):
+    _, _, extra, expect = case
+    out = tmp_path / "sub" / "o.json"
+    res = run_in_process(build_args(files, extra, out))
+    unexpected = res.exception if res.exception is not None and not isinstance(res.exception, SystemExit) else None
+    assert unexpected is None, f"uncaught {type(unexpected).__name__}: {unexpected}"
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    assert expect in lines[0], lines[0]
+    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
+    assert res.stdout.strip() == ""
+    assert not out.exists() and not out.parent.exists(), "nothing may be written on failure"
+    assert not list(tmp_path.rglob("*.tmp")), "no temporary file may be left behind"
+
+
+@pytest.mark.parametrize("case", ["nan-model"])
+def test_bad_input_in_a_real_process(files, tmp_path, case):
+    """The same through the console entry point: real stderr, real exit code."""
+    _, _, extra, expect = next(c for c in CASES if c[0] == case)
+    out = tmp_path / "o.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "specdec.cli", *build_args(files, extra, out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "Warning" not in ln and "warn(" not in ln]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_unknown_command_and_no_arguments():
+    res = run_in_process(["frobnicate"])
+    assert res.exit_code == 2 and res.stderr.strip().startswith("error: No such command")
+    assert len(res.stderr.strip().splitlines()) == 1
+    res = run_in_process([])
+    assert res.exit_code == 2 and "generate" in (res.stdout + res.stderr)  # prints the help
+
+
+def markdown_table() -> str:
+    """The bad-input table of docs/guarantees.md, from the live CLI."""
+    import tempfile
+
+    class _Factory:
+        def mktemp(self, name):
+            return Path(tempfile.mkdtemp(prefix=name))
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    f = files.__wrapped__(_Factory()) if hasattr(files, "__wrapped__") else None
+    if f is None:  # pytest wraps fixtures; call the body directly
+        f = files.__pytest_wrapped__.obj(_Factory())
+    rows = ["| bad input | arguments | exit | message (stderr) |", "|---|---|---|---|"]
+    for cid, what, extra, _ in CASES:
+        out = Path(tempfile.mkdtemp()) / "o.json"
+        res = run_in_process(build_args(f, extra, out))
+        shown = " ".join(extra).replace(f["root"], "…")
+        msg = res.stderr.strip().replace(f["root"], "…").replace("|", "\\|")
+        rows.append(f"| {what} | `{shown}` | {res.exit_code} | `{msg}` |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.path.insert(0, str(Path(__file__).parent))
+    print(markdown_table())
