@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-import html
+import html as html_lib
 import io
 import json
 import pkgutil
@@ -116,7 +116,7 @@ def _cli_markdown() -> str:
             for p in params:
                 opts = ", ".join(f"`{o}`" for o in [*p.opts, *getattr(p, "secondary_opts", [])])
                 default = "" if p.required or p.default is None else f"`{p.default}`"
-                text = html.escape(p.help or "").replace("|", "\\|")
+                text = html_lib.escape(p.help or "").replace("|", "\\|")
                 rng = []
                 if getattr(p, "min", None) is not None:
                     rng.append(f"≥ {p.min}")
@@ -202,10 +202,35 @@ _ID_RE = re.compile(r'id="(specdec(?:\.\w+)+)"')
 _PAGE_IDS: dict[str, list[str]] = {}  # page src path -> documented object ids (shortest first)
 
 
+_MATH_RE = re.compile(
+    r'<(?P<tag>span|div) class="arithmatex">\s*(?:\\\((?P<inline>.*?)\\\)|\\\[(?P<block>.*?)\\\])\s*</(?P=tag)>', re.S
+)
+
+
+def _mathml(html: str) -> str:
+    """Render ``pymdownx.arithmatex`` TeX to MathML at build time: math shows without JavaScript or
+    a CDN (browsers render MathML natively). Anything latex2mathml cannot convert is left to MathJax."""
+    try:
+        from latex2mathml.converter import convert
+    except ImportError:  # pragma: no cover - docs extra not installed: MathJax (CDN) renders it
+        return html
+
+    def repl(m: re.Match) -> str:
+        tex = html_lib.unescape(m.group("inline") if m.group("inline") is not None else m.group("block"))
+        block = m.group("block") is not None
+        try:
+            out = convert(tex.strip(), display="block" if block else "inline")
+        except Exception:  # noqa: BLE001 - any parser failure: keep the TeX for MathJax
+            return m.group(0)
+        return f'<div class="math-block">{out}</div>' if block else out
+
+    return _MATH_RE.sub(repl, html)
+
+
 def on_page_content(html, page, config, files, **kwargs):
-    """Remember which API objects each page documents (used by :func:`on_env`)."""
+    """Remember which API objects each page documents (used by :func:`on_env`); render math."""
     _PAGE_IDS[page.file.src_path] = sorted(set(_ID_RE.findall(html)), key=len)
-    return html
+    return _mathml(html) if "arithmatex" in html else html
 
 
 def on_env(env, config, files, **kwargs):
