@@ -217,6 +217,7 @@ def _mathml(html: str) -> str:
 
     def repl(m: re.Match) -> str:
         tex = html_lib.unescape(m.group("inline") if m.group("inline") is not None else m.group("block"))
+        tex = re.sub(r"\\text\{([^}]*)\}", lambda t: "\\text{" + t.group(1).replace("\\_", "_") + "}", tex)
         block = m.group("block") is not None
         try:
             out = convert(tex.strip(), display="block" if block else "inline")
