@@ -138,6 +138,19 @@ def test_sparse_with_scores(kind):
     check(SMALL, q, k, v, lens, plan_indices=idx, dense_from=df, score_rows=[0, 4], score_kind=kind)
 
 
+@pytest.mark.parametrize("kind", ["logits", "softmax"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_scores_per_row_and_shared_plan(kind, sparse):
+    """``score_per_row=True`` keeps the rows apart; a ``(B, 1, K)`` plan is shared by the KV heads."""
+    lengths = [40, 17]
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 48, torch.float32, lengths, seed=8)
+    kw = dict(score_rows=[4, 0, 4], score_kind=kind, score_per_row=True)
+    if sparse:
+        idx, df = make_plan(2, 2, 10, lengths, 5)
+        kw.update(plan_indices=idx[:, :1], dense_from=df)
+    check(SMALL, q, k, v, lens, **kw)
+
+
 def test_sparse_edge_plans():
     """All-padding plan, dense_from past the rows (plan only), dense_from 0 (all dense), overlaps."""
     lengths = [30, 45, 20]

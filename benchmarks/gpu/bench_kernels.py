@@ -46,18 +46,19 @@ CASES = [
     ("llama8b", 32, 8, 128, 16, 32768),
 ]
 SWEEP = [
-    LaunchConfig(),  # default first
-    LaunchConfig(block_n=64, num_warps=4, num_stages=3),
-    LaunchConfig(block_n=128, num_warps=4, num_stages=2),
-    LaunchConfig(block_n=128, num_warps=8, num_stages=3),
-    LaunchConfig(block_n=32, num_warps=4, num_stages=4),
-    LaunchConfig(block_n=64, num_warps=4, num_stages=2, ctas_per_sm=8),
-    LaunchConfig(block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),
+    LaunchConfig(),  # the measured defaults (LaunchConfig.resolve) first
+    LaunchConfig(block_n=64, num_warps=4, num_stages=2, ctas_per_sm=4),
+    LaunchConfig(block_n=64, num_warps=4, num_stages=3, ctas_per_sm=4),
+    LaunchConfig(block_n=128, num_warps=4, num_stages=2, ctas_per_sm=4),
     LaunchConfig(block_n=128, num_warps=4, num_stages=3, ctas_per_sm=8),
+    LaunchConfig(block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),
+    LaunchConfig(),  # the defaults again: the spread between the two is the noise
 ]
 
 
 def cfg_name(c: LaunchConfig) -> str:
+    if c.block_n is None:
+        return "auto"
     return f"bn{c.block_n}w{c.num_warps}s{c.num_stages}c{c.ctas_per_sm}"
 
 
@@ -158,6 +159,7 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log):
         # ours, dense
         for label, kw in [(f"ours dense T={T}", {}),
                           (f"ours dense T={T} +logits", "logits"),
+                          (f"ours dense T={T} +logits/row", "logits_row"),
                           (f"ours dense T={T} +softmax", "softmax")]:
             if T == 1 and kw:
                 continue
@@ -169,13 +171,15 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log):
                     w[:, rows] = 1
                     fns = [lambda i=i, cfg=cfg, w=w: splitk_attention(q, ks[i], vs[i], lengths, scale, row_weights=w, cfg=cfg)
                            for i in range(copies)]
-                elif kw == "softmax":
+                elif kw in ("softmax", "logits_row"):
                     from specdec.cuda.triton_backend import TritonBackend, TritonConfig
 
                     be = TritonBackend(TritonConfig(block_n=cfg.block_n, num_warps=cfg.num_warps,
                                                     num_stages=cfg.num_stages, ctas_per_sm=cfg.ctas_per_sm))
-                    fns = [lambda i=i, be=be: be.attend(q, ks[i], vs[i], lengths, scale, score_rows=rows,
-                                                        score_kind="softmax") for i in range(copies)]
+                    kind = "softmax" if kw == "softmax" else "logits"
+                    fns = [lambda i=i, be=be, kind=kind: be.attend(q, ks[i], vs[i], lengths, scale, score_rows=rows,
+                                                                   score_kind=kind, score_per_row=kw == "logits_row")
+                           for i in range(copies)]
                 else:
                     fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], lengths, scale, cfg=cfg)
                            for i in range(copies)]

@@ -85,6 +85,16 @@ def _splitk_attn_kernel(
     v_base = V + b64 * stride_vb + h * stride_vh
     if SCORE_MODE == 1:
         w = tl.load(RowW + h * (G * T) + offs_m, mask=row_valid, other=0.0)
+        # sum_m w_m (q_m . k) = (sum_m w_m q_m) . k wherever every row sees k: one extra 16-row MMA
+        # per tile, no cross-lane reduction; only tiles touching the new rows' own positions (or
+        # plan entries past them) take the exact masked reduction.
+        qs = tl.sum(q.to(tl.float32) * w[:, None], axis=0)
+        offs16 = tl.arange(0, 16)
+        qs16 = tl.broadcast_to(qs[None, :], (16, D)).to(q.dtype)
+        if SPARSE:
+            fast_end = tl.where(df <= length, KPLAN, 0)
+        else:
+            fast_end = length
     if SCORE_MODE == 2:
         slot = tl.load(RowSlot + h * (G * T) + offs_m, mask=row_valid, other=-1)
 
@@ -112,8 +122,13 @@ def _splitk_attn_kernel(
         vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
         s = tl.where(vis, s, float("-inf"))
         if SCORE_MODE == 1:
-            sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
-            tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc, mask=valid)
+            if j0 + BLOCK_N <= fast_end:
+                sc2 = tl.dot(qs16, kt, input_precision=DOT_PREC) * sm_scale
+                sc_ptrs = Scores + pid_bh.to(tl.int64) * L + pos[None, :] + offs16[:, None] * 0
+                tl.store(sc_ptrs, sc2, mask=(offs16 == 0)[:, None] & valid[None, :])
+            else:
+                sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
+                tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc, mask=valid)
         if SCORE_MODE == 2:
             r_ptrs = RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos[None, :]
             tl.store(r_ptrs, s, mask=(slot >= 0)[:, None] & valid[None, :])
@@ -182,16 +197,85 @@ def _combine_kernel(
     tl.store(Lse + (b * (HKV * G) + h * G + g) * T + t, lse)
 
 
+@triton.jit
+def _softmax_scores_kernel(
+    Raw, Lse, Flat, ToRows, Lens, Out,
+    L, NSLOT, R,
+    T: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr,
+    R_PAD: tl.constexpr, BLOCK_L: tl.constexpr, DENSE: tl.constexpr, SOFTMAX: tl.constexpr,
+):
+    """``Out[b, kv, r, l] = sum_slot ToRows[kv, slot, r] * exp(Raw[b, kv, slot, l] - lse(slot))``
+    (``SOFTMAX``) or ``... * Raw[b, kv, slot, l]`` (logits); ``-inf`` (not visible) counts 0.
+
+    Dense forwards only wrote positions ``< lengths[b] + T``: the rest is masked here (no fill).
+    """
+    pid_bh = tl.program_id(0)
+    pid_l = tl.program_id(1)
+    b = pid_bh // HKV
+    kv = pid_bh % HKV
+    offs_l = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    offs_r = tl.arange(0, R_PAD)
+    lmask = offs_l < L
+    if DENSE:
+        lmask = lmask & (offs_l < tl.load(Lens + b) + T)
+    acc = tl.zeros([R_PAD, BLOCK_L], tl.float32)
+    for sl in range(0, NSLOT):
+        f = tl.load(Flat + kv * NSLOT + sl)
+        lse = tl.load(Lse + b.to(tl.int64) * (H * T) + f)
+        raw = tl.load(Raw + (pid_bh.to(tl.int64) * NSLOT + sl) * L + offs_l, mask=lmask, other=float("-inf"))
+        if SOFTMAX:
+            p = tl.where(raw == float("-inf"), 0.0, tl.exp(raw - lse))
+        else:
+            p = tl.where(raw == float("-inf"), 0.0, raw)
+        wr = tl.load(ToRows + (kv * NSLOT + sl) * R + offs_r, mask=offs_r < R, other=0.0)
+        acc += wr[:, None] * p[None, :]
+    o_ptrs = Out + (pid_bh.to(tl.int64) * R + offs_r[:, None]) * L + offs_l[None, :]
+    tl.store(o_ptrs, acc, mask=(offs_r < R)[:, None] & (offs_l < L)[None, :])
+
+
+def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_rows: torch.Tensor,
+                  lengths: torch.Tensor, T: int, dense: bool, softmax: bool) -> torch.Tensor:
+    """Per-row scores ``(B, H_kv, R, L)`` from raw logits ``(B, H_kv, n, L)`` (and ``lse (B, H, T)``)."""
+    B, Hkv, n, L = raw.shape
+    R = to_rows.shape[-1]
+    out = torch.empty((B, Hkv, R, L), dtype=torch.float32, device=raw.device)
+    block_l = 256
+    _softmax_scores_kernel[(B * Hkv, triton.cdiv(L, block_l))](
+        raw, lse, flat.contiguous(), to_rows.contiguous(), lengths, out,
+        L, n, R,
+        T=T, H=lse.shape[1], HKV=Hkv, R_PAD=max(2, triton.next_power_of_2(R)), BLOCK_L=block_l, DENSE=dense,
+        SOFTMAX=softmax, num_warps=4,
+    )
+    return out
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tunables of the split-K launch (see ``benchmarks/gpu`` for the sweep that picked them)."""
+    """Tunables of the split-K launch; ``None`` picks the default measured best on an H200.
 
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
+    Defaults (``benchmarks/results/gpu_kernels_*.md`` has the sweep): sparse: 128-position
+    tiles, 4 warps, 2 stages, 4 programs per SM; dense with head dim <= 64: 3 stages and 8
+    programs per SM; dense with head dim 128: 2 stages, 4 programs per SM.
+    """
+
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
     num_splits: int | None = None  # None: enough programs to fill the GPU
-    ctas_per_sm: int = 4
+    ctas_per_sm: int | None = None
     combine_warps: int = 2
+
+    def resolve(self, sparse: bool, head_dim: int) -> "LaunchConfig":
+        if sparse:
+            auto = (128, 4, 2, 4)
+        elif head_dim <= 64:
+            auto = (128, 4, 3, 8)
+        else:
+            auto = (128, 4, 2, 4)
+        pick = lambda v, a: a if v is None else v  # noqa: E731
+        return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
+                            pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
+                            self.combine_warps)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -210,9 +294,9 @@ def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchCo
     """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, at least one tile each."""
     if cfg.num_splits is not None:
         return max(1, cfg.num_splits)
-    target = _sm_count(device) * cfg.ctas_per_sm
+    target = _sm_count(device) * (cfg.ctas_per_sm or 4)
     s = max(1, math.ceil(target / max(bh, 1)))
-    return max(1, min(s, math.ceil(max(virtual_len, 1) / cfg.block_n)))
+    return max(1, min(s, math.ceil(max(virtual_len, 1) / (cfg.block_n or 128))))
 
 
 def splitk_attention(
@@ -233,7 +317,8 @@ def splitk_attention(
     Args:
         q: ``(B, H, T, D)`` (last dim contiguous); k_cache/v_cache ``(B, H_kv, L, D)``.
         lengths: ``(B,)`` integer tokens cached before the new rows.
-        plan_indices / dense_from: sparse plan ``(B, H_kv, K)`` and ``(B,)``, or ``None`` (dense).
+        plan_indices / dense_from: sparse plan ``(B, H_kv or 1, K)`` (1: one list shared by the
+            KV heads) and ``(B,)``, or ``None`` (dense).
         row_weights: ``(H, T)`` fp32 weight of each (head, row) in the fused logits sum, or ``None``.
         row_slots: ``(H, T)`` int32 slot of each (head, row) whose raw logits to keep (-1: none),
             with ``n_slots`` slots per KV head; exclusive with ``row_weights``.
@@ -246,6 +331,7 @@ def splitk_attention(
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv
     dev = q.device
+    cfg = cfg.resolve(plan_indices is not None, D)
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -278,7 +364,10 @@ def splitk_attention(
         rw = row_weights
     elif row_slots is not None and n_slots > 0:
         score_mode = 2
-        raw = torch.full((B, Hkv, n_slots, L), float("-inf"), dtype=torch.float32, device=dev)
+        if sparse:  # unvisited positions must read as -inf
+            raw = torch.full((B, Hkv, n_slots, L), float("-inf"), dtype=torch.float32, device=dev)
+        else:  # the kernel writes every position < lengths + T; the reader masks the rest
+            raw = torch.empty((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
         rs = row_slots
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     upcast = dev.type != "cuda" and q.dtype == torch.bfloat16
@@ -290,7 +379,7 @@ def splitk_attention(
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        idx.stride(0) if sparse else 0, idx.stride(1) if sparse else 0,
+        idx.stride(0) if sparse else 0, (idx.stride(1) if idx.shape[1] > 1 else 0) if sparse else 0,
         L, S, kplan, max(n_slots, 1),
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,

@@ -16,12 +16,13 @@ from specdec.interfaces import AttentionBackend, ScoreKind
 from specdec.registry import BACKENDS, ComponentConfig
 
 try:  # triton is an optional extra
-    from specdec.cuda.triton_attention import LaunchConfig, splitk_attention
+    from specdec.cuda.triton_attention import LaunchConfig, reduce_scores, splitk_attention
 
     _TRITON_ERROR: str | None = None
 except ImportError as exc:  # pragma: no cover - depends on the environment
     LaunchConfig = None  # type: ignore[assignment,misc]
     splitk_attention = None  # type: ignore[assignment]
+    reduce_scores = None  # type: ignore[assignment]
     _TRITON_ERROR = str(exc)
 
 
@@ -29,10 +30,10 @@ class TritonConfig(ComponentConfig):
     """Launch tunables of the Triton backend.
 
     Attributes:
-        block_n: KV positions per tile.
-        num_warps / num_stages: Triton launch options of the split-K kernel.
+        block_n: KV positions per tile (``None``: measured default, see ``LaunchConfig``).
+        num_warps / num_stages: Triton launch options of the split-K kernel (``None``: default).
         num_splits: fixed chunks per (sequence, KV head); ``None`` picks enough to fill the GPU.
-        ctas_per_sm: programs per SM the automatic split count aims for.
+        ctas_per_sm: programs per SM the automatic split count aims for (``None``: default).
         sdpa_decode: use ``torch.nn.functional.scaled_dot_product_attention`` for a dense single
             row without scores (costs one host synchronisation to size the KV slice; off by
             default: see docs/backends.md for the measurement).
@@ -40,11 +41,11 @@ class TritonConfig(ComponentConfig):
             go through SDPA (dense, no scores, GPU) or through the kernel in chunks of rows.
     """
 
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
     num_splits: int | None = None
-    ctas_per_sm: int = 4
+    ctas_per_sm: int | None = None
     sdpa_decode: bool = False
     max_packed_rows: int = 64
 
@@ -95,29 +96,32 @@ class TritonBackend(AttentionBackend):
         return self._row_cache[key][0]
 
     def _row_slots(self, H: int, Hkv: int, T: int, rows: Sequence[int], heads: Sequence[int] | None, dev):
+        """Slots for raw per-(head, row) logits and the ``(H_kv, n_slots, R)`` map back to rows.
+
+        Returns ``(slots (H, T) int32, n_slots, to_rows (H_kv, n, R) fp32, flat (H_kv, n) long)``
+        where ``flat`` indexes the slot's (head, row) in ``lse.view(B, H * T)``.
+        """
         key = ("s", H, Hkv, T, tuple(rows), None if heads is None else tuple(heads), str(dev))
         if key not in self._row_cache:
             G = H // Hkv
             keep = set(range(H)) if heads is None else {int(h) for h in heads}
-            mult: dict[int, int] = {}
-            for r in rows:
-                mult[int(r)] = mult.get(int(r), 0) + 1
+            uniq = sorted({int(r) for r in rows})
             slots = torch.full((H, T), -1, dtype=torch.int32)
-            per_kv: list[list[tuple[int, int, int]]] = [[] for _ in range(Hkv)]
-            for h in range(H):
-                if h not in keep:
-                    continue
-                for t, m in sorted(mult.items()):
-                    per_kv[h // G].append((h, t, m))
+            per_kv: list[list[tuple[int, int]]] = [[] for _ in range(Hkv)]
+            for h in sorted(keep):
+                for t in uniq:
+                    per_kv[h // G].append((h, t))
             n = max((len(x) for x in per_kv), default=0)
-            wts = torch.zeros(Hkv, max(n, 1), dtype=torch.float32)
+            to_rows = torch.zeros(Hkv, max(n, 1), len(rows), dtype=torch.float32)
             flat = torch.zeros(Hkv, max(n, 1), dtype=torch.long)
             for kv, items in enumerate(per_kv):
-                for i, (h, t, m) in enumerate(items):
+                for i, (h, t) in enumerate(items):
                     slots[h, t] = i
-                    wts[kv, i] = float(m)
                     flat[kv, i] = h * T + t
-            self._row_cache[key] = (slots.to(dev), n, wts.to(dev), flat.to(dev))
+                    for r_i, r in enumerate(rows):
+                        if int(r) == t:
+                            to_rows[kv, i, r_i] = 1.0
+            self._row_cache[key] = (slots.to(dev), n, to_rows.to(dev), flat.to(dev))
         return self._row_cache[key]
 
     def attend(
@@ -132,7 +136,11 @@ class TritonBackend(AttentionBackend):
         score_rows: Sequence[int] | None = None,
         score_kind: ScoreKind = "logits",
         score_heads: Sequence[int] | None = None,
+        score_per_row: bool = False,
+        **options,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if options:
+            raise TypeError(f"the triton backend does not support the options {sorted(options)}.")
         if splitk_attention is None:  # pragma: no cover
             raise RuntimeError(self.validate(q.device, q.dtype))
         B, H, T, D = q.shape
@@ -147,33 +155,35 @@ class TritonBackend(AttentionBackend):
 
         if T * (H // Hkv) > self.config.max_packed_rows:
             return self._many_rows(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                   score_rows, score_kind, score_heads)
+                                   score_rows, score_kind, score_heads, score_per_row)
         if score_rows is None:
             out, _, _, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
                                             cfg=self._launch)
             return out, None
-        if len(score_rows) == 0 or (score_heads is not None and len(score_heads) == 0):
+        if score_kind not in ("logits", "softmax"):
+            raise ValueError(f"unknown score kind {score_kind!r}; use 'logits' or 'softmax'.")
+        R = len(score_rows)
+        if R == 0 or (score_heads is not None and len(score_heads) == 0):
             out, _, _, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
                                             cfg=self._launch)
-            return out, torch.zeros(B, Hkv, L, dtype=torch.float32, device=dev)
-        if score_kind == "logits":
+            shape = (B, Hkv, R, L) if score_per_row else (B, Hkv, L)
+            return out, torch.zeros(shape, dtype=torch.float32, device=dev)
+        if score_kind == "logits" and not score_per_row:  # fused: reduced in registers
             w = self._row_weights(H, T, score_rows, score_heads, dev)
             out, _, scores, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
                                                  row_weights=w, cfg=self._launch)
             return out, scores
-        if score_kind != "softmax":
-            raise ValueError(f"unknown score kind {score_kind!r}; use 'logits' or 'softmax'.")
-        slots, n, wts, flat = self._row_slots(H, Hkv, T, score_rows, score_heads, dev)
+        # raw logits of each requested (head, row), reduced after the combine (softmax needs the
+        # final log-sum-exp; per-row output keeps the rows apart)
+        slots, n, to_rows, flat = self._row_slots(H, Hkv, T, score_rows, score_heads, dev)
         out, lse, _, raw = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
                                             row_slots=slots, n_slots=n, cfg=self._launch)
-        lse_sel = lse.reshape(B, H * T)[:, flat.view(-1)].view(B, Hkv, -1)[:, :, :n]  # (B, Hkv, n)
-        p = torch.exp(raw - lse_sel.unsqueeze(-1))
-        p = torch.where(raw == float("-inf"), torch.zeros((), device=dev), p)
-        scores = (p * wts[:, :n].view(1, Hkv, n, 1)).sum(dim=2)
-        return out, scores
+        scores = reduce_scores(raw, lse, flat[:, :n].contiguous(), to_rows[:, :n].contiguous(), lengths, T,
+                               dense=plan_indices is None, softmax=score_kind == "softmax")
+        return out, (scores if score_per_row else scores.sum(dim=2))
 
     def _many_rows(self, q, k_cache, v_cache, lengths, scale, plan_indices, dense_from, score_rows,
-                   score_kind, score_heads):
+                   score_kind, score_heads, score_per_row=False):
         """Prefill-sized forwards (more rows than one packed tile holds).
 
         Dense without scores on a GPU: PyTorch SDPA with a causal mask (one host sync to size the
@@ -190,17 +200,20 @@ class TritonBackend(AttentionBackend):
                 q, k_cache[:, :, :n], v_cache[:, :, :n], attn_mask=pos <= rowpos, scale=scale, enable_gqa=True
             ), None
         chunk = max(1, self.config.max_packed_rows // (H // Hkv))
-        outs, total = [], None
+        outs = []
+        R = 0 if score_rows is None else len(score_rows)
+        total = None if score_rows is None else torch.zeros(B, Hkv, R, L, dtype=torch.float32, device=q.device)
         for t0 in range(0, T, chunk):
             t1 = min(T, t0 + chunk)
-            rows = None if score_rows is None else [r - t0 for r in score_rows if t0 <= r < t1]
+            picked = [] if score_rows is None else [i for i, r in enumerate(score_rows) if t0 <= r < t1]
+            rows = [score_rows[i] - t0 for i in picked] if picked else None
             o, s = self.attend(q[:, :, t0:t1], k_cache, v_cache, lengths + t0, scale, plan_indices, dense_from,
-                               rows if rows else None, score_kind, score_heads)
+                               rows, score_kind, score_heads, score_per_row=True)
             outs.append(o)
             if s is not None:
-                total = s if total is None else total + s
-        if score_rows is not None and total is None:
-            total = torch.zeros(B, Hkv, L, dtype=torch.float32, device=q.device)
+                total[:, :, picked] += s
+        if total is not None and not score_per_row:
+            total = total.sum(dim=2)
         return torch.cat(outs, dim=2), total
 
     @staticmethod
