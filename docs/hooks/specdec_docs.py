@@ -107,14 +107,20 @@ def _cli_markdown() -> str:
         if cmd.help:
             out.append(cmd.help.strip() + "\n")
         params = [p for p in cmd.params if getattr(p, "opts", None) and "--help" not in p.opts]
+        def is_arg(p) -> bool:
+            return getattr(p, "param_type_name", "") == "argument"
+
         usage = " ".join(
-            (f"{p.opts[0]} …" if not p.is_flag else p.opts[0]) for p in params if p.required
+            (p.name or "").upper() if is_arg(p) else (p.opts[0] if getattr(p, "is_flag", False) else f"{p.opts[0]} …")
+            for p in params
+            if p.required
         )
         out.append(f"```text\nspecdec {name} {usage} [OPTIONS]\n```\n")
         if params:
             out.append("| option | required | default | description |\n|---|---|---|---|")
             for p in params:
-                opts = ", ".join(f"`{o}`" for o in [*p.opts, *getattr(p, "secondary_opts", [])])
+                names = [(p.name or "").upper()] if is_arg(p) else [*p.opts, *getattr(p, "secondary_opts", [])]
+                opts = ", ".join(f"`{o}`" for o in names)
                 default = "" if p.required or p.default is None else f"`{p.default}`"
                 text = html_lib.escape(p.help or "").replace("|", "\\|")
                 rng = []
