@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--backend", default="torch")
     ap.add_argument("--graphs", type=int, default=1)
     ap.add_argument("--hf", type=int, default=1)
+    ap.add_argument("--compile", type=int, default=0, help="torch.compile decode-sized forwards")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -92,6 +93,8 @@ def main() -> None:
     if args.graphs and args.backend != "torch":
         backend.capture_safe = True  # checked below: graph replay must match eager output
     model = SpecdecModel(hf, tok, backend)
+    if args.compile:
+        model.enable_compile()
     d = model.dims
     kv_bytes_per_token = 2 * d.n_layers * d.n_kv_heads * d.head_dim * 2
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())

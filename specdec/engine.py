@@ -243,7 +243,7 @@ class SpeculativeEngine:
                 f"{dims.max_positions} positions; shorten the prompt (e.g. --context-tokens) or generate fewer tokens."
             )
         gamma = self.gamma if self.drafter is not None else 0
-        cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2)
+        cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2, reuse=True)
         gen = None
         if not self.sampling.greedy:
             gen = torch.Generator(device=dev)
@@ -335,7 +335,7 @@ class SpeculativeEngine:
         nxt_list = next_token.tolist()
         drafts_list = drafts.tolist() if drafts is not None else None
         active = state.active.tolist()
-        adv = torch.zeros_like(state.lengths)
+        adv = [0] * len(out)
         for b in range(len(out)):
             if not active[b]:
                 continue
@@ -344,10 +344,13 @@ class SpeculativeEngine:
                 out[b].append(t)
                 state.tokens[b].append(t)
                 if t in self.eos or len(out[b]) >= max_new_tokens:
-                    state.active[b] = False
+                    active[b] = False
                     break
             # the pending token and accepted drafts enter the cache; the new token is pending.
             # A finished sequence is frozen where it is (its writes stay inside the capacity).
-            adv[b] = 1 + n_list[b] if (advance and state.active[b]) else 0
-        state.lengths += adv
+            adv[b] = 1 + n_list[b] if (advance and active[b]) else 0
+        dev = state.lengths.device
+        # one host-to-device copy each (not one tiny write per sequence)
+        state.lengths += torch.tensor(adv, dtype=state.lengths.dtype).to(dev, non_blocking=True)
+        state.active = torch.tensor(active, dtype=torch.bool).to(dev, non_blocking=True)
         state.pending = torch.where(state.active, next_token, state.pending)

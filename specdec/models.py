@@ -88,7 +88,8 @@ def register_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(IMPL_NAME, _specdec_attention)
+    # the attention call stays a backend call under torch.compile (its kernels are already fused)
+    AttentionInterface.register(IMPL_NAME, torch.compiler.disable(_specdec_attention))
     AttentionMaskInterface.register(IMPL_NAME, _specdec_mask)
     _REGISTERED = True
 
@@ -252,6 +253,9 @@ class SpecdecModel:
         self.dims = _checked_dims(hf_model)
         self._saved_impl: str | None = None
         self._graphs = None  # specdec.graphs.GraphCache once enable_cuda_graphs() is called
+        self._compiled = None  # torch.compile'd model for decode-sized steps (enable_compile)
+        self._reusable_cache: KVCache | None = None
+        self._compile_rows = 0
         self.attach()
 
     @classmethod
@@ -321,9 +325,22 @@ class SpecdecModel:
     def dtype(self) -> torch.dtype:
         return next(self.hf.parameters()).dtype
 
-    def new_cache(self, batch: int, capacity: int, n_layers: int | None = None) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, n_layers: int | None = None, reuse: bool = False) -> KVCache:
+        """A KV cache for ``batch`` sequences of ``capacity`` positions.
+
+        With ``reuse=True`` the last cache made with ``reuse=True`` is returned again when it has the
+        same batch size and layers and enough capacity: consecutive generations then keep their
+        memory and, with CUDA graphs, their captured graphs (which are tied to the cache's buffers).
+        """
         d = self.dims
-        return KVCache(n_layers or d.n_layers, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device)
+        n = n_layers or d.n_layers
+        c = self._reusable_cache
+        if reuse and c is not None and c.batch == batch and c.n_layers == n and c.capacity >= capacity:
+            return c
+        cache = KVCache(n, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device)
+        if reuse:
+            self._reusable_cache = cache
+        return cache
 
     # -- forward ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -362,9 +379,10 @@ class SpecdecModel:
         position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
         ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend or self.backend, plan=plan, scores=scores,
                              static=static)
+        fn = self._compiled if (self._compiled is not None and T <= self._compile_rows) else self.hf
         token = _CONTEXT.set(ctx)
         try:
-            out = self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=logits_to_keep)
+            out = fn(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=logits_to_keep)
         finally:
             _CONTEXT.reset(token)
         return out.logits.float()
@@ -384,6 +402,21 @@ class SpecdecModel:
                 "or another backend with capture_safe = True."
             )
         self._graphs = GraphCache(self, plan_bucket=plan_bucket, max_graphs=max_graphs)
+
+    def enable_compile(self, max_rows: int = 16, **compile_kwargs) -> None:
+        """``torch.compile`` the model for decode-sized forwards (≤ ``max_rows`` tokens per sequence).
+
+        Fuses the many small element-wise kernels of the Hugging Face modules (norms, RoPE, MLP
+        activations); the attention call stays a specdec backend call. Prefill chunks run eagerly.
+        Combine with :meth:`enable_cuda_graphs` on a GPU. Compilation happens on first use of each shape.
+        """
+        import torch._dynamo
+
+        for knob in ("recompile_limit", "cache_size_limit"):  # one compile per step shape
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
+        self._compiled = torch.compile(self.hf, dynamic=False, **compile_kwargs)
+        self._compile_rows = max_rows
 
     def disable_cuda_graphs(self) -> None:
         self._graphs = None

@@ -1,0 +1,105 @@
+"""Time one forward step (dense T=1, sparse T=1, verify T=γ+1) at SmolLM2-135M shape on a GPU.
+
+Random weights (timing only), bf16, context ``--context``; modes: eager, CUDA graphs, compile + graphs.
+Reports medians of CUDA-event timings and the roofline (weights + KV bytes read) / copy bandwidth.
+
+    python benchmarks/step_gpu.py --context 8000 --batches 1,64 --backend triton --out step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def timed(fn, n=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=8000)
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--modes", default="eager,graphs,compile")
+    ap.add_argument("--budget", type=int, default=400)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from specdec import BACKENDS, SparsePlan, SpecdecModel
+    from e2e_gpu import copy_bandwidth
+
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                      rope_theta=100000.0, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
+    kw = {"static": True} if args.backend == "torch" else {}
+    be = BACKENDS.build(args.backend, **kw)
+    be.capture_safe = True
+    model = SpecdecModel(hf, None, be)
+    bw = copy_bandwidth()
+    W = sum(p.numel() * p.element_size() for p in hf.parameters())
+    kvt = 2 * 30 * 3 * 64 * 2
+    res = dict(args=vars(args), gpu=torch.cuda.get_device_name(), torch=torch.__version__, copy_GBps=bw / 1e9,
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=[])
+    for B in [int(b) for b in args.batches.split(",")]:
+        cache = model.new_cache(B, args.context + 128)
+        cache.k.normal_()
+        cache.v.normal_()
+        L = torch.full((B,), args.context, device="cuda")
+        idx = torch.stack([torch.randperm(args.context - 16, device="cuda")[: args.budget] for _ in range(B)])
+        plan = SparsePlan(indices=idx.view(1, B, 1, -1), dense_from=L.clone())
+        x1 = torch.randint(0, 49152, (B, 1), device="cuda")
+        x5 = torch.randint(0, 49152, (B, args.gamma + 1), device="cuda")
+        steps = {
+            "dense_T1": (lambda: model.forward(x1, cache, L), W + B * args.context * kvt),
+            "sparse_T1": (lambda: model.forward(x1, cache, L, plan=plan), W + B * args.budget * kvt),
+            f"verify_T{args.gamma + 1}": (lambda: model.forward(x5, cache, L), W + B * args.context * kvt),
+        }
+        for mode in args.modes.split(","):
+            model.disable_cuda_graphs()
+            model._compiled = None
+            try:
+                if mode == "compile":
+                    model.enable_compile()
+                if mode in ("graphs", "compile"):
+                    model.enable_cuda_graphs()
+                for name, (fn, nbytes) in steps.items():
+                    t = timed(fn)
+                    row = dict(B=B, mode=mode, step=name, seconds=t, roofline=nbytes / bw, over_roofline=t / (nbytes / bw))
+                    if model._graphs is not None:
+                        row["uncapturable"] = len(model._graphs.uncapturable)
+                    res["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+            except Exception as exc:
+                res["rows"].append(dict(B=B, mode=mode, error=repr(exc)[:500]))
+                print("ERROR", mode, repr(exc)[:300], flush=True)
+            Path(args.out).write_text(json.dumps(res, indent=2))
+        del cache
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
