@@ -181,6 +181,28 @@ def _plot_rows(rows: list[dict], title: str) -> str | None:
     return svg[svg.index("<svg") :]
 
 
+_LINK_RE = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def _local_link(m: re.Match, base: Path) -> str:
+    """Links inside an included result file point next to it, outside docs/: inline images as data
+    URIs, show other relative targets as a path (a broken link would fail the strict build)."""
+    bang, label, target = m.groups()
+    if re.match(r"^[a-z]+:|^#", target):
+        return m.group(0)
+    path = (base / target).resolve()
+    mime = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}.get(path.suffix.lower())
+    if bang and mime and path.is_file():
+        import base64
+
+        return f"![{label}](data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()})"
+    try:
+        shown = path.relative_to(ROOT)
+    except ValueError:
+        shown = Path(target)
+    return f"{label} (`{shown}`)"
+
+
 def _benchmarks_markdown() -> str:
     if not RESULTS.is_dir():
         return "*No benchmark results yet: run `specdec bench` (see below).*\n"
@@ -188,6 +210,7 @@ def _benchmarks_markdown() -> str:
     for md in sorted(RESULTS.glob("*.md")):
         text = md.read_text(encoding="utf-8")
         text = re.sub(r"^(#+)", r"##\1", text, flags=re.M)  # demote below this page's "## Results"
+        text = _LINK_RE.sub(lambda m: _local_link(m, md.parent), text)
         out.append(text)
         js = md.with_suffix(".json")
         if js.is_file():
