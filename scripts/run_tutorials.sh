@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Execute every tutorials/*.ipynb top to bottom with nbclient; fail on the first error.
+# Execute every tutorials/*.ipynb top to bottom with nbclient; exit 1 if any notebook raises.
 #   bash scripts/run_tutorials.sh                 # CI: small settings (SPECDEC_CI_SMALL=1), outputs discarded
 #   bash scripts/run_tutorials.sh --write         # refresh the outputs stored in the notebooks (the site shows them)
 #   bash scripts/run_tutorials.sh tutorials/01_pipeline.ipynb   # only these notebooks
@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-export SPECDEC_CI_SMALL=${SPECDEC_CI_SMALL:-1} MPLBACKEND=Agg TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export SPECDEC_CI_SMALL=${SPECDEC_CI_SMALL:-1} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+# the kernel picks the inline backend itself (figures stored in the notebook) unless MPLBACKEND is set
+unset MPLBACKEND
 exec "$PY" - "$@" <<'PYEOF'
 import glob, os, sys, time
 import nbformat
