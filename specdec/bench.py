@@ -80,6 +80,20 @@ def run_bench(
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
     m = load_model(model, dtype, device, backend)
+    too_long = [c for c in contexts if c + max_new_tokens > m.dims.max_positions]
+    if too_long:
+        raise SpecdecError(
+            f"context {too_long[0]} + max_new_tokens {max_new_tokens} exceeds the model's {m.dims.max_positions} "
+            f"positions; use contexts <= {m.dims.max_positions - max_new_tokens}."
+        )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
+                machine=machine_info(str(m.device)), model=model, backend=backend, dtype=dtype, gamma=gamma,
+                budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens)
+
+    def save() -> None:
+        (output_dir / f"{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+        (output_dir / f"{tag}.md").write_text(markdown_table(meta, rows))
     rows: list[dict[str, Any]] = []
     total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + int(hf_baseline))
     with Progress() as progress:
@@ -121,6 +135,7 @@ def run_bench(
                             )
                         )
                         progress.advance(task)
+                        save()
                     if hf_baseline:
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} hf-generate")
                         tps = hf_generate_tps(m, ids, bs, max_new_tokens)
@@ -134,12 +149,7 @@ def run_bench(
                       and x["context"] == r["context"] and x["batch"] == r["batch"]), None)
         if dense is not None and "tokens" in r:
             r["same_tokens_as_dense"] = r["tokens"] == dense["tokens"]
-    output_dir.mkdir(parents=True, exist_ok=True)
-    meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
-                machine=machine_info(str(m.device)), model=model, backend=backend, dtype=dtype, gamma=gamma,
-                budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens)
-    (output_dir / f"{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-    (output_dir / f"{tag}.md").write_text(markdown_table(meta, rows))
+    save()
     print(markdown_table(meta, rows))
     return rows
 
