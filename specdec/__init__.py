@@ -6,7 +6,7 @@ Importing specdec changes nothing: models are switched to specdec attention only
 
 from specdec.attention.reference import ReferenceBackend
 from specdec.cache import KVCache
-from specdec.drafters import SparseSelfDrafter
+from specdec.drafters import EarlyExitDrafter, ModelDrafter, SparseSelfDrafter
 from specdec.engine import DecodeState, GenerationResult, RunStats, SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.interfaces import AttentionBackend, Drafter, KVSelector, ScoreRequest, SparsePlan, Verifier
@@ -16,7 +16,7 @@ from specdec.registry import BACKENDS, SELECTORS, ComponentConfig
 from specdec.sampling import SamplingConfig
 from specdec.selectors.base import BudgetConfig, BudgetSelector
 from specdec.selectors.sliding_window import SlidingWindow
-from specdec.verifiers import FullVerifier
+from specdec.verifiers import FullVerifier, SparseVerifier
 
 __version__ = "0.1.0"
 
@@ -28,10 +28,12 @@ __all__ = [
     "ComponentConfig",
     "DecodeState",
     "Drafter",
+    "EarlyExitDrafter",
     "FullVerifier",
     "GenerationResult",
     "KVCache",
     "KVSelector",
+    "ModelDrafter",
     "PipelineConfig",
     "ReferenceBackend",
     "RunStats",
@@ -41,6 +43,7 @@ __all__ = [
     "SlidingWindow",
     "SparsePlan",
     "SparseSelfDrafter",
+    "SparseVerifier",
     "SpecdecError",
     "SpecdecModel",
     "SpeculativeEngine",

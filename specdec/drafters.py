@@ -45,3 +45,208 @@ class SparseSelfDrafter(Drafter):
 
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
         self.selector.on_verify(scores, state.lengths)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Drafters with their own model (Dustin, DESIGN.md §1): a separate small LM, or the target's first layers.
+# ---------------------------------------------------------------------------------------------------
+
+
+def lookahead_request(heads: dict[int, list[int]] | None) -> "ScoreRequest | None":
+    """Score request for one draft row restricted to the draft's retrieval heads (softmax weights)."""
+    if not heads:
+        return None
+    return ScoreRequest(rows=[0], kind="softmax", heads="group", layers=sorted(heads),
+                        query_heads={int(l): list(h) for l, h in heads.items()})
+
+
+class ModelDrafter(Drafter):
+    """Draft with another causal LM sharing the target's tokenizer, with its own KV cache.
+
+    The draft cache holds ``draft_len[b]`` valid entries per sequence. Before drafting, the
+    tokens the target accepted that the draft never fed (the last draft when all γ were accepted,
+    or nothing yet after the prefill) are fed in one ragged catch-up forward; after verification
+    the draft rolls back by lowering ``draft_len`` to the new verified length (entries past it
+    are overwritten later). Greedy drafts therefore equal the draft model's own greedy decoding.
+
+    While drafting, the drafter records its **lookahead signal** (Dustin, "Attention Lookahead of
+    the draft"): the softmax attention of the γ drafted rows over the context, summed over the
+    retrieval heads ``heads`` ``{draft layer: [query heads]}`` → :attr:`lookahead` ``(B, L)``.
+
+    Args:
+        draft: the draft :class:`SpecdecModel` (same vocabulary as the target).
+        heads: draft retrieval heads whose attention forms the lookahead signal (``None`` = none).
+    """
+
+    def __init__(self, draft: SpecdecModel, heads: dict[int, list[int]] | None = None) -> None:
+        self.draft_model = draft
+        self.heads = heads
+        self.lookahead: torch.Tensor | None = None  # (B, L) float32
+        self.cache = None
+        self.draft_len: torch.Tensor | None = None  # (B,) int64 valid draft-cache entries
+
+    @property
+    def n_layers(self) -> int:
+        return self.draft_model.dims.n_layers
+
+    def set_heads(self, heads: dict[int, list[int]] | None) -> None:
+        from specdec.errors import SpecdecError
+
+        for layer, hs in (heads or {}).items():
+            if not 0 <= int(layer) < self.n_layers or any(not 0 <= int(h) < self.draft_model.dims.n_heads for h in hs):
+                raise SpecdecError(
+                    f"draft retrieval head ({layer}, {list(hs)}) is outside the draft's {self.n_layers} layers × "
+                    f"{self.draft_model.dims.n_heads} heads; re-run `specdec profile-srh` for this draft."
+                )
+        self.heads = heads
+
+    def layer_map(self, n_target_layers: int) -> list[int]:
+        """Draft layer that corresponds to each target layer (proportional depth)."""
+        nd = self.n_layers
+        if n_target_layers == 1:
+            return [nd - 1]
+        return [round(l * (nd - 1) / (n_target_layers - 1)) for l in range(n_target_layers)]
+
+    def identity(self) -> dict:
+        from specdec.srh import model_identity
+
+        return model_identity(self.draft_model)
+
+    # -- cache ------------------------------------------------------------------------------------
+    def _draft_cache(self, state):
+        return self.cache
+
+    def prefill(self, state) -> None:
+        """Allocate the draft cache; the prompt is fed by the first catch-up (no separate pass)."""
+        B = state.lengths.shape[0]
+        if self.draft_model.device != state.lengths.device:
+            from specdec.errors import SpecdecError
+
+            raise SpecdecError("the draft model and the target are on different devices; load both with the same --device.")
+        self.cache = self.draft_model.new_cache(B, state.cache.capacity)
+        self.draft_len = torch.zeros(B, dtype=torch.long, device=state.lengths.device)
+
+    def _catch_up(self, state) -> None:
+        """Feed tokens ``draft_len[b] .. lengths[b] - 1`` (verified but not in the draft cache)."""
+        cache = self._draft_cache(state)
+        B = state.lengths.shape[0]
+        lens = state.lengths.tolist()
+        have = self.draft_len.tolist()
+        todo = [state.tokens[b][have[b] : lens[b]] for b in range(B)]
+        T = max(len(t) for t in todo)
+        chunk = 1024  # bounds memory of the first (prompt-sized) catch-up
+        done = 0
+        while done < T:
+            rows = [t[done : done + chunk] for t in todo]
+            width = max(len(r) for r in rows)
+            if width == 0:
+                break
+            ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=state.lengths.device)  # (B, width)
+            start = torch.tensor([have[b] + min(done, len(todo[b])) for b in range(B)], device=state.lengths.device)
+            self.draft_model.forward(ids, cache, start, logits_to_keep=1)
+            done += width
+        self.draft_len = state.lengths.clone()
+
+    def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B = state.lengths.shape[0]
+        self._catch_up(state)
+        cache = self._draft_cache(state)
+        self.lookahead = torch.zeros(B, cache.capacity, dtype=torch.float32, device=state.lengths.device)
+        tokens, probs = [], []
+        cur = state.pending
+        for i in range(gamma):
+            req = lookahead_request(self.heads)
+            logits = self.draft_model.forward(cur.view(B, 1), cache, state.lengths + i, scores=req)[:, -1]
+            check_finite(logits, "drafter")
+            if req is not None:
+                for s in req.scores.values():  # (B, H_kv, L)
+                    self.lookahead += s.sum(1)
+            cur, p = choose(logits, state.sampling, state.generator)
+            tokens.append(cur)
+            probs.append(p)
+        # the pending token and drafts 1..γ-1 are now in the draft cache
+        self.draft_len = state.lengths + gamma
+        q = torch.stack(probs, dim=1) if probs[0] is not None else None
+        return torch.stack(tokens, dim=1), q
+
+    def on_verify(self, state, scores: ScoreRequest | None) -> None:
+        # roll back: entries beyond the new verified length hold rejected drafts
+        self.draft_len = torch.minimum(self.draft_len, state.lengths)
+
+
+def truncated_model(model: SpecdecModel, n_layers: int) -> SpecdecModel:
+    """A view of ``model`` running only its first ``n_layers`` decoder layers, then the final norm
+    and the LM head. Weights are shared (no copy); only the config differs."""
+    import copy
+
+    from specdec.errors import SpecdecError
+
+    N = model.dims.n_layers
+    if not 1 <= n_layers < N:
+        raise SpecdecError(f"draft_layers must be between 1 and {N - 1} for this {N}-layer target (got {n_layers}).")
+    hf = model.hf
+    base_name = hf.base_model_prefix  # "model" for Llama/Qwen/Mistral
+    base = getattr(hf, base_name)
+    cfg = copy.deepcopy(hf.config)
+    cfg.num_hidden_layers = n_layers
+    if isinstance(getattr(cfg, "layer_types", None), list):
+        cfg.layer_types = cfg.layer_types[:n_layers]
+    inner = copy.copy(base)  # shares submodules (embeddings, layers, norm)
+    inner.config = cfg  # the decoder loop runs self.layers[: config.num_hidden_layers]
+    outer = copy.copy(hf)
+    outer._modules = dict(hf._modules)
+    outer._modules[base_name] = inner
+    outer.config = cfg
+    from specdec.models import model_dims
+
+    view = copy.copy(model)  # same backend, tokenizer and routing state (the shared layers are routed)
+    view.hf, view.dims = outer, model_dims(cfg)
+    if hasattr(view, "_graphs"):
+        view._graphs = None  # captured graphs belong to the full model
+    return view
+
+
+class EarlyExitDrafter(ModelDrafter):
+    """Draft with the target's first ``n_layers`` layers + final norm + LM head (weights shared).
+
+    Self-speculation by early exit (as in LayerSkip / Draft&Verify), used as Dustin's draft model
+    on the embedded model where no separate small model ships. The first ``n_layers`` layers of
+    the draft compute exactly what the target's first layers compute, so the draft reads and
+    writes the **target's own cache** for those layers: no prefill, no catch-up, and rollback is
+    the target's. Draft rows written at ``lengths .. lengths+γ-1`` are overwritten by the
+    verification pass. The lookahead signal is recorded as in :class:`ModelDrafter`; draft layer
+    ``l`` corresponds to target layer ``l`` (:meth:`layer_map`).
+
+    Args:
+        target: the target :class:`SpecdecModel`.
+        n_layers: how many leading layers the draft runs (``1 .. N-1``).
+        heads: draft retrieval heads ``{layer: [query heads]}`` for the lookahead signal.
+    """
+
+    def __init__(self, target: SpecdecModel, n_layers: int, heads: dict[int, list[int]] | None = None) -> None:
+        super().__init__(truncated_model(target, n_layers), heads)
+        self.target = target
+        self.exit_layers = n_layers
+
+    def layer_map(self, n_target_layers: int) -> list[int]:
+        """Identity on the shared layers; deeper target layers map to the last draft layer."""
+        return [min(l, self.exit_layers - 1) for l in range(n_target_layers)]
+
+    def identity(self) -> dict:
+        from specdec.srh import model_identity
+
+        return {**model_identity(self.target), "early_exit_layers": self.exit_layers}
+
+    def _draft_cache(self, state):
+        from specdec.cache import KVCache
+
+        return KVCache._from(state.cache.k[: self.exit_layers], state.cache.v[: self.exit_layers])
+
+    def prefill(self, state) -> None:
+        self.draft_len = state.lengths.clone()
+
+    def _catch_up(self, state) -> None:
+        self.draft_len = state.lengths.clone()  # the target wrote every verified entry
+
+    def on_verify(self, state, scores: ScoreRequest | None) -> None:
+        self.draft_len = state.lengths.clone()

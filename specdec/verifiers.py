@@ -1,10 +1,11 @@
-"""Verifiers: the target model scoring γ+1 rows with full attention (lossless)."""
+"""Verifiers: the target model scoring γ+1 rows with full attention (lossless) or over Dustin's
+sparse verification set (near-lossless)."""
 
 from __future__ import annotations
 
 import torch
 
-from specdec.interfaces import ScoreRequest, Verifier
+from specdec.interfaces import AttentionBackend, ScoreRequest, Verifier
 from specdec.models import SpecdecModel
 
 
@@ -18,3 +19,190 @@ class FullVerifier(Verifier):
 
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         return self.model.forward(tokens, state.cache, state.lengths, scores=scores)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dustin: sparse verification over I_verify (near-lossless).
+# ---------------------------------------------------------------------------------------------------
+
+
+def head_attention(q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor, heads, scale: float,
+                   rows=None) -> torch.Tensor:
+    """Dense causal softmax attention of selected query heads over the whole cached context.
+
+    Args:
+        q: ``(B, H, T, D)`` queries of the new rows (row ``t`` sits at ``lengths[b] + t``).
+        k_cache: ``(B, H_kv, L, D)`` one layer's keys (the new rows' keys already written).
+        heads: query-head indices to score.
+        rows: rows to keep (``None`` = all ``T``).
+
+    Returns:
+        ``(B, len(heads), L)`` float32 attention weights summed over the rows; 0 where not visible.
+    """
+    B, H, T, D = q.shape
+    Hkv, L = k_cache.shape[1], k_cache.shape[2]
+    G = H // Hkv
+    heads_t = torch.as_tensor(list(heads), dtype=torch.long, device=q.device)
+    rows_t = torch.arange(T, device=q.device) if rows is None else torch.as_tensor(list(rows), dtype=torch.long, device=q.device)
+    used = min(L, int(lengths.max()) + T)
+    qh = q.index_select(1, heads_t).index_select(2, rows_t).float()  # (B, h, R, D)
+    kh = k_cache[:, :, :used].index_select(1, heads_t // G).float()  # (B, h, used, D)
+    logits = torch.einsum("bhrd,bhld->bhrl", qh, kh) * scale
+    pos = torch.arange(used, device=q.device)
+    row_pos = lengths.view(B, 1) + rows_t.view(1, -1)  # (B, R)
+    visible = pos.view(1, 1, used) <= row_pos.view(B, -1, 1)  # (B, R, used)
+    logits = logits.masked_fill(~visible.unsqueeze(1), float("-inf"))
+    out = torch.zeros(B, len(heads_t), L, dtype=torch.float32, device=q.device)
+    out[..., :used] = torch.softmax(logits, dim=-1).sum(2)
+    return out
+
+
+class SRHScoringBackend(AttentionBackend):
+    """Delegates attention to ``inner`` and, on the retrieval layers, also records the dense softmax
+    attention of the retrieval heads over the *full* context (the cheap estimation of Dustin).
+
+    The layer is recognised by which layer of ``cache`` the backend is given (``layer_of`` maps the
+    data pointer of ``cache.k[l]`` to ``l``). After the forward, :attr:`scores` is ``(B, L)``
+    (summed over the heads and rows) and :attr:`per_head` ``{(layer, head): (B, L)}`` when
+    ``keep_heads``.
+    """
+
+    name = "srh-scoring"
+
+    def __init__(self, inner: AttentionBackend, cache, heads: dict[int, list[int]], keep_heads: bool = False) -> None:
+        self.inner = inner
+        self.heads = heads
+        self.layer_of = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}
+        self.scores = torch.zeros(cache.batch, cache.capacity, dtype=torch.float32, device=cache.k.device)
+        self.keep_heads = keep_heads
+        self.per_head: dict[tuple[int, int], torch.Tensor] = {}
+        self.seconds = 0.0  # time spent on the SRH estimation
+
+    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
+        import time
+
+        layer = self.layer_of.get(k_cache.data_ptr())
+        if layer is not None and self.heads.get(layer):
+            t0 = time.perf_counter()
+            hs = self.heads[layer]
+            a = head_attention(q, k_cache, lengths, hs, scale)  # (B, h, L)
+            self.scores += a.sum(1)
+            if self.keep_heads:
+                for i, h in enumerate(hs):
+                    self.per_head[(layer, h)] = a[:, i]
+            self.seconds += time.perf_counter() - t0
+        return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)
+
+    def validate(self, device, dtype):
+        return self.inner.validate(device, dtype)
+
+
+class SparseVerifier(Verifier):
+    """The target verifies the γ+1 rows attending only to ``I_verify`` plus the new tokens.
+
+    Paper: *Dustin* (DESIGN.md §1, ``shared/papers/003_eed2ab8984de2fad.txt``): dense verification
+    dominates latency at long context, so the target reads only a fixed-size set chosen by a
+    :class:`specdec.selectors.hybrid_srh.HybridSRHSelector` from the drafter's lookahead signal
+    and the target's history on the Semantic Retrieval Heads. In the same pass it records the
+    target SRH attention over the full context (the next iteration's history signal).
+
+    **Near-lossless**: output can differ from dense decoding (``lossless = False``; the engine's
+    stats say so). A budget covering the whole context gives exactly the dense output.
+
+    The first pass has no target history yet: all free slots go to the draft signal.
+    Safety valve (beyond the paper): with ``dense_every = N`` every N-th pass is dense; with ``disagree = x`` a pass is dense when, for
+    some sequence, more than a share ``x`` of the draft-only and target-only choices differ.
+    :attr:`stats` reports how many passes were dense and the KV entries read relative to dense.
+
+    Args:
+        model: the target.
+        selector: the hybrid selector (its heads must fit the target).
+        drafter: where the lookahead signal comes from (its ``lookahead`` attribute), or ``None``.
+        dense_every: dense verification every N passes (0 = never).
+        disagree: dense when the signals' disagreement exceeds this share (``None`` = off).
+    """
+
+    lossless = False
+
+    def __init__(self, model: SpecdecModel, selector, drafter=None, dense_every: int = 0,
+                 disagree: float | None = None) -> None:
+        from specdec.errors import SpecdecError
+
+        if dense_every < 0:
+            raise SpecdecError(f"dense_every must be >= 0 (got {dense_every}); use 0 to turn the periodic dense pass off.")
+        if disagree is not None and not 0 <= disagree <= 1:
+            raise SpecdecError(f"disagree must be in [0, 1] (got {disagree}); e.g. 0.9, or leave it unset.")
+        selector.check_heads(model.dims.n_layers, model.dims.n_heads, "target")
+        self.model = model
+        self.selector = selector
+        self.drafter = drafter
+        self.dense_every = dense_every
+        self.disagree = disagree
+        self._state = None
+        self._scores: torch.Tensor | None = None
+        self.last_plan = None
+        self.stats: dict = {}
+
+    def _reset(self, state) -> None:
+        self._state = state
+        self.selector.reset(state.cache)
+        self.iteration = 0
+        self.stats = dict(passes=0, dense_passes=0, dense_periodic=0, dense_disagree=0,
+                          kv_read=0.0, kv_dense=0.0, select_seconds=0.0, srh_seconds=0.0,
+                          dense_seconds=0.0, sparse_seconds=0.0)
+
+    def _dense_reason(self, state) -> str | None:
+        if self.dense_every and self.iteration % self.dense_every == 0:
+            return "periodic"
+        if self.disagree is not None and float(self.selector.disagreement(state.lengths).max()) > self.disagree:
+            return "disagree"
+        return None
+
+    def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
+        import time
+
+        if self._state is not state:
+            self._reset(state)
+        self.iteration += 1
+        st = self.stats
+        t0 = time.perf_counter()
+        self.selector.observe_draft(getattr(self.drafter, "lookahead", None))
+        reason = self._dense_reason(state)
+        plan = None if reason else self.selector.plan(state.cache, state.lengths)
+        if reason and self.selector.target_signal is not None:
+            self.selector.mark(state.lengths)  # adaptive m still learns from dense passes
+        self.last_plan = plan
+        t1 = time.perf_counter()
+        st["select_seconds"] += t1 - t0
+        backend = SRHScoringBackend(self.model.backend, state.cache, self.selector.target_heads)
+        with self.model.using_backend(backend):
+            logits = self.model.forward(tokens, state.cache, state.lengths, plan=plan, scores=scores)
+        self._scores = backend.scores
+        st["srh_seconds"] += backend.seconds
+        dt = time.perf_counter() - t1
+        # KV entries read by this pass vs a dense pass (active sequences)
+        act = state.active
+        dense_read = float(state.lengths[act].sum())
+        st["passes"] += 1
+        st["kv_dense"] += dense_read
+        if reason:
+            st["dense_passes"] += 1
+            st[f"dense_{reason}"] += 1
+            st["dense_seconds"] += dt
+            st["kv_read"] += dense_read
+        else:
+            st["sparse_seconds"] += dt
+            st["kv_read"] += float((plan.indices[0, :, 0] >= 0).sum(1)[act].sum())
+        return logits
+
+    def on_verify(self, state) -> None:
+        if self._scores is not None:
+            self.selector.observe_target(self._scores, state.lengths)
+
+    def report(self) -> dict:
+        """Counts and cost of the safety valve: dense share of passes and KV entries read vs dense."""
+        st = dict(self.stats)
+        if st.get("passes"):
+            st["dense_share"] = st["dense_passes"] / st["passes"]
+            st["kv_read_vs_dense"] = st["kv_read"] / max(st["kv_dense"], 1.0)
+        return st

@@ -1,0 +1,342 @@
+"""Fidelity of sparse verification (Dustin is near-lossless): how far is it from dense verification?
+
+* **Token agreement** (per verify pass, teacher-forced): every pass of a sparse run is repeated
+  densely on the same cache and rows; a row *agrees* when both passes pick the same greedy token.
+  ``emitted_agreement`` counts only the rows whose token was emitted (accepted drafts + the next
+  token); ``row_agreement`` counts every row. ``sequence_match`` compares the whole generated
+  text with plain dense decoding (first divergence and share of equal positions).
+* **TV distance** between the sparse and dense verify distributions, ``½ Σ_v |p_s(v) − p_d(v)|``,
+  averaged over the emitted rows.
+* **ARR per layer** (the paper's complementarity claim): at each sparse pass, the share of the
+  dense attention mass of every target layer kept by the set built from the draft signal only
+  (``m = all``), the target signal only (``m = 0``) and the hybrid (the ``m`` actually used).
+* **Passkey**: a random 5-digit pass key hidden at some depth of a long document; the model is
+  asked to repeat it; accuracy of sparse vs dense.
+
+``specdec fidelity`` runs all of it and writes JSON (+ a Markdown summary with ``--output-md``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.interfaces import ScoreRequest, Verifier
+
+
+class FidelityProbe(Verifier):
+    """Wraps a :class:`~specdec.verifiers.SparseVerifier`: a dense twin pass before every sparse pass.
+
+    The dense pass writes the rows' K/V first; the sparse pass then overwrites them, so the run
+    itself is exactly the sparse run. Costs one extra dense pass per iteration (a measurement tool).
+    """
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.lossless = inner.lossless
+        self.model = inner.model
+        n = self.model.dims.n_layers
+        self.n_layers = n
+        self.acc = dict(rows=0, rows_agree=0, emitted=0, emitted_agree=0, tv_sum=0.0, tv_max=0.0, arr_passes=0)
+        self.arr = {k: torch.zeros(n, dtype=torch.float64) for k in ("draft_only", "target_only", "hybrid", "used")}
+        self._pending = None
+
+    def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
+        from specdec.srh import _Recorder, attention_recall
+
+        B, T = tokens.shape
+        rec = _Recorder(self.model.backend, state.cache, range(T))
+        with self.model.using_backend(rec):
+            dense = self.model.forward(tokens, state.cache, state.lengths)  # (B, T, V)
+        sparse = self.inner.verify(state, tokens, scores)
+        sel = self.inner.selector
+        plan = self.inner.last_plan
+        if plan is not None and sel.target_signal is not None:
+            H = self.model.dims.n_heads
+            mass = torch.stack([rec.out[l].sum(1) / (H * T) for l in range(self.n_layers)])  # (N, B, L)
+            lengths = state.lengths
+            _, room = _room(sel, lengths)
+            act = state.active
+            sets = dict(
+                draft_only=sel.select(lengths, m=room, draft=sel.draft_signal, target=sel.target_signal),
+                target_only=sel.select(lengths, m=torch.zeros_like(room), draft=sel.draft_signal, target=sel.target_signal),
+                hybrid=sel.select(lengths, draft=sel.draft_signal, target=sel.target_signal),
+                used=plan.indices[0, :, 0],
+            )
+            for k, idx in sets.items():
+                self.arr[k] += attention_recall(idx, mass, lengths)[:, act].sum(1).double().cpu()
+            self.acc["arr_passes"] += int(act.sum())
+        p_d = torch.softmax(dense, -1)
+        p_s = torch.softmax(sparse, -1)
+        tv = 0.5 * (p_d - p_s).abs().sum(-1)  # (B, T)
+        agree = dense.argmax(-1) == sparse.argmax(-1)  # (B, T)
+        self._pending = (state.lengths.clone(), state.active.clone(), tv, agree)
+        return sparse
+
+    def on_verify(self, state) -> None:
+        self.inner.on_verify(state)
+        old, act, tv, agree = self._pending
+        T = tv.shape[1]
+        n_emit = (state.lengths - old).clamp(min=1, max=T)  # rows whose token was emitted
+        for b in range(tv.shape[0]):
+            if not bool(act[b]):
+                continue
+            k = int(n_emit[b])
+            self.acc["rows"] += T
+            self.acc["rows_agree"] += int(agree[b].sum())
+            self.acc["emitted"] += k
+            self.acc["emitted_agree"] += int(agree[b, :k].sum())
+            self.acc["tv_sum"] += float(tv[b, :k].sum())
+            self.acc["tv_max"] = max(self.acc["tv_max"], float(tv[b, :k].max()))
+
+    def summary(self) -> dict[str, Any]:
+        a = self.acc
+        out = dict(
+            emitted_agreement=a["emitted_agree"] / max(a["emitted"], 1),
+            row_agreement=a["rows_agree"] / max(a["rows"], 1),
+            tv_mean=a["tv_sum"] / max(a["emitted"], 1),
+            tv_max=a["tv_max"],
+            emitted_rows=a["emitted"],
+        )
+        if a["arr_passes"]:
+            for k, v in self.arr.items():
+                out[f"arr_{k}"] = (v / a["arr_passes"]).tolist()
+        out["verifier"] = self.inner.report()
+        return out
+
+
+def _room(sel, lengths):
+    from specdec.selectors.base import fixed_positions
+
+    c = sel.config
+    return fixed_positions(lengths, sel.budget_for(lengths), c.sinks, c.recent)
+
+
+def sequence_match(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
+    """First divergence and share of equal positions of two token lists."""
+    n = min(len(a), len(b))
+    first = next((i for i in range(n) if a[i] != b[i]), n)
+    return dict(identical=list(a) == list(b), first_divergence=first,
+                position_agreement=sum(x == y for x, y in zip(a, b)) / max(n, 1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# passkey
+# ---------------------------------------------------------------------------------------------------
+PASSKEY_INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
+                 "Find it and memorize it. I will quiz you about it.\n\n")
+
+
+def passkey_prompt(tokenizer, filler: str, context: int, depth: float, key: str) -> list[int]:
+    """``context`` tokens: intro + filler with the key sentence at ``depth`` (0 = start, 1 = end) + question."""
+    enc = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
+    intro, needle = enc(PASSKEY_INTRO), enc(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n")
+    question = enc("\n\nWhat is the pass key? The pass key is")
+    room = context - len(intro) - len(needle) - len(question)
+    body = enc(filler)
+    if room < 16 or len(body) < room:
+        raise SpecdecError(f"passkey context {context} is too short or the filler too small; use >= 256 tokens.")
+    body = body[:room]
+    cut = int(round(depth * room))
+    return intro + body[:cut] + needle + body[cut:] + question
+
+
+# ---------------------------------------------------------------------------------------------------
+# the whole study
+# ---------------------------------------------------------------------------------------------------
+def method_config(method: str, gamma: int, budget: int, options: dict[str, Any]):
+    from specdec.presets import PipelineConfig
+
+    return PipelineConfig.make(method=method, gamma=gamma, budget=budget, options=dict(options))
+
+
+def run_fidelity(model, documents: Sequence[str], context: int, budgets: Sequence[int], variants: dict[str, tuple],
+                 gamma: int = 4, max_new_tokens: int = 96, passkey_trials: int = 0, passkey_documents=("pydoc",),
+                 seed: int = 0, log=print, on_row=None) -> dict[str, Any]:
+    """Fidelity of each variant vs dense on each document and budget, then the passkey check.
+
+    ``variants``: ``{label: (method, options)}``, e.g. ``{"static": ("dustin", {}), "adaptive": ("dustin-adaptive", {})}``.
+    """
+    from specdec.data import context_ids, load_document
+    from specdec.engine import SpeculativeEngine
+    from specdec.presets import build_engine
+
+    dense_eng = SpeculativeEngine(model, method="dense")
+    rows: list[dict[str, Any]] = []
+    for doc in documents:
+        ids = context_ids(model.tokenizer, load_document(doc), context, offset=max_new_tokens + 16)
+        pre = dense_eng.prefill([ids])
+        ref = dense_eng.generate([ids], max_new_tokens=max_new_tokens, prefilled=pre)
+        log(f"{doc}: dense {ref.stats.tokens_per_second:.2f} tok/s")
+        for budget in budgets:
+            for label, (method, opts) in variants.items():
+                eng = build_engine(model, method_config(method, gamma, budget, opts))
+                probe = FidelityProbe(eng.verifier)
+                eng.verifier = probe
+                res = eng.generate([ids], max_new_tokens=max_new_tokens, prefilled=pre)
+                row = dict(document=doc, context=context, budget=budget, variant=label, method=method, options=opts,
+                           tau=res.stats.mean_accepted_length, lossless=res.stats.lossless,
+                           **probe.summary(), **sequence_match(res.tokens[0], ref.tokens[0]))
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+                log(f"  budget {budget} {label}: emitted agreement {row['emitted_agreement']:.3f}, "
+                    f"TV {row['tv_mean']:.4f}, τ {row['tau']:.2f}, identical {row['identical']}")
+    passkey: list[dict[str, Any]] = []
+    rng = random.Random(seed)
+    for i in range(passkey_trials):
+        doc = passkey_documents[i % len(passkey_documents)]
+        key = str(rng.randint(10000, 99999))
+        depth = (i + 0.5) / max(passkey_trials, 1)
+        ids = passkey_prompt(model.tokenizer, load_document(doc), context, depth, key)
+        pre = dense_eng.prefill([ids])
+        outs = {"dense": dense_eng.generate([ids], max_new_tokens=8, prefilled=pre).text[0]}
+        for budget in budgets:
+            for label, (method, opts) in variants.items():
+                eng = build_engine(model, method_config(method, gamma, budget, opts))
+                outs[f"{label}@{budget}"] = eng.generate([ids], max_new_tokens=8, prefilled=pre).text[0]
+        trial = dict(document=doc, depth=depth, key=key, answers=outs, correct={k: key in v for k, v in outs.items()})
+        passkey.append(trial)
+        log(f"passkey {i + 1}/{passkey_trials} depth {depth:.2f}: " + ", ".join(f"{k}={'ok' if c else 'no'}" for k, c in trial["correct"].items()))
+    acc = {}
+    if passkey:
+        for k in passkey[0]["correct"]:
+            acc[k] = sum(t["correct"][k] for t in passkey) / len(passkey)
+    return dict(rows=rows, passkey=passkey, passkey_accuracy=acc)
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Averages per (budget, variant): agreement, TV, mean ARR of each signal, targets."""
+    out: dict[str, Any] = {}
+    for r in result["rows"]:
+        key = f"{r['variant']}@{r['budget']}"
+        out.setdefault(key, []).append(r)
+    summ = {}
+    for key, rs in out.items():
+        n = len(rs)
+        s = dict(documents=n,
+                 emitted_agreement=sum(r["emitted_agreement"] for r in rs) / n,
+                 row_agreement=sum(r["row_agreement"] for r in rs) / n,
+                 tv_mean=sum(r["tv_mean"] for r in rs) / n,
+                 identical=sum(r["identical"] for r in rs),
+                 tau=sum(r["tau"] for r in rs) / n,
+                 dense_share=sum(r["verifier"].get("dense_share", 0) for r in rs) / n,
+                 kv_read_vs_dense=sum(r["verifier"].get("kv_read_vs_dense", 1) for r in rs) / n)
+        for k in ("draft_only", "target_only", "hybrid", "used"):
+            vals = [sum(r[f"arr_{k}"]) / len(r[f"arr_{k}"]) for r in rs if f"arr_{k}" in r]
+            if vals:
+                s[f"mean_arr_{k}"] = sum(vals) / len(vals)
+        summ[key] = s
+    return summ
+
+
+def markdown(result: dict[str, Any], command: str, meta: dict[str, Any]) -> str:
+    summ = summarize(result)
+    lines = [f"# Dustin fidelity on the CPU — {meta.get('date', '')}", "", f"- command: `{command}`",
+             f"- settings: {json.dumps({k: v for k, v in meta.items() if k != 'date'})}", "",
+             "## Averages per budget and variant", "",
+             "| variant@budget | docs | emitted agreement | row agreement | TV mean | identical runs | τ | dense passes | KV read vs dense | ARR draft-only | ARR target-only | ARR hybrid |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for k, s in summ.items():
+        lines.append(f"| {k} | {s['documents']} | {s['emitted_agreement']:.2%} | {s['row_agreement']:.2%} | {s['tv_mean']:.4f} | "
+                     f"{s['identical']}/{s['documents']} | {s['tau']:.2f} | {s['dense_share']:.1%} | {s['kv_read_vs_dense']:.1%} | "
+                     f"{s.get('mean_arr_draft_only', float('nan')):.3f} | {s.get('mean_arr_target_only', float('nan')):.3f} | "
+                     f"{s.get('mean_arr_hybrid', float('nan')):.3f} |")
+    lines += ["", "## Per document", "",
+              "| document | budget | variant | emitted agreement | TV mean | first divergence | τ | ARR d/t/h (mean over layers) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        arr = "/".join(f"{sum(r[f'arr_{k}']) / len(r[f'arr_{k}']):.3f}" if f"arr_{k}" in r else "-"
+                       for k in ("draft_only", "target_only", "hybrid"))
+        lines.append(f"| {r['document']} | {r['budget']} | {r['variant']} | {r['emitted_agreement']:.2%} | {r['tv_mean']:.4f} | "
+                     f"{r['first_divergence']} | {r['tau']:.2f} | {arr} |")
+    if result.get("passkey_accuracy"):
+        lines += ["", "## Passkey accuracy", "", "| verifier | accuracy |", "|---|---|"]
+        lines += [f"| {k} | {v:.0%} ({sum(t['correct'][k] for t in result['passkey'])}/{len(result['passkey'])}) |"
+                  for k, v in result["passkey_accuracy"].items()]
+    rows = result["rows"]
+    if rows and "arr_hybrid" in rows[0]:
+        n = len(rows[0]["arr_hybrid"])
+        lines += ["", "## ARR per target layer (mean over documents, budgets and variants)", "",
+                  "| layer | draft-only | target-only | hybrid |", "|---|---|---|---|"]
+        have = [r for r in rows if "arr_hybrid" in r]
+        for l in range(n):
+            vals = [sum(r[f"arr_{k}"][l] for r in have) / len(have) for k in ("draft_only", "target_only", "hybrid")]
+            lines.append(f"| {l} | {vals[0]:.3f} | {vals[1]:.3f} | {vals[2]:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` → dict with JSON-decoded values where possible."""
+    out: dict[str, Any] = {}
+    for it in items:
+        if "=" not in it:
+            raise SpecdecError(f"--option {it!r} must look like key=value (e.g. dense_every=8).")
+        k, v = it.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def register(app) -> None:
+    """Add ``specdec fidelity``."""
+    import typer
+
+    from specdec.cli import friendly, load_model
+
+    @app.command("fidelity")
+    @friendly
+    def fidelity_cmd(
+        output_json: Path = typer.Option(..., "--output-json"),
+        output_md: Optional[Path] = typer.Option(None, "--output-md"),
+        model: str = typer.Option("smollm2-135m", "--model"),
+        documents: str = typer.Option("pydoc,stdlib:argparse", "--documents"),
+        context: int = typer.Option(2048, "--context-tokens"),
+        budgets: str = typer.Option("512,1024", "--budgets"),
+        gamma: int = typer.Option(4, "--gamma"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
+        srh: Optional[Path] = typer.Option(None, "--srh", help="SRH artifact from `specdec profile-srh`"),
+        adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="also run dustin-adaptive"),
+        option: list[str] = typer.Option([], "--option", help="extra dustin option key=value (repeatable)"),
+        passkey_trials: int = typer.Option(0, "--passkey-trials"),
+        device: str = typer.Option("auto", "--device"),
+    ) -> None:
+        """Agreement with dense verification, TV distance, ARR per layer and passkey accuracy of Dustin."""
+        import datetime as dt
+
+        from rich.console import Console
+
+        opts = parse_options(option)
+        if srh is not None:
+            opts["srh"] = str(srh)
+        try:
+            bl = [int(b) for b in budgets.split(",") if b.strip()]
+        except ValueError:
+            raise SpecdecError(f"--budgets must be comma-separated integers (got {budgets!r}).") from None
+        if not bl or min(bl) < 1 or max(bl) > context:
+            raise SpecdecError(f"--budgets must be between 1 and --context-tokens {context} (got {budgets}).")
+        variants = {"static": ("dustin", opts)}
+        if adaptive:
+            variants["adaptive"] = ("dustin-adaptive", opts)
+        m = load_model(model, "float32", device, "reference")
+        console = Console()
+        res = run_fidelity(m, [d.strip() for d in documents.split(",") if d.strip()], context, bl, variants, gamma,
+                           max_new_tokens, passkey_trials, log=console.print)
+        meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), model=model, context=context,
+                    budgets=bl, gamma=gamma, max_new_tokens=max_new_tokens, options=opts)
+        cmd = " ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]])
+        output_json.parent.mkdir(parents=True, exist_ok=True)
+        output_json.write_text(json.dumps(dict(meta=meta, command=cmd, summary=summarize(res), **res), indent=1))
+        md = markdown(res, cmd, meta)
+        if output_md is not None:
+            output_md.write_text(md)
+        console.print(md)

@@ -1,0 +1,291 @@
+"""Dustin's verification set: sinks + local window + top-m by the draft signal + the rest by the target signal.
+
+``I_verify`` (Dustin, DESIGN.md §1) is one fixed-size set per sequence, shared by every layer and
+KV head (the paper's *global importance map*). Both signals are computed only on the Semantic
+Retrieval Heads (SRHs) found offline by ``specdec profile-srh`` (:mod:`specdec.srh`):
+
+* draft lookahead ``d`` ``(B, L)``: the draft model's softmax attention while drafting the γ new
+  tokens, summed over the draft SRHs (recorded by :class:`specdec.drafters.ModelDrafter`);
+* target history ``t`` ``(B, L)``: the target's softmax attention over the full context in the
+  previous verification pass(es), summed over the target SRHs (recorded by
+  :class:`specdec.verifiers.SparseVerifier`), optionally an exponential moving average.
+
+Beyond the paper: with ``adaptive=True`` the split ``m`` is chosen per iteration and per sequence
+from the last verification pass (an online ARR proxy on the SRHs; see :meth:`HybridSRHSelector.adapt`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from pydantic import Field, model_validator
+
+from specdec.cache import KVCache
+from specdec.errors import SpecdecError
+from specdec.interfaces import KVSelector, SparsePlan
+from specdec.registry import SELECTORS
+from specdec.selectors.base import BudgetConfig, fixed_positions
+
+Heads = list[tuple[int, int]]
+
+
+class HybridSRHConfig(BudgetConfig):
+    """Budget (sinks + recent + draft top-m + target rest) and the retrieval heads.
+
+    ``m`` (or ``m_ratio`` of the slots left after sinks and recent) goes to the draft signal.
+    ``target_heads`` / ``draft_heads`` are ``[layer, query head]`` pairs; ``layer_map[l]`` is the
+    draft layer that corresponds to target layer ``l``. ``srh`` loads all three (and ``m_ratio``)
+    from a ``specdec profile-srh`` artifact; fields given explicitly win.
+    """
+
+    m: int | None = Field(default=None, ge=0, description="slots chosen by the draft signal (None = m_ratio)")
+    m_ratio: float = Field(default=0.5, ge=0, le=1, description="share of the free slots chosen by the draft signal")
+    adaptive: bool = Field(default=False, description="choose m per iteration from the last verification (beyond the paper)")
+    m_grid: int = Field(default=5, ge=2, le=33, description="candidate m ratios for adaptive m (evenly spaced in [0, 1])")
+    adapt_decay: float = Field(default=0.5, ge=0, lt=1, description="smoothing of the adaptive-m proxy across iterations")
+    history_decay: float = Field(default=0.0, ge=0, lt=1, description="EMA weight of older target passes (0 = last pass)")
+    target_heads: Heads | None = Field(default=None, description="target SRHs as [layer, head] pairs")
+    draft_heads: Heads | None = Field(default=None, description="draft SRHs as [layer, head] pairs")
+    layer_map: list[int] | None = Field(default=None, description="draft layer of each target layer")
+    srh: str | None = Field(default=None, description="path of a `specdec profile-srh` JSON artifact")
+
+    @model_validator(mode="after")
+    def _load_artifact(self):
+        if self.srh is None:
+            return self
+        path = Path(self.srh)
+        if not path.is_file():
+            raise ValueError(f"SRH artifact {self.srh} does not exist; run `specdec profile-srh` first")
+        data = json.loads(path.read_text())
+        for name in ("target_heads", "draft_heads", "layer_map"):
+            if getattr(self, name) is None and data.get(name) is not None:
+                object.__setattr__(self, name, [tuple(x) if isinstance(x, list) else x for x in data[name]])
+        if "m_ratio" not in self.model_fields_set and "m_ratio" in data:
+            object.__setattr__(self, "m_ratio", float(data["m_ratio"]))
+        return self
+
+
+def heads_by_layer(heads: Heads | None) -> dict[int, list[int]]:
+    """``[(layer, head), ...]`` → ``{layer: [heads]}``."""
+    out: dict[int, list[int]] = {}
+    for layer, h in heads or []:
+        out.setdefault(int(layer), []).append(int(h))
+    return out
+
+
+def hybrid_select(
+    lengths: torch.Tensor,
+    budget: torch.Tensor,
+    sinks: int,
+    recent: int,
+    draft: torch.Tensor | None,
+    target: torch.Tensor | None,
+    m: torch.Tensor,
+) -> torch.Tensor:
+    """``I_verify`` per sequence.
+
+    Args:
+        lengths: ``(B,)`` verified tokens; positions ``>= lengths`` are the new rows (always visible).
+        budget: ``(B,)`` entries in the set (sinks + recent + selected).
+        draft, target: ``(B, L')`` signals (``L' >= max(lengths)``), or ``None`` (= no signal).
+        m: ``(B,)`` slots chosen by the draft signal (clipped to the free slots).
+
+    Returns:
+        ``(B, K)`` int64 positions, ``-1`` = unused; no duplicates.
+    """
+    B = lengths.shape[0]
+    dev = lengths.device
+    L = int(lengths.max())
+    fixed, room = fixed_positions(lengths, budget, sinks, recent)  # (B, S+R), (B,)
+    room_max = int(room.max())
+    if room_max == 0:
+        return fixed
+    pos = torch.arange(L, device=dev).view(1, L)
+    blocked = (pos >= lengths.view(B, 1)) | (pos < sinks) | (pos >= (lengths - recent).view(B, 1))
+
+    def ranked(signal: torch.Tensor | None, extra_block: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = torch.zeros(B, L, device=dev) if signal is None else signal[:, :L].float()
+        s = s.masked_fill(blocked | extra_block, float("-inf"))
+        val, idx = torch.topk(s, k, dim=-1)  # (B, k)
+        return idx, val > float("-inf")
+
+    m = torch.minimum(m.clamp(min=0), room)
+    m_max = int(m.max())
+    none = torch.zeros(B, L, dtype=torch.bool, device=dev)
+    parts = [fixed]
+    taken = none
+    if m_max > 0:
+        idx, ok = ranked(draft, none, m_max)
+        ok = ok & (torch.arange(m_max, device=dev).view(1, -1) < m.view(B, 1))
+        d_idx = torch.where(ok, idx, torch.full_like(idx, -1))
+        parts.append(d_idx)
+        taken = torch.zeros(B, L + 1, dtype=torch.bool, device=dev)
+        taken.scatter_(1, torch.where(ok, idx, torch.full_like(idx, L)), True)
+        taken = taken[:, :L]
+    rest = room - m
+    r_max = int(rest.max())
+    if r_max > 0:
+        idx, ok = ranked(target, taken, r_max)
+        ok = ok & (torch.arange(r_max, device=dev).view(1, -1) < rest.view(B, 1))
+        parts.append(torch.where(ok, idx, torch.full_like(idx, -1)))
+    return torch.cat(parts, dim=1)
+
+
+def captured(indices: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """Share of ``mass`` ``(B, L)`` on ``indices`` ``(B, K)`` (``-1`` ignored) → ``(B,)``."""
+    B, L = mass.shape
+    sel = torch.zeros(B, L + 1, dtype=mass.dtype, device=mass.device)
+    sel.scatter_(1, torch.where(indices < 0, torch.full_like(indices, L), indices.clamp(max=L)), 1.0)
+    total = mass.sum(1).clamp(min=1e-30)
+    return (mass * sel[:, :L]).sum(1) / total
+
+
+@SELECTORS.register("hybrid_srh", HybridSRHConfig)
+class HybridSRHSelector(KVSelector):
+    """Dustin's hybrid verification set on Semantic Retrieval Heads.
+
+    Paper: *Dustin* — sparse verification for long-context speculative decoding with hybrid
+    draft-lookahead / target-history attention on Semantic Retrieval Heads (DESIGN.md §1,
+    ``shared/papers/003_eed2ab8984de2fad.txt``). ``I_verify = sinks ∪ recent ∪ top_m(d) ∪
+    top_{k-|·|}(t)`` with ``d`` the draft lookahead signal and ``t`` the target history signal,
+    both summed over the SRHs only.
+
+    It guides *verification*, not drafting (``role = "verify"``): the shared drafting test matrix
+    skips it. Call :meth:`observe_draft` before :meth:`plan` and :meth:`observe_target` after each
+    verification pass (:class:`specdec.verifiers.SparseVerifier` does both).
+    """
+
+    name = "hybrid_srh"
+    role = "verify"
+    Config = HybridSRHConfig
+
+    def __init__(self, config: HybridSRHConfig | None = None) -> None:
+        self.config = config or HybridSRHConfig()
+        c = self.config
+        self.grid = torch.linspace(0, 1, c.m_grid)
+        self.reset(None)
+
+    # -- state ---------------------------------------------------------------------------------------
+    def reset(self, cache: KVCache | None) -> None:
+        self.draft_signal: torch.Tensor | None = None  # (B, L)
+        self.target_signal: torch.Tensor | None = None  # (B, L)
+        self.m_ratio: torch.Tensor | None = None  # (B,) per-sequence ratio when adaptive
+        self._proxy: torch.Tensor | None = None  # (B, m_grid) smoothed ARR proxy
+        self._last: tuple | None = None  # (lengths, draft, target) of the last plan
+
+    @property
+    def target_heads(self) -> dict[int, list[int]]:
+        return heads_by_layer(self.config.target_heads)
+
+    @property
+    def draft_heads(self) -> dict[int, list[int]]:
+        return heads_by_layer(self.config.draft_heads)
+
+    def check_heads(self, n_layers: int, n_heads: int, who: str = "target") -> None:
+        heads = self.config.target_heads if who == "target" else self.config.draft_heads
+        for layer, h in heads or []:
+            if not (0 <= layer < n_layers and 0 <= h < n_heads):
+                raise SpecdecError(
+                    f"{who}_heads entry ({layer}, {h}) is outside the {who} model's {n_layers} layers × {n_heads} "
+                    f"heads; re-run `specdec profile-srh` for this model pair."
+                )
+
+    def observe_draft(self, lookahead: torch.Tensor | None) -> None:
+        """Draft lookahead signal ``(B, L)`` of the coming verification."""
+        self.draft_signal = lookahead
+
+    def observe_target(self, scores: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Target SRH attention ``(B, L)`` over the full context from a verification pass.
+
+        Each pass is normalised per sequence before the moving average, so passes weigh equally.
+        With ``adaptive`` the split ``m`` is updated first (:meth:`adapt`).
+        """
+        s = scores.float()
+        s = s / s.sum(1, keepdim=True).clamp(min=1e-30)
+        if self.config.adaptive and self._last is not None:
+            self.adapt(s)
+        self._last = None
+        a = self.config.history_decay
+        if self.target_signal is None or a == 0 or self.target_signal.shape != s.shape:
+            self.target_signal = s
+        else:
+            self.target_signal = a * self.target_signal + (1 - a) * s
+
+    # -- m -------------------------------------------------------------------------------------------
+    def budget_for(self, lengths: torch.Tensor) -> torch.Tensor:
+        return self.config.budget_for(lengths)
+
+    def m_for(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` slots for the draft signal this iteration."""
+        c = self.config
+        _, room = fixed_positions(lengths, self.budget_for(lengths), c.sinks, c.recent)
+        if c.adaptive and self.m_ratio is not None and self.m_ratio.shape == room.shape:
+            return torch.round(room.double() * self.m_ratio.to(room.device)).long()
+        if c.m is not None:
+            return torch.full_like(room, c.m)
+        return torch.round(room.double() * c.m_ratio).long()
+
+    def adapt(self, truth: torch.Tensor) -> None:
+        """Input-aware ``m`` (beyond the paper): score each grid ratio by the share of the *new*
+        target SRH attention ``truth`` ``(B, L)`` its set would have captured last iteration
+        (same signals, same lengths), smooth, and keep the best ratio per sequence."""
+        lengths, d, t = self._last
+        c = self.config
+        budget = self.budget_for(lengths)
+        _, room = fixed_positions(lengths, budget, c.sinks, c.recent)
+        L = int(lengths.max())
+        mass = truth[:, :L] * (torch.arange(L, device=truth.device).view(1, L) < lengths.view(-1, 1))
+        proxy = []
+        for r in self.grid.tolist():
+            idx = hybrid_select(lengths, budget, c.sinks, c.recent, d, t, torch.round(room.double() * r).long())
+            proxy.append(captured(idx, mass))
+        proxy = torch.stack(proxy, dim=1)  # (B, m_grid)
+        if self._proxy is None or self._proxy.shape != proxy.shape:
+            self._proxy = proxy
+        else:
+            self._proxy = c.adapt_decay * self._proxy + (1 - c.adapt_decay) * proxy
+        # ties → the configured (profiled) ratio: prefer the grid point closest to it
+        prior = -(self.grid - c.m_ratio).abs().to(proxy.device) * 1e-6
+        self.m_ratio = self.grid.to(proxy.device)[torch.argmax(self._proxy + prior, dim=1)]
+
+    # -- plan ----------------------------------------------------------------------------------------
+    def select(self, lengths: torch.Tensor, m: torch.Tensor | None = None, draft: torch.Tensor | None = None,
+               target: torch.Tensor | None = None) -> torch.Tensor:
+        """``(B, K)`` positions of ``I_verify`` (``-1`` = unused) for explicit signals and ``m``."""
+        c = self.config
+        m = self.m_for(lengths) if m is None else m
+        return hybrid_select(lengths, self.budget_for(lengths), c.sinks, c.recent, draft, target, m)
+
+    def plan(self, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+        """One plan shared by all layers: ``indices`` ``(1, B, H_kv, K)``; the γ+1 new rows stay visible."""
+        d, t = self.draft_signal, self.target_signal
+        m = None
+        if t is None or d is None:  # one signal missing (first pass / no drafter signal): the other takes all slots
+            _, room = fixed_positions(lengths, self.budget_for(lengths), self.config.sinks, self.config.recent)
+            m = room if t is None else torch.zeros_like(room)
+        idx = self.select(lengths, m=m, draft=d, target=t)  # (B, K)
+        self.mark(lengths)
+        B, K = idx.shape
+        return SparsePlan(indices=idx.view(1, B, 1, K).expand(1, B, cache.n_kv_heads, K), dense_from=lengths.clone())
+
+    def mark(self, lengths: torch.Tensor) -> None:
+        """Remember this iteration's signals so the next :meth:`observe_target` can adapt ``m``."""
+        self._last = (lengths.clone(), self.draft_signal, self.target_signal)
+
+    def disagreement(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` 1 − overlap of the draft-only and target-only choices for the free slots (0 = same)."""
+        c = self.config
+        budget = self.budget_for(lengths)
+        _, room = fixed_positions(lengths, budget, c.sinks, c.recent)
+        if self.draft_signal is None or self.target_signal is None:
+            return torch.zeros_like(room, dtype=torch.float32)
+        a = hybrid_select(lengths, budget, c.sinks, c.recent, self.draft_signal, None, room)
+        b = hybrid_select(lengths, budget, c.sinks, c.recent, None, self.target_signal, torch.zeros_like(room))
+        L = int(lengths.max())
+        both = torch.zeros(a.shape[0], L + 1, device=a.device)
+        for idx in (a, b):
+            both.scatter_add_(1, torch.where(idx < 0, torch.full_like(idx, L), idx), torch.ones_like(idx, dtype=torch.float32))
+        overlap = (both[:, :L] >= 2).sum(1) - (budget - room)  # the fixed positions are in both
+        return torch.where(room > 0, 1 - overlap.float() / room.clamp(min=1).float(), torch.zeros_like(overlap, dtype=torch.float32))

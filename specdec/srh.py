@@ -1,0 +1,424 @@
+"""Semantic Retrieval Heads (SRHs): Attention Recall Rate, the offline greedy search, the JSON artifact,
+and the ``specdec profile-srh`` command.
+
+**ARR** (Dustin): the share of the full (dense) attention mass of the verification rows that a
+sparse verification set keeps visible. For target layer ``l``, sequence ``b``, set ``I``::
+
+    ARR_l(I) = 1/(H·T) · Σ_h Σ_t Σ_{i ∈ I ∪ new} p^{(l,h)}_{t,i}
+
+where ``p`` is the dense softmax attention of the ``T = γ+1`` verify rows and ``new`` are the
+rows' own positions (always visible). ARR = 1 when ``I`` covers the context.
+
+**Calibration** (teacher-forced on real text): at each probe point ``p`` of a prefilled document,
+the *target history* is the target's attention of the γ+1 rows just before ``p``, the *draft
+lookahead* is the drafter's attention of the γ rows from ``p``, and the *truth* is the target's
+dense attention of the γ+1 rows from ``p``. Per (layer, head) signals are recorded once; the
+search then only builds sets and sums masses.
+
+**Greedy search** (Dustin's Algorithm 1, our reading): start from no heads; at each step try
+adding every candidate head (the best ``pool`` heads of each model by their own ARR) to the
+draft or the target set, for every split ``m`` on a grid, and keep the (head, m) that raises the
+mean ARR over all target layers most; stop at ``max_heads`` or when the gain is below ``min_gain``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.interfaces import AttentionBackend
+
+FORMAT = "specdec-srh/1"
+
+
+# ---------------------------------------------------------------------------------------------------
+# identity and artifact
+# ---------------------------------------------------------------------------------------------------
+def model_identity(model) -> dict[str, Any]:
+    """Geometry + a fingerprint of the embedding weights: enough to tell two models apart."""
+    d = model.dims
+    w = model.hf.get_input_embeddings().weight.detach()
+    flat = w.reshape(-1)
+    step = max(1, flat.numel() // 4096)
+    sample = flat[::step][:4096].float().cpu().numpy().tobytes()
+    return dict(model_type=str(model.hf.config.model_type), n_layers=d.n_layers, n_heads=d.n_heads,
+                n_kv_heads=d.n_kv_heads, head_dim=d.head_dim, vocab_size=d.vocab_size,
+                fingerprint=hashlib.sha1(sample).hexdigest()[:16])
+
+
+def _describe(ident: dict) -> str:
+    ee = f", early exit at {ident['early_exit_layers']}" if "early_exit_layers" in ident else ""
+    return f"{ident.get('model_type')} {ident.get('n_layers')}L/{ident.get('n_heads')}H #{ident.get('fingerprint')}{ee}"
+
+
+def save_srh(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write an artifact (atomic). ``payload`` needs target, draft, target_heads, draft_heads, layer_map, m_ratio."""
+    missing = {"target", "draft", "target_heads", "draft_heads", "layer_map", "m_ratio"} - set(payload)
+    if missing:
+        raise SpecdecError(f"SRH artifact is missing {', '.join(sorted(missing))}; build it with `specdec profile-srh`.")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, **payload}, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def load_srh(path: str | Path, target=None, drafter=None) -> dict[str, Any]:
+    """Read an artifact; with ``target``/``drafter`` check it was profiled for that exact pair."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecdecError(f"SRH artifact {path} does not exist; run `specdec profile-srh --output {path}` first.")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecdecError(f"SRH artifact {path} is not valid JSON (line {exc.lineno}); re-run `specdec profile-srh`.")
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise SpecdecError(f"{path} is not a {FORMAT} artifact; re-run `specdec profile-srh`.")
+    if target is not None and data["target"] != model_identity(target):
+        raise SpecdecError(
+            f"SRH artifact {path} was profiled for target {_describe(data['target'])}, not "
+            f"{_describe(model_identity(target))}; run `specdec profile-srh` for this model pair."
+        )
+    if drafter is not None and data["draft"] != drafter.identity():
+        raise SpecdecError(
+            f"SRH artifact {path} was profiled for draft {_describe(data['draft'])}, not "
+            f"{_describe(drafter.identity())}; run `specdec profile-srh` for this model pair."
+        )
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------
+# ARR
+# ---------------------------------------------------------------------------------------------------
+def visible_set(indices: torch.Tensor, lengths: torch.Tensor, L: int) -> torch.Tensor:
+    """``(B, L)`` float mask of ``indices`` ``(B, K)`` (``-1`` = unused) ∪ positions ``>= lengths``."""
+    B = indices.shape[0]
+    sel = torch.zeros(B, L + 1, device=indices.device)
+    sel.scatter_(1, torch.where((indices < 0) | (indices >= L), torch.full_like(indices, L), indices), 1.0)
+    new = torch.arange(L, device=indices.device).view(1, L) >= lengths.view(B, 1)
+    return torch.maximum(sel[:, :L], new.float())
+
+
+def attention_recall(indices: torch.Tensor, mass: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """ARR per layer and sequence.
+
+    Args:
+        indices: ``(B, K)`` the sparse set (``-1`` = unused).
+        mass: ``(N, B, L)`` dense attention of the verify rows per layer, averaged over query heads
+            and rows (each ``(l, b)`` row sums to 1).
+        lengths: ``(B,)`` verified tokens (positions ``>= lengths`` are the rows themselves).
+
+    Returns:
+        ``(N, B)`` float32.
+    """
+    vis = visible_set(indices, lengths, mass.shape[-1])
+    return (mass * vis.unsqueeze(0)).sum(-1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# calibration
+# ---------------------------------------------------------------------------------------------------
+class _Recorder(AttentionBackend):
+    """Delegates attention and records every head's dense softmax attention of a block of rows."""
+
+    name = "srh-recorder"
+
+    def __init__(self, inner: AttentionBackend, cache, rows: Sequence[int]) -> None:
+        from specdec.verifiers import head_attention
+
+        self.inner, self.rows, self.head_attention = inner, list(rows), head_attention
+        self.layer_of = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}
+        self.out: dict[int, torch.Tensor] = {}  # layer -> (B, H, L) summed over rows
+
+    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
+        layer = self.layer_of.get(k_cache.data_ptr())
+        if layer is not None:
+            self.out[layer] = self.head_attention(q, k_cache, lengths, range(q.shape[1]), scale, rows=self.rows)
+        return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)
+
+
+@dataclass
+class Calibration:
+    """Signals at ``J`` probe points (each ``L`` wide).
+
+    Attributes:
+        lengths: ``(J,)`` verified tokens at each probe point.
+        truth: ``(N_t, J, L)`` dense attention of the γ+1 verify rows per target layer (mean over heads and rows).
+        history: ``(N_t, H_t, J, L)`` target attention of the previous γ+1 rows per head (sum over rows).
+        lookahead: ``(N_d, H_d, J, L)`` draft attention of the γ draft rows per head (sum over rows).
+    """
+
+    lengths: torch.Tensor
+    truth: torch.Tensor
+    history: torch.Tensor
+    lookahead: torch.Tensor
+    meta: dict = field(default_factory=dict)
+
+    @staticmethod
+    def cat(parts: list["Calibration"]) -> "Calibration":
+        L = max(p.truth.shape[-1] for p in parts)
+
+        def pad(x):
+            return torch.nn.functional.pad(x, (0, L - x.shape[-1]))
+
+        return Calibration(torch.cat([p.lengths for p in parts]), torch.cat([pad(p.truth) for p in parts], 1),
+                           torch.cat([pad(p.history) for p in parts], 2), torch.cat([pad(p.lookahead) for p in parts], 2),
+                           dict(parts[0].meta))
+
+
+@torch.no_grad()
+def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefilled=None) -> Calibration:
+    """Record the three signals at ``points`` probe points in the second half of ``ids`` (teacher-forced).
+
+    ``prefilled``: an :class:`specdec.engine.Prefilled` of ``ids`` to skip the target prefill.
+    """
+    from specdec.engine import SpeculativeEngine
+
+    C = len(ids)
+    if C < 4 * (gamma + 2) or points < 1:
+        raise SpecdecError(f"calibration needs a context of at least {4 * (gamma + 2)} tokens and points >= 1 (got {C}, {points}).")
+    pre = prefilled or SpeculativeEngine(target, eos_token_id=-1).prefill([ids])
+    dev = target.device
+    cache = target.new_cache(1, C)
+    cache.k.copy_(pre.k[..., :C, :])
+    cache.v.copy_(pre.v[..., :C, :])
+    lo, hi = C // 2, C - gamma - 1
+    probe = torch.linspace(lo, hi, points).round().long().tolist()
+    truths, hists, looks, lens = [], [], [], []
+    draft_model = drafter.draft_model
+    for p in probe:
+        # target: rows p-γ-1 .. p+γ (the previous pass's rows, then this pass's rows), dense
+        start = p - gamma - 1
+        rec = _Recorder(target.backend, cache, range(gamma + 1))
+        rec2 = _Recorder(target.backend, cache, range(gamma + 1))
+        x = torch.tensor([ids[start : p + gamma + 1]], device=dev)
+        with target.using_backend(rec):
+            target.forward(x[:, : gamma + 1], cache, torch.tensor([start], device=dev), logits_to_keep=1)
+        with target.using_backend(rec2):
+            target.forward(x[:, gamma + 1 :], cache, torch.tensor([p], device=dev), logits_to_keep=1)
+        N = target.dims.n_layers
+        hists.append(torch.stack([rec.out[l][0] for l in range(N)]))  # (N, H, L)
+        t = torch.stack([rec2.out[l][0] for l in range(N)])  # (N, H, L)
+        truths.append(t.sum(1) / (t.shape[1] * (gamma + 1)))
+        # draft: rows p .. p+γ-1 (its cache is the target's first layers for early exit, else its own)
+        dcache = _draft_cache_for(drafter, cache, ids, p)
+        rec3 = _Recorder(draft_model.backend, dcache, range(gamma))
+        with draft_model.using_backend(rec3):
+            draft_model.forward(x[:, gamma + 1 : 2 * gamma + 1], dcache, torch.tensor([p], device=dev), logits_to_keep=1)
+        looks.append(torch.stack([rec3.out[l][0] for l in range(draft_model.dims.n_layers)]))
+        lens.append(p)
+    return Calibration(torch.tensor(lens, device=dev), torch.stack(truths, 1), torch.stack(hists, 2),
+                       torch.stack(looks, 2), dict(gamma=gamma))
+
+
+def _draft_cache_for(drafter, cache, ids, p):
+    from specdec.cache import KVCache
+
+    n = drafter.draft_model.dims.n_layers
+    if hasattr(drafter, "exit_layers"):
+        return KVCache._from(cache.k[:n], cache.v[:n])
+    if getattr(drafter, "_calib_cache", None) is None or drafter._calib_ids != ids:
+        dc = drafter.draft_model.new_cache(1, len(ids))
+        x = torch.tensor([ids], device=cache.k.device)
+        for s in range(0, len(ids), 1024):
+            drafter.draft_model.forward(x[:, s : s + 1024], dc, torch.tensor([s], device=cache.k.device), logits_to_keep=1)
+        drafter._calib_cache, drafter._calib_ids = dc, ids
+    return drafter._calib_cache
+
+
+# ---------------------------------------------------------------------------------------------------
+# search
+# ---------------------------------------------------------------------------------------------------
+def _signal(stack: torch.Tensor, heads: list[tuple[int, int]]) -> torch.Tensor | None:
+    """Sum of per-head signals ``stack`` ``(N, H, J, L)`` over ``heads`` → ``(J, L)``."""
+    if not heads:
+        return None
+    return sum(stack[l, h] for l, h in heads)
+
+
+def evaluate(cal: Calibration, budget: int, sinks: int, recent: int, t_heads, d_heads, m_ratio: float) -> torch.Tensor:
+    """ARR per target layer ``(N_t,)`` averaged over the probe points for one SRH choice and split."""
+    from specdec.selectors.base import fixed_positions
+    from specdec.selectors.hybrid_srh import hybrid_select
+
+    lengths = cal.lengths
+    b = torch.minimum(torch.full_like(lengths, budget), lengths)
+    _, room = fixed_positions(lengths, b, sinks, recent)
+    m = torch.round(room.double() * m_ratio).long()
+    idx = hybrid_select(lengths, b, sinks, recent, _signal(cal.lookahead, d_heads), _signal(cal.history, t_heads), m)
+    return attention_recall(idx, cal.truth, lengths).mean(1)
+
+
+def per_layer_signals(cal: Calibration, budget: int, sinks: int, recent: int, layer_map: list[int],
+                      grid: Sequence[float]) -> dict[str, list[float]]:
+    """The complementarity analysis: at each target layer ``l``, ARR of the set chosen from the draft's
+    attention at draft layer ``layer_map[l]`` (all heads), from the target's own history at ``l``, and the
+    best hybrid of the two on ``grid``."""
+    H_t, H_d = cal.history.shape[1], cal.lookahead.shape[1]
+    out: dict[str, list[float]] = {"draft_only": [], "target_only": [], "hybrid": [], "hybrid_m_ratio": []}
+    for l in range(cal.truth.shape[0]):
+        t = [(l, h) for h in range(H_t)]
+        d = [(layer_map[l], h) for h in range(H_d)]
+        one = cal.truth[l : l + 1]
+        sub = Calibration(cal.lengths, one, cal.history, cal.lookahead)
+        scores = [float(evaluate(sub, budget, sinks, recent, t, d, r)[0]) for r in grid]
+        out["draft_only"].append(scores[-1])
+        out["target_only"].append(scores[0])
+        best = max(range(len(grid)), key=lambda i: scores[i])
+        out["hybrid"].append(scores[best])
+        out["hybrid_m_ratio"].append(float(grid[best]))
+    return out
+
+
+def greedy_search(cal: Calibration, budget: int, sinks: int = 4, recent: int = 16, max_heads: int = 8,
+                  pool: int = 12, grid: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0), min_gain: float = 1e-4,
+                  progress=None) -> dict[str, Any]:
+    """Pick target/draft retrieval heads and the split ``m`` maximising the mean ARR over target layers.
+
+    Returns ``dict(target_heads, draft_heads, m_ratio, arr, trace)``; ``trace`` lists each step's gain.
+    """
+    N_t, H_t = cal.history.shape[:2]
+    N_d, H_d = cal.lookahead.shape[:2]
+
+    def score(t, d, r) -> float:
+        return float(evaluate(cal, budget, sinks, recent, t, d, r).mean())
+
+    # candidate pools: each head alone, its own signal only
+    solo_t = sorted(((score([(l, h)], [], 0.0), (l, h)) for l in range(N_t) for h in range(H_t)), reverse=True)
+    if progress:
+        progress(0.3)
+    solo_d = sorted(((score([], [(l, h)], 1.0), (l, h)) for l in range(N_d) for h in range(H_d)), reverse=True)
+    if progress:
+        progress(0.5)
+    cand_t = [h for _, h in solo_t[:pool]]
+    cand_d = [h for _, h in solo_d[:pool]]
+    t_sel: list = []
+    d_sel: list = []
+    best_r, best = 0.0, 0.0
+    trace = []
+    for step in range(max_heads):
+        trial = None
+        for which, cands in (("target", cand_t), ("draft", cand_d)):
+            for c in cands:
+                if c in (t_sel if which == "target" else d_sel):
+                    continue
+                t = t_sel + [c] if which == "target" else t_sel
+                d = d_sel + [c] if which == "draft" else d_sel
+                for r in grid:
+                    if (not d and r > 0) or (not t and r < 1):
+                        continue  # a signal without heads gets no slots
+                    s = score(t, d, r)
+                    if trial is None or s > trial[0]:
+                        trial = (s, which, c, r)
+        if trial is None or trial[0] - best < min_gain:
+            break
+        best, which, c, best_r = trial
+        (t_sel if which == "target" else d_sel).append(c)
+        trace.append(dict(step=step + 1, added=which, head=list(c), m_ratio=best_r, mean_arr=best))
+        if progress:
+            progress(0.5 + 0.5 * (step + 1) / max_heads)
+    # guarantee both signals have at least one head (so the hybrid is defined online)
+    if not t_sel:
+        t_sel = [cand_t[0]]
+    if not d_sel:
+        d_sel = [cand_d[0]]
+    return dict(target_heads=[list(x) for x in t_sel], draft_heads=[list(x) for x in d_sel], m_ratio=best_r,
+                arr=best, trace=trace, solo_target_best=solo_t[0][0], solo_draft_best=solo_d[0][0])
+
+
+def srh_report(cal: Calibration, result: dict, budget: int, sinks: int, recent: int) -> dict[str, list[float]]:
+    """ARR per target layer for the chosen SRHs: draft-only, target-only and hybrid (at the chosen m)."""
+    t, d, r = [tuple(x) for x in result["target_heads"]], [tuple(x) for x in result["draft_heads"]], result["m_ratio"]
+    return dict(draft_only=evaluate(cal, budget, sinks, recent, t, d, 1.0).tolist(),
+                target_only=evaluate(cal, budget, sinks, recent, t, d, 0.0).tolist(),
+                hybrid=evaluate(cal, budget, sinks, recent, t, d, r).tolist())
+
+
+def profile_srh(target, drafter, documents: Sequence[str], context: int, budget: int, gamma: int = 4,
+                points: int = 12, sinks: int = 4, recent: int = 16, max_heads: int = 8, pool: int = 12,
+                progress=None) -> dict[str, Any]:
+    """Calibrate on ``documents`` and search; returns the artifact payload (not yet written)."""
+    from specdec.data import context_ids, load_document
+
+    parts = []
+    for i, doc in enumerate(documents):
+        ids = context_ids(target.tokenizer, load_document(doc), context, offset=2000)
+        parts.append(calibrate(target, drafter, ids, gamma, points))
+        if progress:
+            progress("calibrate", (i + 1) / len(documents))
+    cal = Calibration.cat(parts)
+    res = greedy_search(cal, budget, sinks, recent, max_heads, pool,
+                        progress=(lambda f: progress("search", f)) if progress else None)
+    layer_map = drafter.layer_map(target.dims.n_layers)
+    return dict(
+        target=model_identity(target), draft=drafter.identity(),
+        target_heads=res["target_heads"], draft_heads=res["draft_heads"], layer_map=layer_map,
+        m_ratio=res["m_ratio"],
+        calibration=dict(documents=list(documents), context=context, budget=budget, gamma=gamma, points=points,
+                         sinks=sinks, recent=recent),
+        search=dict(mean_arr=res["arr"], trace=res["trace"], solo_target_best=res["solo_target_best"],
+                    solo_draft_best=res["solo_draft_best"]),
+        arr_per_layer_srh=srh_report(cal, res, budget, sinks, recent),
+        arr_per_layer_full_signals=per_layer_signals(cal, budget, sinks, recent, layer_map, (0.0, 0.25, 0.5, 0.75, 1.0)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------
+def register(app) -> None:
+    """Add ``specdec profile-srh``."""
+    import typer
+
+    from specdec.cli import friendly, load_model
+
+    @app.command("profile-srh")
+    @friendly
+    def profile_srh_cmd(
+        output: Path = typer.Option(..., "--output", help="where to write the SRH JSON artifact"),
+        model: str = typer.Option("smollm2-135m", "--model"),
+        draft_model: Optional[str] = typer.Option(None, "--draft-model", help="separate draft model (default: early exit)"),
+        draft_layers: int = typer.Option(9, "--draft-layers", help="early-exit depth when no --draft-model"),
+        documents: str = typer.Option("pydoc,stdlib:argparse", "--documents", help="calibration documents"),
+        context: int = typer.Option(2048, "--context-tokens"),
+        budget: int = typer.Option(512, "--budget"),
+        gamma: int = typer.Option(4, "--gamma"),
+        points: int = typer.Option(12, "--points", help="probe points per document"),
+        max_heads: int = typer.Option(8, "--max-heads"),
+        device: str = typer.Option("auto", "--device"),
+    ) -> None:
+        """Find the Semantic Retrieval Heads and the split m of a (target, draft) pair (Dustin, Algorithm 1)."""
+        from rich.progress import Progress
+
+        from specdec.drafters import EarlyExitDrafter, ModelDrafter
+
+        if budget < 1 or gamma < 1 or points < 1 or max_heads < 1:
+            raise SpecdecError("--budget, --gamma, --points and --max-heads must be >= 1.")
+        target = load_model(model, "float32", device, "reference")
+        if draft_model:
+            drafter = ModelDrafter(load_model(draft_model, "float32", device, "reference"))
+        else:
+            drafter = EarlyExitDrafter(target, draft_layers)
+        docs = [d.strip() for d in documents.split(",") if d.strip()]
+        with Progress() as bar:
+            task = bar.add_task("profile-srh", total=1.0)
+
+            def progress(phase: str, frac: float) -> None:
+                done = 0.5 * frac if phase == "calibrate" else 0.5 + 0.5 * frac
+                bar.update(task, completed=done, description=f"profile-srh: {phase}")
+
+            payload = profile_srh(target, drafter, docs, context, budget, gamma, points, max_heads=max_heads,
+                                  progress=progress)
+        save_srh(output, payload)
+        s = payload["arr_per_layer_srh"]
+        avg = {k: sum(v) / len(v) for k, v in s.items()}
+        typer.echo(f"SRH: target {payload['target_heads']}, draft {payload['draft_heads']}, m_ratio {payload['m_ratio']}; "
+                   f"mean ARR draft-only {avg['draft_only']:.3f}, target-only {avg['target_only']:.3f}, "
+                   f"hybrid {avg['hybrid']:.3f} → {output}")

@@ -1,0 +1,130 @@
+"""Dustin: ARR vs brute force, the hybrid set, sparse verification (full budget == dense), presets, safety valve."""
+
+import itertools
+
+import pytest
+import torch
+
+from specdec import PipelineConfig, SpeculativeEngine, build_engine
+from specdec.errors import SpecdecError
+from specdec.selectors.hybrid_srh import HybridSRHConfig, HybridSRHSelector, hybrid_select
+from specdec.srh import attention_recall
+
+from conftest import make_tiny
+
+PROMPTS = [list(range(3, 60)), [5, 9, 17, 33, 2, 8] * 9, [11, 4] * 15]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny("qwen2", seed=2, num_hidden_layers=3)
+
+
+def engine(model, method="dustin", budget=12, gamma=3, **options):
+    cfg = PipelineConfig.make(method=method, gamma=gamma, budget=budget, sinks=2, recent=4, options=options)
+    return build_engine(model, cfg, eos_token_id=-1)
+
+
+def test_arr_equals_brute_force():
+    g = torch.Generator().manual_seed(0)
+    N, B, H, T, L = 3, 2, 4, 3, 20
+    lengths = torch.tensor([14, 17])
+    logits = torch.randn(N, B, H, T, L, generator=g)
+    pos = torch.arange(L)
+    visible = pos.view(1, 1, L) <= (lengths.view(B, 1, 1) + torch.arange(T).view(1, T, 1))  # (B, T, L)
+    p = torch.softmax(logits.masked_fill(~visible.view(1, B, 1, T, L), float("-inf")), -1)
+    mass = p.mean(dim=(2, 3))  # (N, B, L)
+    idx = torch.tensor([[0, 1, 5, 9, 13, -1], [2, 3, 4, 16, -1, -1]])
+    got = attention_recall(idx, mass, lengths)
+    for l, b in itertools.product(range(N), range(B)):
+        keep = {int(i) for i in idx[b] if i >= 0} | set(range(int(lengths[b]), L))
+        total = 0.0
+        for h, t in itertools.product(range(H), range(T)):
+            total += sum(float(p[l, b, h, t, i]) for i in keep)
+        assert float(got[l, b]) == pytest.approx(total / (H * T), abs=1e-5)
+    full = torch.arange(L).expand(B, L)
+    assert torch.allclose(attention_recall(full, mass, lengths), torch.ones(N, B), atol=1e-5)
+
+
+def test_hybrid_set_sinks_recent_top_m_then_target():
+    lengths = torch.tensor([40, 30])
+    budget = torch.tensor([12, 12])
+    draft = torch.zeros(2, 40)
+    target = torch.zeros(2, 40)
+    draft[:, [10, 11, 12]] = torch.tensor([3.0, 2.0, 1.0])
+    target[:, [10, 20, 21, 22]] = torch.tensor([9.0, 3.0, 2.0, 1.0])
+    idx = hybrid_select(lengths, budget, 2, 4, draft, target, torch.tensor([2, 2]))
+    for b, L in enumerate(lengths.tolist()):
+        s = [int(i) for i in idx[b] if i >= 0]
+        assert len(s) == len(set(s)) == 12
+        assert {0, 1} | set(range(L - 4, L)) <= set(s)
+        assert {10, 11} <= set(s)  # top-m of the draft signal
+        assert {20, 21, 22} <= set(s)  # then the best of the target signal (10 already taken)
+        assert max(s) < L
+
+
+@pytest.mark.parametrize("method", ["dustin", "dustin-adaptive"])
+def test_full_budget_sparse_verification_equals_dense(target, method):
+    dense = SpeculativeEngine(target, eos_token_id=-1).generate(PROMPTS, max_new_tokens=14).tokens
+    eng = engine(target, method, budget=10_000)
+    res = eng.generate(PROMPTS, max_new_tokens=14)
+    assert res.tokens == dense
+    assert res.stats.lossless is False  # the method stays labelled near-lossless
+    assert eng.verifier.report()["kv_read_vs_dense"] == pytest.approx(1.0)
+
+
+def test_small_budget_reads_less_and_runs_ragged(target):
+    eng = engine(target, budget=10)
+    batch = eng.generate(PROMPTS, max_new_tokens=10)
+    rep = eng.verifier.report()
+    assert rep["dense_passes"] == 0 and rep["kv_read_vs_dense"] < 0.5
+    assert [len(t) for t in batch.tokens] == [10] * 3
+    alone = engine(target, budget=10).generate(PROMPTS[1:2], max_new_tokens=10)
+    assert alone.tokens[0] == batch.tokens[1]
+
+
+def test_safety_valve_dense_every_pass_is_exact(target):
+    dense = SpeculativeEngine(target, eos_token_id=-1).generate(PROMPTS, max_new_tokens=10).tokens
+    eng = engine(target, budget=8, dense_every=1)
+    assert eng.generate(PROMPTS, max_new_tokens=10).tokens == dense
+    rep = eng.verifier.report()
+    assert rep["dense_share"] == 1.0 and rep["dense_periodic"] == rep["passes"]
+    eng = engine(target, budget=8, disagree=0.0)
+    eng.generate(PROMPTS, max_new_tokens=10)
+    assert eng.verifier.report()["dense_disagree"] >= 1
+
+
+def test_adaptive_m_moves_per_sequence(target):
+    eng = engine(target, "dustin-adaptive", budget=16)
+    eng.generate(PROMPTS, max_new_tokens=12)
+    sel = eng.verifier.selector
+    assert sel.m_ratio is not None and sel.m_ratio.shape == (3,)
+    assert all(0.0 <= float(r) <= 1.0 for r in sel.m_ratio)
+
+
+def test_selector_is_registered_for_verification_only():
+    from specdec import SELECTORS
+
+    sel = SELECTORS.build("hybrid_srh", budget=32)
+    assert isinstance(sel, HybridSRHSelector) and sel.role == "verify"
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(bogus=1), "unknown dustin option"),
+    (dict(draft_layers=3), "draft_layers"),
+    (dict(dense_every=-1), "dense_every"),
+    (dict(m_ratio=2.0), "m_ratio"),
+])
+def test_bad_options_are_one_clear_error(target, options, match):
+    with pytest.raises(SpecdecError, match=match) as e:
+        engine(target, **options)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_heads_and_missing_artifact(target):
+    with pytest.raises(SpecdecError, match="target_heads"):
+        from specdec.verifiers import SparseVerifier
+
+        SparseVerifier(target, HybridSRHSelector(HybridSRHConfig(budget=8, target_heads=[(5, 0)])))
+    with pytest.raises(SpecdecError, match="profile-srh"):
+        engine(target, srh="/nonexistent/srh.json")
