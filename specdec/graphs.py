@@ -75,6 +75,10 @@ class GraphCache:
         logits_to_keep: int,
     ) -> torch.Tensor:
         """Replay (capturing first if needed) the forward of this step shape; returns fresh logits."""
+        if plan is not None and type(plan).indices_for is not SparsePlan.indices_for:
+            # a query-dependent plan (e.g. Quest's) chooses entries inside the forward with host-side
+            # shapes: run it eagerly rather than freeze one step's choice into a graph
+            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
         if plan is not None:
             plan = self._pad_plan(plan)
         key = (id(cache), tuple(input_ids.shape), None if plan is None else tuple(plan.indices.shape),
