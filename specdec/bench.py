@@ -67,6 +67,8 @@ def run_bench(
     tag: str,
     argv: Sequence[str] = (),
     options: dict[str, Any] | None = None,
+    cuda_graphs: bool = False,
+    compile: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``."""
     from rich.progress import Progress
@@ -79,7 +81,7 @@ def run_bench(
         raise SpecdecError("contexts and batch sizes must be >= 1.")
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
-    m = load_model(model, dtype, device, backend)
+    m = load_model(model, dtype, device, backend, cuda_graphs, compile)
     too_long = [c for c in contexts if c + max_new_tokens > m.dims.max_positions]
     if too_long:
         raise SpecdecError(

@@ -109,8 +109,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(model: str, dtype: str, device: str, backend: str):
-    """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper)."""
+def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False):
+    """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper).
+
+    ``cuda_graphs`` captures decode-sized forwards as CUDA graphs (GPU only; the ``torch`` backend
+    switches to its static mode); ``compile`` applies ``torch.compile`` to them.
+    """
     import torch
 
     from specdec.models import SpecdecModel, resolve_dtype
@@ -120,11 +124,18 @@ def load_model(model: str, dtype: str, device: str, backend: str):
     torch_dtype = resolve_dtype(dtype)
     if dev == "cpu" and torch_dtype == torch.float16:
         raise SpecdecError("float16 is not supported on the CPU here; use --dtype float32 or bfloat16.")
-    be = BACKENDS.build(backend)
+    if cuda_graphs and dev == "cpu":
+        raise SpecdecError("--cuda-graphs needs a CUDA GPU; drop it or use --device cuda.")
+    be = BACKENDS.build(backend, **({"static": True} if (cuda_graphs and backend == "torch") else {}))
     reason = be.validate(torch.device(dev), torch_dtype)
     if reason:
         raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
-    return SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
+    m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
+    if compile:
+        m.enable_compile()
+    if cuda_graphs:
+        m.enable_cuda_graphs()
+    return m
 
 
 def pipeline_config(
@@ -197,6 +208,8 @@ def generate(
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
     chat: bool = typer.Option(False, "--chat", help="wrap the prompt in the model's chat template"),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture decode steps as CUDA graphs (GPU)"),
+    compile_: bool = typer.Option(False, "--compile", help="torch.compile decode steps"),
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
@@ -211,7 +224,7 @@ def generate(
     text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")
-    m = load_model(model, dtype, device, backend)
+    m = load_model(model, dtype, device, backend, cuda_graphs, compile_)
     if chat:
         text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
     ids = context_ids(m.tokenizer, text, None)
@@ -307,6 +320,8 @@ def bench(
     dtype: str = typer.Option("float32", "--dtype"),
     device: str = typer.Option("auto", "--device"),
     hf_baseline: bool = typer.Option(False, "--hf-baseline", help="also time Hugging Face generate (dense)"),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture decode steps as CUDA graphs (GPU)"),
+    compile_: bool = typer.Option(False, "--compile", help="torch.compile decode steps"),
     output_dir: Path = typer.Option(Path("benchmarks/results"), "--output-dir"),
     tag: str = typer.Option("bench", "--tag", help="file name prefix"),
 ) -> None:
@@ -327,6 +342,8 @@ def bench(
         dtype=dtype,
         device=device,
         hf_baseline=hf_baseline,
+        cuda_graphs=cuda_graphs,
+        compile=compile_,
         output_dir=output_dir,
         tag=tag,
         argv=sys.argv,

@@ -46,8 +46,9 @@ class _Graph:
 class GraphCache:
     """Captured forwards of one :class:`~specdec.models.SpecdecModel`, keyed by step shape."""
 
-    def __init__(self, model, plan_bucket: int = 128, max_graphs: int = 32) -> None:
+    def __init__(self, model, plan_bucket: int = 128, max_graphs: int = 32, max_rows: int = 16) -> None:
         self.model = model
+        self.max_rows = max_rows  # forwards of more tokens per sequence (prefill chunks) run eagerly
         self.plan_bucket = plan_bucket
         self.max_graphs = max_graphs
         self.graphs: dict[Any, _Graph] = {}
@@ -75,7 +76,8 @@ class GraphCache:
         logits_to_keep: int,
     ) -> torch.Tensor:
         """Replay (capturing first if needed) the forward of this step shape; returns fresh logits."""
-        if plan is not None and type(plan).indices_for is not SparsePlan.indices_for:
+        if input_ids.shape[1] > self.max_rows or (plan is not None and type(plan).indices_for is not SparsePlan.indices_for):
+            # prefill chunks are few and large (nothing to gain from a graph);
             # a query-dependent plan (e.g. Quest's) chooses entries inside the forward with host-side
             # shapes: run it eagerly rather than freeze one step's choice into a graph
             return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
