@@ -70,6 +70,7 @@ class ReferenceBackend(AttentionBackend):
         score_rows: Sequence[int] | None = None,
         score_kind: ScoreKind = "logits",
         score_heads: Sequence[int] | None = None,
+        score_per_row: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
@@ -95,6 +96,10 @@ class ReferenceBackend(AttentionBackend):
                 keep = torch.zeros(H, dtype=torch.bool, device=q.device)
                 keep[torch.as_tensor(list(score_heads), device=q.device, dtype=torch.long)] = True
                 s = s * keep.view(1, Hkv, G, 1, 1)
-            scores = torch.zeros(B, Hkv, L, dtype=torch.float32, device=q.device)
-            scores[..., :used] = s.sum(dim=(2, 3))
+            if score_per_row:  # (B, Hkv, R, L): one slice per requested row
+                scores = torch.zeros(B, Hkv, len(rows), L, dtype=torch.float32, device=q.device)
+                scores[..., :used] = s.sum(dim=2)
+            else:
+                scores = torch.zeros(B, Hkv, L, dtype=torch.float32, device=q.device)
+                scores[..., :used] = s.sum(dim=(2, 3))
         return out, scores

@@ -1,0 +1,170 @@
+"""Quest: query-aware page selection (the MagicDec-Quest drafter).
+
+The cache is cut into pages of ``page_size`` tokens; each page keeps the per-channel minimum and
+maximum of its keys. At every draft step and layer the page's upper bound on ``q·k`` is
+``Σ_d max(q_d·kmax_d, q_d·kmin_d) = q⁺·kmax + q⁻·kmin`` (two small matrix products), summed over the
+query heads of a KV group; the best pages fill the budget. Sinks and the recent window (which holds
+the current, partial page when ``recent >= page_size - 1``) are always kept, and the budget counts
+them, exactly as for every other selector.
+
+Page metadata is maintained incrementally: only pages at or after the first position that changed
+since the last call (the tail page after a rollback or an append) are recomputed from the cache.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from pydantic import Field
+
+from specdec.cache import KVCache
+from specdec.interfaces import SparsePlan
+from specdec.registry import SELECTORS
+from specdec.selectors.base import BudgetConfig, BudgetSelector, fixed_positions
+
+
+class QuestConfig(BudgetConfig):
+    """Options of :class:`Quest` (budget fields: :class:`BudgetConfig`)."""
+
+    page_size: int = Field(default=16, gt=0, description="tokens per page")
+
+
+def page_minmax(k: torch.Tensor, length: int, page_size: int, first_page: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-page, per-channel key min/max of positions ``< length``, pages ``first_page..``.
+
+    Args:
+        k: ``(N, H_kv, L, D)`` keys of one sequence.
+
+    Returns:
+        ``kmin``, ``kmax`` ``(N, H_kv, P, D)`` float32 for ``P = ceil(length / page_size) - first_page``
+        pages (0 for a page with no valid position).
+    """
+    N, H, _, D = k.shape
+    start = first_page * page_size
+    n_pages = -(-length // page_size) - first_page
+    if n_pages <= 0:
+        z = k.new_zeros(N, H, 0, D, dtype=torch.float32)
+        return z, z
+    end = start + n_pages * page_size
+    x = torch.zeros(N, H, n_pages * page_size, D, dtype=torch.float32, device=k.device)
+    avail = min(end, k.shape[2]) - start
+    x[:, :, :avail] = k[:, :, start : start + avail].float()
+    valid = (torch.arange(start, end, device=k.device) < length).view(1, 1, -1, 1)
+    x = x.view(N, H, n_pages, page_size, D)
+    valid = valid.view(1, 1, n_pages, page_size, 1)
+    kmin = x.masked_fill(~valid, float("inf")).amin(dim=3)
+    kmax = x.masked_fill(~valid, float("-inf")).amax(dim=3)
+    return kmin, kmax
+
+
+class QuestPlan(SparsePlan):
+    """A plan whose selected entries depend on each draft step's queries (see :meth:`indices_for`).
+
+    ``indices`` holds the fixed part ``(1, B, 1, F)`` (sinks + recent); the query-aware part
+    (``room`` entries per sequence) is chosen per layer and step from the page metadata.
+    """
+
+    def __init__(self, fixed: torch.Tensor, dense_from: torch.Tensor, selector: "Quest", lengths: torch.Tensor,
+                 room: torch.Tensor) -> None:
+        super().__init__(indices=fixed, dense_from=dense_from)
+        self.selector, self.lengths, self.room = selector, lengths, room
+        self.k_sel = int(room.max()) if room.numel() else 0
+
+    @property
+    def budget(self) -> int:
+        return int(self.indices.shape[-1]) + self.k_sel
+
+    def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """``(B, H_kv, F + k_sel)``: fixed entries + the top pages for queries ``q`` ``(B, H, T, D)``."""
+        t0 = time.perf_counter()
+        sel = self.selector
+        fixed = self.indices[0]  # (B, 1, F)
+        B, H, T, D = q.shape
+        kmin, kmax = sel.kmin[layer], sel.kmax[layer]  # (B, H_kv, P, D)
+        Hkv = kmin.shape[1]
+        if self.k_sel == 0:
+            out = fixed.expand(B, Hkv, -1)
+        else:
+            qg = q.float().reshape(B, Hkv, H // Hkv * T, D)
+            # Σ_d max(q_d kmax_d, q_d kmin_d) = q⁺·kmax + q⁻·kmin, summed over the group's heads/rows
+            page = (torch.einsum("bhgd,bhpd->bhp", qg.clamp(min=0), kmax)
+                    + torch.einsum("bhgd,bhpd->bhp", qg.clamp(max=0), kmin))  # (B, H_kv, P)
+            tok = page.repeat_interleave(sel.config.page_size, dim=-1)  # (B, H_kv, P * page)
+            L = int(self.lengths.max())
+            tok = tok[..., :L] if tok.shape[-1] >= L else torch.nn.functional.pad(tok, (0, L - tok.shape[-1]))
+            tok = tok.masked_fill(sel.blocked(self.lengths, L).view(B, 1, L), float("-inf"))
+            top = torch.topk(tok, self.k_sel, dim=-1).indices  # (B, H_kv, k_sel)
+            slot = torch.arange(self.k_sel, device=q.device).view(1, 1, -1)
+            top = torch.where(slot < self.room.view(B, 1, 1), top, torch.full_like(top, -1))
+            out = torch.cat([fixed.expand(B, Hkv, -1), top], dim=-1)
+        sel.draft_select_seconds += time.perf_counter() - t0
+        return out
+
+
+@SELECTORS.register("quest", QuestConfig)
+class Quest(BudgetSelector):
+    """Query-aware sparsity with per-page key bounds (Tang et al., 2024, *Quest*), as the
+    MagicDec-Quest baseline of Vegas (``papers/000_27f0d9638331d149.txt``, §4).
+
+    Attributes:
+        kmin, kmax: ``(N, B, H_kv, P, D)`` float32 page key bounds for the verified positions.
+        draft_select_seconds: time spent scoring pages inside draft steps; the engine's ``select``
+            phase does not see it (it happens inside the draft forwards), so benchmarks add it.
+    """
+
+    Config = QuestConfig
+
+    def __init__(self, config: QuestConfig | None = None) -> None:
+        super().__init__(config)
+        self.kmin: torch.Tensor | None = None
+        self.kmax: torch.Tensor | None = None
+        self._valid: torch.Tensor | None = None  # (B,) positions whose metadata matches the cache
+        self.draft_select_seconds = 0.0
+
+    def reset(self, cache: KVCache) -> None:
+        N, B, H, L, D = cache.k.shape
+        P = -(-L // self.config.page_size)
+        self.kmin = torch.zeros(N, B, H, P, D, dtype=torch.float32, device=cache.k.device)
+        self.kmax = torch.zeros_like(self.kmin)
+        self._valid = torch.zeros(B, dtype=torch.long, device=cache.k.device)
+        self.draft_select_seconds = 0.0
+
+    def update(self, cache: KVCache, lengths: torch.Tensor) -> None:
+        """Bring the page bounds up to date with ``cache`` for positions ``< lengths`` ``(B,)``.
+
+        Only pages from the first position that may differ (``min(previous, new length)``) on are
+        recomputed, so an append touches the tail page(s) and a rollback recomputes the page it cuts.
+        """
+        if self.kmin is None or self.kmin.shape[1] != cache.batch or self.kmin.shape[3] * self.config.page_size < cache.capacity:
+            self.reset(cache)
+        ps = self.config.page_size
+        for b, (old, new) in enumerate(zip(self._valid.tolist(), lengths.tolist())):
+            if old == new:
+                continue
+            first = min(old, new) // ps
+            kmin, kmax = page_minmax(cache.k[:, b], new, ps, first)
+            n = kmin.shape[2]
+            self.kmin[:, b, :, first : first + n] = kmin
+            self.kmax[:, b, :, first : first + n] = kmax
+            stale_end = -(-old // ps)
+            if first + n < stale_end:  # pages past a rollback point hold no valid position any more
+                self.kmin[:, b, :, first + n : stale_end] = 0
+                self.kmax[:, b, :, first + n : stale_end] = 0
+        self._valid = lengths.clone()
+
+    def on_verify(self, scores, lengths: torch.Tensor) -> None:  # noqa: ANN001 - no scores needed
+        pass  # the cache is read in plan(); lengths only grow between plans within one run
+
+    def blocked(self, lengths: torch.Tensor, L: int) -> torch.Tensor:
+        """``(B, L)`` positions the query-aware part may not pick: uncached, sinks, recent window."""
+        c = self.config
+        pos = torch.arange(L, device=lengths.device).view(1, L)
+        return (pos >= lengths.view(-1, 1)) | (pos < c.sinks) | (pos >= (lengths - c.recent).view(-1, 1))
+
+    def plan(self, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+        c = self.config
+        self.update(cache, lengths)
+        budget = c.budget_for(lengths)
+        fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)
+        return QuestPlan(fixed.view(1, lengths.shape[0], 1, -1), lengths.clone(), self, lengths.clone(), room)

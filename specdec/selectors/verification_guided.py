@@ -1,0 +1,129 @@
+"""Vegas: verification-guided sparse drafting, and its Collect-2-Query mode.
+
+The verification pass attends to the whole cache anyway, so it already computes how critical every
+KV entry is. Vegas keeps those scores (summed over the collected query rows and the query heads)
+and drafts the next γ tokens over their top-k, plus sinks, a recent window and the tokens written
+since the verification. No extra pass, no extra query: the selection is a by-product.
+
+Rows of a verify pass (γ+1 of them): row 0 is the pending token (the bonus token of the previous
+iteration, i.e. the last accepted one), rows 1..γ are the drafts; row γ's output is the next bonus
+token. Collection modes:
+
+* ``all``      rows 0..γ — the paper's formula ``T = argmax_{|T|=k} Σ_t Σ_h Σ_{i∈T} l^(h)_{t,i}``.
+* ``collect2`` rows {0, γ}: the two ends of the draft chain. Neighbouring rows select nearly the
+  same entries and the overlap decays with distance, so the two most distant rows cover most of
+  what all γ+1 rows would; collection cost is constant (2 rows) instead of γ+1.
+* ``last``     the row of the last *accepted* token only (row ``n_accepted``): the single-query
+  baseline the paper argues against. On this reference path it collects all γ+1 rows separately
+  (``ScoreRequest.per_row``) and keeps one, so it costs as much as ``all``; a fused kernel would
+  write the γ+1 rows and pick one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from specdec.cache import KVCache
+from specdec.errors import SpecdecError
+from specdec.interfaces import ScoreRequest
+from specdec.registry import SELECTORS
+from specdec.selectors.base import BudgetConfig, BudgetSelector
+
+RowMode = Literal["all", "collect2", "last"]
+
+
+def collected_rows(mode: str, gamma: int) -> list[int]:
+    """Verify rows (0..γ) whose scores a mode collects; see the module docstring."""
+    if gamma < 1:
+        raise SpecdecError(f"gamma must be >= 1 (got {gamma}); use gamma=4 or so.")
+    if mode == "all" or mode == "last":
+        return list(range(gamma + 1))
+    if mode == "collect2":
+        return [0, gamma]
+    raise SpecdecError(f"rows must be one of all, collect2, last (got {mode!r}).")
+
+
+class VerificationGuidedConfig(BudgetConfig):
+    """Options of :class:`VerificationGuidedSelector` (budget fields: :class:`BudgetConfig`)."""
+
+    rows: RowMode = Field(default="all", description="verify rows whose scores are aggregated")
+    score_kind: Literal["logits", "softmax"] = Field(
+        default="softmax", description="softmax weights (authors' code) or pre-softmax logits (paper's formula)"
+    )
+    per_kv_head: bool = Field(default=False, description="top-k per KV head instead of one set per layer")
+
+
+@SELECTORS.register("verification_guided", VerificationGuidedConfig)
+class VerificationGuidedSelector(BudgetSelector):
+    """Top-k of the previous verification's attention scores, per layer (optionally per KV head).
+
+    Vegas (verification-guided sparse attention for self-speculative decoding;
+    ``papers/000_27f0d9638331d149.txt``, §2A–B). ``score`` returns the aggregated scores
+    ``(N, B, H_kv or 1, L)`` kept from the last :meth:`on_verify`; the base class adds sinks and the
+    recent window and fills the rest of the budget by top-k. Before the first verification there
+    are no scores and the plan falls back to recency (a sliding window).
+    """
+
+    Config = VerificationGuidedConfig
+    shared_across_layers = False
+
+    def __init__(self, config: VerificationGuidedConfig | None = None) -> None:
+        super().__init__(config)
+        self._scores: torch.Tensor | None = None  # (N, B, H_kv or 1, L)
+        self._lengths: torch.Tensor | None = None  # (B,) lengths when the last request was made
+        self._gamma: int | None = None
+
+    # -- the contract -------------------------------------------------------------------------
+    def reset(self, cache: KVCache) -> None:
+        self._scores, self._lengths, self._gamma = None, None, None
+
+    def score_request(self, gamma: int) -> ScoreRequest:
+        c = self.config
+        self._gamma = gamma
+        return ScoreRequest(rows=collected_rows(c.rows, gamma), kind=c.score_kind, heads="group",
+                            per_row=c.rows == "last")
+
+    def on_verify(self, scores: ScoreRequest | None, lengths: torch.Tensor) -> None:
+        if scores is None or not scores.scores:
+            self._scores = None
+        else:
+            s = torch.stack([scores.scores[layer] for layer in sorted(scores.scores)])  # (N, B, H_kv, [R,] L)
+            if scores.per_row:
+                s = self._last_accepted_row(s, lengths)
+            self._scores = s if self.config.per_kv_head else s.sum(dim=2, keepdim=True)
+        self._lengths = lengths.clone()
+
+    def _last_accepted_row(self, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``(N, B, H_kv, R, L)`` → ``(N, B, H_kv, L)``: row ``n_accepted[b]`` of each sequence."""
+        R = s.shape[3]
+        if self._lengths is None:
+            row = torch.full_like(lengths, R - 1)
+        else:  # new length = old length + pending token + accepted drafts
+            row = (lengths - self._lengths - 1).clamp(0, R - 1)
+        N, B, H, _, L = s.shape
+        idx = row.view(1, B, 1, 1, 1).expand(N, B, H, 1, L)
+        return s.gather(3, idx).squeeze(3)
+
+    def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
+        if self._scores is None:  # no verification yet: recency
+            L = int(lengths.max())
+            pos = torch.arange(L, device=lengths.device, dtype=torch.float32)
+            return pos.view(1, 1, 1, L).expand(1, lengths.shape[0], 1, L)
+        return self._scores
+
+
+class Collect2Config(VerificationGuidedConfig):
+    """:class:`VerificationGuidedConfig` with ``rows="collect2"``."""
+
+    rows: RowMode = Field(default="collect2", description="verify rows whose scores are aggregated")
+
+
+@SELECTORS.register("collect2", Collect2Config)
+class Collect2Query(VerificationGuidedSelector):
+    """Vegas' Collect-2-Query (``papers/000_27f0d9638331d149.txt``, §2B): scores of verify rows
+    {0, γ} only — the two ends of the draft chain — at a constant cost of two rows."""
+
+    Config = Collect2Config
