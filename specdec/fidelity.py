@@ -159,10 +159,12 @@ def method_config(method: str, gamma: int, budget: int, options: dict[str, Any])
 
 def run_fidelity(model, documents: Sequence[str], context: int, budgets: Sequence[int], variants: dict[str, tuple],
                  gamma: int = 4, max_new_tokens: int = 96, passkey_trials: int = 0, passkey_documents=("pydoc",),
-                 seed: int = 0, log=print, on_row=None) -> dict[str, Any]:
+                 seed: int = 0, log=print, on_row=None, prefills: dict | None = None,
+                 passkey_context: int | None = None) -> dict[str, Any]:
     """Fidelity of each variant vs dense on each document and budget, then the passkey check.
 
     ``variants``: ``{label: (method, options)}``, e.g. ``{"static": ("dustin", {}), "adaptive": ("dustin-adaptive", {})}``.
+    ``prefills``: ``{document: (ids, Prefilled)}`` to reuse prefills made by the caller.
     """
     from specdec.data import context_ids, load_document
     from specdec.engine import SpeculativeEngine
@@ -171,8 +173,11 @@ def run_fidelity(model, documents: Sequence[str], context: int, budgets: Sequenc
     dense_eng = SpeculativeEngine(model, method="dense")
     rows: list[dict[str, Any]] = []
     for doc in documents:
-        ids = context_ids(model.tokenizer, load_document(doc), context, offset=max_new_tokens + 16)
-        pre = dense_eng.prefill([ids])
+        if prefills and doc in prefills:
+            ids, pre = prefills[doc]
+        else:
+            ids = context_ids(model.tokenizer, load_document(doc), context, offset=max_new_tokens + 16)
+            pre = dense_eng.prefill([ids])
         ref = dense_eng.generate([ids], max_new_tokens=max_new_tokens, prefilled=pre)
         log(f"{doc}: dense {ref.stats.tokens_per_second:.2f} tok/s")
         for budget in budgets:
@@ -195,7 +200,7 @@ def run_fidelity(model, documents: Sequence[str], context: int, budgets: Sequenc
         doc = passkey_documents[i % len(passkey_documents)]
         key = str(rng.randint(10000, 99999))
         depth = (i + 0.5) / max(passkey_trials, 1)
-        ids = passkey_prompt(model.tokenizer, load_document(doc), context, depth, key)
+        ids = passkey_prompt(model.tokenizer, load_document(doc), passkey_context or context, depth, key)
         pre = dense_eng.prefill([ids])
         outs = {"dense": dense_eng.generate([ids], max_new_tokens=8, prefilled=pre).text[0]}
         for budget in budgets:
