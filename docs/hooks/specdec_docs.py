@@ -29,7 +29,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # pages written by other engineers: (nav section, title, path relative to docs/)
 OPTIONAL_PAGES = [
-    ("Components", "Selectors (Vegas, Quest, hybrid SRH)", "selectors"),
+    ("Components", "Selector reference", "selectors"),
     ("Components", "Drafters", "drafters.md"),
     ("Components", "Verifiers", "verifiers.md"),
     ("Components", "Dustin", "dustin.md"),
