@@ -150,28 +150,34 @@ def _api_modules(package: str, exclude: list[str]) -> str:
 
 
 # -- benchmarks ------------------------------------------------------------------------------------
-def _plot_rows(rows: list[dict], title: str) -> str | None:
+def _plot_rows(rows: list[dict], title: str, context: object = "") -> str | None:
     """An inline SVG: τ and tokens/s per method, one bar group per (document, context, batch) setting."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def setting(r: dict) -> tuple:
+        return (r.get("document", ""), r.get("context", context), r.get("batch", r.get("B", "")))
+
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    settings = list(dict.fromkeys((r.get("document", ""), r.get("context", ""), r.get("batch", "")) for r in rows))
+    settings = list(dict.fromkeys(setting(r) for r in rows))
     if not methods or not settings:
         return None
-    value = {(r["method"], (r.get("document", ""), r.get("context", ""), r.get("batch", ""))): r for r in rows}
+    value = {(r["method"], setting(r)): r for r in rows}
     width = 0.8 / len(methods)
     fig, axes = plt.subplots(1, 2, figsize=(max(9, 1.2 * len(settings) * 2), 3.4))
     for ax, key, label in ((axes[0], "tau", "mean accepted length τ"), (axes[1], "tokens_per_second", "tokens / s")):
         for i, m in enumerate(methods):
-            ys = [float((value.get((m, st)) or {}).get(key) or 0.0) for st in settings]
+            ys = [float((value.get((m, st)) or {}).get(key) or float("nan")) for st in settings]
             ax.bar([j + i * width for j in range(len(settings))], ys, width, label=m)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(settings))],
-                      [f"{d}\nctx {c}, B={b}" for d, c, b in settings], fontsize=7)
+                      ["\n".join(x for x in (str(d), f"ctx {c}" if c != "" else "", f"B={b}" if b != "" else "") if x)
+                       for d, c, b in settings], fontsize=7)
         ax.set_title(label, fontsize=9)
     axes[0].legend(fontsize=7, ncol=2)
+    axes[1].set_yscale("log")  # batch sizes differ by orders of magnitude
+    axes[1].set_title("tokens / s (log scale)", fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     buf = io.StringIO()
@@ -221,6 +227,18 @@ def _benchmarks_markdown() -> str:
                 svg = None
             if svg:
                 out.append(f'<figure class="bench-plot">{svg}</figure>\n')
+    for js in sorted(RESULTS.glob("*.json")):
+        if js.with_suffix(".md").is_file():
+            continue
+        try:
+            data = json.loads(js.read_text(encoding="utf-8"))
+            rows = [r for r in data.get("rows", []) if isinstance(r, dict) and "method" in r]
+            ctx = (data.get("args") or data.get("meta") or {}).get("context", "")
+            svg = _plot_rows(rows, js.stem, ctx) if rows else None
+        except Exception:  # noqa: BLE001 - a result file of another shape is skipped
+            svg = None
+        if svg:
+            out.append(f"### Plot: `{js.name}`\n\n<figure class=\"bench-plot\">{svg}</figure>\n")
     return "\n".join(out) if out else "*No benchmark results yet: run `specdec bench` (see below).*\n"
 
 
