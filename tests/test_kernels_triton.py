@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="the triton backend needs the optional 'tri
 pytest.importorskip("pydantic", reason="backend configs need pydantic")
 
 from specdec.attention.reference import ReferenceBackend  # noqa: E402
-from specdec.cuda.triton_attention import LaunchConfig, choose_splits, splitk_attention  # noqa: E402
+from specdec.cuda.triton_attention import LaunchConfig, choose_splits, reduce_scores, splitk_attention  # noqa: E402
 from specdec.cuda.triton_backend import TritonBackend, TritonConfig  # noqa: E402
 
 if _DEVICE == "cuda" and not torch.cuda.is_available():  # pragma: no cover
@@ -225,3 +225,49 @@ def test_registry_and_validate():
     assert isinstance(backend, TritonBackend) and backend.config.block_n == 32
     assert backend.validate(DEV, torch.float32) is None
     assert "float" in backend.validate(DEV, torch.int8)
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_reduce_scores_ignores_unused_slots(softmax):
+    """A KV head with fewer requested (head, row) pairs leaves slots unwritten: NaN there must not leak."""
+    B, Hkv, n, L, T, H = 1, 2, 2, 8, 2, 4
+    raw = torch.randn(B, Hkv, n, L, device=DEV)
+    raw[:, 1] = float("nan")  # KV head 1 has no slots in use
+    lse = torch.zeros(B, H, T, device=DEV)
+    flat = torch.zeros(Hkv, n, dtype=torch.long, device=DEV)
+    to_rows = torch.zeros(Hkv, n, 1, device=DEV)
+    to_rows[0, :, 0] = 1.0
+    out = reduce_scores(raw, lse, flat, to_rows, torch.tensor([L - T], device=DEV), T, dense=True, softmax=softmax)
+    assert torch.isfinite(out).all() and (out[:, 1] == 0).all()
+    expect = (raw[:, 0].exp() if softmax else raw[:, 0]).sum(dim=1)
+    torch.testing.assert_close(out[:, 0, 0], expect)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graph capture needs a GPU")
+@pytest.mark.parametrize("kind", ["logits", "softmax"])
+def test_cuda_graph_capture_matches_eager(kind):
+    """Verify with scores and a sparse step captured in CUDA graphs (first use inside the capture)."""
+    lengths = [300, 1000]
+    q, k, v, lens = make_case(2, 2, 3, 5, 64, 1100, torch.bfloat16, lengths, seed=21)
+    idx, df = make_plan(2, 2, 64, lengths, 5)
+    be = TritonBackend()
+    assert be.capture_safe
+    kw = dict(score_rows=[0, 4], score_kind=kind)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # compile the kernels outside the capture; score tables stay uncached
+        TritonBackend().attend(q, k, v, lens, 0.125, **kw)
+        TritonBackend().attend(q, k, v, lens, 0.125, plan_indices=idx, dense_from=df)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o1, s1 = be.attend(q, k, v, lens, 0.125, **kw)
+        o2, _ = be.attend(q, k, v, lens, 0.125, plan_indices=idx, dense_from=df)
+    q.copy_(torch.randn_like(q))  # replay must see the new inputs
+    g.replay()
+    torch.cuda.synchronize()
+    r1, rs1 = TritonBackend().attend(q, k, v, lens, 0.125, **kw)
+    r2, _ = TritonBackend().attend(q, k, v, lens, 0.125, plan_indices=idx, dense_from=df)
+    torch.testing.assert_close(o1, r1)
+    torch.testing.assert_close(s1, rs1)
+    torch.testing.assert_close(o2, r2)

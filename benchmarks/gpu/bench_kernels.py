@@ -48,10 +48,9 @@ CASES = [
 SWEEP = [
     LaunchConfig(),  # the measured defaults (LaunchConfig.resolve) first
     LaunchConfig(block_n=64, num_warps=4, num_stages=2, ctas_per_sm=4),
-    LaunchConfig(block_n=64, num_warps=4, num_stages=3, ctas_per_sm=4),
     LaunchConfig(block_n=128, num_warps=4, num_stages=2, ctas_per_sm=4),
-    LaunchConfig(block_n=128, num_warps=4, num_stages=3, ctas_per_sm=8),
     LaunchConfig(block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),
+    LaunchConfig(block_n=64, num_warps=4, num_stages=3, ctas_per_sm=1),
     LaunchConfig(),  # the defaults again: the spread between the two is the noise
 ]
 
@@ -120,7 +119,15 @@ def rel_err(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log):
+SCORE_SWEEP = [
+    LaunchConfig(),
+    LaunchConfig(block_n=128, num_warps=4, num_stages=2, ctas_per_sm=4),
+    LaunchConfig(block_n=64, num_warps=4, num_stages=2, ctas_per_sm=4),
+    LaunchConfig(block_n=64, num_warps=8, num_stages=2, ctas_per_sm=4),
+]
+
+
+def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log, scores_only=False):
     dt = torch.bfloat16
     G = H // Hkv
     L = ctx + 8
@@ -146,7 +153,7 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log):
             f"{(row['frac_copy'] or 0) * 100:5.1f}% copyBW" + (f"  relerr {err:.2e}" if err is not None else ""))
         return row
 
-    for T in (5, 1):
+    for T in ((5,) if scores_only else (5, 1)):
         lengths = torch.full((B,), ctx - T, dtype=torch.long, device="cuda")
         q = torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=gen)
         nbytes = kv_bytes_dense + 2 * q.numel() * 2
@@ -164,14 +171,21 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log):
             if T == 1 and kw:
                 continue
             best = None
-            for ci, cfg in enumerate(sweep if not kw else sweep[:1]):
+            for ci, cfg in enumerate(sweep if not kw else (SCORE_SWEEP if scores_only else sweep[:1])):
                 rows = [0, 4] if T == 5 else [0]
                 if kw == "logits":
                     w = torch.zeros(H, T, device="cuda")
                     w[:, rows] = 1
                     fns = [lambda i=i, cfg=cfg, w=w: splitk_attention(q, ks[i], vs[i], lengths, scale, row_weights=w, cfg=cfg)
                            for i in range(copies)]
-                elif kw in ("softmax", "logits_row"):
+                elif kw == "logits_row":
+                    from specdec.cuda.triton_backend import TritonBackend
+
+                    rq, rid = TritonBackend()._row_queries(H, Hkv, T, rows, None, q.device)
+                    fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], lengths, scale, row_queries=rq,
+                                                                 row_ids=rid, n_slots=len(rows), cfg=cfg)
+                           for i in range(copies)]
+                elif kw == "softmax":
                     from specdec.cuda.triton_backend import TritonBackend, TritonConfig
 
                     be = TritonBackend(TritonConfig(block_n=cfg.block_n, num_warps=cfg.num_warps,
@@ -192,9 +206,11 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log):
                 r = record(label, tg, te, nbytes, cfg_name(cfg), err if ci == 0 and not kw else None)
                 if best is None or r["graph_us"] < best["graph_us"]:
                     best = r
-            if len(sweep) > 1 and not kw:
+            if len(sweep) > 1 and not kw and best is not None:
                 log(f"  -> best {best['cfg']} {best['graph_us']:.1f} us")
                 res.append(dict(best, variant=best["variant"] + " [best]"))
+        if scores_only:
+            continue
         # SDPA baseline
         n = ctx
         mask = None
@@ -262,6 +278,7 @@ def main() -> None:
     ap.add_argument("--out", default="gpu_kernels.json")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--cases", default="all", help="comma list of case indices")
+    ap.add_argument("--scores-only", action="store_true", help="T=5 dense with each score kind, small sweep")
     args = ap.parse_args()
 
     lines: list[str] = []
@@ -280,11 +297,13 @@ def main() -> None:
     log(f"copy bandwidth: {bw / 1e12:.3f} TB/s")
     meta["copy_bw_Bps"] = bw
     sweep = SWEEP[:1] if args.no_sweep else SWEEP
+    if args.scores_only:
+        sweep = SCORE_SWEEP
     cases = CASES if args.cases == "all" else [CASES[int(i)] for i in args.cases.split(",")]
     rows = []
     for c in cases:
         log(f"== {c}")
-        rows += run_case(*c, bw=bw, sweep=sweep, log=log)
+        rows += run_case(*c, bw=bw, sweep=sweep, log=log, scores_only=args.scores_only)
         log(f"   ({time.time() - t0:.0f} s elapsed)")
     json.dump(dict(meta=meta, rows=rows, log=lines), open(args.out, "w"), indent=1)
 

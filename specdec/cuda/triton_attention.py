@@ -10,10 +10,14 @@ One kernel serves three uses (``SPARSE`` and ``SCORE_MODE`` are compile-time swi
   (sequence, KV head) (page size 1) followed by the dense tail ``dense_from[b] ..
   lengths[b] + T - 1``. Plan entries ``>= dense_from[b]`` are skipped (the tail covers them), so
   a position is never counted twice; the plan itself must not repeat a position.
-* **scores**: ``SCORE_MODE == 1`` reduces the pre-softmax logits of the requested rows over the
-  group's heads in registers and stores ``(B, H_kv, L)`` fp32 without a second pass;
-  ``SCORE_MODE == 2`` stores the raw logits of each requested (row, head) so that softmax
-  weights can be rebuilt after the combine, once the final log-sum-exp is known.
+* **scores**: ``SCORE_MODE == 1`` emits the pre-softmax logits of the requested rows summed over
+  the group's (kept) heads, ``(B, H_kv, L)`` fp32, without a second pass: row ``m`` sees position
+  ``p`` iff ``p <= lengths[b] + t_m``, so with the suffix sums ``qs_j = sum_{t_m >= j} w_m q_m``
+  the score of ``p`` is ``qs_{max(0, p - lengths[b])} . k_p`` -- one extra 16-row MMA per tile
+  and an in-warp pick of one row per column. ``SCORE_MODE == 3`` does the same per requested row
+  (``(B, H_kv, R, L)``, ``score_per_row``). ``SCORE_MODE == 2`` stores the raw logits of each
+  requested (head, row) so that softmax weights can be rebuilt after the combine, once the final
+  log-sum-exp is known (``reduce_scores``).
 
 The sequence (or its virtual index list) is cut into ``num_splits`` chunks per (sequence, KV head)
 so that enough programs run at batch 1 (flash-decoding); a second small kernel combines the chunks
@@ -48,6 +52,7 @@ def _splitk_attn_kernel(
     HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPARSE: tl.constexpr, SCORE_MODE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+    NOUT: tl.constexpr = 1,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -83,18 +88,19 @@ def _splitk_attn_kernel(
 
     k_base = K + b64 * stride_kb + h * stride_kh
     v_base = V + b64 * stride_vb + h * stride_vh
+    offs16 = tl.arange(0, 16)
     if SCORE_MODE == 1:
+        # sum_m w_m [row m sees p] (q_m . k_p): row m sees p iff p <= length + t_m, so with the
+        # suffix sums qs_j = sum_{m: t_m >= j} w_m q_m the score of p is qs_{max(0, p - length)} . k_p.
+        # One extra 16-row MMA per tile and a store that picks one row per column: no reduction.
         w = tl.load(RowW + h * (G * T) + offs_m, mask=row_valid, other=0.0)
-        # sum_m w_m (q_m . k) = (sum_m w_m q_m) . k wherever every row sees k: one extra 16-row MMA
-        # per tile, no cross-lane reduction; only tiles touching the new rows' own positions (or
-        # plan entries past them) take the exact masked reduction.
-        qs = tl.sum(q.to(tl.float32) * w[:, None], axis=0)
-        offs16 = tl.arange(0, 16)
-        qs16 = tl.broadcast_to(qs[None, :], (16, D)).to(q.dtype)
-        if SPARSE:
-            fast_end = tl.where(df <= length, KPLAN, 0)
-        else:
-            fast_end = length
+        amat = tl.where((t[None, :] >= offs16[:, None]) & row_valid[None, :], w[None, :], 0.0)
+        qs = tl.dot(amat, q.to(tl.float32), input_precision="ieee").to(q.dtype)  # (16, D)
+    if SCORE_MODE == 3:
+        # per requested row r (< 16): sum over the group's kept heads of q_{g, t_r} . k_p, p <= length + t_r
+        amat = tl.load(RowW + (h * 16 + offs16[:, None]) * (G * T) + offs_m[None, :],
+                       mask=row_valid[None, :], other=0.0)
+        qs = tl.dot(amat, q.to(tl.float32), input_precision="ieee").to(q.dtype)  # (16, D)
     if SCORE_MODE == 2:
         slot = tl.load(RowSlot + h * (G * T) + offs_m, mask=row_valid, other=-1)
 
@@ -122,13 +128,17 @@ def _splitk_attn_kernel(
         vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
         s = tl.where(vis, s, float("-inf"))
         if SCORE_MODE == 1:
-            if j0 + BLOCK_N <= fast_end:
-                sc2 = tl.dot(qs16, kt, input_precision=DOT_PREC) * sm_scale
-                sc_ptrs = Scores + pid_bh.to(tl.int64) * L + pos[None, :] + offs16[:, None] * 0
-                tl.store(sc_ptrs, sc2, mask=(offs16 == 0)[:, None] & valid[None, :])
-            else:
-                sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
-                tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc, mask=valid)
+            sc2 = tl.dot(qs, kt, input_precision=DOT_PREC) * sm_scale  # row j: qs_j . k
+            jpos = tl.maximum(pos - length, 0)
+            sc = tl.sum(tl.where(offs16[:, None] == jpos[None, :], sc2, 0.0), axis=0)  # 16 rows: in-warp
+            tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc, mask=valid & (pos < n_ctx))
+        if SCORE_MODE == 3:
+            sc2 = tl.dot(qs, kt, input_precision=DOT_PREC) * sm_scale
+            for r in tl.static_range(NOUT):  # one row at a time: a 2-D pointer tile costs ~70 registers
+                sc_r = tl.sum(tl.where(offs16[:, None] == r, sc2, 0.0), axis=0)
+                t_r = tl.load(RowSlot + r)
+                tl.store(Scores + (pid_bh.to(tl.int64) * NOUT + r) * L + pos, sc_r,
+                         mask=valid & (pos <= length + t_r))
         if SCORE_MODE == 2:
             r_ptrs = RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos[None, :]
             tl.store(r_ptrs, s, mask=(slot >= 0)[:, None] & valid[None, :])
@@ -228,7 +238,8 @@ def _softmax_scores_kernel(
         else:
             p = tl.where(raw == float("-inf"), 0.0, raw)
         wr = tl.load(ToRows + (kv * NSLOT + sl) * R + offs_r, mask=offs_r < R, other=0.0)
-        acc += wr[:, None] * p[None, :]
+        # slots a KV head does not use were never written (garbage, maybe NaN): weight 0 must win
+        acc += tl.where(wr[:, None] != 0.0, wr[:, None] * p[None, :], 0.0)
     o_ptrs = Out + (pid_bh.to(tl.int64) * R + offs_r[:, None]) * L + offs_l[None, :]
     tl.store(o_ptrs, acc, mask=(offs_r < R)[:, None] & (offs_l < L)[None, :])
 
@@ -255,7 +266,7 @@ class LaunchConfig:
 
     Defaults (``benchmarks/results/gpu_kernels_*.md`` has the sweep): sparse: 128-position
     tiles, 4 warps, 2 stages, 4 programs per SM; dense with head dim <= 64: 3 stages and 8
-    programs per SM; dense with head dim 128: 2 stages, 4 programs per SM.
+    programs per SM; dense with head dim 128: 64-position tiles, 2 stages, 2 programs per SM.
     """
 
     block_n: int | None = None
@@ -265,13 +276,15 @@ class LaunchConfig:
     ctas_per_sm: int | None = None
     combine_warps: int = 2
 
-    def resolve(self, sparse: bool, head_dim: int) -> "LaunchConfig":
+    def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False) -> "LaunchConfig":
         if sparse:
             auto = (128, 4, 2, 4)
         elif head_dim <= 64:
             auto = (128, 4, 3, 8)
-        else:
+        elif raw_scores:  # softmax scores at head dim 128: 737 us vs 944 us with the plain default
             auto = (128, 4, 2, 4)
+        else:
+            auto = (64, 4, 2, 2)
         pick = lambda v, a: a if v is None else v  # noqa: E731
         return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
                             pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
@@ -310,6 +323,8 @@ def splitk_attention(
     row_weights: torch.Tensor | None = None,
     row_slots: torch.Tensor | None = None,
     n_slots: int = 0,
+    row_queries: torch.Tensor | None = None,
+    row_ids: torch.Tensor | None = None,
     cfg: LaunchConfig = LaunchConfig(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and the combine.
@@ -322,6 +337,10 @@ def splitk_attention(
         row_weights: ``(H, T)`` fp32 weight of each (head, row) in the fused logits sum, or ``None``.
         row_slots: ``(H, T)`` int32 slot of each (head, row) whose raw logits to keep (-1: none),
             with ``n_slots`` slots per KV head; exclusive with ``row_weights``.
+        row_queries / row_ids: per-row logits in the kernel: ``(H_kv, 16, G * T)`` fp32 weights
+            combining the packed query rows into (at most 16) output rows and ``(16,)`` int32 row
+            index of each output (-1 = unused), with ``n_slots = R``; scores come back
+            ``(B, H_kv, R, L)``.
 
     Returns:
         ``(out (B, H, T, D), lse (B, H, T) fp32, scores (B, H_kv, L) fp32 or None,
@@ -331,7 +350,7 @@ def splitk_attention(
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv
     dev = q.device
-    cfg = cfg.resolve(plan_indices is not None, D)
+    cfg = cfg.resolve(plan_indices is not None, D, raw_scores=row_slots is not None)
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -362,6 +381,10 @@ def splitk_attention(
         score_mode = 1
         scores = torch.zeros((B, Hkv, L), dtype=torch.float32, device=dev)
         rw = row_weights
+    elif row_queries is not None:
+        score_mode = 3  # n_slots = number of output rows R
+        scores = torch.zeros((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
+        rw, rs = row_queries, row_ids
     elif row_slots is not None and n_slots > 0:
         score_mode = 2
         if sparse:  # unvisited positions must read as -inf
@@ -382,7 +405,7 @@ def splitk_attention(
         idx.stride(0) if sparse else 0, (idx.stride(1) if idx.shape[1] > 1 else 0) if sparse else 0,
         L, S, kplan, max(n_slots, 1),
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,
+        SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast, NOUT=max(1, n_slots),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     _combine_kernel[(B * Hkv, T * G)](

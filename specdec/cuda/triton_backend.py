@@ -50,6 +50,20 @@ class TritonConfig(ComponentConfig):
     max_packed_rows: int = 64
 
 
+def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
+    """Copy a small host-built tensor to ``dev``, also while a CUDA graph is being captured.
+
+    Returns ``(device tensor, pinned source)``; keep both alive (the graph replays the copy).
+    """
+    dev = torch.device(dev)
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        pinned = t.pin_memory()
+        out = torch.empty(t.shape, dtype=t.dtype, device=dev)
+        out.copy_(pinned, non_blocking=True)
+        return out, pinned
+    return t.to(dev), t
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -72,6 +86,13 @@ class TritonBackend(AttentionBackend):
         )
         self._row_cache: dict[tuple, tuple] = {}
 
+    @property
+    def capture_safe(self) -> bool:
+        """Decode- and verify-sized forwards launch two kernels sized by tensor shapes only: no host
+        synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``, which
+        syncs; prefill-sized forwards sync too and are never captured)."""
+        return not self.config.sdpa_decode
+
     def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
         if _TRITON_ERROR is not None:
             return f"the triton backend needs the 'triton' package ({_TRITON_ERROR}); pip install 'specdec[triton]'."
@@ -92,8 +113,24 @@ class TritonBackend(AttentionBackend):
                 keep = torch.zeros(H, dtype=torch.bool)
                 keep[list(heads)] = True
                 w[~keep] = 0.0
-            self._row_cache[key] = (w.to(dev),)
+            self._row_cache[key] = _to_device(w, dev)
         return self._row_cache[key][0]
+
+    def _row_queries(self, H: int, Hkv: int, T: int, rows: Sequence[int], heads: Sequence[int] | None, dev):
+        """``(H_kv, 16, G*T)`` weights turning the packed rows into per-request rows, ``(16,)`` row ids."""
+        key = ("q", H, Hkv, T, tuple(rows), None if heads is None else tuple(heads), str(dev))
+        if key not in self._row_cache:
+            G = H // Hkv
+            keep = set(range(H)) if heads is None else {int(h) for h in heads}
+            rq = torch.zeros(Hkv, 16, G * T, dtype=torch.float32)
+            rid = torch.full((16,), -1, dtype=torch.int32)
+            for r_i, r in enumerate(rows):
+                rid[r_i] = int(r)
+                for h in keep:
+                    rq[h // G, r_i, (h % G) * T + int(r)] = 1.0
+            self._row_cache[key] = (_to_device(rq, dev), _to_device(rid, dev))
+        (rq_d, _), (rid_d, _) = self._row_cache[key]
+        return rq_d, rid_d
 
     def _row_slots(self, H: int, Hkv: int, T: int, rows: Sequence[int], heads: Sequence[int] | None, dev):
         """Slots for raw per-(head, row) logits and the ``(H_kv, n_slots, R)`` map back to rows.
@@ -121,8 +158,9 @@ class TritonBackend(AttentionBackend):
                     for r_i, r in enumerate(rows):
                         if int(r) == t:
                             to_rows[kv, i, r_i] = 1.0
-            self._row_cache[key] = (slots.to(dev), n, to_rows.to(dev), flat.to(dev))
-        return self._row_cache[key]
+            self._row_cache[key] = (_to_device(slots, dev), n, _to_device(to_rows, dev), _to_device(flat, dev))
+        (slots_d, _), n, (to_rows_d, _), (flat_d, _) = self._row_cache[key]
+        return slots_d, n, to_rows_d, flat_d
 
     def attend(
         self,
@@ -172,6 +210,11 @@ class TritonBackend(AttentionBackend):
             w = self._row_weights(H, T, score_rows, score_heads, dev)
             out, _, scores, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
                                                  row_weights=w, cfg=self._launch)
+            return out, scores
+        if score_kind == "logits" and R <= 16:  # per-row logits, in the kernel
+            rq, rid = self._row_queries(H, Hkv, T, score_rows, score_heads, dev)
+            out, _, scores, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
+                                                 row_queries=rq, row_ids=rid, n_slots=R, cfg=self._launch)
             return out, scores
         # raw logits of each requested (head, row), reduced after the combine (softmax needs the
         # final log-sum-exp; per-row output keeps the rows apart)
