@@ -271,3 +271,11 @@ def test_cuda_graph_capture_matches_eager(kind):
     torch.testing.assert_close(o1, r1)
     torch.testing.assert_close(s1, rs1)
     torch.testing.assert_close(o2, r2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the SDPA decode route is taken on CUDA only")
+@pytest.mark.parametrize("lengths", [[700, 700], [700, 31]])
+def test_sdpa_decode_route(lengths):
+    q, k, v, lens = make_case(2, 2, 3, 1, 64, 800, torch.bfloat16, lengths, seed=5)
+    check(TritonConfig(sdpa_decode=True), q, k, v, lens)
+    assert not TritonBackend(TritonConfig(sdpa_decode=True)).capture_safe

@@ -261,13 +261,15 @@ class TritonBackend(AttentionBackend):
 
     @staticmethod
     def _sdpa_decode(q, k_cache, v_cache, lengths, scale):
-        """One dense row through PyTorch SDPA (slices the KV to the longest sequence: one host sync)."""
-        B, H, T, D = q.shape
-        n = int(lengths.max()) + 1
+        """One dense row through PyTorch SDPA; one host sync sizes the KV slice (and skips the
+        mask when every sequence has the same length, which keeps SDPA on its fast path)."""
+        B = q.shape[0]
+        lo, hi = (int(x) for x in torch.stack(torch.aminmax(lengths)).tolist())
+        n = hi + 1
         k, v = k_cache[:, :, :n], v_cache[:, :, :n]
         mask = None
-        if B > 1:
-            mask = (torch.arange(n, device=q.device).view(1, 1, 1, n) <= lengths.view(B, 1, 1, 1))
+        if lo != hi:
+            mask = torch.arange(n, device=q.device).view(1, 1, 1, n) <= lengths.view(B, 1, 1, 1)
         return torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
         )
