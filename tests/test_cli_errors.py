@@ -68,12 +68,16 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
+    return make_files(tmp_path_factory.mktemp("cli"))
+
+
+def make_files(root: Path) -> dict[str, str]:
+    """Model directories, prompt and config files for the cases (``{name}`` placeholders)."""
     import torch
     import transformers as tf
 
     from test_validation import word_tokenizer
 
-    root = tmp_path_factory.mktemp("cli")
     f = {"root": str(root), "nowhere": str(root / "nowhere")}
     f["model"] = str(save_tiny_dir(root / "tiny", max_position_embeddings=64))
     f["nan"] = str(save_tiny_dir(root / "nan", nan=True))
@@ -197,21 +201,16 @@ def markdown_table() -> str:
     """The bad-input table of docs/guarantees.md, from the live CLI."""
     import tempfile
 
-    class _Factory:
-        def mktemp(self, name):
-            return Path(tempfile.mkdtemp(prefix=name))
-
     os.environ.pop("TRITON_INTERPRET", None)
-    f = files.__wrapped__(_Factory()) if hasattr(files, "__wrapped__") else None
-    if f is None:  # pytest wraps fixtures; call the body directly
-        f = files.__pytest_wrapped__.obj(_Factory())
+    f = make_files(Path(tempfile.mkdtemp(prefix="cli")))
     rows = ["| bad input | arguments | exit | message (stderr) |", "|---|---|---|---|"]
     for cid, what, extra, _ in CASES:
         out = Path(tempfile.mkdtemp()) / "o.json"
         res = run_in_process(build_args(f, extra, out))
-        shown = " ".join(extra).replace(f["root"], "…")
-        msg = res.stderr.strip().replace(f["root"], "…").replace("|", "\\|")
-        rows.append(f"| {what} | `{shown}` | {res.exit_code} | `{msg}` |")
+        shown = " ".join(e.format(**f) for e in extra).replace(f["root"] + "/", "").replace(f["root"], ".")
+        msg = res.stderr.strip().replace(str(out), "o.json").replace(f["root"] + "/", "").replace(f["root"], ".")
+        msg = msg.replace("`root ", "`specdec ").replace("|", "\\|")  # the runner's program name is "root"
+        rows.append(f"| {what} | `{shown}` | {res.exit_code} | `` {msg} `` |")
     return "\n".join(rows)
 
 
