@@ -275,9 +275,38 @@ def _mathml(html: str) -> str:
     return _MATH_RE.sub(repl, html)
 
 
+_PROTECTED_RE = re.compile(r"(<pre\b.*?</pre>|<code\b.*?</code>|<script\b.*?</script>|<style\b.*?</style>)", re.S)
+_DOLLAR_RE = re.compile(
+    r"\$\$(?P<block>[^$<>]+?)\$\$|(?<![\\$\w])\$(?=[^\s$])(?P<inline>[^$<>\n]+?)(?<=[^\s\\])\$(?![\w$])", re.S
+)
+
+
+def _notebook_mathml(html: str) -> str:
+    """Notebook Markdown cells keep ``$...$`` / ``$$...$$`` math as text; render it to MathML outside
+    code, scripts and styles. Anything latex2mathml cannot convert stays as written."""
+    try:
+        from latex2mathml.converter import convert
+    except ImportError:  # pragma: no cover
+        return html
+
+    def repl(m: re.Match) -> str:
+        block = m.group("block") is not None
+        tex = html_lib.unescape(m.group("block") if block else m.group("inline"))
+        try:
+            out = convert(tex.strip(), display="block" if block else "inline")
+        except Exception:  # noqa: BLE001
+            return m.group(0)
+        return f'<div class="math-block">{out}</div>' if block else out
+
+    parts = _PROTECTED_RE.split(html)
+    return "".join(part if i % 2 else _DOLLAR_RE.sub(repl, part) for i, part in enumerate(parts))
+
+
 def on_page_content(html, page, config, files, **kwargs):
     """Remember which API objects each page documents (used by :func:`on_env`); render math."""
     _PAGE_IDS[page.file.src_path] = sorted(set(_ID_RE.findall(html)), key=len)
+    if page.file.src_path.endswith(".ipynb") and "$" in html:
+        html = _notebook_mathml(html)
     return _mathml(html) if "arithmatex" in html else html
 
 
