@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--variants", default="magicdec,vegas,vegas-all,vegas-last,quest")
     ap.add_argument("--extra", default="0.05:vegas-logits", help="ratio:variant pairs run after the main grid ('' = none)")
     ap.add_argument("--no-dense", action="store_true", help="skip the dense reference run")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 = lossless rejection sampling")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (same for every method)")
     ap.add_argument("--gamma", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--min-budget", type=int, default=0)
@@ -118,6 +120,10 @@ def main() -> None:
     def save() -> None:
         out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows, observations=obs), indent=1))
 
+    from specdec.sampling import SamplingConfig
+
+    sampling = SamplingConfig(temperature=a.temperature, seed=a.seed)
+    meta["temperature"], meta["seed"] = a.temperature, a.seed
     grid = [(float(r), v) for r in a.budget_ratios.split(",") for v in a.variants.split(",")]
     grid += [(float(x.split(":")[0]), x.split(":")[1]) for x in a.extra.split(",") if x]
     for ctx in [int(x) for x in a.contexts.split(",")]:
@@ -134,7 +140,7 @@ def main() -> None:
             else:
                 method, options = VARIANTS[label]
                 cfg = PipelineConfig.make(method=method, gamma=a.gamma, budget_ratio=ratio,
-                                          min_budget=a.min_budget, options=options)
+                                          min_budget=a.min_budget, options=options, sampling=sampling)
                 eng = build_engine(m, cfg, eos_token_id=-1)
                 eng.drafter = _Recorder(eng.drafter)
             res = eng.generate(ids, max_new_tokens=a.max_new_tokens, prefilled=pre)

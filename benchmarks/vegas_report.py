@@ -31,13 +31,15 @@ def main(raw_paths: list[str], out: str) -> None:
     dense = {r["context"]: r for r in runs if r["method"] == "dense"}
     for r in spec:  # reference tokens: dense when it ran, else the first run of that context
         dense.setdefault(r["context"], r)
-    L = [f"# Vegas vs MagicDec-Stream vs Quest — CPU, {meta['model']} float32, γ={meta['gamma']}", ""]
+    temp = meta.get("temperature", 0.0) or 0.0
+    mode = f"sampling T={temp}, seed {meta.get('seed', 0)}" if temp else "greedy"
+    L = [f"# Vegas vs MagicDec-Stream vs Quest — CPU, {meta['model']} float32, γ={meta['gamma']}, {mode}", ""]
     L += [f"- command{'s (run in parallel, same prefill)' if len(commands) > 1 else ''}: "
           + "; ".join(f"`nice -n 5 {c}`" for c in commands),
           f"- report: `python benchmarks/vegas_report.py {raw_path} {out}`",
           f"- machine: {json.dumps(meta['machine'])}",
           f"- budget = sinks ({meta['sinks']}) + recent ({meta['recent']}) + selected, the same for every method; "
-          f"min_budget={meta['min_budget']}; {meta['max_new_tokens']} new tokens per document, greedy.",
+          f"min_budget={meta['min_budget']}; {meta['max_new_tokens']} new tokens per document, {mode}.",
           f"- {meta['note']}.",
           "- tokens/s is for the whole batch on the CPU reference backend, where a sparse draft step costs as much "
           "as a dense one (full attention + mask): it measures overheads, not the speed a sparse kernel gives.", ""]
@@ -51,7 +53,7 @@ def main(raw_paths: list[str], out: str) -> None:
                   "|---|" + "---|" * (len(docs) + 5)]
             for r in rs:
                 per = [r["tau_per_document"][d] for d in docs]
-                same = r["tokens"] == dense[ctx]["tokens"]
+                same = (r["tokens"] == dense[ctx]["tokens"]) if not temp else "n/a (sampling)"
                 L.append(f"| {r['method']} | " + " | ".join(f"{x:.2f}" for x in per)
                          + f" | **{mean(per):.2f}** | {r['tau']:.2f} | {r['tokens_per_second']:.2f} | "
                            f"{fmt_pct(r['selection_overhead_share'])} | {same} |")
