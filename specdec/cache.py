@@ -70,7 +70,8 @@ class KVCache:
         """Write ``T`` new entries per sequence at ``lengths[b] .. lengths[b] + T - 1``.
 
         Args:
-            key, value: ``(B, H_kv, T, D)``.
+            key: ``(B, H_kv, T, D)`` new keys (post-RoPE).
+            value: ``(B, H_kv, T, D)`` new values.
             lengths: ``(B,)`` int64 tokens cached before this write.
             check: verify the capacity (one host read of ``lengths``; off inside CUDA-graph capture,
                 where the caller checks before replaying).

@@ -69,7 +69,22 @@ class DecodeState:
 
 @dataclass
 class RunStats:
-    """Statistics of one :meth:`SpeculativeEngine.generate` call."""
+    """Statistics of one :meth:`SpeculativeEngine.generate` call.
+
+    Attributes:
+        method: the method's name.
+        batch_size: sequences generated together.
+        gamma: draft length γ (0 for dense decoding).
+        iterations: decode iterations (draft + verify rounds, or dense steps).
+        generated_tokens: tokens emitted over all sequences.
+        mean_accepted_length: τ, tokens gained per sequence and iteration (accepted drafts + 1).
+        acceptance_per_position: share of iterations whose draft ``i`` was accepted.
+        decode_seconds: wall time after the prefill.
+        tokens_per_second: ``(generated_tokens - B) / decode_seconds`` (the first token comes from the prefill).
+        phase_seconds: wall time per phase; ``select`` (plan building) runs inside ``draft`` and is counted in
+            both, so the phases add up to more than ``decode_seconds``.
+        lossless: ``False`` for near-lossless methods (sparse verification).
+    """
 
     method: str
     batch_size: int
@@ -84,6 +99,7 @@ class RunStats:
     lossless: bool = True
 
     def to_dict(self) -> dict:
+        """Plain dict for JSON, with ``selection_overhead_share`` = select seconds / decode seconds."""
         d = dict(self.__dict__)
         d["selection_overhead_share"] = (
             self.phase_seconds.get("select", 0.0) / self.decode_seconds if self.decode_seconds else 0.0

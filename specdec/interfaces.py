@@ -90,6 +90,7 @@ class ScoreRequest:
     positions a row cannot see are 0."""
 
     def wants(self, layer: int) -> bool:
+        """Whether scores of ``layer`` are requested."""
         return self.layers is None or layer in self.layers
 
 
@@ -142,7 +143,8 @@ class AttentionBackend(ABC):
 
         Args:
             q: ``(B, H, T, D)`` queries of the new rows.
-            k_cache, v_cache: ``(B, H_kv, L, D)`` one layer's cache.
+            k_cache: ``(B, H_kv, L, D)`` one layer's keys.
+            v_cache: ``(B, H_kv, L, D)`` one layer's values.
             lengths: ``(B,)`` int64 cached tokens *before* the new rows; row ``t`` of
                 sequence ``b`` sits at position ``lengths[b] + t``.
             scale: softmax scale (usually ``D ** -0.5``).

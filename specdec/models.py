@@ -95,6 +95,7 @@ def register_attention() -> None:
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` (or a torch dtype) → torch dtype."""
     if isinstance(name, torch.dtype):
         return name
     if name not in DTYPES:
@@ -193,6 +194,8 @@ def _save_dequantized(hf, tok, dest: Path) -> None:
 
 @dataclass
 class ModelDims:
+    """Attention geometry of a model: layers, query/KV heads, head size, vocabulary, positions."""
+
     n_layers: int
     n_heads: int
     n_kv_heads: int
@@ -262,6 +265,7 @@ class SpecdecModel:
     def from_pretrained(
         cls, model: str, dtype: str | torch.dtype = "float32", device: str = "cpu", backend: AttentionBackend | None = None
     ) -> "SpecdecModel":
+        """Load with :func:`load_hf` (embedded name, directory, ``.gguf`` or cached hub id) and attach."""
         hf, tok = load_hf(model, dtype, device)
         return cls(hf, tok, backend)
 
@@ -419,10 +423,12 @@ class SpecdecModel:
         self._compile_rows = max_rows
 
     def disable_cuda_graphs(self) -> None:
+        """Run forwards eagerly again (captured graphs are dropped)."""
         self._graphs = None
 
     @contextmanager
     def using_backend(self, backend: AttentionBackend) -> Iterator[None]:
+        """Temporarily run this model's forwards through ``backend``."""
         old, self.backend = self.backend, backend
         try:
             yield

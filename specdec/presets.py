@@ -65,6 +65,8 @@ Builder = Callable[..., Any]
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """A named method: its builder ``(model, PipelineConfig, **engine_kw) -> SpeculativeEngine``."""
+
     name: str
     build: Builder
     description: str
@@ -84,6 +86,7 @@ _LAZY: dict[str, str] = {
 
 
 def register_method(name: str, description: str, lossless: bool = True) -> Callable[[Builder], Builder]:
+    """Decorator registering a preset builder under ``name`` (see the ``magicdec`` preset below)."""
     def deco(fn: Builder) -> Builder:
         _METHODS[name] = MethodSpec(name, fn, description, lossless)
         return fn
@@ -92,6 +95,7 @@ def register_method(name: str, description: str, lossless: bool = True) -> Calla
 
 
 def add_lazy_method(name: str, module: str) -> None:
+    """Declare that importing ``module`` registers method ``name`` (imported on first use)."""
     _LAZY[name] = module
 
 
@@ -107,6 +111,7 @@ def method_names() -> list[str]:
 
 
 def get_method(name: str) -> MethodSpec:
+    """The :class:`MethodSpec` of ``name``; an unknown name raises an error listing the known ones."""
     if name not in _METHODS and name in _LAZY and _importable(_LAZY[name]):
         import_module(_LAZY[name])
     if name not in _METHODS:

@@ -33,6 +33,8 @@ def format_validation_error(where: str, exc: ValidationError) -> str:
 
 @dataclass(frozen=True)
 class Entry(Generic[T]):
+    """One registered component: its name, class and config class."""
+
     name: str
     cls: type[T]
     config_cls: type[ComponentConfig]
@@ -86,6 +88,7 @@ class Registry(Generic[T]):
         return sorted(set(self._entries) | lazy)
 
     def get(self, name: str) -> Entry[T]:
+        """The entry of ``name`` (importing a lazy built-in or loading plugins if needed)."""
         if name not in self._entries and name in self._lazy and name in self.names():
             mod, _, attr = self._lazy[name].partition(":")
             getattr(import_module(mod), attr)  # importing runs the module's @register decorator
@@ -96,6 +99,7 @@ class Registry(Generic[T]):
         return self._entries[name]
 
     def config(self, name: str, **params: Any) -> ComponentConfig:
+        """Validate ``params`` into ``name``'s config class (one-line error naming the bad field)."""
         entry = self.get(name)
         try:
             return entry.config_cls(**params)
