@@ -89,7 +89,8 @@ def hybrid_select(
     Args:
         lengths: ``(B,)`` verified tokens; positions ``>= lengths`` are the new rows (always visible).
         budget: ``(B,)`` entries in the set (sinks + recent + selected).
-        draft, target: ``(B, L')`` signals (``L' >= max(lengths)``), or ``None`` (= no signal).
+        draft: ``(B, L')`` draft lookahead signal (``L' >= max(lengths)``), or ``None`` (= no signal).
+        target: ``(B, L')`` target history signal, or ``None``.
         m: ``(B,)`` slots chosen by the draft signal (clipped to the free slots).
 
     Returns:
