@@ -119,6 +119,13 @@ class ModelDrafter(Drafter):
     def prefill(self, state) -> None:
         """Allocate the draft cache; the prompt is fed by the first catch-up (no separate pass)."""
         B = state.lengths.shape[0]
+        if self.draft_model.dims.vocab_size != state.model.dims.vocab_size:
+            from specdec.errors import SpecdecError
+
+            raise SpecdecError(
+                f"the draft model has a vocabulary of {self.draft_model.dims.vocab_size}, the target "
+                f"{state.model.dims.vocab_size}; use a draft that shares the target's tokenizer."
+            )
         if self.draft_model.device != state.lengths.device:
             from specdec.errors import SpecdecError
 
