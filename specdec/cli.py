@@ -335,10 +335,16 @@ def bench(
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench
 
+    def ints(option: str, text: str) -> list[int]:
+        try:
+            return [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise SpecdecError(f"{option} takes comma-separated integers (got {text!r}), e.g. 2048,8000.") from None
+
     run_bench(
         methods=[x.strip() for x in methods.split(",") if x.strip()],
-        contexts=[int(x) for x in contexts.split(",")],
-        batch_sizes=[int(x) for x in batch_sizes.split(",")],
+        contexts=ints("--contexts", contexts),
+        batch_sizes=ints("--batch-sizes", batch_sizes),
         documents=[x.strip() for x in documents.split(",") if x.strip()],
         max_new_tokens=max_new_tokens,
         budget=budget,

@@ -30,7 +30,7 @@ def _score_key(req: ScoreRequest | None) -> Any:
         return None
     qh = None if req.query_heads is None else tuple(sorted((k, tuple(v)) for k, v in req.query_heads.items()))
     layers = None if req.layers is None else tuple(req.layers)
-    return (tuple(req.rows), req.kind, req.heads, layers, qh, getattr(req, "per_row", False))
+    return (tuple(req.rows), req.kind, req.heads, layers, qh, req.per_row)
 
 
 @dataclass
@@ -116,9 +116,7 @@ class GraphCache:
         req = None
         if scores is not None:
             req = ScoreRequest(rows=list(scores.rows), kind=scores.kind, heads=scores.heads, layers=scores.layers,
-                               query_heads=scores.query_heads)
-            if getattr(scores, "per_row", False):
-                req.per_row = True  # type: ignore[attr-defined]
+                               query_heads=scores.query_heads, per_row=scores.per_row)
 
         def step():
             return self.model._eager_forward(ids, cache, lens, splan, req, logits_to_keep, None, static=True)

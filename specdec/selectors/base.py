@@ -9,8 +9,6 @@ during the current iteration (≤ γ) are visible on top of it.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from pydantic import Field, model_validator
 
@@ -107,7 +105,3 @@ class BudgetSelector(KVSelector):
         top = torch.where(slot < room.view(1, B, 1, 1), top, torch.full_like(top, -1))
         fixed = fixed.view(1, B, 1, -1).expand(Np, B, Hs, -1)
         return SparsePlan(indices=torch.cat([fixed, top], dim=-1), dense_from=lengths.clone())
-
-    @staticmethod
-    def ceil_ratio(length: int, ratio: float) -> int:
-        return math.ceil(length * ratio)
