@@ -171,6 +171,76 @@ def test_split_counts(splits):
     check(TritonConfig(block_n=16, num_splits=splits), q, k, v, lens, score_rows=[0, 4])
 
 
+SCORE_VARIANTS = {
+    "none": {},
+    "logits": dict(score_rows=[0, 2]),  # fused sum (SCORE_MODE 1)
+    "logits_row": dict(score_rows=[2, 0], score_per_row=True),  # per row in the kernel (SCORE_MODE 3)
+    "softmax": dict(score_rows=[0, 2], score_kind="softmax"),  # raw logits + reduce (SCORE_MODE 2)
+    "softmax_row": dict(score_rows=[1], score_kind="softmax", score_per_row=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("score", sorted(SCORE_VARIANTS))
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_one_split_direct_out_vs_split_combine(splits, sparse, score, dtype):
+    """One split writes out/lse from the split kernel (no combine); more splits go through the combine.
+    Both must match the reference for dense and sparse, with every score kind, on ragged lengths."""
+    lengths = [29, 0, 41]
+    T = 3
+    q, k, v, lens = make_case(3, 2, 2, T, 16, 48, dtype, lengths, seed=splits + 7 * sparse)
+    kw = dict(SCORE_VARIANTS[score])
+    if sparse:
+        kw["plan_indices"], kw["dense_from"] = make_plan(3, 2, 10, lengths, T)
+    check(TritonConfig(block_n=16, num_splits=splits), q, k, v, lens, **kw)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("score", ["logits", "logits_row", "softmax"])
+def test_buffers_fully_written_without_fill(monkeypatch, sparse, score):
+    """Output, LSE and dense score buffers come from ``torch.empty``: the kernels must write every
+    element (poisoned with NaN here); a dense score position no requested row sees reads 0."""
+    real_empty = torch.empty
+
+    def nan_empty(*a, **kw):
+        t = real_empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    lengths = [20, 3]
+    T = 3
+    q, k, v, lens = make_case(2, 2, 2, T, 16, 40, torch.float32, lengths, seed=13)
+    kw = dict(SCORE_VARIANTS[score])
+    if sparse:
+        kw["plan_indices"], kw["dense_from"] = make_plan(2, 2, 8, lengths, T)
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    for splits in (1, 2):
+        check(TritonConfig(block_n=16, num_splits=splits), q, k, v, lens, **kw)
+
+
+def test_sparse_auto_single_split_and_forced_old_path():
+    """Enough (sequence, KV head) programs: a sparse plan runs in one split; ``sparse_single_split_at
+    =None`` (or a fixed ``num_splits``) keeps the split + combine path. Same results either way."""
+    cpu = torch.device("cpu")  # counts 4 "SMs" off the GPU
+    cfg = LaunchConfig(block_n=64, ctas_per_sm=4)
+    assert choose_splits(4, 10_000, cpu, cfg, sparse=True) == 1
+    assert choose_splits(3, 10_000, cpu, cfg, sparse=True) == 6  # too few programs: split
+    assert choose_splits(4, 10_000, cpu, cfg, sparse=False) == 4  # dense: unchanged
+    old = LaunchConfig(block_n=64, ctas_per_sm=4, sparse_single_split_at=None)
+    assert choose_splits(64, 10_000, cpu, old, sparse=True) == 1  # 64 programs already fill 4 "SMs"
+    assert choose_splits(4, 10_000, cpu, old, sparse=True) == 4
+    assert choose_splits(4, 10_000, cpu, LaunchConfig(num_splits=2), sparse=True) == 2
+    lengths = [50, 33, 12]
+    q, k, v, lens = make_case(3, 2, 3, 1, 16, 60, torch.bfloat16, lengths, seed=17)
+    idx, df = make_plan(3, 2, 24, lengths, 1)
+    outs = []
+    for c in (LaunchConfig(block_n=16), LaunchConfig(block_n=16, sparse_single_split_at=None)):
+        outs.append(splitk_attention(q, k, v, lens, 0.25, idx, df, cfg=c)[:2])
+    check(TritonConfig(block_n=16), q, k, v, lens, plan_indices=idx, dense_from=df)
+    torch.testing.assert_close(outs[0][0].float(), outs[1][0].float(), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
+
+
 def test_auto_splits():
     q, k, v, lens = make_case(2, 2, 3, 5, 16, 80, torch.float32, [3, 70], seed=1)
     check(AUTO, q, k, v, lens)

@@ -21,8 +21,11 @@ One kernel serves three uses (``SPARSE`` and ``SCORE_MODE`` are compile-time swi
 
 The sequence (or its virtual index list) is cut into ``num_splits`` chunks per (sequence, KV head)
 so that enough programs run at batch 1 (flash-decoding); a second small kernel combines the chunks
-by log-sum-exp. Every launch size depends only on tensor shapes, never on the values of
-``lengths``: no host synchronisation, and the launches can be captured in a CUDA graph.
+by log-sum-exp. With one chunk (``DIRECT_OUT``: sparse plans at large batch, or a forced
+``num_splits=1``) the split kernel normalises and writes the output and its log-sum-exp itself,
+skipping the combine launch and the fp32 partials. Dense score buffers are written in full by the
+kernel (0 at positions no requested row sees), so they need no fill. Every launch size depends
+only on tensor shapes, never on the values of ``lengths``: no host synchronisation, and the launches can be captured in a CUDA graph.
 
 This module imports nothing from specdec (the GPU benchmarks import it alone).
 """
@@ -42,9 +45,10 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _splitk_attn_kernel(
     Q, K, V, Lens, Idx, DenseFrom, RowW, RowSlot,
-    PartO, PartLse, Scores, RawLogits,
+    PartO, PartLse, Scores, RawLogits, Out, OutLse,
     sm_scale,
     stride_qb, stride_qh, stride_qt,
+    stride_ob, stride_oh, stride_ot,
     stride_kb, stride_kh, stride_kl,
     stride_vb, stride_vh, stride_vl,
     stride_ib, stride_ih,
@@ -52,7 +56,7 @@ def _splitk_attn_kernel(
     HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPARSE: tl.constexpr, SCORE_MODE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-    NOUT: tl.constexpr = 1,
+    NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -137,8 +141,9 @@ def _splitk_attn_kernel(
             for r in tl.static_range(NOUT):  # one row at a time: a 2-D pointer tile costs ~70 registers
                 sc_r = tl.sum(tl.where(offs16[:, None] == r, sc2, 0.0), axis=0)
                 t_r = tl.load(RowSlot + r)
-                tl.store(Scores + (pid_bh.to(tl.int64) * NOUT + r) * L + pos, sc_r,
-                         mask=valid & (pos <= length + t_r))
+                # positions row r cannot see get an explicit 0 (the buffer is not zero-filled)
+                tl.store(Scores + (pid_bh.to(tl.int64) * NOUT + r) * L + pos,
+                         tl.where(pos <= length + t_r, sc_r, 0.0), mask=valid & (pos < n_ctx))
         if SCORE_MODE == 2:
             r_ptrs = RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos[None, :]
             tl.store(r_ptrs, s, mask=(slot >= 0)[:, None] & valid[None, :])
@@ -158,9 +163,27 @@ def _splitk_attn_kernel(
     has = l_i > 0.0
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     o = acc / tl.where(has, l_i, 1.0)[:, None]
-    part = pid_bh.to(tl.int64) * NUM_SPLITS + pid_s
-    tl.store(PartO + (part * BLOCK_M + offs_m)[:, None] * D + offs_d[None, :], o)
-    tl.store(PartLse + part * BLOCK_M + offs_m, lse)
+    if DIRECT_OUT:  # one split: this program owns the rows, no partials and no combine launch
+        o_ptrs = Out + b64 * stride_ob + (h * G + g)[:, None] * stride_oh + t[:, None] * stride_ot + offs_d[None, :]
+        tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_valid[:, None])
+        tl.store(OutLse + (b64 * (HKV * G) + h * G + g) * T + t, lse, mask=row_valid)
+    else:
+        part = pid_bh.to(tl.int64) * NUM_SPLITS + pid_s
+        tl.store(PartO + (part * BLOCK_M + offs_m)[:, None] * D + offs_d[None, :], o)
+        tl.store(PartLse + part * BLOCK_M + offs_m, lse)
+
+    if ZERO_TAIL:
+        # dense scores: positions >= lengths + T are seen by no row; the splits share writing their 0s
+        # (the buffer comes from torch.empty: no separate fill kernel)
+        zlen = tl.maximum(L - n_ctx, 0)
+        zper = tl.cdiv(zlen, NUM_SPLITS)
+        zs = n_ctx + pid_s * zper
+        ze = tl.minimum(zs + zper, L)
+        zero = tl.zeros([BLOCK_N], tl.float32)
+        for z0 in range(zs, ze, BLOCK_N):
+            offs_z = z0 + tl.arange(0, BLOCK_N)
+            for r in tl.static_range(NOUT):
+                tl.store(Scores + (pid_bh.to(tl.int64) * NOUT + r) * L + offs_z, zero, mask=offs_z < ze)
 
 
 @triton.jit
@@ -275,6 +298,9 @@ class LaunchConfig:
     num_splits: int | None = None  # None: enough programs to fill the GPU
     ctas_per_sm: int | None = None
     combine_warps: int = 2
+    # sparse plans run in ONE split (output written by the split kernel, no combine launch, no fp32
+    # partials) once the (sequence, KV head) programs alone reach this many per SM; None: never
+    sparse_single_split_at: float | None = 1.0
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False) -> "LaunchConfig":
         if sparse:
@@ -288,7 +314,7 @@ class LaunchConfig:
         pick = lambda v, a: a if v is None else v  # noqa: E731
         return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
                             pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
-                            self.combine_warps)
+                            self.combine_warps, self.sparse_single_split_at)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -303,11 +329,19 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
-def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchConfig) -> int:
-    """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, at least one tile each."""
+def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchConfig, sparse: bool = False) -> int:
+    """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, at least one tile each.
+
+    A sparse plan reads only a few tiles per (sequence, KV head); once ``bh`` programs alone give
+    ``cfg.sparse_single_split_at`` programs per SM it runs in one split, whose program writes the
+    output itself (no combine launch, no partials). A function of shapes only (CUDA-graph safe).
+    """
     if cfg.num_splits is not None:
         return max(1, cfg.num_splits)
-    target = _sm_count(device) * (cfg.ctas_per_sm or 4)
+    sms = _sm_count(device)
+    if sparse and cfg.sparse_single_split_at is not None and bh >= cfg.sparse_single_split_at * sms:
+        return 1
+    target = sms * (cfg.ctas_per_sm or 4)
     s = max(1, math.ceil(target / max(bh, 1)))
     return max(1, min(s, math.ceil(max(virtual_len, 1) / (cfg.block_n or 128))))
 
@@ -327,7 +361,7 @@ def splitk_attention(
     row_ids: torch.Tensor | None = None,
     cfg: LaunchConfig = LaunchConfig(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Launch the split-K kernel and the combine.
+    """Launch the split-K kernel and (with more than one split) the combine.
 
     Args:
         q: ``(B, H, T, D)`` (last dim contiguous); k_cache/v_cache ``(B, H_kv, L, D)``.
@@ -367,23 +401,30 @@ def splitk_attention(
     else:
         idx, df, kplan = lengths, lengths, 0
         virtual = L
-    S = choose_splits(B * Hkv, virtual, dev, cfg)
+    S = choose_splits(B * Hkv, virtual, dev, cfg, sparse=sparse)
+    direct = S == 1
 
-    part_o = torch.empty((B * Hkv * S, block_m, D), dtype=torch.float32, device=dev)
-    part_lse = torch.empty((B * Hkv * S, block_m), dtype=torch.float32, device=dev)
     out = torch.empty((B, H, T, D), dtype=q.dtype, device=dev)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=dev)
+    if direct:  # the split kernel writes out/lse itself: no partials, no combine
+        part_o = part_lse = lse  # dummies, never touched
+    else:
+        part_o = torch.empty((B * Hkv * S, block_m, D), dtype=torch.float32, device=dev)
+        part_lse = torch.empty((B * Hkv * S, block_m), dtype=torch.float32, device=dev)
 
     score_mode = 0
     scores = raw = None
     rw = rs = part_lse  # dummies
+    # dense: the kernel writes every score position itself (0 where no requested row sees it), so
+    # the buffer needs no fill; sparse: unselected positions are never visited and must read 0
+    alloc = torch.zeros if sparse else torch.empty
     if row_weights is not None:
         score_mode = 1
-        scores = torch.zeros((B, Hkv, L), dtype=torch.float32, device=dev)
+        scores = alloc((B, Hkv, L), dtype=torch.float32, device=dev)
         rw = row_weights
     elif row_queries is not None:
         score_mode = 3  # n_slots = number of output rows R
-        scores = torch.zeros((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
+        scores = alloc((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
         rw, rs = row_queries, row_ids
     elif row_slots is not None and n_slots > 0:
         score_mode = 2
@@ -397,17 +438,21 @@ def splitk_attention(
 
     _splitk_attn_kernel[(B * Hkv, S)](
         q, k_cache, v_cache, lengths, idx, df, rw, rs,
-        part_o, part_lse, scores if scores is not None else part_lse, raw if raw is not None else part_lse,
+        part_o, part_lse, scores if scores is not None else lse, raw if raw is not None else lse, out, lse,
         float(scale),
         q.stride(0), q.stride(1), q.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         idx.stride(0) if sparse else 0, (idx.stride(1) if idx.shape[1] > 1 else 0) if sparse else 0,
         L, S, kplan, max(n_slots, 1),
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast, NOUT=max(1, n_slots),
+        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and score_mode in (1, 3),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if direct:
+        return out, lse, scores, raw
     _combine_kernel[(B * Hkv, T * G)](
         part_o, part_lse, out, lse,
         out.stride(0), out.stride(1), out.stride(2),

@@ -39,6 +39,8 @@ class TritonConfig(ComponentConfig):
             default: see docs/backends.md for the measurement).
         max_packed_rows: most ``T * G`` rows packed in one tile; longer forwards (prefill chunks)
             go through SDPA (dense, no scores, GPU) or through the kernel in chunks of rows.
+        sparse_single_split_at: sparse plans run in one split (no combine launch) once the
+            (sequence, KV head) programs reach this many per SM; ``None``: always split.
     """
 
     block_n: int | None = None
@@ -48,6 +50,7 @@ class TritonConfig(ComponentConfig):
     ctas_per_sm: int | None = None
     sdpa_decode: bool = False
     max_packed_rows: int = 64
+    sparse_single_split_at: float | None = 1.0
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -80,7 +83,8 @@ class TritonBackend(AttentionBackend):
         c = self.config
         self._launch = (
             LaunchConfig(block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages,
-                         num_splits=c.num_splits, ctas_per_sm=c.ctas_per_sm)
+                         num_splits=c.num_splits, ctas_per_sm=c.ctas_per_sm,
+                         sparse_single_split_at=c.sparse_single_split_at)
             if LaunchConfig is not None
             else None
         )
@@ -88,7 +92,7 @@ class TritonBackend(AttentionBackend):
 
     @property
     def capture_safe(self) -> bool:
-        """Decode- and verify-sized forwards launch two kernels sized by tensor shapes only: no host
+        """Decode- and verify-sized forwards launch one or two kernels sized by tensor shapes only: no host
         synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``, which
         syncs; prefill-sized forwards sync too and are never captured)."""
         return not self.config.sdpa_decode
