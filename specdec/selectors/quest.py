@@ -9,11 +9,16 @@ them, exactly as for every other selector.
 
 Page metadata is maintained incrementally: only pages at or after the first position that changed
 since the last call (the tail page after a rollback or an append) are recomputed from the cache.
+
+Both steps have Triton kernels (``specdec/cuda/triton_quest.py``): ``kernels="auto"`` (default)
+uses them when the cache is on a CUDA device and triton is installed, ``"triton"`` forces them
+(on the CPU only under ``TRITON_INTERPRET=1``), ``"torch"`` keeps the PyTorch code below.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -28,6 +33,19 @@ class QuestConfig(BudgetConfig):
     """Options of :class:`Quest` (budget fields: :class:`BudgetConfig`)."""
 
     page_size: int = Field(default=16, gt=0, description="tokens per page")
+    kernels: Literal["auto", "torch", "triton"] = Field(
+        default="auto",
+        description="page scoring / min-max update: Triton kernels ('auto': on CUDA when triton is installed)",
+    )
+
+
+def _triton_quest():
+    """The Triton kernels module, or ``None`` when triton is not installed."""
+    try:
+        from specdec.cuda import triton_quest
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return triton_quest
 
 
 def page_minmax(k: torch.Tensor, length: int, page_size: int, first_page: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,16 +98,13 @@ class QuestPlan(SparsePlan):
         t0 = time.perf_counter()
         sel = self.selector
         fixed = self.indices[0]  # (B, 1, F)
-        B, H, T, D = q.shape
+        B = q.shape[0]
         kmin, kmax = sel.kmin[layer], sel.kmax[layer]  # (B, H_kv, P, D)
         Hkv = kmin.shape[1]
         if self.k_sel == 0:
             out = fixed.expand(B, Hkv, -1)
         else:
-            qg = q.float().reshape(B, Hkv, H // Hkv * T, D)
-            # Σ_d max(q_d kmax_d, q_d kmin_d) = q⁺·kmax + q⁻·kmin, summed over the group's heads/rows
-            page = (torch.einsum("bhgd,bhpd->bhp", qg.clamp(min=0), kmax)
-                    + torch.einsum("bhgd,bhpd->bhp", qg.clamp(max=0), kmin))  # (B, H_kv, P)
+            page = sel.page_scores(q, kmin, kmax)  # (B, H_kv, P)
             tok = page.repeat_interleave(sel.config.page_size, dim=-1)  # (B, H_kv, P * page)
             L = int(self.lengths.max())
             tok = tok[..., :L] if tok.shape[-1] >= L else torch.nn.functional.pad(tok, (0, L - tok.shape[-1]))
@@ -122,6 +137,28 @@ class Quest(BudgetSelector):
         self._valid: torch.Tensor | None = None  # (B,) positions whose metadata matches the cache
         self.draft_select_seconds = 0.0
 
+    def use_triton(self, device: torch.device) -> bool:
+        """Whether the Triton kernels score pages and update the bounds for tensors on ``device``."""
+        k = self.config.kernels
+        if k == "torch":
+            return False
+        if k == "triton":
+            if _triton_quest() is None:
+                raise RuntimeError("QuestConfig(kernels='triton') needs the 'triton' package")
+            return True
+        return torch.device(device).type == "cuda" and _triton_quest() is not None
+
+    def page_scores(self, q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
+        """``(B, H_kv, P)`` page upper bounds for queries ``q`` ``(B, H, T, D)``, summed over each KV
+        group's heads and rows: ``Σ_d max(q_d kmax_d, q_d kmin_d) = q⁺·kmax + q⁻·kmin``."""
+        if self.use_triton(q.device):
+            return _triton_quest().quest_page_scores(q, kmin, kmax)
+        B, H, T, D = q.shape
+        Hkv = kmin.shape[1]
+        qg = q.float().reshape(B, Hkv, H // Hkv * T, D)
+        return (torch.einsum("bhgd,bhpd->bhp", qg.clamp(min=0), kmax)
+                + torch.einsum("bhgd,bhpd->bhp", qg.clamp(max=0), kmin))
+
     def reset(self, cache: KVCache) -> None:
         N, B, H, L, D = cache.k.shape
         P = -(-L // self.config.page_size)
@@ -139,6 +176,11 @@ class Quest(BudgetSelector):
         if self.kmin is None or self.kmin.shape[1] != cache.batch or self.kmin.shape[3] * self.config.page_size < cache.capacity:
             self.reset(cache)
         ps = self.config.page_size
+        if self.use_triton(cache.k.device):  # one launch, no host synchronisation
+            lengths = lengths.to(self._valid.device)
+            _triton_quest().quest_update_minmax(cache.k, self.kmin, self.kmax, self._valid, lengths, ps)
+            self._valid = lengths.clone()
+            return
         for b, (old, new) in enumerate(zip(self._valid.tolist(), lengths.tolist())):
             if old == new:
                 continue
