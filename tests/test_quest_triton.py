@@ -19,7 +19,7 @@ import torch  # noqa: E402
 pytest.importorskip("triton", reason="the Quest kernels need the optional 'triton' package")
 
 from specdec.cache import KVCache  # noqa: E402
-from specdec.cuda.triton_quest import quest_page_scores, quest_update_minmax  # noqa: E402
+from specdec.cuda.triton_quest import quest_page_scores, quest_token_scores, quest_update_minmax  # noqa: E402
 from specdec.selectors.quest import Quest, QuestConfig  # noqa: E402
 
 if _DEVICE == "cuda" and not torch.cuda.is_available():  # pragma: no cover
@@ -51,6 +51,34 @@ def test_page_scores_match_torch_and_pick_the_same_pages(dtype, Hkv, G, T, D, P)
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-5)
     k = max(1, P // 3)
     assert torch.equal(torch.topk(got, k, dim=-1).indices, torch.topk(ref, k, dim=-1).indices)
+
+
+@pytest.mark.parametrize("ps,L", [(16, 70), (5, 41), (4, 64)])
+def test_token_scores_equal_torch_expansion(ps, L):
+    """Fused expansion: each token carries its page's bound, blocked tokens are -inf, as the torch path."""
+    g = torch.Generator().manual_seed(ps * L)
+    B, Hkv, G, D, sinks, recent = 3, 2, 3, 16, 2, 5
+    P = -(-(L + 9) // ps)  # the capacity can exceed the longest sequence
+    q = torch.randn(B, Hkv * G, 1, D, generator=g).to(DEV)
+    kmin, kmax = _bounds(B, Hkv, P, D, g)
+    lengths = torch.tensor([L, 3, L - 7], device=DEV)
+    sel = Quest(QuestConfig(page_size=ps, sinks=sinks, recent=recent, kernels="torch"))
+    ref = sel.page_scores(q, kmin, kmax).repeat_interleave(ps, dim=-1)[..., :L]
+    ref = ref.masked_fill(sel.blocked(lengths, L).view(B, 1, L), float("-inf"))
+    got = quest_token_scores(q, kmin, kmax, lengths, L, ps, sinks, recent)
+    assert got.shape == ref.shape
+    assert torch.equal(torch.isinf(got), torch.isinf(ref))
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-5)
+    k = 12
+    a, b = torch.topk(got, k, dim=-1), torch.topk(ref, k, dim=-1)
+    torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=1e-5)
+    # the tokens of a page tie: compare how many tokens of each page are picked (finite picks only)
+    fin = torch.isfinite(a.values).view(-1, k)
+    for row in range(B * Hkv):
+        f = fin[row]
+        pa = sorted(x // ps for x in a.indices.view(-1, k)[row][f].tolist())
+        pb = sorted(x // ps for x in b.indices.view(-1, k)[row][f].tolist())
+        assert pa == pb
 
 
 def test_page_scores_strided_inputs():

@@ -17,10 +17,11 @@ Sections (bf16, random data, every sequence at the same context, copy bandwidth 
    ``+logits`` (summed, what Vegas uses; buffer now written in full by the kernel),
    ``+logits/row``, and ``+logits +fill`` (the same plus a ``torch.zeros`` of the score buffer in
    the same graph: the old cost, emulated).
-3. **quest** (draft T=1, pages of 16) at SmolLM2 B=64 x 8k and Llama B=16 x 32k: page scoring torch
-   (two einsums) vs Triton (graph), the whole ``QuestPlan.indices_for`` (scores + repeat + mask +
-   ``torch.topk``; eager, it syncs once), and the page min/max update after a 5-token append for
-   one layer (torch: host loop over sequences, eager; Triton: one launch).
+3. **quest** (draft T=1, pages of 16, budget 5 % / at least 256) at SmolLM2 B=64 x 8k and Llama
+   B=16 x 32k, per layer: page scoring torch (two einsums) vs Triton (graph); the token scores that
+   feed ``torch.topk`` (torch: page scores + repeat + mask; Triton: one fused kernel; graph); the
+   whole ``QuestPlan.indices_for`` (eager, it syncs once); and the page min/max update after a
+   5-token append (torch: host loop over sequences, eager; Triton: one launch).
 
 Timing: "graph" = median per call of a CUDA graph that runs the variant once per independent KV copy
 (working set > L2), replayed 20x (``bench_kernels.graph_time``); "eager" = ``triton.testing.do_bench``
@@ -49,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernels import copy_bandwidth, graph_time, rel_err  # noqa: E402
 
 from specdec.cuda.triton_attention import LaunchConfig, splitk_attention  # noqa: E402
-from specdec.cuda.triton_quest import quest_page_scores, quest_update_minmax  # noqa: E402
+from specdec.cuda.triton_quest import quest_token_scores, quest_update_minmax  # noqa: E402
 
 # name, H, H_kv, D, B, context
 SPARSE_CASES = [("smollm2", 9, 3, 64, 64, 8192), ("llama8b", 32, 8, 128, 16, 32768), ("llama8b", 32, 8, 128, 1, 131072)]
@@ -207,6 +208,24 @@ def quest_section(bench: Bench, cases, page_size=16):
             got = sel.page_scores(q, kmin[0], kmax[0])
             tg, te = bench.time([lambda sel=sel: sel.page_scores(q, kmin[0], kmax[0])])
             bench.record("quest", case, f"page scores {kind}", tg, te, nbytes, rel_err=rel_err(got, ref))
+        # page scores expanded to tokens + blocked mask (the input of topk): torch chain vs one kernel
+        c = sels["torch"].config
+        tsel = sels["torch"]
+
+        def tok_torch():
+            tok = tsel.page_scores(q, kmin[0], kmax[0]).repeat_interleave(page_size, dim=-1)[..., :ctx]
+            return tok.masked_fill(tsel.blocked(lengths, ctx).view(B, 1, ctx), float("-inf"))
+
+        def tok_triton():
+            return quest_token_scores(q, kmin[0], kmax[0], lengths, ctx, page_size, c.sinks, c.recent)
+
+        ref_tok = tok_torch()
+        for kind, fn in (("torch", tok_torch), ("triton", tok_triton)):
+            got = fn()
+            fin = torch.isfinite(ref_tok)
+            tg, te = bench.time([fn])
+            bench.record("quest", case, f"token scores {kind}", tg, te, nbytes,
+                         rel_err=rel_err(got[fin], ref_tok[fin]))
         for kind, sel in sels.items():  # the whole per-layer selection (eager: it syncs once)
             sel.kmin, sel.kmax = kmin, kmax
             budget = sel.config.budget_for(lengths)

@@ -4,6 +4,10 @@
   ``sum_rows sum_d max(q_d kmax_d, q_d kmin_d)`` over the ``G * T`` query rows of the KV group
   (the ``G`` heads times the ``T`` rows), i.e. ``(sum_rows q+) . kmax + (sum_rows q-) . kmin``:
   one read of the page bounds, one launch (the torch path: two batched matmuls, clamps, an add).
+* :func:`quest_token_scores` -- the same bounds expanded to the tokens of each page, with the
+  positions the query-aware part may not pick (uncached, sinks, recent window) set to ``-inf``:
+  the input of ``torch.topk`` in one launch (the torch path: page scores, ``repeat_interleave``,
+  slice, a blocked mask, ``masked_fill``).
 * :func:`quest_update_minmax` -- after the verified lengths move from ``valid`` to ``lengths``,
   recompute the pages from ``min(valid, lengths) // page_size`` up to the last page holding a
   position ``< lengths`` from the cache, and zero the pages past a rollback that no longer hold
@@ -84,6 +88,82 @@ def quest_page_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -
         P,
         HKV=Hkv, G=G, T=T, D=D,
         BLOCK_R=max(2, triton.next_power_of_2(G * T)), BLOCK_D=block_d, BLOCK_P=block_p,
+        num_warps=4,
+    )
+    return out
+
+
+@triton.jit
+def _quest_token_scores_kernel(
+    Q, Kmin, Kmax, Lens, Out,
+    stride_qb, stride_qh, stride_qt,
+    stride_mb, stride_mh, stride_mp,
+    P, L, SINKS, RECENT,
+    HKV: tl.constexpr, G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_PS: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    b = (pid_bh // HKV).to(tl.int64)
+    h = pid_bh % HKV
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    g = offs_r // T
+    t = offs_r % T
+    rmask = offs_r < G * T
+    q = tl.load(Q + b * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    qp = tl.sum(tl.maximum(q, 0.0), axis=0)
+    qn = tl.sum(tl.minimum(q, 0.0), axis=0)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    base = b * stride_mb + h * stride_mh + offs_p[:, None].to(tl.int64) * stride_mp + offs_d[None, :]
+    m = pmask[:, None] & dmask[None, :]
+    kmax = tl.load(Kmax + base, mask=m, other=0.0)
+    kmin = tl.load(Kmin + base, mask=m, other=0.0)
+    score = tl.sum(kmax * qp[None, :] + kmin * qn[None, :], axis=1)  # (BLOCK_P,), 0 past the last page
+    # every token of a page gets the page's score; blocked tokens (uncached, sinks, recent) -inf
+    offs_i = tl.arange(0, BLOCK_PS)
+    pos = offs_p[:, None] * PS + offs_i[None, :]  # (BLOCK_P, BLOCK_PS)
+    length = tl.load(Lens + b)
+    blocked = (pos >= length) | (pos < SINKS) | (pos >= length - RECENT)
+    tok = tl.where(blocked, float("-inf"), tl.broadcast_to(score[:, None], (BLOCK_P, BLOCK_PS)))
+    tl.store(Out + pid_bh.to(tl.int64) * L + pos, tok, mask=(offs_i[None, :] < PS) & (pos < L))
+
+
+def quest_token_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, lengths: torch.Tensor, L: int,
+                       page_size: int, sinks: int, recent: int) -> torch.Tensor:
+    """Per-token Quest scores ready for ``torch.topk``, in one launch.
+
+    Token ``l`` gets the bound of its page ``l // page_size`` (as :func:`quest_page_scores`), or
+    ``-inf`` where the query-aware part may not pick it (``l >= lengths[b]``, ``l < sinks``,
+    ``l >= lengths[b] - recent``); tokens of pages past ``P`` get 0 (as zero padding).
+
+    Returns:
+        ``(B, H_kv, L)`` float32.
+    """
+    B, H, T, D = q.shape
+    Hkv, P = kmin.shape[1], kmin.shape[2]
+    if kmin.stride() != kmax.stride() or kmin.stride(-1) != 1:
+        kmin, kmax = kmin.contiguous(), kmax.contiguous()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty((B, Hkv, L), dtype=torch.float32, device=q.device)
+    if L == 0 or B == 0:
+        return out
+    block_d = triton.next_power_of_2(D)
+    block_ps = triton.next_power_of_2(page_size)
+    n_pages = -(-L // page_size)  # pages holding a token < L
+    block_p = max(1, min(triton.next_power_of_2(n_pages), max(16, 8192 // block_d)))
+    _quest_token_scores_kernel[(B * Hkv, triton.cdiv(n_pages, block_p))](
+        q, kmin, kmax, lengths, out,
+        q.stride(0), q.stride(1), q.stride(2),
+        kmin.stride(0), kmin.stride(1), kmin.stride(2),
+        P, L, sinks, recent,
+        HKV=Hkv, G=H // Hkv, T=T, D=D, PS=page_size,
+        BLOCK_R=max(2, triton.next_power_of_2((H // Hkv) * T)), BLOCK_D=block_d,
+        BLOCK_P=block_p, BLOCK_PS=block_ps,
         num_warps=4,
     )
     return out

@@ -10,7 +10,8 @@ them, exactly as for every other selector.
 Page metadata is maintained incrementally: only pages at or after the first position that changed
 since the last call (the tail page after a rollback or an append) are recomputed from the cache.
 
-Both steps have Triton kernels (``specdec/cuda/triton_quest.py``): ``kernels="auto"`` (default)
+Both steps have Triton kernels (``specdec/cuda/triton_quest.py``; scoring is fused with the
+expansion to tokens and the blocked mask, top-k stays ``torch.topk``): ``kernels="auto"`` (default)
 uses them when the cache is on a CUDA device and triton is installed, ``"triton"`` forces them
 (on the CPU only under ``TRITON_INTERPRET=1``), ``"torch"`` keeps the PyTorch code below.
 """
@@ -104,11 +105,15 @@ class QuestPlan(SparsePlan):
         if self.k_sel == 0:
             out = fixed.expand(B, Hkv, -1)
         else:
-            page = sel.page_scores(q, kmin, kmax)  # (B, H_kv, P)
-            tok = page.repeat_interleave(sel.config.page_size, dim=-1)  # (B, H_kv, P * page)
             L = int(self.lengths.max())
-            tok = tok[..., :L] if tok.shape[-1] >= L else torch.nn.functional.pad(tok, (0, L - tok.shape[-1]))
-            tok = tok.masked_fill(sel.blocked(self.lengths, L).view(B, 1, L), float("-inf"))
+            c = sel.config
+            if sel.use_triton(q.device):  # page bounds, expanded to tokens and masked, in one launch
+                tok = _triton_quest().quest_token_scores(q, kmin, kmax, self.lengths, L, c.page_size, c.sinks, c.recent)
+            else:
+                page = sel.page_scores(q, kmin, kmax)  # (B, H_kv, P)
+                tok = page.repeat_interleave(c.page_size, dim=-1)  # (B, H_kv, P * page)
+                tok = tok[..., :L] if tok.shape[-1] >= L else torch.nn.functional.pad(tok, (0, L - tok.shape[-1]))
+                tok = tok.masked_fill(sel.blocked(self.lengths, L).view(B, 1, L), float("-inf"))
             top = torch.topk(tok, self.k_sel, dim=-1).indices  # (B, H_kv, k_sel)
             slot = torch.arange(self.k_sel, device=q.device).view(1, 1, -1)
             top = torch.where(slot < self.room.view(B, 1, 1), top, torch.full_like(top, -1))
