@@ -263,10 +263,11 @@ def table(rows) -> str:
            "|---|---|---|---|---|---|---|---|"]
     f = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
     for r in rows:
+        frac = r.get("frac_copy")
+        vs = r.get("vs_no_scores")
         out.append(f"| {r['section']} | {r['case']} | {r['variant']} | {f(r['graph_us'], '.1f')} | "
-                   f"{f(r['eager_us'], '.1f')} | {f(r.get('frac_copy') and r['frac_copy'] * 100, '.1f')} | "
-                   f"{f(r.get('vs_no_scores') and r['vs_no_scores'] * 100, '+.1f')}{'%' if r.get('vs_no_scores') is not None else ''} | "
-                   f"{f(r.get('rel_err'), '.1e')} |")
+                   f"{f(r['eager_us'], '.1f')} | {f(None if frac is None else frac * 100, '.1f')} | "
+                   f"{'' if vs is None else format(vs * 100, '+.1f') + '%'} | {f(r.get('rel_err'), '.1e')} |")
     return "\n".join(out)
 
 

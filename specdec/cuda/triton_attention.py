@@ -25,7 +25,8 @@ by log-sum-exp. With one chunk (``DIRECT_OUT``: sparse plans at large batch, or 
 ``num_splits=1``) the split kernel normalises and writes the output and its log-sum-exp itself,
 skipping the combine launch and the fp32 partials. Dense score buffers are written in full by the
 kernel (0 at positions no requested row sees), so they need no fill. Every launch size depends
-only on tensor shapes, never on the values of ``lengths``: no host synchronisation, and the launches can be captured in a CUDA graph.
+only on tensor shapes, never on the values of ``lengths``: no host synchronisation, and the
+launches can be captured in a CUDA graph.
 
 This module imports nothing from specdec (the GPU benchmarks import it alone).
 """
