@@ -25,7 +25,8 @@ from specdec.drafters import EarlyExitDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.fidelity import markdown, run_fidelity, summarize
 from specdec.models import SpecdecModel
-from specdec.srh import Calibration, calibrate, greedy_search, model_identity, per_layer_signals, save_srh, srh_report
+from specdec.srh import (RETRIEVAL_FILLER, Calibration, calibrate, greedy_search, model_identity, per_layer_signals,
+                         retrieval_calibration, save_srh, srh_report)
 
 
 def main() -> None:
@@ -35,6 +36,9 @@ def main() -> None:
     ap.add_argument("--budgets", default="1024,512")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--draft-layers", type=int, default=9)
+    ap.add_argument("--calib-documents", default="stdlib:inspect,stdlib:tarfile",
+                    help="prose/code documents for the SRH calibration (kept apart from --documents)")
+    ap.add_argument("--retrieval", type=int, default=8, help="pass-key probes in the SRH calibration (0 = none)")
     ap.add_argument("--points", type=int, default=8, help="SRH calibration probe points per document")
     ap.add_argument("--srh-budget", type=int, default=512, help="budget the SRH search optimises for")
     ap.add_argument("--max-heads", type=int, default=8)
@@ -59,18 +63,25 @@ def main() -> None:
     drafter = EarlyExitDrafter(model, a.draft_layers)
     dense = SpeculativeEngine(model, method="dense")
     prefills, cals = {}, []
+    calib_docs = [d for d in a.calib_documents.split(",") if d]
+    for doc in calib_docs:
+        ids = context_ids(model.tokenizer, load_document(doc), a.context, offset=a.max_new_tokens + 16)
+        cals.append(calibrate(model, drafter, ids, a.gamma, a.points))
+        log(f"calibration {doc}: {len(ids)} tokens, {a.points} probe points")
+    if a.retrieval:
+        cals.append(retrieval_calibration(model, drafter, a.retrieval, a.context, a.gamma))
+        log(f"calibration: {a.retrieval} pass-key probes ({RETRIEVAL_FILLER})")
     for doc in docs:
         ids = context_ids(model.tokenizer, load_document(doc), a.context, offset=a.max_new_tokens + 16)
-        pre = dense.prefill([ids])
-        prefills[doc] = (ids, pre)
-        cals.append(calibrate(model, drafter, ids, a.gamma, a.points, prefilled=pre))
-        log(f"{doc}: prefilled {len(ids)} tokens and calibrated")
+        prefills[doc] = (ids, dense.prefill([ids]))
+        log(f"{doc}: prefilled {len(ids)} tokens")
     cal = Calibration.cat(cals)
     res = greedy_search(cal, a.srh_budget, 4, 16, max_heads=a.max_heads, pool=12)
     layer_map = drafter.layer_map(model.dims.n_layers)
     srh = dict(target=model_identity(model), draft=drafter.identity(), target_heads=res["target_heads"],
                draft_heads=res["draft_heads"], layer_map=layer_map, m_ratio=res["m_ratio"],
-               calibration=dict(documents=docs, context=a.context, budget=a.srh_budget, gamma=a.gamma, points=a.points),
+               calibration=dict(documents=calib_docs, context=a.context, budget=a.srh_budget, gamma=a.gamma, points=a.points,
+                                retrieval=a.retrieval, retrieval_filler=RETRIEVAL_FILLER),
                search=dict(mean_arr=res["arr"], trace=res["trace"]),
                arr_per_layer_srh=srh_report(cal, res, a.srh_budget, 4, 16),
                arr_per_layer_full_signals=per_layer_signals(cal, a.srh_budget, 4, 16, layer_map, (0.0, 0.25, 0.5, 0.75, 1.0)))
@@ -108,7 +119,8 @@ def srh_markdown(srh: dict) -> str:
     s, f = srh["arr_per_layer_srh"], srh["arr_per_layer_full_signals"]
     mean = lambda v: sum(v) / len(v)  # noqa: E731
     lines = ["", f"## SRH calibration (teacher-forced, budget {srh['calibration']['budget']}, "
-             f"{srh['calibration']['points']} probe points per document)", "",
+             f"{srh['calibration']['points']} probe points per document of {', '.join(srh['calibration']['documents'])}"
+             f" + {srh['calibration'].get('retrieval', 0)} pass-key probes)", "",
              f"- target SRHs {srh['target_heads']}, draft SRHs {srh['draft_heads']}, m_ratio {srh['m_ratio']}",
              f"- SRH sets, mean ARR over layers: draft-only {mean(s['draft_only']):.3f}, target-only "
              f"{mean(s['target_only']):.3f}, hybrid {mean(s['hybrid']):.3f}",

@@ -13,7 +13,8 @@ Pipeline (DESIGN.md §1, ``shared/papers/003_eed2ab8984de2fad.txt``)::
 * ``draft_layers``: early-exit depth of the embedded drafter (default ``max(1, round(0.3 N))``);
 * ``draft_model``: a separate draft model (embedded name, directory or hub id) instead of early exit;
 * ``m`` / ``m_ratio``: the static split; ``adaptive``: input-aware ``m`` per iteration;
-* ``history_decay``: EMA of the target history; ``dense_every`` / ``disagree``: the safety valve.
+* ``history_decay``: EMA of the target history; ``dense_every`` / ``disagree``: the safety valve;
+* ``dense_first``: the first verification of a generation is dense (default true; it seeds the target history).
 """
 
 from __future__ import annotations
@@ -24,7 +25,17 @@ from specdec.errors import SpecdecError
 from specdec.presets import PipelineConfig, register_method
 
 OPTIONS = {"srh", "draft_layers", "draft_model", "m", "m_ratio", "adaptive", "history_decay", "dense_every",
-           "disagree", "m_grid"}
+           "disagree", "m_grid", "dense_first"}
+
+
+def _flag(v: Any) -> bool:
+    if isinstance(v, str):
+        if v.lower() in ("1", "true", "yes", "on"):
+            return True
+        if v.lower() in ("0", "false", "no", "off"):
+            return False
+        raise SpecdecError(f"dense_first must be true or false (got {v!r}).")
+    return bool(v)
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -83,7 +94,7 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
     from specdec.verifiers import SparseVerifier
 
     verifier = SparseVerifier(model, selector, drafter, dense_every=int(opts.get("dense_every", 0)),
-                              disagree=opts.get("disagree"))
+                              disagree=opts.get("disagree"), dense_first=_flag(opts.get("dense_first", True)))
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=method, **kw)
 
 

@@ -152,7 +152,8 @@ class Calibration:
         lengths: ``(J,)`` verified tokens at each probe point.
         truth: ``(N_t, J, L)`` dense attention of the γ+1 verify rows per target layer (mean over heads and rows).
         history: ``(N_t, H_t, J, L)`` target attention of the previous γ+1 rows per head (sum over rows).
-        lookahead: ``(N_d, H_d, J, L)`` draft attention of the γ draft rows per head (sum over rows).
+        lookahead: ``(N_d, H_d, J, L)`` draft attention of the γ draft rows per head (sum over rows), the
+            draft fed its own greedy tokens as when it drafts online.
     """
 
     lengths: torch.Tensor
@@ -174,23 +175,27 @@ class Calibration:
 
 
 @torch.no_grad()
-def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefilled=None) -> Calibration:
+def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefilled=None,
+              probes: Sequence[int] | None = None) -> Calibration:
     """Record the three signals at ``points`` probe points in the second half of ``ids`` (teacher-forced).
 
     ``prefilled``: an :class:`specdec.engine.Prefilled` of ``ids`` to skip the target prefill.
+    ``probes``: explicit probe points instead (each needs ``γ+1`` tokens before it and ``γ+1`` after).
     """
     from specdec.engine import SpeculativeEngine
 
     C = len(ids)
     if C < 4 * (gamma + 2) or points < 1:
         raise SpecdecError(f"calibration needs a context of at least {4 * (gamma + 2)} tokens and points >= 1 (got {C}, {points}).")
+    if probes is not None and any(not gamma + 1 <= p <= C - gamma - 1 for p in probes):
+        raise SpecdecError(f"probe points must lie in [{gamma + 1}, {C - gamma - 1}] for {C} tokens and gamma {gamma}.")
     pre = prefilled or SpeculativeEngine(target, eos_token_id=-1).prefill([ids])
     dev = target.device
     cache = target.new_cache(1, C)
     cache.k.copy_(pre.k[..., :C, :])
     cache.v.copy_(pre.v[..., :C, :])
     lo, hi = C // 2, C - gamma - 1
-    probe = torch.linspace(lo, hi, points).round().long().tolist()
+    probe = list(probes) if probes is not None else torch.linspace(lo, hi, points).round().long().tolist()
     truths, hists, looks, lens = [], [], [], []
     draft_model = drafter.draft_model
     for p in probe:
@@ -207,15 +212,61 @@ def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefille
         hists.append(torch.stack([rec.out[l][0] for l in range(N)]))  # (N, H, L)
         t = torch.stack([rec2.out[l][0] for l in range(N)])  # (N, H, L)
         truths.append(t.sum(1) / (t.shape[1] * (gamma + 1)))
-        # draft: rows p .. p+γ-1 (its cache is the target's first layers for early exit, else its own)
+        # draft: γ rows from position p, fed its *own* greedy tokens as online (not the true text: a weak
+        # drafter's attention over a wrong continuation is what the selector really gets); its cache is the
+        # target's first layers for early exit, else its own; the positions it writes are restored after
         dcache = _draft_cache_for(drafter, cache, ids, p)
-        rec3 = _Recorder(draft_model.backend, dcache, range(gamma))
-        with draft_model.using_backend(rec3):
-            draft_model.forward(x[:, gamma + 1 : 2 * gamma + 1], dcache, torch.tensor([p], device=dev), logits_to_keep=1)
-        looks.append(torch.stack([rec3.out[l][0] for l in range(draft_model.dims.n_layers)]))
+        saved = (dcache.k[:, :, :, p : p + gamma].clone(), dcache.v[:, :, :, p : p + gamma].clone())
+        tok, look = x[:, gamma + 1 : gamma + 2], 0
+        for j in range(gamma):
+            rec3 = _Recorder(draft_model.backend, dcache, [0])
+            with draft_model.using_backend(rec3):
+                logits = draft_model.forward(tok, dcache, torch.tensor([p + j], device=dev), logits_to_keep=1)
+            look = look + torch.stack([rec3.out[l][0] for l in range(draft_model.dims.n_layers)])
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+        dcache.k[:, :, :, p : p + gamma] = saved[0]
+        dcache.v[:, :, :, p : p + gamma] = saved[1]
+        looks.append(look)
         lens.append(p)
     return Calibration(torch.tensor(lens, device=dev), torch.stack(truths, 1), torch.stack(hists, 2),
                        torch.stack(looks, 2), dict(gamma=gamma))
+
+
+#: filler of the retrieval calibration prompts: not a document the fidelity study evaluates on
+RETRIEVAL_FILLER = "stdlib:typing"
+
+
+def retrieval_calibration(target, drafter, n: int, context: int, gamma: int, filler: str = RETRIEVAL_FILLER,
+                          seed: int = 1234) -> Calibration:
+    """Probe points where the target must *retrieve*: ``n`` pass-key prompts (the key at evenly spaced
+    depths of ``filler``), teacher-forced on the answer; the probe is the first answer token.
+
+    Prose calibration alone is dominated by local attention, so the search picks heads that see the
+    recent past and hands every free slot to one signal; these probes make it value the heads that
+    find a far-away fact (the Semantic Retrieval Heads proper).
+    """
+    import random
+
+    from specdec.data import load_document
+    from specdec.fidelity import passkey_prompt
+
+    if n < 1:
+        raise SpecdecError(f"retrieval calibration needs n >= 1 prompts (got {n}).")
+    rng = random.Random(seed)
+    text = load_document(filler)
+    parts, needles = [], []
+    for i in range(n):
+        key = str(rng.randint(10000, 99999))
+        answer = target.tokenizer(f" {key}.\n", add_special_tokens=False).input_ids
+        if len(answer) < gamma + 1:
+            answer = answer + target.tokenizer("\n" * (gamma + 1), add_special_tokens=False).input_ids
+        prompt = passkey_prompt(target.tokenizer, text, context - len(answer), (i + 0.5) / n, key)
+        parts.append(calibrate(target, drafter, prompt + answer, gamma, 1, probes=[len(prompt)]))
+        digits = target.tokenizer(key, add_special_tokens=False).input_ids
+        needles.append([p for p in range(len(prompt) - len(digits)) if prompt[p : p + len(digits)] == digits][:1])
+    cal = Calibration.cat(parts)
+    cal.meta["key_positions"] = [[p + j for p in ps for j in range(len(digits))] for ps in needles]
+    return cal
 
 
 def _draft_cache_for(drafter, cache, ids, p):
@@ -290,11 +341,18 @@ def greedy_search(cal: Calibration, budget: int, sinks: int = 4, recent: int = 1
     def score(t, d, r) -> float:
         return float(evaluate(cal, budget, sinks, recent, t, d, r).mean())
 
-    # candidate pools: each head alone, its own signal only
-    solo_t = sorted(((score([(l, h)], [], 0.0), (l, h)) for l in range(N_t) for h in range(H_t)), reverse=True)
+    # candidate pools. A head is ranked *in a hybrid*, not alone: a retrieval head's history signal
+    # alone misses the local context a hybrid gets from the other signal, and would rank last.
+    # 1) the best draft head alone; 2) each target head with it, best split; 3) each draft head with
+    # the best target head of 2), best split.
+    d0 = max(((score([], [(l, h)], 1.0), (l, h)) for l in range(N_d) for h in range(H_d)))[1]
+    solo_t = sorted(((max(score([(l, h)], [d0], r) for r in grid), (l, h)) for l in range(N_t) for h in range(H_t)),
+                    reverse=True)
     if progress:
         progress(0.3)
-    solo_d = sorted(((score([], [(l, h)], 1.0), (l, h)) for l in range(N_d) for h in range(H_d)), reverse=True)
+    t0 = solo_t[0][1]
+    solo_d = sorted(((max(score([t0], [(l, h)], r) for r in grid), (l, h)) for l in range(N_d) for h in range(H_d)),
+                    reverse=True)
     if progress:
         progress(0.5)
     cand_t = [h for _, h in solo_t[:pool]]
@@ -343,16 +401,22 @@ def srh_report(cal: Calibration, result: dict, budget: int, sinks: int, recent: 
 
 def profile_srh(target, drafter, documents: Sequence[str], context: int, budget: int, gamma: int = 4,
                 points: int = 12, sinks: int = 4, recent: int = 16, max_heads: int = 8, pool: int = 12,
-                progress=None) -> dict[str, Any]:
-    """Calibrate on ``documents`` and search; returns the artifact payload (not yet written)."""
+                progress=None, retrieval: int = 0, retrieval_filler: str = RETRIEVAL_FILLER) -> dict[str, Any]:
+    """Calibrate on ``documents`` (plus ``retrieval`` pass-key probes) and search; returns the artifact
+    payload (not yet written)."""
     from specdec.data import context_ids, load_document
 
     parts = []
+    steps = len(documents) + (1 if retrieval else 0)
     for i, doc in enumerate(documents):
         ids = context_ids(target.tokenizer, load_document(doc), context, offset=2000)
         parts.append(calibrate(target, drafter, ids, gamma, points))
         if progress:
-            progress("calibrate", (i + 1) / len(documents))
+            progress("calibrate", (i + 1) / steps)
+    if retrieval:
+        parts.append(retrieval_calibration(target, drafter, retrieval, context, gamma, retrieval_filler))
+        if progress:
+            progress("calibrate", 1.0)
     cal = Calibration.cat(parts)
     res = greedy_search(cal, budget, sinks, recent, max_heads, pool,
                         progress=(lambda f: progress("search", f)) if progress else None)
@@ -362,7 +426,7 @@ def profile_srh(target, drafter, documents: Sequence[str], context: int, budget:
         target_heads=res["target_heads"], draft_heads=res["draft_heads"], layer_map=layer_map,
         m_ratio=res["m_ratio"],
         calibration=dict(documents=list(documents), context=context, budget=budget, gamma=gamma, points=points,
-                         sinks=sinks, recent=recent),
+                         sinks=sinks, recent=recent, retrieval=retrieval, retrieval_filler=retrieval_filler),
         search=dict(mean_arr=res["arr"], trace=res["trace"], solo_target_best=res["solo_target_best"],
                     solo_draft_best=res["solo_draft_best"]),
         arr_per_layer_srh=srh_report(cal, res, budget, sinks, recent),
@@ -392,6 +456,7 @@ def register(app) -> None:
         gamma: int = typer.Option(4, "--gamma"),
         points: int = typer.Option(12, "--points", help="probe points per document"),
         max_heads: int = typer.Option(8, "--max-heads"),
+        retrieval: int = typer.Option(8, "--retrieval", help="pass-key probes added to the calibration (0 = prose only)"),
         device: str = typer.Option("auto", "--device"),
     ) -> None:
         """Find the Semantic Retrieval Heads and the split m of a (target, draft) pair (Dustin, Algorithm 1)."""
@@ -401,6 +466,8 @@ def register(app) -> None:
 
         if budget < 1 or gamma < 1 or points < 1 or max_heads < 1:
             raise SpecdecError("--budget, --gamma, --points and --max-heads must be >= 1.")
+        if retrieval < 0:
+            raise SpecdecError(f"--retrieval must be >= 0 (got {retrieval}).")
         target = load_model(model, "float32", device, "reference")
         if draft_model:
             drafter = ModelDrafter(load_model(draft_model, "float32", device, "reference"))
@@ -415,7 +482,7 @@ def register(app) -> None:
                 bar.update(task, completed=done, description=f"profile-srh: {phase}")
 
             payload = profile_srh(target, drafter, docs, context, budget, gamma, points, max_heads=max_heads,
-                                  progress=progress)
+                                  progress=progress, retrieval=retrieval)
         save_srh(output, payload)
         s = payload["arr_per_layer_srh"]
         avg = {k: sum(v) / len(v) for k, v in s.items()}

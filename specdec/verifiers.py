@@ -109,7 +109,10 @@ class SparseVerifier(Verifier):
     **Near-lossless**: output can differ from dense decoding (``lossless = False``; the engine's
     stats say so). A budget covering the whole context gives exactly the dense output.
 
-    The first pass has no target history yet: all free slots go to the draft signal.
+    The first pass has no target history yet. With ``dense_first`` (the default) it is dense: it
+    verifies exactly and records the target SRH attention over the whole context, so the next pass
+    starts with a history signal (the prefill plays this role in the paper). Without it, all free
+    slots of the first pass go to the draft signal.
     Safety valve (beyond the paper): with ``dense_every = N`` every N-th pass is dense; with ``disagree = x`` a pass is dense when, for
     some sequence, more than a share ``x`` of the draft-only and target-only choices differ.
     :attr:`stats` reports how many passes were dense and the KV entries read relative to dense.
@@ -120,12 +123,13 @@ class SparseVerifier(Verifier):
         drafter: where the lookahead signal comes from (its ``lookahead`` attribute), or ``None``.
         dense_every: dense verification every N passes (0 = never).
         disagree: dense when the signals' disagreement exceeds this share (``None`` = off).
+        dense_first: the first pass of a generation is dense (no target history yet).
     """
 
     lossless = False
 
     def __init__(self, model: SpecdecModel, selector, drafter=None, dense_every: int = 0,
-                 disagree: float | None = None) -> None:
+                 disagree: float | None = None, dense_first: bool = True) -> None:
         from specdec.errors import SpecdecError
 
         if dense_every < 0:
@@ -138,6 +142,7 @@ class SparseVerifier(Verifier):
         self.drafter = drafter
         self.dense_every = dense_every
         self.disagree = disagree
+        self.dense_first = dense_first
         self._state = None
         self._scores: torch.Tensor | None = None
         self.last_plan = None
@@ -147,11 +152,13 @@ class SparseVerifier(Verifier):
         self._state = state
         self.selector.reset(state.cache)
         self.iteration = 0
-        self.stats = dict(passes=0, dense_passes=0, dense_periodic=0, dense_disagree=0,
+        self.stats = dict(passes=0, dense_passes=0, dense_periodic=0, dense_disagree=0, dense_first=0,
                           kv_read=0.0, kv_dense=0.0, select_seconds=0.0, srh_seconds=0.0,
                           dense_seconds=0.0, sparse_seconds=0.0)
 
     def _dense_reason(self, state) -> str | None:
+        if self.dense_first and self.selector.target_signal is None:
+            return "first"
         if self.dense_every and self.iteration % self.dense_every == 0:
             return "periodic"
         if self.disagree is not None and float(self.selector.disagreement(state.lengths).max()) > self.disagree:

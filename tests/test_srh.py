@@ -97,3 +97,24 @@ def test_cli_bad_input_is_one_line(cmd):
     r = CliRunner().invoke(app, cmd)
     assert r.exit_code == 2
     assert r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1
+
+
+def test_explicit_probe_points_are_checked(target):
+    ids = list(range(3, 80))
+    with pytest.raises(SpecdecError, match="probe points"):
+        calibrate(target, EarlyExitDrafter(target, 2), ids, gamma=3, points=1, probes=[2])
+    c = calibrate(target, EarlyExitDrafter(target, 2), ids, gamma=3, points=1, probes=[40, 60])
+    assert c.lengths.tolist() == [40, 60]
+
+
+def test_retrieval_calibration_probes_the_answer(smol):
+    """Pass-key probes: the target's dense attention at the answer rows lands on the hidden key
+    in some layers (what makes the search value retrieval heads)."""
+    from specdec.srh import retrieval_calibration
+
+    c = retrieval_calibration(smol, EarlyExitDrafter(smol, 9), n=2, context=384, gamma=4)
+    assert c.truth.shape[:2] == (smol.dims.n_layers, 2) and c.history.shape[2] == 2
+    for j, pos in enumerate(c.meta["key_positions"]):
+        assert len(pos) == 5
+        share = c.truth[:, j, pos].sum(1) / c.truth[:, j].sum(1)  # (N,) share of each layer's mass on the key
+        assert float(share.max()) > 0.1, share  # 5 of ~380 positions: 1.3 % if attention were uniform
