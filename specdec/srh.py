@@ -41,12 +41,16 @@ FORMAT = "specdec-srh/1"
 # identity and artifact
 # ---------------------------------------------------------------------------------------------------
 def model_identity(model) -> dict[str, Any]:
-    """Geometry + a fingerprint of the embedding weights: enough to tell two models apart."""
+    """Geometry + a fingerprint of the embedding weights: enough to tell two models apart.
+
+    The fingerprint hashes the *signs* of 4096 sampled embedding entries: rounding to bf16/fp16 keeps
+    them, so an artifact profiled in float32 on a CPU loads for the same model in bf16 on a GPU.
+    """
     d = model.dims
     w = model.hf.get_input_embeddings().weight.detach()
     flat = w.reshape(-1)
     step = max(1, flat.numel() // 4096)
-    sample = flat[::step][:4096].float().cpu().numpy().tobytes()
+    sample = (flat[::step][:4096] > 0).cpu().numpy().tobytes()
     return dict(model_type=str(model.hf.config.model_type), n_layers=d.n_layers, n_heads=d.n_heads,
                 n_kv_heads=d.n_kv_heads, head_dim=d.head_dim, vocab_size=d.vocab_size,
                 fingerprint=hashlib.sha1(sample).hexdigest()[:16])

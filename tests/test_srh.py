@@ -118,3 +118,14 @@ def test_retrieval_calibration_probes_the_answer(smol):
         assert len(pos) == 5
         share = c.truth[:, j, pos].sum(1) / c.truth[:, j].sum(1)  # (N,) share of each layer's mass on the key
         assert float(share.max()) > 0.1, share  # 5 of ~380 positions: 1.3 % if attention were uniform
+
+
+def test_identity_survives_a_dtype_change(target):
+    """An artifact profiled in float32 (CPU) must load for the same model in bf16 (GPU)."""
+    import copy
+
+    half = copy.deepcopy(target)
+    half.hf.to(torch.bfloat16)
+    assert model_identity(half) == model_identity(target)
+    other = make_tiny("llama", seed=5, num_hidden_layers=3)
+    assert model_identity(other)["fingerprint"] != model_identity(target)["fingerprint"]
