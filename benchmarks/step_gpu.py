@@ -57,7 +57,6 @@ def main():
     hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
     kw = {"static": True} if args.backend == "torch" else {}
     be = BACKENDS.build(args.backend, **kw)
-    be.capture_safe = True
     model = SpecdecModel(hf, None, be)
     bw = copy_bandwidth()
     W = sum(p.numel() * p.element_size() for p in hf.parameters())

@@ -20,7 +20,6 @@ def _cuda_tiny(backend):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_graph_replay_equals_eager(backend):
     be = BACKENDS.build(backend, **({"static": True} if backend == "torch" else {}))
-    be.capture_safe = True
     m = _cuda_tiny(be)
     cache = m.new_cache(2, 96)
     cache.k.normal_()
@@ -43,6 +42,47 @@ def test_greedy_methods_with_graphs_equal_dense(method):
     m = _cuda_tiny(be)
     prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
     dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 16).tokens
+    m.enable_cuda_graphs()
+    cfg = PipelineConfig.make(method=method, gamma=3, budget=12, sinks=2, recent=4)
+    out = build_engine(m, cfg, eos_token_id=-1).generate(prompts, 16).tokens
+    assert out == dense
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_compiled_forward_equals_eager(backend):
+    """torch.compile of the decode-sized forwards (alone and under CUDA graphs) matches eager."""
+    be = BACKENDS.build(backend, **({"static": True} if backend == "torch" else {}))
+    m = _cuda_tiny(be)
+    cache = m.new_cache(2, 96)
+    cache.k.normal_()
+    cache.v.normal_()
+    L = torch.tensor([40, 70], device="cuda")
+    plan = SparsePlan(indices=torch.randint(0, 39, (1, 2, 1, 10), device="cuda"), dense_from=L.clone())
+    cases = [(({}, 1)), ({"plan": plan}, 1), ({}, 5)]
+    eager = []
+    for kw, T in cases:
+        x = torch.arange(T * 2, device="cuda").view(2, T) + 7
+        eager.append(m.forward(x, cache, L, **kw))
+    m.enable_compile()
+    try:
+        for graphs in (False, True):
+            if graphs:
+                m.enable_cuda_graphs()
+            for (kw, T), ref in zip(cases, eager):
+                x = torch.arange(T * 2, device="cuda").view(2, T) + 7
+                torch.testing.assert_close(m.forward(x, cache, L, **kw), ref, rtol=1e-3, atol=1e-3)
+            m.disable_cuda_graphs()
+    finally:
+        m._compiled = None
+
+
+@pytest.mark.parametrize("method", ["magicdec", "vegas"])
+def test_greedy_methods_compiled_with_graphs_equal_dense(method):
+    be = BACKENDS.build("triton")
+    m = _cuda_tiny(be)
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 16).tokens
+    m.enable_compile()
     m.enable_cuda_graphs()
     cfg = PipelineConfig.make(method=method, gamma=3, budget=12, sinks=2, recent=4)
     out = build_engine(m, cfg, eos_token_id=-1).generate(prompts, 16).tokens
