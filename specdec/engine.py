@@ -18,7 +18,7 @@ from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import Drafter, Verifier
 from specdec.models import SpecdecModel
-from specdec.sampling import SamplingConfig, accept, check_finite, choose
+from specdec.sampling import SamplingConfig, accept, check_finite, choose, nonfinite_flags, raise_nonfinite
 
 PHASES = ("prefill", "draft", "select", "verify", "sample")
 
@@ -260,6 +260,7 @@ class SpeculativeEngine:
             )
         gamma = self.gamma if self.drafter is not None else 0
         cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2, reuse=True)
+        cache.bounded = True  # every write stays below longest + max_new_tokens + gamma + 1: no host checks
         gen = None
         if not self.sampling.greedy:
             gen = torch.Generator(device=dev)
@@ -314,14 +315,17 @@ class SpeculativeEngine:
             with timer("verify"):
                 rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)
                 logits = self.verifier.verify(state, rows, req)
-                check_finite(logits, "verifier")
+                flags = nonfinite_flags(logits)  # read below, with the acceptance (no extra sync)
+            if not self.sampling.greedy:  # sampling from NaN would fail first with a vaguer error
+                raise_nonfinite(flags, "verifier")
             with timer("sample"):
                 acc = accept(drafts, logits, self.sampling, q, gen)
-            n_act = int(active.sum())
-            trials += n_act
             pos = torch.arange(gamma, device=dev).view(1, gamma)
-            accepted_at += ((pos < acc.n_accepted.view(B, 1)) & active.view(B, 1)).sum(0).double().cpu()
-            self._emit(state, out, acc.next_token, acc.n_accepted, drafts, max_new_tokens)
+            hits = ((pos < acc.n_accepted.view(B, 1)) & active.view(B, 1)).sum(0)
+            self._emit(state, out, acc.next_token, acc.n_accepted, drafts, max_new_tokens)  # syncs once
+            raise_nonfinite(flags, "verifier")
+            trials += int(active.sum())
+            accepted_at += hits.double().cpu()
             with timer("select"):
                 self.verifier.on_verify(state)
                 self.drafter.on_verify(state, req)

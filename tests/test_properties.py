@@ -179,3 +179,16 @@ def test_cache_write_and_rollback_match_a_list_model(B, steps):
             L = int(lengths[b])
             assert cache.k[0, b, 0, :L, 0].tolist() == model[b]
             assert cache.v[0, b, 0, :L, 1].tolist() == [-x for x in model[b]]
+
+
+def test_bounded_cache_skips_the_host_capacity_check():
+    """The engine sizes its cache for every write (``bounded``): no host read of ``lengths`` per forward."""
+    from specdec.cache import KVCache
+
+    c = KVCache(1, 2, 1, 8, 4)
+    too_far = torch.tensor([7, 3])
+    with pytest.raises(ValueError, match="overflow"):
+        c.check_capacity(too_far, 2)
+    c.bounded = True
+    c.check_capacity(too_far, 2)  # trusted: returns without reading lengths
+    assert c.rows(0, 1).bounded and not KVCache._from(c.k, c.v).bounded
