@@ -26,7 +26,7 @@ from specdec.engine import SpeculativeEngine
 from specdec.fidelity import markdown, run_fidelity, summarize
 from specdec.models import SpecdecModel
 from specdec.srh import (RETRIEVAL_FILLER, Calibration, calibrate, greedy_search, model_identity, per_layer_signals,
-                         retrieval_calibration, save_srh, srh_report)
+                         load_srh, retrieval_calibration, save_srh, srh_report)
 
 
 def main() -> None:
@@ -40,6 +40,7 @@ def main() -> None:
                     help="prose/code documents for the SRH calibration (kept apart from --documents)")
     ap.add_argument("--retrieval", type=int, default=8, help="pass-key probes in the SRH calibration (0 = none)")
     ap.add_argument("--points", type=int, default=8, help="SRH calibration probe points per document")
+    ap.add_argument("--srh", default=None, help="reuse this SRH artifact (skip the calibration and search)")
     ap.add_argument("--srh-budget", type=int, default=512, help="budget the SRH search optimises for")
     ap.add_argument("--max-heads", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
@@ -63,30 +64,26 @@ def main() -> None:
     drafter = EarlyExitDrafter(model, a.draft_layers)
     dense = SpeculativeEngine(model, method="dense")
     prefills, cals = {}, []
-    calib_docs = [d for d in a.calib_documents.split(",") if d]
+    calib_docs = [d for d in a.calib_documents.split(",") if d] if not a.srh else []
     for doc in calib_docs:
         ids = context_ids(model.tokenizer, load_document(doc), a.context, offset=a.max_new_tokens + 16)
         cals.append(calibrate(model, drafter, ids, a.gamma, a.points))
         log(f"calibration {doc}: {len(ids)} tokens, {a.points} probe points")
-    if a.retrieval:
+    if a.retrieval and not a.srh:
         cals.append(retrieval_calibration(model, drafter, a.retrieval, a.context, a.gamma))
         log(f"calibration: {a.retrieval} pass-key probes ({RETRIEVAL_FILLER})")
     for doc in docs:
         ids = context_ids(model.tokenizer, load_document(doc), a.context, offset=a.max_new_tokens + 16)
         prefills[doc] = (ids, dense.prefill([ids]))
         log(f"{doc}: prefilled {len(ids)} tokens")
-    cal = Calibration.cat(cals)
-    res = greedy_search(cal, a.srh_budget, 4, 16, max_heads=a.max_heads, pool=12)
-    layer_map = drafter.layer_map(model.dims.n_layers)
-    srh = dict(target=model_identity(model), draft=drafter.identity(), target_heads=res["target_heads"],
-               draft_heads=res["draft_heads"], layer_map=layer_map, m_ratio=res["m_ratio"],
-               calibration=dict(documents=calib_docs, context=a.context, budget=a.srh_budget, gamma=a.gamma, points=a.points,
-                                retrieval=a.retrieval, retrieval_filler=RETRIEVAL_FILLER),
-               search=dict(mean_arr=res["arr"], trace=res["trace"]),
-               arr_per_layer_srh=srh_report(cal, res, a.srh_budget, 4, 16),
-               arr_per_layer_full_signals=per_layer_signals(cal, a.srh_budget, 4, 16, layer_map, (0.0, 0.25, 0.5, 0.75, 1.0)))
-    save_srh(srh_path, srh)
-    log(f"SRH: target {res['target_heads']} draft {res['draft_heads']} m_ratio {res['m_ratio']} mean ARR {res['arr']:.3f}")
+    if a.srh:  # reuse an artifact (e.g. profiled at another context): no calibration here
+        srh = load_srh(a.srh, model, drafter)
+        res = dict(target_heads=srh["target_heads"], draft_heads=srh["draft_heads"], m_ratio=srh["m_ratio"])
+        srh_path = Path(a.srh)
+        log(f"SRH from {a.srh}: target {res['target_heads']} draft {res['draft_heads']} m_ratio {res['m_ratio']}")
+    else:
+        srh, res = profile(a, model, drafter, cals, calib_docs, log)
+        save_srh(srh_path, srh)
 
     opts = {"srh": str(srh_path), "draft_layers": a.draft_layers}
     variants = {"static": ("dustin", opts), "adaptive": ("dustin-adaptive", opts)}
@@ -115,10 +112,26 @@ def main() -> None:
     log("done")
 
 
+def profile(a, model, drafter, cals, calib_docs, log):
+    """SRH greedy search on the calibration probes → (artifact payload, search result)."""
+    cal = Calibration.cat(cals)
+    res = greedy_search(cal, a.srh_budget, 4, 16, max_heads=a.max_heads, pool=12)
+    layer_map = drafter.layer_map(model.dims.n_layers)
+    srh = dict(target=model_identity(model), draft=drafter.identity(), target_heads=res["target_heads"],
+               draft_heads=res["draft_heads"], layer_map=layer_map, m_ratio=res["m_ratio"],
+               calibration=dict(documents=calib_docs, context=a.context, budget=a.srh_budget, gamma=a.gamma, points=a.points,
+                                retrieval=a.retrieval, retrieval_filler=RETRIEVAL_FILLER),
+               search=dict(mean_arr=res["arr"], trace=res["trace"]),
+               arr_per_layer_srh=srh_report(cal, res, a.srh_budget, 4, 16),
+               arr_per_layer_full_signals=per_layer_signals(cal, a.srh_budget, 4, 16, layer_map, (0.0, 0.25, 0.5, 0.75, 1.0)))
+    log(f"SRH: target {res['target_heads']} draft {res['draft_heads']} m_ratio {res['m_ratio']} mean ARR {res['arr']:.3f}")
+    return srh, res
+
+
 def srh_markdown(srh: dict) -> str:
     s, f = srh["arr_per_layer_srh"], srh["arr_per_layer_full_signals"]
     mean = lambda v: sum(v) / len(v)  # noqa: E731
-    lines = ["", f"## SRH calibration (teacher-forced, budget {srh['calibration']['budget']}, "
+    lines = ["", f"## SRH calibration (context {srh['calibration']['context']}, budget {srh['calibration']['budget']}, "
              f"{srh['calibration']['points']} probe points per document of {', '.join(srh['calibration']['documents'])}"
              f" + {srh['calibration'].get('retrieval', 0)} pass-key probes)", "",
              f"- target SRHs {srh['target_heads']}, draft SRHs {srh['draft_heads']}, m_ratio {srh['m_ratio']}",
