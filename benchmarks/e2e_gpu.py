@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--graphs", type=int, default=1)
     ap.add_argument("--hf", type=int, default=1)
     ap.add_argument("--compile", type=int, default=0, help="torch.compile decode-sized forwards")
+    ap.add_argument("--options", default="{}",
+                    help='JSON {method: {option: value}}, e.g. \'{"dustin": {"srh": "x_srh.json", "draft_layers": 9}}\'')
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -139,7 +141,8 @@ def main() -> None:
         for name in args.methods.split(","):
             row = dict(B=B, method=name)
             try:
-                cfg = PipelineConfig.make(method=name, gamma=args.gamma, budget_ratio=args.budget_ratio)
+                opts = json.loads(args.options).get(name.split("-")[0] if name.startswith("dustin") else name, {})
+                cfg = PipelineConfig.make(method=name, gamma=args.gamma, budget_ratio=args.budget_ratio, options=opts)
                 eng = build_engine(model, cfg, eos_token_id=-1)
                 if pre1 is None:
                     pre1 = eng.prefill([ids])
@@ -149,13 +152,21 @@ def main() -> None:
                     model.enable_cuda_graphs()
                 eng.generate([ids] * B, max_new_tokens=8, prefilled=pre)  # warm-up + graph capture
                 torch.cuda.synchronize()
+                # throughput: no synchronisation at phase edges; then the same run timed per phase
+                eng.sync_timing = False
                 res = eng.generate([ids] * B, max_new_tokens=args.new, prefilled=pre)
+                eng.sync_timing = True
+                timed = eng.generate([ids] * B, max_new_tokens=args.new, prefilled=pre)
                 model.disable_cuda_graphs()
-                s = res.stats
+                s, ts = res.stats, timed.stats
                 row.update(tau=s.mean_accepted_length, tokens_per_second=s.tokens_per_second,
-                           iterations=s.iterations, phase_seconds=s.phase_seconds,
+                           tokens_per_second_phase_synced=ts.tokens_per_second,
+                           iterations=s.iterations, phase_seconds=ts.phase_seconds,
                            acceptance_per_position=s.acceptance_per_position,
-                           select_share=s.to_dict()["selection_overhead_share"])
+                           select_share=ts.to_dict()["selection_overhead_share"])
+                rep = getattr(getattr(eng, "verifier", None), "report", None)
+                if callable(rep):
+                    row["verifier_report"] = {k: v for k, v in rep().items() if isinstance(v, (int, float))}
                 if name == "dense":
                     dense_tokens, dense_tps = res.tokens, s.tokens_per_second
                     step = s.decode_seconds / max(1, s.iterations)
