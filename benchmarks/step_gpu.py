@@ -35,6 +35,30 @@ def timed(fn, n=20):
     return statistics.median(ts)
 
 
+def kernel_table(fn, calls: int = 5, top: int = 12) -> dict:
+    """GPU kernels of ``calls`` calls of ``fn`` (torch.profiler): count and µs per call, the top ones by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    agg: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        a = agg.setdefault(ev.name[:90], [0, 0.0])
+        a[0] += 1
+        a[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+    total = sum(v[1] for v in agg.values()) / calls
+    n = sum(v[0] for v in agg.values()) / calls
+    rows = sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]
+    return dict(kernels_per_call=n, kernel_us_per_call=total,
+                top=[dict(name=k, count=v[0] / calls, us=v[1] / calls) for k, v in rows])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=8000)
@@ -43,6 +67,7 @@ def main():
     ap.add_argument("--modes", default="eager,graphs,compile")
     ap.add_argument("--budget", type=int, default=400)
     ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--profile", type=int, default=0, help="also profile each step's kernels (torch.profiler, 5 calls)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -90,6 +115,8 @@ def main():
                     row = dict(B=B, mode=mode, step=name, seconds=t, roofline=nbytes / bw, over_roofline=t / (nbytes / bw))
                     if model._graphs is not None:
                         row["uncapturable"] = len(model._graphs.uncapturable)
+                    if args.profile:
+                        row["kernels"] = kernel_table(fn)
                     res["rows"].append(row)
                     print(json.dumps(row), flush=True)
             except Exception as exc:
