@@ -2,8 +2,8 @@
 
 On a GPU, one decode step of a small model is a few hundred kernel launches: the launch and
 Python overhead, not the memory traffic, sets its time (DESIGN.md §3–4). :class:`GraphCache`
-captures :meth:`SpecdecModel.forward` once per *step shape* — ``(cache, B, T, plan entries
-bucket, logits_to_keep, score request)`` — into a CUDA graph with static input buffers and
+captures :meth:`SpecdecModel.forward` once per *step shape* — ``(cache, active backend, B, T, plan
+entries bucket, logits_to_keep, score request)`` (:func:`step_key`) — into a CUDA graph with static input buffers and
 replays it: each call copies ``input_ids``, ``lengths`` and the plan into the buffers and runs the
 whole forward with one launch. Plans are padded with ``-1`` to a multiple of ``plan_bucket`` so a
 growing ratio budget does not trigger a capture every few tokens.
@@ -25,6 +25,16 @@ from specdec.cache import KVCache
 from specdec.interfaces import ScoreRequest, SparsePlan
 
 
+def step_key(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePlan | None, scores: ScoreRequest | None,
+             logits_to_keep: int) -> tuple:
+    """Key of one captured step shape. It includes the model's *active backend* (a wrapper such as
+    Dustin's :class:`~specdec.verifiers.SRHScoringBackend` swapped in with ``using_backend`` runs
+    other kernels than the plain backend: a graph captured with one must not replay for the other).
+    ``plan`` is already padded."""
+    return (id(cache), id(model.backend), tuple(input_ids.shape), None if plan is None else tuple(plan.indices.shape),
+            logits_to_keep, _score_key(scores))
+
+
 def _score_key(req: ScoreRequest | None) -> Any:
     if req is None:
         return None
@@ -41,12 +51,13 @@ class _Graph:
     plan: SparsePlan | None
     req: ScoreRequest | None
     logits: torch.Tensor = field(default=None)  # type: ignore[assignment]
+    backend: Any = None  # the backend captured (kept alive so its id in the key is not reused)
 
 
 class GraphCache:
     """Captured forwards of one :class:`~specdec.models.SpecdecModel`, keyed by step shape."""
 
-    def __init__(self, model, plan_bucket: int = 128, max_graphs: int = 32, max_rows: int = 16) -> None:
+    def __init__(self, model, plan_bucket: int = 128, max_graphs: int = 32, max_rows: int = 16, pool=None) -> None:
         self.model = model
         self.max_rows = max_rows  # forwards of more tokens per sequence (prefill chunks) run eagerly
         self.plan_bucket = plan_bucket
@@ -54,7 +65,8 @@ class GraphCache:
         self.graphs: dict[Any, _Graph] = {}
         #: step shapes whose capture failed (the reason), run eagerly from then on
         self.uncapturable: dict[Any, str] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        # memory pool of the captures; an early-exit view shares its parent's (graphs never run concurrently)
+        self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
         self.captures = 0
         self.replays = 0
 
@@ -83,8 +95,7 @@ class GraphCache:
             return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
         if plan is not None:
             plan = self._pad_plan(plan)
-        key = (id(cache), tuple(input_ids.shape), None if plan is None else tuple(plan.indices.shape),
-               logits_to_keep, _score_key(scores))
+        key = step_key(self.model, input_ids, cache, plan, scores, logits_to_keep)
         if key in self.uncapturable:  # this step shape runs eagerly (e.g. a score path that syncs)
             return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
         g = self.graphs.get(key)
@@ -131,7 +142,7 @@ class GraphCache:
         with torch.cuda.graph(graph, pool=self.pool):
             logits = step()
         graph.replay()  # the captured run leaves outputs unset until the first replay
-        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, req=req, logits=logits)
+        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, req=req, logits=logits, backend=self.model.backend)
         self.graphs[key] = g
         self.captures += 1
         return g
