@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from specdec.interfaces import Drafter, KVSelector, ScoreRequest
 from specdec.models import SpecdecModel
-from specdec.sampling import check_finite, choose
+from specdec.sampling import check_finite, choose, nonfinite_flags, raise_nonfinite
 
 
 class SparseSelfDrafter(Drafter):
@@ -161,16 +163,26 @@ class ModelDrafter(Drafter):
         self.lookahead = torch.zeros(B, cache.capacity, dtype=torch.float32, device=state.lengths.device)
         tokens, probs = [], []
         cur = state.pending
+        # greedy drafting checks the logits once after the γ steps (no host read between steps);
+        # sampling checks each step (a NaN probability must not reach torch.multinomial)
+        deferred = state.sampling.greedy
+        flags = None
         for i in range(gamma):
             req = lookahead_request(self.heads)
             logits = self.draft_model.forward(cur.view(B, 1), cache, state.lengths + i, scores=req)[:, -1]
-            check_finite(logits, "drafter")
+            if deferred:
+                f = nonfinite_flags(logits)
+                flags = f if flags is None else flags | f
+            else:
+                check_finite(logits, "drafter")
             if req is not None:
                 for s in req.scores.values():  # (B, H_kv, L)
                     self.lookahead += s.sum(1)
             cur, p = choose(logits, state.sampling, state.generator)
             tokens.append(cur)
             probs.append(p)
+        if flags is not None:
+            raise_nonfinite(flags, "drafter")
         # the pending token and drafts 1..γ-1 are now in the draft cache
         self.draft_len = state.lengths + gamma
         q = torch.stack(probs, dim=1) if probs[0] is not None else None
@@ -181,9 +193,99 @@ class ModelDrafter(Drafter):
         self.draft_len = torch.minimum(self.draft_len, state.lengths)
 
 
+class TruncatedModel(SpecdecModel):
+    """The first ``n`` decoder layers of a :class:`SpecdecModel` (+ final norm + LM head), sharing its
+    weights, tokenizer and attention route (see :func:`truncated_model`).
+
+    The attention backend, compilation and CUDA graphs **follow the parent**; the last two are never
+    shared with it: when the parent has ``enable_compile()`` on, the view uses its own ``torch.compile``
+    of its own truncated module (the parent's compiled module runs all layers); when the parent has a
+    :class:`~specdec.graphs.GraphCache`, the view uses its own (bound to the view, sharing the
+    parent's memory pool). Both are made lazily on first use and dropped/remade when the parent's
+    are dropped/replaced, so ``enable_compile()`` / ``enable_cuda_graphs()`` / ``disable_cuda_graphs()``
+    on the target after the drafter was built take effect on the draft too. Call them on the parent.
+    """
+
+    def __init__(self, parent: SpecdecModel, hf, dims) -> None:  # no SpecdecModel.__init__: the route is the parent's
+        self.parent = parent
+        self.hf = hf
+        self.tokenizer = parent.tokenizer
+        self._backend = None  # None = the parent's current backend
+        self.dims = dims
+        self._reusable_cache = None
+        self._own_compiled = None  # (parent's compiled module it follows, own compiled module)
+        self._own_graphs = None  # (parent's GraphCache it follows, own GraphCache)
+
+    @property
+    def backend(self):
+        """The parent's backend unless one was set on the view (``using_backend`` on the view sets it
+        for the block only)."""
+        return self.parent.backend if self._backend is None else self._backend
+
+    @backend.setter
+    def backend(self, value) -> None:
+        self._backend = value
+
+    @contextmanager
+    def using_backend(self, backend):
+        old, self._backend = self._backend, backend
+        try:
+            yield
+        finally:
+            self._backend = old
+
+    # routing state: the parent's (the shared layers are routed through the parent's config)
+    @property
+    def _saved_impl(self):
+        return self.parent._saved_impl
+
+    def attach(self) -> None:
+        self.parent.attach()
+
+    def detach(self) -> None:
+        self.parent.detach()
+
+    @property
+    def _compile_rows(self) -> int:
+        return self.parent._compile_rows
+
+    @property
+    def _compiled(self):
+        src = self.parent._compiled
+        if src is None:
+            self._own_compiled = None
+            return None
+        if self._own_compiled is None or self._own_compiled[0] is not src:
+            kw = dict(getattr(self.parent, "_compile_kwargs", {}) or {})
+            self._own_compiled = (src, torch.compile(self.hf, dynamic=False, **kw))
+        return self._own_compiled[1]
+
+    @property
+    def _graphs(self):
+        src = self.parent._graphs
+        if src is None:
+            self._own_graphs = None
+            return None
+        if self._own_graphs is None or self._own_graphs[0] is not src:
+            from specdec.graphs import GraphCache
+
+            own = GraphCache(self, plan_bucket=src.plan_bucket, max_graphs=src.max_graphs, max_rows=src.max_rows,
+                             pool=src.pool)
+            self._own_graphs = (src, own)
+        return self._own_graphs[1]
+
+    def _follow_parent(self, *a, **kw):
+        from specdec.errors import SpecdecError
+
+        raise SpecdecError("an early-exit view follows its target's compile/graph settings; "
+                           "call enable_compile()/enable_cuda_graphs()/disable_cuda_graphs() on the target.")
+
+    enable_compile = enable_cuda_graphs = disable_cuda_graphs = _follow_parent
+
+
 def truncated_model(model: SpecdecModel, n_layers: int) -> SpecdecModel:
     """A view of ``model`` running only its first ``n_layers`` decoder layers, then the final norm
-    and the LM head. Weights are shared (no copy); only the config differs."""
+    and the LM head. Weights are shared (no copy); only the config differs (:class:`TruncatedModel`)."""
     import copy
 
     from specdec.errors import SpecdecError
@@ -206,11 +308,7 @@ def truncated_model(model: SpecdecModel, n_layers: int) -> SpecdecModel:
     outer.config = cfg
     from specdec.models import model_dims
 
-    view = copy.copy(model)  # same backend, tokenizer and routing state (the shared layers are routed)
-    view.hf, view.dims = outer, model_dims(cfg)
-    if hasattr(view, "_graphs"):
-        view._graphs = None  # captured graphs belong to the full model
-    return view
+    return TruncatedModel(model, outer, model_dims(cfg))
 
 
 class EarlyExitDrafter(ModelDrafter):
@@ -245,9 +343,18 @@ class EarlyExitDrafter(ModelDrafter):
         return {**model_identity(self.target), "early_exit_layers": self.exit_layers}
 
     def _draft_cache(self, state):
+        """The target cache's first ``exit_layers`` layers; the same view object while the target cache's
+        tensors are the same (CUDA graphs are keyed by the cache object: a new view would recapture)."""
         from specdec.cache import KVCache
 
-        return KVCache._from(state.cache.k[: self.exit_layers], state.cache.v[: self.exit_layers])
+        k, v = state.cache.k, state.cache.v
+        dc = getattr(self, "_dcache", None)
+        if dc is None or dc[0] is not k or dc[1] is not v:
+            dc = (k, v, KVCache._from(k[: self.exit_layers], v[: self.exit_layers]))
+            self._dcache = dc
+        if hasattr(state.cache, "bounded"):  # the engine sized the cache: no host capacity check on the view either
+            dc[2].bounded = state.cache.bounded
+        return dc[2]
 
     def prefill(self, state) -> None:
         self.draft_len = state.lengths.clone()

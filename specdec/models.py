@@ -416,9 +416,11 @@ class SpecdecModel:
         """
         import torch._dynamo
 
-        for knob in ("recompile_limit", "cache_size_limit"):  # one compile per step shape
+        # one compile per step shape, for the target and an early-exit view (same code objects)
+        for knob in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, knob):
-                setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
+                setattr(torch._dynamo.config, knob, max(128, getattr(torch._dynamo.config, knob)))
+        self._compile_kwargs = dict(compile_kwargs)  # an early-exit view compiles its own module alike
         self._compiled = torch.compile(self.hf, dynamic=False, **compile_kwargs)
         self._compile_rows = max_rows
 

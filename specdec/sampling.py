@@ -46,6 +46,25 @@ def check_finite(logits: torch.Tensor, where: str) -> None:
         raise FloatingPointError(f"{where} produced a row of logits that is -inf everywhere; no token can be chosen.")
 
 
+def nonfinite_flags(logits: torch.Tensor) -> torch.Tensor:
+    """``(2,)`` bool on the device: (NaN or +inf somewhere, a row -inf everywhere). OR them over several
+    steps and check once with :func:`raise_nonfinite` instead of a host read per step."""
+    bad = torch.isnan(logits).any() | torch.isposinf(logits).any()
+    return torch.stack([bad, (logits.amax(dim=-1) == float("-inf")).any()])
+
+
+def raise_nonfinite(flags: torch.Tensor, where: str) -> None:
+    """:func:`check_finite`'s errors for flags from :func:`nonfinite_flags` (one host read)."""
+    nan, dead = flags.tolist()
+    if nan:
+        raise FloatingPointError(
+            f"{where} produced NaN or +inf logits: the model's weights or activations are not finite "
+            "(a corrupt checkpoint, or an overflow in float16 — then run in float32 or bfloat16)."
+        )
+    if dead:
+        raise FloatingPointError(f"{where} produced a row of logits that is -inf everywhere; no token can be chosen.")
+
+
 def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Probabilities after temperature, top-k and top-p: ``(..., V)`` float32 → ``(..., V)``."""
     x = logits.float() / cfg.temperature
