@@ -27,14 +27,16 @@ class FullVerifier(Verifier):
 
 
 def head_attention(q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor, heads, scale: float,
-                   rows=None) -> torch.Tensor:
+                   rows=None, full: bool = False) -> torch.Tensor:
     """Dense causal softmax attention of selected query heads over the whole cached context.
 
     Args:
         q: ``(B, H, T, D)`` queries of the new rows (row ``t`` sits at ``lengths[b] + t``).
         k_cache: ``(B, H_kv, L, D)`` one layer's keys (the new rows' keys already written).
-        heads: query-head indices to score.
+        heads: query-head indices to score (a list, or an int64 tensor on ``q``'s device).
         rows: rows to keep (``None`` = all ``T``).
+        full: attend over all ``L`` cache positions with the visibility mask instead of slicing to
+            the used length: no host read of ``lengths`` (CUDA-graph capturable), same result.
 
     Returns:
         ``(B, len(heads), L)`` float32 attention weights summed over the rows; 0 where not visible.
@@ -42,9 +44,12 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor
     B, H, T, D = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv
-    heads_t = torch.as_tensor(list(heads), dtype=torch.long, device=q.device)
+    if isinstance(heads, torch.Tensor):
+        heads_t = heads.to(device=q.device, dtype=torch.long)
+    else:
+        heads_t = torch.as_tensor(list(heads), dtype=torch.long, device=q.device)
     rows_t = torch.arange(T, device=q.device) if rows is None else torch.as_tensor(list(rows), dtype=torch.long, device=q.device)
-    used = min(L, int(lengths.max()) + T)
+    used = L if full else min(L, int(lengths.max()) + T)
     qh = q.index_select(1, heads_t).index_select(2, rows_t).float()  # (B, h, R, D)
     kh = k_cache[:, :, :used].index_select(1, heads_t // G).float()  # (B, h, used, D)
     logits = torch.einsum("bhrd,bhld->bhrl", qh, kh) * scale
@@ -52,6 +57,8 @@ def head_attention(q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor
     row_pos = lengths.view(B, 1) + rows_t.view(1, -1)  # (B, R)
     visible = pos.view(1, 1, used) <= row_pos.view(B, -1, 1)  # (B, R, used)
     logits = logits.masked_fill(~visible.unsqueeze(1), float("-inf"))
+    if full:
+        return torch.softmax(logits, dim=-1).sum(2)
     out = torch.zeros(B, len(heads_t), L, dtype=torch.float32, device=q.device)
     out[..., :used] = torch.softmax(logits, dim=-1).sum(2)
     return out
@@ -65,32 +72,49 @@ class SRHScoringBackend(AttentionBackend):
     data pointer of ``cache.k[l]`` to ``l``). After the forward, :attr:`scores` is ``(B, L)``
     (summed over the heads and rows) and :attr:`per_head` ``{(layer, head): (B, L)}`` when
     ``keep_heads``.
+
+    CUDA-graph safe (one instance is reused across passes, see :class:`SparseVerifier`): the
+    estimation attends over the whole capacity with a visibility mask (no host read of the
+    lengths), :attr:`scores` is one persistent buffer that the first retrieval layer of each
+    forward *overwrites* (a captured graph keeps writing the same buffer, no reset outside the
+    forward), and the head indices are device tensors made once. :attr:`seconds` (host time of the
+    estimation) is only counted outside a capture; a replayed graph does not call the backend.
     """
 
     name = "srh-scoring"
 
     def __init__(self, inner: AttentionBackend, cache, heads: dict[int, list[int]], keep_heads: bool = False) -> None:
         self.inner = inner
-        self.heads = heads
+        self.heads = {int(l): list(h) for l, h in heads.items() if h}
         self.layer_of = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}
         self.scores = torch.zeros(cache.batch, cache.capacity, dtype=torch.float32, device=cache.k.device)
+        self._heads_t = {l: torch.tensor(h, dtype=torch.long, device=cache.k.device) for l, h in self.heads.items()}
+        self._first = min(self.heads) if self.heads else None
         self.keep_heads = keep_heads
         self.per_head: dict[tuple[int, int], torch.Tensor] = {}
         self.seconds = 0.0  # time spent on the SRH estimation
+
+    @property
+    def capture_safe(self) -> bool:
+        return bool(getattr(self.inner, "capture_safe", False))
 
     def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
         import time
 
         layer = self.layer_of.get(k_cache.data_ptr())
-        if layer is not None and self.heads.get(layer):
+        if layer is not None and layer in self.heads:
+            capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
             t0 = time.perf_counter()
-            hs = self.heads[layer]
-            a = head_attention(q, k_cache, lengths, hs, scale)  # (B, h, L)
-            self.scores += a.sum(1)
+            a = head_attention(q, k_cache, lengths, self._heads_t[layer], scale, full=True)  # (B, h, L)
+            if layer == self._first:  # the first retrieval layer of a forward resets the accumulator
+                self.scores.copy_(a.sum(1))
+            else:
+                self.scores.add_(a.sum(1))
             if self.keep_heads:
-                for i, h in enumerate(hs):
+                for i, h in enumerate(self.heads[layer]):
                     self.per_head[(layer, h)] = a[:, i]
-            self.seconds += time.perf_counter() - t0
+            if not capturing:
+                self.seconds += time.perf_counter() - t0
         return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)
 
     def validate(self, device, dtype):
@@ -146,15 +170,40 @@ class SparseVerifier(Verifier):
         self._state = None
         self._scores: torch.Tensor | None = None
         self.last_plan = None
-        self.stats: dict = {}
+        self._stats: dict = {}
+        self._kv: torch.Tensor | None = None  # (2,) float64 on the device: KV entries read, read by dense passes
+        self._srh: SRHScoringBackend | None = None
+        self._srh_key: tuple | None = None
+
+    @property
+    def stats(self) -> dict:
+        """Counters (the KV-read ones are summed on the device and read here: one host sync)."""
+        st = dict(self._stats)
+        if self._kv is not None:
+            kv_read, kv_dense = self._kv.tolist()
+            st.update(kv_read=kv_read, kv_dense=kv_dense)
+        return st
 
     def _reset(self, state) -> None:
         self._state = state
         self.selector.reset(state.cache)
         self.iteration = 0
-        self.stats = dict(passes=0, dense_passes=0, dense_periodic=0, dense_disagree=0, dense_first=0,
-                          kv_read=0.0, kv_dense=0.0, select_seconds=0.0, srh_seconds=0.0,
-                          dense_seconds=0.0, sparse_seconds=0.0)
+        self._stats = dict(passes=0, dense_passes=0, dense_periodic=0, dense_disagree=0, dense_first=0,
+                           kv_read=0.0, kv_dense=0.0, select_seconds=0.0, srh_seconds=0.0,
+                           dense_seconds=0.0, sparse_seconds=0.0)
+        self._kv = torch.zeros(2, dtype=torch.float64, device=state.lengths.device)
+
+    def scoring_backend(self, cache) -> "SRHScoringBackend":
+        """The SRH scoring backend wrapped around the target's backend: one instance per (cache,
+        backend, heads), reused across passes so that a CUDA graph captured with it (keyed by the
+        backend's identity, :func:`specdec.graphs.step_key`) writes the buffer read here."""
+        inner, heads = self.model.backend, self.selector.target_heads
+        key = (cache, cache.k, inner, heads)
+        old = self._srh_key
+        if self._srh is None or old is None or any(a is not b for a, b in zip(old[:3], key[:3])) or old[3] != heads:
+            self._srh = SRHScoringBackend(inner, cache, heads)
+            self._srh_key = key
+        return self._srh
 
     def _dense_reason(self, state) -> str | None:
         if self.dense_first and self.selector.target_signal is None:
@@ -171,7 +220,7 @@ class SparseVerifier(Verifier):
         if self._state is not state:
             self._reset(state)
         self.iteration += 1
-        st = self.stats
+        st = self._stats
         t0 = time.perf_counter()
         self.selector.observe_draft(getattr(self.drafter, "lookahead", None))
         reason = self._dense_reason(state)
@@ -181,25 +230,26 @@ class SparseVerifier(Verifier):
         self.last_plan = plan
         t1 = time.perf_counter()
         st["select_seconds"] += t1 - t0
-        backend = SRHScoringBackend(self.model.backend, state.cache, self.selector.target_heads)
+        backend = self.scoring_backend(state.cache)
+        seconds = backend.seconds
         with self.model.using_backend(backend):
             logits = self.model.forward(tokens, state.cache, state.lengths, plan=plan, scores=scores)
-        self._scores = backend.scores
-        st["srh_seconds"] += backend.seconds
+        # the backend's buffer is rewritten by the next pass: keep this pass's signal
+        self._scores = backend.scores.clone()
+        st["srh_seconds"] += backend.seconds - seconds
         dt = time.perf_counter() - t1
-        # KV entries read by this pass vs a dense pass (active sequences)
-        act = state.active
-        dense_read = float(state.lengths[act].sum())
+        # KV entries read by this pass vs a dense pass (active sequences), summed on the device
+        act = state.active.to(state.lengths.dtype)
+        dense_read = (state.lengths * act).sum()
+        read = dense_read if reason else ((plan.indices[0, :, 0] >= 0).sum(1) * act).sum()
+        self._kv += torch.stack([read, dense_read]).to(self._kv.dtype)
         st["passes"] += 1
-        st["kv_dense"] += dense_read
         if reason:
             st["dense_passes"] += 1
             st[f"dense_{reason}"] += 1
             st["dense_seconds"] += dt
-            st["kv_read"] += dense_read
         else:
             st["sparse_seconds"] += dt
-            st["kv_read"] += float((plan.indices[0, :, 0] >= 0).sum(1)[act].sum())
         return logits
 
     def on_verify(self, state) -> None:
@@ -208,7 +258,7 @@ class SparseVerifier(Verifier):
 
     def report(self) -> dict:
         """Counts and cost of the safety valve: dense share of passes and KV entries read vs dense."""
-        st = dict(self.stats)
+        st = self.stats
         if st.get("passes"):
             st["dense_share"] = st["dense_passes"] / st["passes"]
             st["kv_read_vs_dense"] = st["kv_read"] / max(st["kv_dense"], 1.0)

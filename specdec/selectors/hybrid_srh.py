@@ -98,9 +98,11 @@ def hybrid_select(
     """
     B = lengths.shape[0]
     dev = lengths.device
-    L = int(lengths.max())
     fixed, room = fixed_positions(lengths, budget, sinks, recent)  # (B, S+R), (B,)
-    room_max = int(room.max())
+    m = torch.minimum(m.to(device=room.device, dtype=room.dtype).clamp(min=0), room)
+    rest = room - m
+    # the shapes below need four maxima on the host: read them in one synchronisation
+    L, room_max, m_max, r_max = torch.stack([lengths.max(), room.max(), m.max(), rest.max()]).tolist()
     if room_max == 0:
         return fixed
     pos = torch.arange(L, device=dev).view(1, L)
@@ -112,8 +114,6 @@ def hybrid_select(
         val, idx = torch.topk(s, k, dim=-1)  # (B, k)
         return idx, val > float("-inf")
 
-    m = torch.minimum(m.clamp(min=0), room)
-    m_max = int(m.max())
     none = torch.zeros(B, L, dtype=torch.bool, device=dev)
     parts = [fixed]
     taken = none
@@ -125,8 +125,6 @@ def hybrid_select(
         taken = torch.zeros(B, L + 1, dtype=torch.bool, device=dev)
         taken.scatter_(1, torch.where(ok, idx, torch.full_like(idx, L)), True)
         taken = taken[:, :L]
-    rest = room - m
-    r_max = int(rest.max())
     if r_max > 0:
         idx, ok = ranked(target, taken, r_max)
         ok = ok & (torch.arange(r_max, device=dev).view(1, -1) < rest.view(B, 1))
