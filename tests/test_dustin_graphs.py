@@ -1,0 +1,226 @@
+"""Dustin under compile / CUDA graphs, checked on the CPU: the early-exit view never runs the target's
+compiled module and follows its compile/graph state, the draft cache view is stable, the persistent SRH
+scoring backend gives the per-pass signal, and the graph key includes the active backend."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec import PipelineConfig, build_engine
+from specdec.attention.reference import ReferenceBackend
+from specdec.drafters import EarlyExitDrafter, TruncatedModel, truncated_model
+from specdec.errors import SpecdecError
+from specdec.graphs import GraphCache, step_key
+from specdec.verifiers import SRHScoringBackend, head_attention
+
+from conftest import make_tiny
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny("llama", seed=3, num_hidden_layers=3)
+
+
+def _layer_calls(model):
+    calls = []
+    hooks = [layer.register_forward_hook(lambda mod, a, o, i=i: calls.append(i))
+             for i, layer in enumerate(model.hf.model.layers)]
+    return calls, hooks
+
+
+def test_view_never_uses_the_parents_compiled_module(target, monkeypatch):
+    view = truncated_model(target, 1)
+    assert isinstance(view, TruncatedModel)
+    cache = target.new_cache(1, 16)
+    x, L = torch.tensor([[5, 6]]), torch.tensor([0])
+    eager = view.forward(x, cache, L)
+
+    compiled_for = []
+
+    def fake_compile(module, **kw):  # stands for torch.compile: records the module, runs it eagerly
+        compiled_for.append(module)
+        return lambda **a: module(**a)
+
+    def parent_compiled(**a):
+        raise AssertionError("the view ran the target's compiled (all-layer) module")
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(target, "_compiled", parent_compiled)
+    monkeypatch.setattr(target, "_compile_rows", 16)
+    calls, hooks = _layer_calls(target)
+    try:
+        got = view.forward(x, cache, L)
+        view.forward(x, cache, L)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls == [0, 0]  # only the view's layer ran, twice
+    assert compiled_for == [view.hf]  # its own truncated module, compiled once
+    torch.testing.assert_close(got, eager)
+    # a new compile on the parent → a new one on the view; none on the parent → none on the view
+    monkeypatch.setattr(target, "_compiled", lambda **a: None)
+    view.forward(x, cache, L)
+    assert compiled_for == [view.hf, view.hf]
+    monkeypatch.setattr(target, "_compiled", None)
+    assert view._compiled is None
+
+
+def test_view_compiled_with_dynamo_runs_only_its_layers(target):
+    """A real torch.compile (dynamo, eager backend: no C compiler needed) of the view after the
+    drafter was built matches the eager view and the target stays all-layer."""
+    view = truncated_model(target, 2)
+    cache = target.new_cache(1, 16)
+    x, L = torch.tensor([[7, 8, 9]]), torch.tensor([0])
+    ref_view = view.forward(x, cache, L)
+    ref_target = target.forward(x, cache, L)
+    target.enable_compile(backend="eager")
+    try:
+        calls, hooks = _layer_calls(target)
+        try:
+            got_view = view.forward(x, cache, L)
+        finally:
+            for h in hooks:
+                h.remove()
+        got_target = target.forward(x, cache, L)
+        assert view._compiled is not None and view._compiled is not target._compiled
+    finally:
+        target._compiled = None
+        target._compile_rows = 0
+    torch.testing.assert_close(got_view, ref_view, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_target, ref_target, rtol=1e-5, atol=1e-5)
+
+
+def test_view_graphs_follow_the_parent(target, monkeypatch):
+    view = truncated_model(target, 1)
+    assert view._graphs is None
+    parent_graphs = SimpleNamespace(plan_bucket=64, max_graphs=7, max_rows=8, pool=("pool",))
+    monkeypatch.setattr(target, "_graphs", parent_graphs)
+    g = view._graphs
+    assert isinstance(g, GraphCache) and g.model is view and g is not parent_graphs
+    assert (g.plan_bucket, g.max_graphs, g.max_rows, g.pool) == (64, 7, 8, ("pool",))
+    assert view._graphs is g  # made once
+    monkeypatch.setattr(target, "_graphs", SimpleNamespace(plan_bucket=128, max_graphs=32, max_rows=16, pool=("pool2",)))
+    assert view._graphs is not g  # the parent's was replaced
+    monkeypatch.setattr(target, "_graphs", None)
+    assert view._graphs is None
+    with pytest.raises(SpecdecError, match="on the target"):
+        view.enable_cuda_graphs()
+
+
+def test_early_exit_draft_cache_view_is_stable(target):
+    d = EarlyExitDrafter(target, 2)
+    c1 = target.new_cache(1, 32)
+    s1 = SimpleNamespace(cache=c1)
+    v1 = d._draft_cache(s1)
+    assert d._draft_cache(s1) is v1 and v1.n_layers == 2
+    assert v1.k.data_ptr() == c1.k.data_ptr()
+    c2 = target.new_cache(1, 32)
+    v2 = d._draft_cache(SimpleNamespace(cache=c2))
+    assert v2 is not v1 and v2.k.data_ptr() == c2.k.data_ptr()
+
+
+def test_dustin_drafts_into_one_cache_object_and_reuses_one_srh_backend(target):
+    cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4, options={"draft_layers": 1})
+    eng = build_engine(target, cfg, eos_token_id=-1)
+    view = eng.drafter.draft_model
+    seen, backends = [], []
+    fwd, tfwd = view.forward, target.forward
+
+    def rec(ids, cache, *a, **k):
+        seen.append(id(cache))
+        return fwd(ids, cache, *a, **k)
+
+    def trec(*a, **k):
+        backends.append(target.backend)
+        return tfwd(*a, **k)
+
+    view.forward = rec
+    target.forward = trec
+    try:
+        eng.generate([list(range(3, 40)), [5, 9, 17] * 10], max_new_tokens=12)
+    finally:
+        del view.forward, target.forward
+    assert len(seen) >= 6 and len(set(seen)) == 1
+    srh = [b for b in backends if isinstance(b, SRHScoringBackend)]
+    assert len(srh) >= 2 and all(b is srh[0] for b in srh)
+
+
+def test_head_attention_full_equals_sliced():
+    g = torch.Generator().manual_seed(1)
+    B, H, Hkv, T, L, D = 2, 4, 2, 3, 24, 8
+    q = torch.randn(B, H, T, D, generator=g)
+    k = torch.randn(B, Hkv, L, D, generator=g)
+    lengths = torch.tensor([5, 17])
+    for heads, rows in (([0, 3], None), ([1, 2], [0, 2])):
+        a = head_attention(q, k, lengths, heads, 0.3, rows=rows)
+        b = head_attention(q, k, lengths, torch.tensor(heads), 0.3, rows=rows, full=True)
+        torch.testing.assert_close(a, b)
+
+
+def test_persistent_srh_backend_gives_each_passs_signal(target):
+    heads = {1: [0, 3], 2: [2]}
+    cache = target.new_cache(2, 40)
+    torch.manual_seed(0)
+    cache.k.normal_()
+    cache.v.normal_()
+    srh = SRHScoringBackend(target.backend, cache, heads)
+
+    class Reference(ReferenceBackend):  # the old per-pass computation: sliced to the used length, summed
+        def __init__(self):
+            super().__init__()
+            self.layer_of = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}
+            self.scores = torch.zeros(cache.batch, cache.capacity)
+
+        def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
+            layer = self.layer_of.get(k_cache.data_ptr())
+            if layer in heads:
+                self.scores += head_attention(q, k_cache, lengths, heads[layer], scale).sum(1)
+            return super().attend(q, k_cache, v_cache, lengths, scale, **kw)
+
+    for L, x in ((torch.tensor([10, 20]), [[1, 2, 3, 4], [5, 6, 7, 8]]), (torch.tensor([12, 7]), [[9, 8, 7, 6], [5, 4, 3, 2]])):
+        x = torch.tensor(x)
+        ref = Reference()
+        want = target.forward(x, cache, L, backend=ref)
+        with target.using_backend(srh):
+            got = target.forward(x, cache, L)
+        torch.testing.assert_close(got, want)
+        assert float(ref.scores.sum()) > 0
+        torch.testing.assert_close(srh.scores, ref.scores)  # this pass only: the first SRH layer resets
+
+
+def test_verifier_keeps_one_srh_backend_per_cache_and_backend(target):
+    cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4)
+    v = build_engine(target, cfg, eos_token_id=-1).verifier
+    c1, c2 = target.new_cache(1, 16), target.new_cache(1, 16)
+    b1 = v.scoring_backend(c1)
+    assert v.scoring_backend(c1) is b1 and b1.inner is target.backend
+    assert v.scoring_backend(c2) is not b1
+    b2 = v.scoring_backend(c2)
+    other = ReferenceBackend()
+    with target.using_backend(other):
+        b3 = v.scoring_backend(c2)
+    assert b3 is not b2 and b3.inner is other
+
+
+def test_graph_key_includes_the_active_backend(target):
+    cache = target.new_cache(1, 16)
+    x = torch.zeros(1, 4, dtype=torch.long)
+    k1 = step_key(target, x, cache, None, None, 0)
+    assert step_key(target, x, cache, None, None, 0) == k1
+    srh = SRHScoringBackend(target.backend, cache, {1: [0]})
+    with target.using_backend(srh):
+        k2 = step_key(target, x, cache, None, None, 0)
+    assert k2 != k1 and id(srh) in k2
+    assert step_key(target, torch.zeros(1, 5, dtype=torch.long), cache, None, None, 0) != k1
+
+
+def test_view_follows_the_parents_backend(target):
+    view = truncated_model(target, 1)
+    assert view.backend is target.backend
+    other, mine = ReferenceBackend(), ReferenceBackend()
+    with target.using_backend(other):
+        assert view.backend is other
+    with view.using_backend(mine):
+        assert view.backend is mine and target.backend is not mine
+    assert view.backend is target.backend
