@@ -27,7 +27,6 @@ PROMPTS = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
 
 def test_dustin_compiled_with_graphs_full_budget_equals_dense_and_replays():
     be = BACKENDS.build("triton")
-    be.capture_safe = True
     m = make_tiny("llama", seed=5, num_hidden_layers=4)
     m.hf.cuda()
     m.backend = be

@@ -107,4 +107,4 @@ class TorchBackend(AttentionBackend):
         qg = q.view(B, Hkv, G * T, D)
         mask = mask.unsqueeze(2).expand(B, Hkv, G, T, -1).reshape(B, Hkv, G * T, -1)
         out = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
-        return out.view(B, H, T, D)
+        return out.reshape(B, H, T, D)
