@@ -150,13 +150,17 @@ def main() -> None:
                                 last_logits=pre1.last_logits.expand(B, -1))
                 if args.graphs:
                     model.enable_cuda_graphs()
-                eng.generate([ids] * B, max_new_tokens=8, prefilled=pre)  # warm-up + graph capture
+                # warm-up of the same length: every graph capture and compilation (they depend on the cache size) happens here
+                eng.generate([ids] * B, max_new_tokens=args.new, prefilled=pre)
                 torch.cuda.synchronize()
                 # throughput: no synchronisation at phase edges; then the same run timed per phase
                 eng.sync_timing = False
                 res = eng.generate([ids] * B, max_new_tokens=args.new, prefilled=pre)
                 eng.sync_timing = True
                 timed = eng.generate([ids] * B, max_new_tokens=args.new, prefilled=pre)
+                if model._graphs is not None:
+                    row["graph_captures"] = model._graphs.captures
+                    row["uncapturable"] = sorted(set(model._graphs.uncapturable.values()))
                 model.disable_cuda_graphs()
                 s, ts = res.stats, timed.stats
                 row.update(tau=s.mean_accepted_length, tokens_per_second=s.tokens_per_second,

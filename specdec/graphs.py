@@ -134,9 +134,16 @@ class GraphCache:
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up (allocations, autotuning) off the capture
-            for _ in range(2):
+        with torch.cuda.stream(side):  # warm up (allocations, autotuning, compilation) off the capture
+            step()
+            # a second warm-up with host synchronisation forbidden: a step that syncs is found here,
+            # before a capture begins (a capture that fails midway leaves the CUDA RNG unusable)
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
                 step()
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
