@@ -31,7 +31,7 @@ def step_key(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePlan | 
     Dustin's :class:`~specdec.verifiers.SRHScoringBackend` swapped in with ``using_backend`` runs
     other kernels than the plain backend: a graph captured with one must not replay for the other).
     ``plan`` is already padded."""
-    return (id(cache), id(model.backend), tuple(input_ids.shape), None if plan is None else tuple(plan.indices.shape),
+    return (id(cache), id(model.backend), tuple(input_ids.shape), None if plan is None else plan.graph_key(),
             logits_to_keep, _score_key(scores))
 
 
@@ -71,6 +71,8 @@ class GraphCache:
         self.replays = 0
 
     def _pad_plan(self, plan: SparsePlan) -> SparsePlan:
+        if type(plan) is not SparsePlan:  # a query-aware plan sizes its own buffers (e.g. Quest's bucketed k_sel)
+            return plan
         K = plan.indices.shape[-1]
         Kp = -(-K // self.plan_bucket) * self.plan_bucket
         if Kp == K:
@@ -88,10 +90,9 @@ class GraphCache:
         logits_to_keep: int,
     ) -> torch.Tensor:
         """Replay (capturing first if needed) the forward of this step shape; returns fresh logits."""
-        if input_ids.shape[1] > self.max_rows or (plan is not None and type(plan).indices_for is not SparsePlan.indices_for):
-            # prefill chunks are few and large (nothing to gain from a graph);
-            # a query-dependent plan (e.g. Quest's) chooses entries inside the forward with host-side
-            # shapes: run it eagerly rather than freeze one step's choice into a graph
+        if input_ids.shape[1] > self.max_rows or (plan is not None and not getattr(plan, "capturable", True)):
+            # prefill chunks are few and large (nothing to gain from a graph); a plan that declares
+            # itself not capturable (host-side choices inside the forward) runs eagerly
             return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
         if plan is not None:
             plan = self._pad_plan(plan)
@@ -112,8 +113,7 @@ class GraphCache:
             g.ids.copy_(input_ids)
             g.lengths.copy_(lengths)
             if plan is not None:
-                g.plan.indices.copy_(plan.indices)
-                g.plan.dense_from.copy_(plan.dense_from)
+                plan.copy_into(g.plan)
             g.graph.replay()
             self.replays += 1
         if scores is not None and g.req is not None:
@@ -123,7 +123,7 @@ class GraphCache:
     def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
         ids = input_ids.clone()
         lens = lengths.clone()
-        splan = None if plan is None else SparsePlan(indices=plan.indices.clone(), dense_from=plan.dense_from.clone())
+        splan = None if plan is None else plan.static_copy()
         req = None
         if scores is not None:
             req = ScoreRequest(rows=list(scores.rows), kind=scores.kind, heads=scores.heads, layers=scores.layers,

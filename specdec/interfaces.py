@@ -60,6 +60,21 @@ class SparsePlan:
         """
         return self.for_layer(layer)
 
+    # -- CUDA-graph capture (specdec.graphs): a captured step reads a static copy of the plan, and each
+    # replay copies the live plan's tensors into it. Query-aware plans override the three methods.
+    def graph_key(self) -> tuple:
+        """What a captured step depends on besides tensor values (shapes, host-side sizes)."""
+        return ("plan", tuple(self.indices.shape))
+
+    def static_copy(self) -> "SparsePlan":
+        """A plan with its own buffers, for a captured step to read."""
+        return SparsePlan(indices=self.indices.clone(), dense_from=self.dense_from.clone())
+
+    def copy_into(self, static: "SparsePlan") -> None:
+        """Load this plan's values into ``static`` (made by :meth:`static_copy` of a plan with the same key)."""
+        static.indices.copy_(self.indices)
+        static.dense_from.copy_(self.dense_from)
+
 
 @dataclass
 class ScoreRequest:

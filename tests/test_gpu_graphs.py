@@ -87,3 +87,20 @@ def test_greedy_methods_compiled_with_graphs_equal_dense(method):
     cfg = PipelineConfig.make(method=method, gamma=3, budget=12, sinks=2, recent=4)
     out = build_engine(m, cfg, eos_token_id=-1).generate(prompts, 16).tokens
     assert out == dense
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_quest_draft_steps_are_captured(backend):
+    """Quest's query-aware plan is captured too (static shapes: bucketed top-k over the cache capacity)."""
+    be = BACKENDS.build(backend, **({"static": True} if backend == "torch" else {}))
+    m = _cuda_tiny(be)
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 16).tokens
+    m.enable_cuda_graphs()
+    cfg = PipelineConfig.make(method="quest", gamma=3, budget=12, sinks=2, recent=4)
+    out = build_engine(m, cfg, eos_token_id=-1).generate(prompts, 16).tokens
+    g = m._graphs
+    m.disable_cuda_graphs()
+    assert out == dense
+    assert not g.uncapturable, g.uncapturable
+    assert any(isinstance(k[3], tuple) and k[3][:1] == ("quest",) for k in g.graphs) and g.replays > 0

@@ -38,6 +38,7 @@ class QuestConfig(BudgetConfig):
         default="auto",
         description="page scoring / min-max update: Triton kernels ('auto': on CUDA when triton is installed)",
     )
+    k_bucket: int = Field(default=64, ge=1, description="top-k size rounded up to a multiple of this (CUDA-graph reuse)")
 
 
 def _triton_quest():
@@ -84,15 +85,25 @@ class QuestPlan(SparsePlan):
     (``room`` entries per sequence) is chosen per layer and step from the page metadata.
     """
 
+    #: query-aware but capturable: every shape is fixed when the plan is built (see :meth:`graph_key`)
+    capturable = True
+
     def __init__(self, fixed: torch.Tensor, dense_from: torch.Tensor, selector: "Quest", lengths: torch.Tensor,
-                 room: torch.Tensor) -> None:
+                 room: torch.Tensor, width: int | None = None, k_bucket: int = 1) -> None:
         super().__init__(indices=fixed, dense_from=dense_from)
         self.selector, self.lengths, self.room = selector, lengths, room
-        self.k_sel = int(room.max()) if room.numel() else 0
+        #: positions scored per layer: the cache capacity when given (a static shape), else the longest length
+        self.width = int(width) if width is not None else (int(lengths.max()) if lengths.numel() else 0)
+        k = int(room.max()) if room.numel() else 0
+        # top-k size rounded up to a bucket, so a growing budget reuses a captured step; slots past
+        # each sequence's room are dropped (-1), so the selection is the same as with k = room
+        self.k_sel = min(-(-k // k_bucket) * k_bucket, self.width) if k else 0
+        self.k_room = k
 
     @property
     def budget(self) -> int:
-        return int(self.indices.shape[-1]) + self.k_sel
+        """Entries per (sequence, KV head) the plan selects at most (without the top-k padding)."""
+        return int(self.indices.shape[-1]) + self.k_room
 
     def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """``(B, H_kv, F + k_sel)``: fixed entries + the top pages for queries ``q`` ``(B, H, T, D)``."""
@@ -105,7 +116,7 @@ class QuestPlan(SparsePlan):
         if self.k_sel == 0:
             out = fixed.expand(B, Hkv, -1)
         else:
-            L = int(self.lengths.max())
+            L = self.width
             c = sel.config
             if sel.use_triton(q.device):  # page bounds, expanded to tokens and masked, in one launch
                 tok = _triton_quest().quest_token_scores(q, kmin, kmax, self.lengths, L, c.page_size, c.sinks, c.recent)
@@ -120,6 +131,21 @@ class QuestPlan(SparsePlan):
             out = torch.cat([fixed.expand(B, Hkv, -1), top], dim=-1)
         sel.draft_select_seconds += time.perf_counter() - t0
         return out
+
+    def graph_key(self) -> tuple:
+        return ("quest", id(self.selector), tuple(self.indices.shape), self.k_sel, self.width)
+
+    def static_copy(self) -> "QuestPlan":
+        p = QuestPlan.__new__(QuestPlan)
+        SparsePlan.__init__(p, indices=self.indices.clone(), dense_from=self.dense_from.clone())
+        p.selector, p.lengths, p.room = self.selector, self.lengths.clone(), self.room.clone()
+        p.width, p.k_sel, p.k_room = self.width, self.k_sel, self.k_room
+        return p
+
+    def copy_into(self, static: "QuestPlan") -> None:
+        super().copy_into(static)
+        static.lengths.copy_(self.lengths)
+        static.room.copy_(self.room)
 
 
 @SELECTORS.register("quest", QuestConfig)
@@ -167,8 +193,13 @@ class Quest(BudgetSelector):
     def reset(self, cache: KVCache) -> None:
         N, B, H, L, D = cache.k.shape
         P = -(-L // self.config.page_size)
-        self.kmin = torch.zeros(N, B, H, P, D, dtype=torch.float32, device=cache.k.device)
-        self.kmax = torch.zeros_like(self.kmin)
+        shape = (N, B, H, P, D)
+        if getattr(self, "kmin", None) is not None and tuple(self.kmin.shape) == shape and self.kmin.device == cache.k.device:
+            self.kmin.zero_()  # in place: captured draft steps keep reading these buffers
+            self.kmax.zero_()
+        else:
+            self.kmin = torch.zeros(shape, dtype=torch.float32, device=cache.k.device)
+            self.kmax = torch.zeros_like(self.kmin)
         self._valid = torch.zeros(B, dtype=torch.long, device=cache.k.device)
         self.draft_select_seconds = 0.0
 
@@ -214,4 +245,5 @@ class Quest(BudgetSelector):
         self.update(cache, lengths)
         budget = c.budget_for(lengths)
         fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)
-        return QuestPlan(fixed.view(1, lengths.shape[0], 1, -1), lengths.clone(), self, lengths.clone(), room)
+        return QuestPlan(fixed.view(1, lengths.shape[0], 1, -1), lengths.clone(), self, lengths.clone(), room,
+                         width=cache.capacity, k_bucket=c.k_bucket)
