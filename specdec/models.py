@@ -36,6 +36,17 @@ _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar
 _REGISTERED = False
 
 
+_NO_MASK: dict = {}
+
+
+def _no_mask(device: torch.device) -> torch.Tensor:
+    """A ``(1, 1, 1, 1)`` placeholder mask per device (see :meth:`SpecdecModel._eager_forward`)."""
+    key = str(device)
+    if key not in _NO_MASK:
+        _NO_MASK[key] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    return _NO_MASK[key]
+
+
 def _specdec_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention function transformers calls per layer: ``query`` ``(B, H, T, D)``, key/value ``(B, H_kv, T, D)``."""
     ctx = _CONTEXT.get()
@@ -386,7 +397,11 @@ class SpecdecModel:
         fn = self._compiled if (self._compiled is not None and T <= self._compile_rows) else self.hf
         token = _CONTEXT.set(ctx)
         try:
-            out = fn(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=logits_to_keep)
+            # a placeholder 4-D mask: transformers then skips its mask preparation, whose packed-sequence
+            # check on position_ids reads the GPU from the host (a sync that breaks CUDA-graph capture);
+            # the specdec attention function ignores it (lengths and plans define what each row sees)
+            out = fn(input_ids=input_ids, position_ids=position_ids, attention_mask=_no_mask(input_ids.device),
+                     use_cache=False, logits_to_keep=logits_to_keep)
         finally:
             _CONTEXT.reset(token)
         return out.logits.float()
