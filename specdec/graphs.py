@@ -6,7 +6,15 @@ captures :meth:`SpecdecModel.forward` once per *step shape* — ``(cache, active
 entries bucket, logits_to_keep, score request)`` (:func:`step_key`) — into a CUDA graph with static input buffers and
 replays it: each call copies ``input_ids``, ``lengths`` and the plan into the buffers and runs the
 whole forward with one launch. Plans are padded with ``-1`` to a multiple of ``plan_bucket`` so a
-growing ratio budget does not trigger a capture every few tokens.
+growing ratio budget does not trigger a capture every few tokens. A query-aware plan (Quest's)
+is captured through the plan protocol: ``graph_key()`` (what the step depends on besides tensor
+values), ``static_copy()`` (the buffers the captured step reads) and ``copy_into(static)`` (load a
+live plan before a replay); a plan with ``capturable = False`` runs eagerly.
+
+Before capturing, a step is warmed up once normally and once with host synchronisation forbidden
+(``torch.cuda.set_sync_debug_mode("error")``): a step that syncs is refused (``uncapturable``,
+run eagerly from then on) before a capture begins, because a capture that fails midway leaves the
+CUDA random-number generator unusable.
 
 Requirements: the backend declares ``capture_safe = True`` (no host synchronisation, static
 shapes: e.g. ``TorchBackend(TorchConfig(static=True))``), and the forward runs in "static" mode
