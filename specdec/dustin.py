@@ -28,13 +28,14 @@ OPTIONS = {"srh", "draft_layers", "draft_model", "m", "m_ratio", "adaptive", "hi
            "disagree", "m_grid", "dense_first"}
 
 
-def _flag(v: Any) -> bool:
+def _flag(name: str, v: Any) -> bool:
+    """A boolean option that may arrive as a string (``--option adaptive=false``)."""
     if isinstance(v, str):
         if v.lower() in ("1", "true", "yes", "on"):
             return True
         if v.lower() in ("0", "false", "no", "off"):
             return False
-        raise SpecdecError(f"dense_first must be true or false (got {v!r}).")
+        raise SpecdecError(f"{name} must be true or false (got {v!r}).")
     return bool(v)
 
 
@@ -78,7 +79,7 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
     for key in ("m", "m_ratio", "history_decay", "m_grid"):
         if key in opts:
             sel_kw[key] = opts[key]
-    sel_kw["adaptive"] = bool(opts.get("adaptive", adaptive))
+    sel_kw["adaptive"] = _flag("adaptive", opts.get("adaptive", adaptive))
     if opts.get("srh"):
         art = load_srh(str(opts["srh"]), model, drafter)
         sel_kw.setdefault("m_ratio", art["m_ratio"])
@@ -94,7 +95,7 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
     from specdec.verifiers import SparseVerifier
 
     verifier = SparseVerifier(model, selector, drafter, dense_every=int(opts.get("dense_every", 0)),
-                              disagree=opts.get("disagree"), dense_first=_flag(opts.get("dense_first", True)))
+                              disagree=opts.get("disagree"), dense_first=_flag("dense_first", opts.get("dense_first", True)))
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=method, **kw)
 
 

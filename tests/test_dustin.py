@@ -115,6 +115,8 @@ def test_selector_is_registered_for_verification_only():
     (dict(draft_layers=3), "draft_layers"),
     (dict(dense_every=-1), "dense_every"),
     (dict(m_ratio=2.0), "m_ratio"),
+    (dict(dense_first="maybe"), "dense_first"),
+    (dict(adaptive="sometimes"), "adaptive"),
 ])
 def test_bad_options_are_one_clear_error(target, options, match):
     with pytest.raises(SpecdecError, match=match) as e:

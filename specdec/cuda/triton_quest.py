@@ -25,6 +25,29 @@ import triton.language as tl
 
 
 @triton.jit
+def _page_bounds(Q, Kmin, Kmax, b, h, offs_p, stride_qb, stride_qh, stride_qt, stride_mb, stride_mh, stride_mp, P,
+                 G: tl.constexpr, T: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Quest bound of pages ``offs_p`` of (sequence ``b``, KV head ``h``): ``(Σ q⁺)·kmax + (Σ q⁻)·kmin``
+    over the group's query heads and rows; 0 for pages ``>= P``."""
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    g = offs_r // T
+    t = offs_r % T
+    rmask = offs_r < G * T
+    q = tl.load(Q + b * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    qp = tl.sum(tl.maximum(q, 0.0), axis=0)  # (BLOCK_D,)
+    qn = tl.sum(tl.minimum(q, 0.0), axis=0)
+    pmask = offs_p < P
+    base = b * stride_mb + h * stride_mh + offs_p[:, None].to(tl.int64) * stride_mp + offs_d[None, :]
+    m = pmask[:, None] & dmask[None, :]
+    kmax = tl.load(Kmax + base, mask=m, other=0.0)
+    kmin = tl.load(Kmin + base, mask=m, other=0.0)
+    return tl.sum(kmax * qp[None, :] + kmin * qn[None, :], axis=1)
+
+
+@triton.jit
 def _quest_page_scores_kernel(
     Q, Kmin, Kmax, Out,
     stride_qb, stride_qh, stride_qt,
@@ -37,24 +60,10 @@ def _quest_page_scores_kernel(
     pid_p = tl.program_id(1)
     b = (pid_bh // HKV).to(tl.int64)
     h = pid_bh % HKV
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    dmask = offs_d < D
-    g = offs_r // T
-    t = offs_r % T
-    rmask = offs_r < G * T
-    q = tl.load(Q + b * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
-                mask=rmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-    qp = tl.sum(tl.maximum(q, 0.0), axis=0)  # (BLOCK_D,)
-    qn = tl.sum(tl.minimum(q, 0.0), axis=0)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    pmask = offs_p < P
-    base = b * stride_mb + h * stride_mh + offs_p[:, None].to(tl.int64) * stride_mp + offs_d[None, :]
-    m = pmask[:, None] & dmask[None, :]
-    kmax = tl.load(Kmax + base, mask=m, other=0.0)
-    kmin = tl.load(Kmin + base, mask=m, other=0.0)
-    score = tl.sum(kmax * qp[None, :] + kmin * qn[None, :], axis=1)
-    tl.store(Out + pid_bh.to(tl.int64) * P + offs_p, score, mask=pmask)
+    score = _page_bounds(Q, Kmin, Kmax, b, h, offs_p, stride_qb, stride_qh, stride_qt, stride_mb, stride_mh, stride_mp,
+                         P, G, T, D, BLOCK_R, BLOCK_D)
+    tl.store(Out + pid_bh.to(tl.int64) * P + offs_p, score, mask=offs_p < P)
 
 
 def quest_page_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
@@ -69,9 +78,7 @@ def quest_page_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -
     """
     B, H, T, D = q.shape
     Hkv, P = kmin.shape[1], kmin.shape[2]
-    if kmin.stride() != kmax.stride():
-        kmin, kmax = kmin.contiguous(), kmax.contiguous()
-    if kmin.stride(-1) != 1:
+    if kmin.stride() != kmax.stride() or kmin.stride(-1) != 1:
         kmin, kmax = kmin.contiguous(), kmax.contiguous()
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -106,23 +113,9 @@ def _quest_token_scores_kernel(
     pid_p = tl.program_id(1)
     b = (pid_bh // HKV).to(tl.int64)
     h = pid_bh % HKV
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    dmask = offs_d < D
-    g = offs_r // T
-    t = offs_r % T
-    rmask = offs_r < G * T
-    q = tl.load(Q + b * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
-                mask=rmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-    qp = tl.sum(tl.maximum(q, 0.0), axis=0)
-    qn = tl.sum(tl.minimum(q, 0.0), axis=0)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    pmask = offs_p < P
-    base = b * stride_mb + h * stride_mh + offs_p[:, None].to(tl.int64) * stride_mp + offs_d[None, :]
-    m = pmask[:, None] & dmask[None, :]
-    kmax = tl.load(Kmax + base, mask=m, other=0.0)
-    kmin = tl.load(Kmin + base, mask=m, other=0.0)
-    score = tl.sum(kmax * qp[None, :] + kmin * qn[None, :], axis=1)  # (BLOCK_P,), 0 past the last page
+    score = _page_bounds(Q, Kmin, Kmax, b, h, offs_p, stride_qb, stride_qh, stride_qt, stride_mb, stride_mh, stride_mp,
+                         P, G, T, D, BLOCK_R, BLOCK_D)  # (BLOCK_P,), 0 past the last page
     # every token of a page gets the page's score; blocked tokens (uncached, sinks, recent) -inf
     offs_i = tl.arange(0, BLOCK_PS)
     pos = offs_p[:, None] * PS + offs_i[None, :]  # (BLOCK_P, BLOCK_PS)
