@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.errors import SpecdecError
+
 
 class KVCache:
     """Keys and values of every layer for ``B`` sequences, ``L`` positions each.
@@ -18,6 +20,9 @@ class KVCache:
     """
 
     bounded: bool = False
+    #: how :meth:`write` writes: ``"auto"`` (one Triton launch for K and V on CUDA when triton is
+    #: installed, torch indexing elsewhere), ``"triton"`` or ``"torch"``; set on the class or an instance
+    write_impl: str = "auto"
 
     def __init__(
         self,
@@ -62,7 +67,10 @@ class KVCache:
 
     def rows(self, start: int, stop: int) -> "KVCache":
         """A view of sequences ``start:stop`` sharing storage (used for per-sequence prefill)."""
-        return KVCache._from(self.k[:, start:stop], self.v[:, start:stop], self.bounded)
+        view = KVCache._from(self.k[:, start:stop], self.v[:, start:stop], self.bounded)
+        if "write_impl" in self.__dict__:
+            view.write_impl = self.write_impl
+        return view
 
     def check_capacity(self, lengths: torch.Tensor, T: int) -> None:
         """Refuse a write of ``T`` entries past the capacity (reads ``lengths`` on the host, unless ``bounded``)."""
@@ -75,7 +83,8 @@ class KVCache:
                 "allocate a larger cache (max_new_tokens or gamma exceed the planned size)."
             )
 
-    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor, check: bool = True) -> None:
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor, check: bool = True,
+              impl: str | None = None) -> None:
         """Write ``T`` new entries per sequence at ``lengths[b] .. lengths[b] + T - 1``.
 
         Args:
@@ -84,11 +93,41 @@ class KVCache:
             lengths: ``(B,)`` int64 tokens cached before this write.
             check: verify the capacity (one host read of ``lengths``; off inside CUDA-graph capture,
                 where the caller checks before replaying).
+            impl: ``"auto" | "triton" | "torch"`` (``None``: :attr:`write_impl`). The Triton kernel
+                writes K and V of all rows in one launch with the positions read on the device
+                (no host sync, capturable); the torch path is five kernels on a GPU. Both write
+                bit-identical entries.
         """
         B, _, T, _ = key.shape
         if check:
             self.check_capacity(lengths, T)
+        impl = impl or self.write_impl
+        if impl == "auto":
+            impl = "triton" if key.is_cuda and _triton_kv_write() is not None else "torch"
+        if impl == "triton":
+            fn = _triton_kv_write()
+            if fn is None:
+                raise SpecdecError("KVCache.write_impl='triton' needs the 'triton' package; pip install 'specdec[triton]' "
+                                   "or use write_impl='auto'.")
+            fn(self.k[layer], self.v[layer], key, value, lengths)
+            return
+        if impl != "torch":
+            raise SpecdecError(f"unknown KV-cache write implementation {impl!r}; use 'auto', 'triton' or 'torch'.")
         pos = lengths.view(B, 1) + torch.arange(T, device=lengths.device)  # (B, T)
         bidx = torch.arange(B, device=lengths.device).view(B, 1)
         self.k[layer][bidx, :, pos] = key.transpose(1, 2).to(self.k.dtype)
         self.v[layer][bidx, :, pos] = value.transpose(1, 2).to(self.v.dtype)
+
+
+_KV_WRITE: list = []
+
+
+def _triton_kv_write():
+    """The Triton write kernel's launcher, or ``None`` when triton is not installed (imported once)."""
+    if not _KV_WRITE:
+        try:
+            from specdec.cuda.triton_cache import kv_write
+        except ImportError:  # triton is an optional extra
+            kv_write = None
+        _KV_WRITE.append(kv_write)
+    return _KV_WRITE[0]
