@@ -79,7 +79,9 @@ class GraphCache:
         self.replays = 0
 
     def _pad_plan(self, plan: SparsePlan) -> SparsePlan:
-        if type(plan) is not SparsePlan:  # a query-aware plan sizes its own buffers (e.g. Quest's bucketed k_sel)
+        if type(plan) is not SparsePlan or plan.static_size:
+            # a query-aware plan sizes its own buffers (e.g. Quest's bucketed k_sel); a plan of fixed
+            # size per cache (BudgetSelector's) has one shape already: padding would only add tiles
             return plan
         K = plan.indices.shape[-1]
         Kp = -(-K // self.plan_bucket) * self.plan_bucket
@@ -124,8 +126,14 @@ class GraphCache:
                 plan.copy_into(g.plan)
             g.graph.replay()
             self.replays += 1
-        if scores is not None and g.req is not None:
-            scores.scores = {layer: s.clone() for layer, s in g.req.scores.items()}
+        if scores is not None and g.req is not None and g.req.scores:
+            # one copy of all layers (views of one tensor) instead of a clone per layer
+            layers = list(g.req.scores)
+            vals = [g.req.scores[layer] for layer in layers]
+            if all(v.shape == vals[0].shape for v in vals):
+                scores.scores = dict(zip(layers, torch.stack(vals).unbind(0)))
+            else:
+                scores.scores = {layer: v.clone() for layer, v in zip(layers, vals)}
         return g.logits.clone()
 
     def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
@@ -161,3 +169,65 @@ class GraphCache:
         self.graphs[key] = g
         self.captures += 1
         return g
+
+
+class CapturedCall:
+    """Replay a function of tensors as one CUDA graph per key (used for plan building, where an
+    eager run is ~30 small launches the GPU waits on between the acceptance and the next draft).
+
+    ``fn(*inputs)`` must read only its ``inputs`` and buffers that stay the same for one ``key``
+    (pass their owner as ``keep`` so it outlives the graph), and must not synchronise with the host.
+    The first call with a key warms ``fn`` up twice on a side stream (the second time with host
+    synchronisation forbidden, so a syncing ``fn`` is refused before a capture begins), captures it
+    and returns its outputs; later calls copy the inputs into the captured buffers and replay. The
+    outputs are the captured buffers: overwritten by the next call with the same key, so callers
+    that keep them clone them. A key whose warm-up fails runs eagerly from then on
+    (:attr:`uncapturable` holds the reason).
+    """
+
+    def __init__(self, max_graphs: int = 8) -> None:
+        self.max_graphs = max_graphs
+        self.graphs: dict[Any, tuple] = {}
+        self.uncapturable: dict[Any, str] = {}
+        self.captures = 0
+        self.replays = 0
+
+    def __call__(self, key: Any, fn, *inputs: torch.Tensor, keep: Any = None):
+        full = (key, tuple((tuple(t.shape), t.dtype, str(t.device)) for t in inputs))
+        if full in self.uncapturable or torch.cuda.is_current_stream_capturing():
+            return fn(*inputs)
+        g = self.graphs.get(full)
+        if g is not None:
+            graph, statics, outs, _ = g
+            for s, t in zip(statics, inputs):
+                s.copy_(t)
+            graph.replay()
+            self.replays += 1
+            return outs
+        if len(self.graphs) >= self.max_graphs:
+            self.graphs.pop(next(iter(self.graphs)))
+        statics = tuple(t.clone() for t in inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                fn(*statics)
+                mode = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    fn(*statics)
+                finally:
+                    torch.cuda.set_sync_debug_mode(mode)
+        except RuntimeError as exc:
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            self.uncapturable[full] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return fn(*inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = fn(*statics)
+        graph.replay()  # the capture itself computes nothing
+        self.graphs[full] = (graph, statics, outs, keep)
+        self.captures += 1
+        return outs

@@ -38,10 +38,13 @@ class SparsePlan:
             ``-1`` pads unused slots. A leading dimension of 1 shares one plan across layers.
         dense_from: ``(B,)`` int64; every position ``>= dense_from[b]`` (up to the row's own
             position) is visible as well: the tokens written since the plan was built.
+        static_size: the number of entries ``K`` is fixed for the cache (it does not follow the
+            lengths), so CUDA-graph capture uses it as is instead of padding it to a bucket.
     """
 
     indices: torch.Tensor
     dense_from: torch.Tensor
+    static_size: bool = False
 
     def for_layer(self, layer: int) -> torch.Tensor:
         """``(B, H_kv, K)`` indices of one layer."""
@@ -68,7 +71,7 @@ class SparsePlan:
 
     def static_copy(self) -> "SparsePlan":
         """A plan with its own buffers, for a captured step to read."""
-        return SparsePlan(indices=self.indices.clone(), dense_from=self.dense_from.clone())
+        return SparsePlan(indices=self.indices.clone(), dense_from=self.dense_from.clone(), static_size=self.static_size)
 
     def copy_into(self, static: "SparsePlan") -> None:
         """Load this plan's values into ``static`` (made by :meth:`static_copy` of a plan with the same key)."""

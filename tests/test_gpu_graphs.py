@@ -104,3 +104,26 @@ def test_quest_draft_steps_are_captured(backend):
     assert out == dense
     assert not g.uncapturable, g.uncapturable
     assert any(isinstance(k[3], tuple) and k[3][:1] == ("quest",) for k in g.graphs) and g.replays > 0
+
+
+@pytest.mark.parametrize("method", ["magicdec", "vegas"])
+def test_plans_are_built_in_captured_graphs(method):
+    """The select phase replays one CUDA graph per cache: same tokens as dense, nothing refused."""
+    be = BACKENDS.build("triton")
+    m = _cuda_tiny(be)
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 24).tokens
+    m.enable_cuda_graphs()
+    cfg = PipelineConfig.make(method=method, gamma=3, budget_ratio=0.3, sinks=2, recent=4)
+    eng = build_engine(m, cfg, eos_token_id=-1)
+    out = eng.generate(prompts, 24).tokens
+    assert out == dense
+    calls = eng.drafter.selector._plan_graphs
+    assert calls.captures >= 1 and calls.replays >= 3 and not calls.uncapturable
+    # the eager construction gives the same plan as the replayed one
+    sel = eng.drafter.selector
+    cache = m._reusable_cache
+    L = torch.tensor([50, 45], device="cuda")
+    eager = sel.build_plan(cache, L)
+    replayed = sel.plan(cache, L)
+    assert torch.equal(eager.indices, replayed.indices) and torch.equal(eager.dense_from, replayed.dense_from)

@@ -9,6 +9,8 @@ during the current iteration (≤ γ) are visible on top of it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pydantic import Field, model_validator
 
@@ -81,27 +83,73 @@ class BudgetSelector(KVSelector):
     def __init__(self, config: BudgetConfig | None = None) -> None:
         self.config = config or self.Config()
 
+    #: build plans inside a CUDA graph on a GPU (see :meth:`plan`). Only for selectors whose
+    #: :meth:`score` reads nothing but ``lengths``, the cache and buffers named by
+    #: :meth:`plan_state_key`, and never synchronises with the host; set it per instance to opt out.
+    capture_plans: bool = False
+
     def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
-        """Importance of each cached position: ``(N or 1, B, H_kv or 1, L)``; higher is kept first."""
+        """Importance of each cached position: ``(N or 1, B, H_kv or 1, L)``; higher is kept first.
+
+        ``L`` is the cache capacity (or any length covering every sequence): positions at or past
+        a sequence's length are never picked.
+        """
         raise NotImplementedError
 
-    def plan(self, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+    def max_selected(self, capacity: int) -> int:
+        """Most top-k slots a plan needs for a cache of ``capacity`` positions (host arithmetic).
+
+        The budget grows with the length, so the budget at the full capacity bounds every plan of
+        that cache; sinks and the recent window take their share first. Plans therefore have a
+        fixed size per cache (no host read of the lengths, the same CUDA-graph shape every iteration).
+        """
         c = self.config
-        budget = self.config.budget_for(lengths)
+        if c.budget is not None:
+            b = min(c.budget, capacity)
+        else:
+            b = min(max(c.min_budget, math.ceil(capacity * c.budget_ratio)), capacity)
+        return max(0, b - c.sinks - c.recent)
+
+    def plan_state_key(self) -> tuple:
+        """What a captured plan depends on besides ``lengths`` and the cache (buffer identities, modes)."""
+        return ()
+
+    def plan(self, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+        """Sinks + recent window + the top-:meth:`max_selected` positions of :meth:`score`.
+
+        On a GPU with :attr:`capture_plans`, the whole construction (a few dozen small kernels)
+        replays as one CUDA graph per cache and :meth:`plan_state_key`.
+        """
+        if self.capture_plans and cache is not None and lengths.is_cuda:
+            from specdec.graphs import CapturedCall
+
+            if getattr(self, "_plan_graphs", None) is None:
+                self._plan_graphs = CapturedCall(max_graphs=2)
+            key = (id(cache), cache.capacity, self.plan_state_key())
+            out = self._plan_graphs(key, lambda lens: self.build_plan(cache, lens), lengths, keep=cache)
+            return SparsePlan(indices=out.indices.clone(), dense_from=out.dense_from.clone(), static_size=True)
+        return self.build_plan(cache, lengths)
+
+    def build_plan(self, cache: KVCache | None, lengths: torch.Tensor) -> SparsePlan:
+        """The plan, eagerly (what :meth:`plan` captures). ``cache`` may be ``None`` when
+        :meth:`score` does not need it; the plan then spans the score's positions."""
+        c = self.config
+        budget = c.budget_for(lengths)
         fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)
-        L = int(lengths.max())
-        k_sel = int(room.max())
+        B = lengths.shape[0]
+        if cache is not None and self.max_selected(cache.capacity) == 0:
+            return SparsePlan(indices=fixed.view(1, B, 1, -1), dense_from=lengths.clone(), static_size=True)
+        s = self.score(cache, lengths).float()  # (N', B, Hs, L)
+        Np, _, Hs, L = s.shape
+        k_sel = min(self.max_selected(L if cache is None else cache.capacity), L)
         if k_sel == 0:
-            idx = fixed.view(1, lengths.shape[0], 1, -1)
-            return SparsePlan(indices=idx, dense_from=lengths.clone())
-        s = self.score(cache, lengths)[..., :L].float()  # (N', B, Hs, L)
-        Np, B, Hs, _ = s.shape
+            return SparsePlan(indices=fixed.view(1, B, 1, -1), dense_from=lengths.clone(), static_size=True)
         pos = torch.arange(L, device=lengths.device)
         blocked = pos.view(1, L) >= lengths.view(B, 1)  # not cached yet
         blocked = blocked | (pos.view(1, L) < c.sinks) | (pos.view(1, L) >= (lengths - c.recent).view(B, 1))
         s = s.masked_fill(blocked.view(1, B, 1, L), float("-inf"))
-        top = torch.topk(s, k_sel, dim=-1).indices  # (N', B, Hs, k_sel)
+        top = torch.topk(s, k_sel, dim=-1).indices  # (N', B, Hs, k_sel), best first
         slot = torch.arange(k_sel, device=lengths.device).view(1, 1, 1, k_sel)
         top = torch.where(slot < room.view(1, B, 1, 1), top, torch.full_like(top, -1))
         fixed = fixed.view(1, B, 1, -1).expand(Np, B, Hs, -1)
-        return SparsePlan(indices=torch.cat([fixed, top], dim=-1), dense_from=lengths.clone())
+        return SparsePlan(indices=torch.cat([fixed, top], dim=-1), dense_from=lengths.clone(), static_size=True)

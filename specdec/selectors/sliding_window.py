@@ -20,8 +20,15 @@ class SlidingWindow(BudgetSelector):
     """
 
     Config = SlidingWindowConfig
+    capture_plans = True
 
     def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
-        L = int(lengths.max())
-        pos = torch.arange(L, device=lengths.device, dtype=torch.float32)
-        return pos.view(1, 1, 1, L).expand(1, lengths.shape[0], 1, L)
+        return recency(cache, lengths)
+
+
+def recency(cache: KVCache | None, lengths: torch.Tensor) -> torch.Tensor:
+    """``(1, B, 1, L)`` score = the position itself, over the cache capacity (no host read), or over
+    the longest sequence when there is no cache."""
+    L = cache.capacity if cache is not None else int(lengths.max())
+    pos = torch.arange(L, device=lengths.device, dtype=torch.float32)
+    return pos.view(1, 1, 1, L).expand(1, lengths.shape[0], 1, L)

@@ -31,6 +31,7 @@ from specdec.errors import SpecdecError
 from specdec.interfaces import ScoreRequest
 from specdec.registry import SELECTORS
 from specdec.selectors.base import BudgetConfig, BudgetSelector
+from specdec.selectors.sliding_window import recency
 
 RowMode = Literal["all", "collect2", "last"]
 
@@ -69,12 +70,14 @@ class VerificationGuidedSelector(BudgetSelector):
 
     Config = VerificationGuidedConfig
     shared_across_layers = False
+    capture_plans = True  # the scores live in one persistent buffer (named in plan_state_key)
 
     def __init__(self, config: VerificationGuidedConfig | None = None) -> None:
         super().__init__(config)
         self._scores: torch.Tensor | None = None  # (N, B, H_kv or 1, L)
         self._lengths: torch.Tensor | None = None  # (B,) lengths when the last request was made
         self._gamma: int | None = None
+        self._buffer: torch.Tensor | None = None  # persistent home of the scores
 
     # -- the contract -------------------------------------------------------------------------
     def reset(self, cache: KVCache) -> None:
@@ -93,8 +96,19 @@ class VerificationGuidedSelector(BudgetSelector):
             s = torch.stack([scores.scores[layer] for layer in sorted(scores.scores)])  # (N, B, H_kv, [R,] L)
             if scores.per_row:
                 s = self._last_accepted_row(s, lengths)
-            self._scores = s if self.config.per_kv_head else s.sum(dim=2, keepdim=True)
+            if not self.config.per_kv_head:
+                s = s.sum(dim=2, keepdim=True)
+            # one persistent buffer (a captured plan reads it by address; see plan_state_key)
+            if self._buffer is None or self._buffer.shape != s.shape or self._buffer.device != s.device:
+                self._buffer = torch.empty_like(s, dtype=torch.float32)
+            self._buffer.copy_(s)
+            self._scores = self._buffer
         self._lengths = lengths.clone()
+
+    def plan_state_key(self) -> tuple:
+        if self._scores is None:
+            return ("recency",)
+        return ("scores", self._scores.data_ptr(), tuple(self._scores.shape))
 
     def _last_accepted_row(self, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``(N, B, H_kv, R, L)`` → ``(N, B, H_kv, L)``: row ``n_accepted[b]`` of each sequence."""
@@ -109,9 +123,7 @@ class VerificationGuidedSelector(BudgetSelector):
 
     def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
         if self._scores is None:  # no verification yet: recency
-            L = int(lengths.max())
-            pos = torch.arange(L, device=lengths.device, dtype=torch.float32)
-            return pos.view(1, 1, 1, L).expand(1, lengths.shape[0], 1, L)
+            return recency(cache, lengths)
         return self._scores
 
 
