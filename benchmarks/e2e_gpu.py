@@ -141,8 +141,12 @@ def main() -> None:
         for name in args.methods.split(","):
             row = dict(B=B, method=name)
             try:
-                opts = json.loads(args.options).get(name.split("-")[0] if name.startswith("dustin") else name, {})
-                cfg = PipelineConfig.make(method=name, gamma=args.gamma, budget_ratio=args.budget_ratio, options=opts)
+                # "method@tag" runs a method under another row name with the options of "method@tag"
+                # (e.g. vegas@logits with {"vegas@logits": {"score_kind": "logits"}})
+                method = name.split("@")[0]
+                all_opts = json.loads(args.options)
+                opts = all_opts.get(name, all_opts.get(method.split("-")[0] if method.startswith("dustin") else method, {}))
+                cfg = PipelineConfig.make(method=method, gamma=args.gamma, budget_ratio=args.budget_ratio, options=opts)
                 eng = build_engine(model, cfg, eos_token_id=-1)
                 if pre1 is None:
                     pre1 = eng.prefill([ids])
@@ -171,6 +175,11 @@ def main() -> None:
                 rep = getattr(getattr(eng, "verifier", None), "report", None)
                 if callable(rep):
                     row["verifier_report"] = {k: v for k, v in rep().items() if isinstance(v, (int, float))}
+                sel = getattr(getattr(eng, "drafter", None), "selector", None)
+                calls = getattr(sel, "_plan_graphs", None)
+                if calls is not None:
+                    row["plan_graphs"] = dict(captures=calls.captures, replays=calls.replays,
+                                              uncapturable=sorted(set(calls.uncapturable.values())))
                 if name == "dense":
                     dense_tokens, dense_tps = res.tokens, s.tokens_per_second
                     step = s.decode_seconds / max(1, s.iterations)
