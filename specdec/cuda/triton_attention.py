@@ -302,6 +302,10 @@ class LaunchConfig:
     # sparse plans run in ONE split (output written by the split kernel, no combine launch, no fp32
     # partials) once the (sequence, KV head) programs alone reach this many per SM; None: never
     sparse_single_split_at: float | None = 1.0
+    # the output is a (B, H, T, D) view of a (B, T, H, D) buffer (the kernels write through strides):
+    # the layout transformers' o_proj reads, so the attention function's transpose(1, 2).contiguous()
+    # copies nothing (one elementwise kernel per layer less when T > 1); False: a contiguous (B, H, T, D)
+    out_bthd: bool = True
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False) -> "LaunchConfig":
         if sparse:
@@ -315,7 +319,7 @@ class LaunchConfig:
         pick = lambda v, a: a if v is None else v  # noqa: E731
         return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
                             pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
-                            self.combine_warps, self.sparse_single_split_at)
+                            self.combine_warps, self.sparse_single_split_at, self.out_bthd)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -378,7 +382,8 @@ def splitk_attention(
             ``(B, H_kv, R, L)``.
 
     Returns:
-        ``(out (B, H, T, D), lse (B, H, T) fp32, scores (B, H_kv, L) fp32 or None,
+        ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
+        ``(B, T, H, D)`` buffer), lse (B, H, T) fp32, scores (B, H_kv, L) fp32 or None,
         raw logits (B, H_kv, n_slots, L) fp32 or None)``.
     """
     B, H, T, D = q.shape
@@ -405,7 +410,10 @@ def splitk_attention(
     S = choose_splits(B * Hkv, virtual, dev, cfg, sparse=sparse)
     direct = S == 1
 
-    out = torch.empty((B, H, T, D), dtype=q.dtype, device=dev)
+    if cfg.out_bthd:  # (B, H, T, D) view of a (B, T, H, D) buffer: see LaunchConfig.out_bthd
+        out = torch.empty((B, T, H, D), dtype=q.dtype, device=dev).transpose(1, 2)
+    else:
+        out = torch.empty((B, H, T, D), dtype=q.dtype, device=dev)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=dev)
     if direct:  # the split kernel writes out/lse itself: no partials, no combine
         part_o = part_lse = lse  # dummies, never touched
