@@ -258,7 +258,7 @@ class SpecdecModel:
         >>> logits = m.forward(ids, cache, lengths)                   # doctest: +SKIP
     """
 
-    def __init__(self, hf_model, tokenizer=None, backend: AttentionBackend | None = None) -> None:
+    def __init__(self, hf_model, tokenizer=None, backend: AttentionBackend | None = None, fuse: bool = False) -> None:
         from specdec.attention.reference import ReferenceBackend
 
         self.hf = hf_model
@@ -271,14 +271,38 @@ class SpecdecModel:
         self._reusable_cache: KVCache | None = None
         self._compile_rows = 0
         self.attach()
+        if fuse:
+            self.fuse_projections()
 
     @classmethod
     def from_pretrained(
-        cls, model: str, dtype: str | torch.dtype = "float32", device: str = "cpu", backend: AttentionBackend | None = None
+        cls, model: str, dtype: str | torch.dtype = "float32", device: str = "cpu", backend: AttentionBackend | None = None,
+        fuse: bool = False,
     ) -> "SpecdecModel":
-        """Load with :func:`load_hf` (embedded name, directory, ``.gguf`` or cached hub id) and attach."""
+        """Load with :func:`load_hf` (embedded name, directory, ``.gguf`` or cached hub id) and attach
+        (``fuse=True``: then :meth:`fuse_projections`)."""
         hf, tok = load_hf(model, dtype, device)
-        return cls(hf, tok, backend)
+        return cls(hf, tok, backend, fuse=fuse)
+
+    def fuse_projections(self) -> "SpecdecModel":
+        """Run q/k/v as one GEMM and gate/up as one per layer: 4 projection launches instead of 7.
+
+        Llama, Qwen2, Qwen3 and Mistral only (anything else: :class:`SpecdecError`, nothing
+        changed); idempotent. Results equal the unfused model's up to floating-point rounding
+        (see :mod:`specdec.fusion`). Call it before :meth:`enable_compile` /
+        :meth:`enable_cuda_graphs`. One-way: :meth:`detach` does not unfuse (the fused modules
+        call whatever attention implementation the model has, so a detached model still runs),
+        and nothing restores the separate projections short of reloading the model.
+        """
+        from specdec.fusion import fuse_projections
+
+        if self._compiled is not None or self._graphs is not None:
+            raise SpecdecError("fuse_projections() changes the model's modules; call it before enable_compile() "
+                               "and enable_cuda_graphs() (or pass fuse=True when building the model).")
+        fuse_projections(self.hf)
+        if self._saved_impl is not None:
+            self._check_route()
+        return self
 
     # -- attach / detach ------------------------------------------------------------------
     def attach(self) -> None:
