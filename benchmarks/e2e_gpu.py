@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--graphs", type=int, default=1)
     ap.add_argument("--hf", type=int, default=1)
     ap.add_argument("--compile", type=int, default=0, help="torch.compile decode-sized forwards")
+    ap.add_argument("--fuse", type=int, default=0, help="fused q/k/v and gate/up projections (SpecdecModel.fuse_projections)")
     ap.add_argument("--options", default="{}",
                     help='JSON {method: {option: value}}, e.g. \'{"dustin": {"srh": "x_srh.json", "draft_layers": 9}}\'')
     ap.add_argument("--out", required=True)
@@ -92,7 +93,7 @@ def main() -> None:
     hf, tok = load_hf(args.gguf, "bfloat16", "cuda")
     be_kw = {"static": True} if (args.backend == "torch" and args.graphs) else {}
     backend = BACKENDS.build(args.backend, **be_kw)
-    model = SpecdecModel(hf, tok, backend)
+    model = SpecdecModel(hf, tok, backend, fuse=bool(args.fuse))
     if args.compile:
         model.enable_compile()
     d = model.dims

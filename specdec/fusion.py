@@ -22,6 +22,7 @@ import sys
 
 import torch
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specdec.errors import SpecdecError
 
@@ -54,8 +55,6 @@ def _cat_linear(parts: list[nn.Linear]) -> nn.Linear:
 
 def _attention_function(impl: str | None, default):
     """The attention function transformers' modules call for ``impl`` (both 5.17 and 5.24 APIs)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     get = getattr(ALL_ATTENTION_FUNCTIONS, "get_interface", None)
     if get is not None:
         return get(impl, default)
