@@ -7,11 +7,13 @@ which is how the parity tests exercise it in CI.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 
+from specdec.errors import SpecdecError
 from specdec.interfaces import AttentionBackend, ScoreKind
 from specdec.registry import BACKENDS, ComponentConfig
 
@@ -41,6 +43,11 @@ class TritonConfig(ComponentConfig):
             go through SDPA (dense, no scores, GPU) or through the kernel in chunks of rows.
         sparse_single_split_at: sparse plans run in one split (no combine launch) once the
             (sequence, KV head) programs reach this many per SM; ``None``: always split.
+        flash_attn: dense attention without scores on CUDA in fp16/bf16 through flash-attn's
+            ``flash_attn_with_kvcache``: ``"auto"`` when flash-attn is installed (else our kernel,
+            silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
+            never. Sparse plans and score requests always use our kernels. Untested against the
+            real library (it cannot be installed on the machines here): see docs/backends.md.
     """
 
     block_n: int | None = None
@@ -51,6 +58,7 @@ class TritonConfig(ComponentConfig):
     sdpa_decode: bool = False
     max_packed_rows: int = 64
     sparse_single_split_at: float | None = 1.0
+    flash_attn: Literal["auto", "off", "on"] = "auto"
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -71,6 +79,47 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _flash_attn_installed() -> bool:
+    """Whether ``flash_attn`` can be imported (looked up, not imported: importing it loads CUDA code)."""
+    try:
+        return importlib.util.find_spec("flash_attn") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _resolve_flash_attn(mode: str) -> bool:
+    """Whether a backend with ``flash_attn=mode`` sends eligible dense calls to flash-attn."""
+    if mode == "off":
+        return False
+    if _flash_attn_installed():
+        return True
+    if mode == "on":
+        raise SpecdecError("flash_attn='on' needs the flash-attn package, which is not installed; "
+                           "pip install 'specdec[flash]' (or use flash_attn='auto' or 'off').")
+    return False
+
+
+def _flash_dense(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    """Dense causal attention of the ``T`` new rows through ``flash_attn.flash_attn_with_kvcache``.
+
+    flash-attn wants q ``(B, T, H, D)`` and a cache ``(B, L, H_kv, D)`` with a contiguous last
+    dimension (other strides are free), so the ``(B, H, ., D)`` tensors go in as transposed views.
+    The new rows' K/V are already in the cache (written before ``attend``), so ``k``/``v`` are not
+    passed and ``cache_seqlens = lengths + T`` (int32) covers them; ``causal=True`` aligns the mask to
+    the bottom right: row ``t`` sees positions ``<= cache_seqlens - T + t = lengths + t``. GQA is
+    native (query head ``h`` reads KV head ``h // G``). Returns ``(B, H, T, D)`` (a transposed view).
+    """
+    from flash_attn import flash_attn_with_kvcache
+
+    T = q.shape[2]
+    out = flash_attn_with_kvcache(
+        q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+        cache_seqlens=(lengths + T).to(torch.int32), causal=True, softmax_scale=scale,
+    )
+    return out.transpose(1, 2)
+
+
 @BACKENDS.register("triton", TritonConfig)
 class TritonBackend(AttentionBackend):
     """Split-K (flash-decoding) attention with GQA row packing, sparse index lists and fused scores."""
@@ -89,6 +138,14 @@ class TritonBackend(AttentionBackend):
             else None
         )
         self._row_cache: dict[tuple, tuple] = {}
+        self._flash = _resolve_flash_attn(c.flash_attn)  # resolved once, when the backend is built
+
+    def uses_flash_attn(self, q: torch.Tensor, plan_indices: torch.Tensor | None, score_rows) -> bool:
+        """Whether this call goes to flash-attn: dense, no scores, CUDA, fp16/bf16, flash-attn in use."""
+        return (
+            self._flash and plan_indices is None and score_rows is None
+            and q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
+        )
 
     @property
     def capture_safe(self) -> bool:
@@ -189,6 +246,8 @@ class TritonBackend(AttentionBackend):
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         dev = q.device
 
+        if self.uses_flash_attn(q, plan_indices, score_rows):
+            return _flash_dense(q, k_cache, v_cache, lengths, scale), None
         if (
             self.config.sdpa_decode and T == 1 and plan_indices is None and score_rows is None
             and dev.type == "cuda"
