@@ -304,10 +304,17 @@ class SpeculativeEngine:
             if self.drafter is None:
                 with timer("verify"):
                     logits = self.model.forward(state.pending.view(B, 1), cache, state.lengths)[:, -1]
-                    check_finite(logits, "target")
+                    if self.sampling.greedy:  # read with the emission below: one host read per step
+                        flags = nonfinite_flags(logits)
+                    else:  # a NaN probability must not reach torch.multinomial
+                        check_finite(logits, "target")
                 with timer("sample"):
                     nxt, _ = choose(logits, self.sampling, gen)
-                self._emit(state, out, nxt, torch.zeros(B, dtype=torch.long, device=dev), None, max_new_tokens)
+                extra = [flags] if self.sampling.greedy else []
+                got = self._emit(state, out, nxt, torch.zeros(B, dtype=torch.long, device=dev), None, max_new_tokens,
+                                 extra=extra)
+                if got:
+                    _raise_flags(got[0], "target")
                 continue
             with timer("draft"):
                 drafts, q = self.drafter.draft(state, gamma)
@@ -322,10 +329,12 @@ class SpeculativeEngine:
                 acc = accept(drafts, logits, self.sampling, q, gen)
             pos = torch.arange(gamma, device=dev).view(1, gamma)
             hits = ((pos < acc.n_accepted.view(B, 1)) & active.view(B, 1)).sum(0)
-            self._emit(state, out, acc.next_token, acc.n_accepted, drafts, max_new_tokens)  # syncs once
-            raise_nonfinite(flags, "verifier")
-            trials += int(active.sum())
-            accepted_at += hits.double().cpu()
+            # one host read for the emission, the acceptance statistics and the finiteness flags
+            hits_h, flags_h, n_active = self._emit(state, out, acc.next_token, acc.n_accepted, drafts, max_new_tokens,
+                                                   extra=[hits, flags, active.sum()])
+            _raise_flags(flags_h, "verifier")
+            trials += int(n_active[0])
+            accepted_at += torch.tensor(hits_h, dtype=torch.float64)
             with timer("select"):
                 self.verifier.on_verify(state)
                 self.drafter.on_verify(state, req)
@@ -349,12 +358,31 @@ class SpeculativeEngine:
         drafts: torch.Tensor | None,
         max_new_tokens: int,
         advance: bool = True,
-    ) -> None:
-        """Append accepted drafts + the next token per active sequence; advance lengths; stop at EOS/limit."""
-        n_list = n_accepted.tolist()
-        nxt_list = next_token.tolist()
-        drafts_list = drafts.tolist() if drafts is not None else None
-        active = state.active.tolist()
+        extra: Sequence[torch.Tensor] = (),
+    ) -> list[list[int]]:
+        """Append accepted drafts + the next token per active sequence; advance lengths; stop at EOS/limit.
+
+        Everything the host needs comes over in **one** transfer (one synchronisation): the
+        emission's tensors plus ``extra`` device tensors (integers or bools), returned as lists.
+        """
+        B = len(out)
+        parts = [n_accepted.reshape(-1).long(), next_token.reshape(-1).long(), state.active.reshape(-1).long()]
+        if drafts is not None:
+            parts.append(drafts.reshape(-1).long())
+        parts += [e.reshape(-1).long() for e in extra]
+        host = torch.cat(parts).tolist()
+        n_list, nxt_list = host[:B], host[B : 2 * B]
+        active = [bool(a) for a in host[2 * B : 3 * B]]
+        off = 3 * B
+        drafts_list = None
+        if drafts is not None:
+            g = drafts.shape[1]
+            drafts_list = [host[off + b * g : off + (b + 1) * g] for b in range(B)]
+            off += B * g
+        extra_host = []
+        for e in extra:
+            extra_host.append(host[off : off + e.numel()])
+            off += e.numel()
         adv = [0] * len(out)
         for b in range(len(out)):
             if not active[b]:
@@ -374,3 +402,9 @@ class SpeculativeEngine:
         state.lengths += torch.tensor(adv, dtype=state.lengths.dtype).to(dev, non_blocking=True)
         state.active = torch.tensor(active, dtype=torch.bool).to(dev, non_blocking=True)
         state.pending = torch.where(state.active, next_token, state.pending)
+        return extra_host
+
+
+def _raise_flags(flags: list[int], where: str) -> None:
+    """:func:`~specdec.sampling.raise_nonfinite` for flags already read to the host."""
+    raise_nonfinite(torch.tensor([bool(f) for f in flags]), where)
