@@ -74,7 +74,7 @@ def kv_write(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, va
     if value.dtype != v_cache.dtype:
         value = value.to(v_cache.dtype)
     HT = Hkv * T
-    block_r = min(32, triton.next_power_of_2(HT))
+    block_r = min(32, max(2, triton.next_power_of_2(HT)))  # >= 2: no size-1 blocks
     block_d = triton.next_power_of_2(D)
     _kv_write_kernel[(B, triton.cdiv(HT, block_r))](
         key, value, k_cache, v_cache, lengths,
