@@ -110,7 +110,7 @@ def main() -> None:
 
     load0 = os.getloadavg()
     ref, tb = ReferenceBackend(), TorchBackend()
-    nb = NumbaBackend(NumbaBackend.Config(dense=True))
+    nb = NumbaBackend(NumbaBackend.Config(dense="on"))
     nb_threads = [int(x) for x in args.threads.split(",")]
 
     # numba's first call per entry point (serial = 1 thread, parallel = thread pool): the JIT compile
@@ -151,7 +151,7 @@ def main() -> None:
                 err = max((o_nb.float() - o_ref.float()).abs().max().item(), (o_tb.float() - o_ref.float()).abs().max().item())
                 for threads in nb_threads:
                     torch.set_num_threads(threads)
-                    nb_t = NumbaBackend(NumbaBackend.Config(dense=True, threads=threads))
+                    nb_t = NumbaBackend(NumbaBackend.Config(dense="on", threads=threads))
                     for mode in ("sparse", "dense"):
                         kw = dict(plan_indices=idx, dense_from=dense_from) if mode == "sparse" else {}
                         row = dict(shape=sname, B=B, T=T, mode=mode, threads=threads, dtype=args.dtype,

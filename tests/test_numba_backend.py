@@ -16,7 +16,7 @@ from specdec.registry import BACKENDS  # noqa: E402
 from conftest import make_tiny  # noqa: E402
 
 REF = ReferenceBackend()
-NB = NumbaBackend(NumbaBackend.Config(dense=True))
+NB = NumbaBackend(NumbaBackend.Config(dense="on"))
 
 
 def _case(B, Hkv, G, T, L, D, K, dtype, seed, shared=False, tail=(0, 4)):
@@ -94,7 +94,7 @@ def test_rows_that_see_nothing_give_zero():
 
 def test_thread_pool_path_matches_serial():
     """``threads=2`` runs the parallel entry point with split-K chunks combined by log-sum-exp."""
-    par = NumbaBackend(NumbaBackend.Config(threads=2, min_chunk=8, dense=True))
+    par = NumbaBackend(NumbaBackend.Config(threads=2, min_chunk=8, dense="on"))
     q, k, v, lengths, dense_from, idx = _case(1, 2, 3, 5, 200, 64, 40, torch.float32, seed=4)
     for kw in ({}, dict(plan_indices=idx, dense_from=dense_from)):
         ref, _ = REF.attend(q, k, v, lengths, 0.125, **kw)
@@ -106,7 +106,11 @@ def test_delegation_scores_dense_prefill_and_other_dtypes():
     """Whatever the kernel does not take still gives the reference's answer."""
     q, k, v, lengths, dense_from, idx = _case(2, 2, 2, 5, 70, 16, 8, torch.float32, seed=2)
     default = BACKENDS.build("numba")
-    assert not default.handles(q, k, None, None)  # dense goes to torch's SDPA by default
+    assert not default.handles(q, k, None, None)  # dense with T > 1 goes to torch's SDPA by default
+    assert default.handles(q[:, :, :1], k, None, None)  # a dense decode row stays in the numba kernel
+    assert not BACKENDS.build("numba", dense="off").handles(q[:, :, :1], k, None, None)
+    out, _ = default.attend(q[:, :, :1], k, v, lengths, 0.3)
+    _close(out, REF.attend(q[:, :, :1], k, v, lengths, 0.3)[0], torch.float32)
     assert default.handles(q, k, idx, None) and not default.handles(q, k, idx, [0])
     out, _ = default.attend(q, k, v, lengths, 0.3)
     _close(out, REF.attend(q, k, v, lengths, 0.3)[0], torch.float32)

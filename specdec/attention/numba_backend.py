@@ -12,7 +12,7 @@ bfloat16 bit patterns widened in the kernel (exact), so a bf16 cache is never co
 Anything the kernel does not cover is delegated, so the backend is always complete:
 score requests go to :class:`~specdec.attention.reference.ReferenceBackend` (the definition, as in
 the torch backend), and non-CPU tensors, dtypes other than float32/bfloat16, prefill-sized
-forwards (``T > max_rows``) and — unless ``dense=True`` — dense attention go to
+forwards (``T > max_rows``) and dense attention of more than one row (unless ``dense="on"``) go to
 :class:`~specdec.attention.torch_backend.TorchBackend`.
 
 numba is an optional extra (``pip install 'specdec[cpu]'``); it is imported when the backend is
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import torch
@@ -44,8 +44,10 @@ class NumbaConfig(ComponentConfig):
     """Options of the numba backend.
 
     Attributes:
-        dense: run dense attention (no plan) through the numba kernel too; ``False`` (default)
-            sends it to the torch backend's SDPA (see docs/backends.md for the measurement).
+        dense: who computes dense attention (no plan): ``"auto"`` (default) the numba kernel for
+            single-row decode steps (T = 1, where it beat SDPA at every measured shape) and the
+            torch backend's SDPA for more rows (where it did not); ``"on"`` always the numba kernel;
+            ``"off"`` always SDPA (see docs/backends.md for the measurement).
         threads: numba threads per call (``None``: ``torch.get_num_threads()``), capped at numba's
             pool size. 1 (default) runs the kernel in the calling thread without numba's thread pool:
             at these sizes a pool launch costs more than it saves, and far more on a loaded machine
@@ -56,7 +58,7 @@ class NumbaConfig(ComponentConfig):
         min_chunk: fewest list entries one split-K chunk gets.
     """
 
-    dense: bool = False
+    dense: Literal["auto", "on", "off"] = "auto"
     threads: int | None = Field(default=1, ge=1)
     max_rows: int = Field(default=16, ge=1)
     block: int = Field(default=64, ge=1, le=1024)
@@ -100,7 +102,8 @@ class NumbaBackend(AttentionBackend):
         """Whether the numba kernel (not a delegate) computes this call."""
         return (
             score_rows is None
-            and (plan_indices is not None or self.config.dense)
+            and (plan_indices is not None or self.config.dense == "on"
+                 or (self.config.dense == "auto" and q.shape[2] == 1))
             and q.device.type == "cpu"
             and k_cache.device.type == "cpu"
             and q.dtype in (torch.float32, torch.bfloat16)
