@@ -21,7 +21,7 @@ from test_validation import save_tiny_dir
 # ``{x}`` placeholders name files of the ``files`` fixture.
 CASES = [
     ("unknown-method", "unknown method", ["--method", "nope"], "known: dense"),
-    ("unknown-backend", "unknown backend", ["--backend", "nope"], "known: reference"),
+    ("unknown-backend", "unknown backend", ["--backend", "nope"], "reference, torch"),
     ("unknown-dtype", "unknown dtype", ["--dtype", "float64"], "choose one of float32"),
     ("gamma-0", "γ < 1", ["--gamma", "0"], "'gamma'"),
     ("gamma-100", "γ absurd (> 64)", ["--gamma", "100"], "'gamma'"),
