@@ -97,8 +97,10 @@ class FusedAttention(nn.Module):
         self._eager = mod.eager_attention_forward
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, **kwargs):
-        kwargs.pop("cache", None)  # transformers >= 5.2x name; specdec forwards run with use_cache=False
-        kwargs.pop("past_key_values", None)
+        # Hugging Face's own KV cache (generate() on a fused model): specdec forwards pass none
+        # (use_cache=False; the routed attention function owns specdec's cache)
+        hf_cache = kwargs.pop("cache", None)  # transformers >= 5.2x
+        past = kwargs.pop("past_key_values", None)  # earlier 5.x
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -108,6 +110,11 @@ class FusedAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         cos, sin = position_embeddings
         q, k = self._rope(q, k, cos, sin)
+        if hf_cache is not None:  # the call transformers >= 5.2x modules make
+            k, v = hf_cache.update(k, v, self.layer_idx, kwargs=kwargs)
+        elif past is not None:  # the call earlier 5.x modules make
+            k, v = past.update(k, v, self.layer_idx,
+                               {"sin": sin, "cos": cos, "cache_position": kwargs.get("cache_position")})
         if self.sliding_window is not None:
             kwargs["sliding_window"] = self.sliding_window
         attend = _attention_function(self.config._attn_implementation, self._eager)

@@ -131,7 +131,9 @@ class GraphCache:
             layers = list(g.req.scores)
             vals = [g.req.scores[layer] for layer in layers]
             if all(v.shape == vals[0].shape for v in vals):
-                scores.scores = dict(zip(layers, torch.stack(vals).unbind(0)))
+                stacked = torch.stack(vals)
+                scores.scores = dict(zip(layers, stacked.unbind(0)))
+                scores.stacked = (layers, stacked)
             else:
                 scores.scores = {layer: v.clone() for layer, v in zip(layers, vals)}
         return g.logits.clone()

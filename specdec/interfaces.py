@@ -106,6 +106,10 @@ class ScoreRequest:
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
     """Filled by the forward: ``{layer: (B, H_kv, L) float32}`` (``(B, H_kv, R, L)`` with ``per_row``);
     positions a row cannot see are 0."""
+    stacked: tuple[list[int], torch.Tensor] | None = None
+    """Optionally set with :attr:`scores`: ``(layers, tensor)`` where ``tensor[i]`` is
+    ``scores[layers[i]]`` (the values of ``scores`` are views of it), so a consumer of every layer
+    can skip stacking them again (a replayed CUDA graph returns them this way)."""
 
     def wants(self, layer: int) -> bool:
         """Whether scores of ``layer`` are requested."""

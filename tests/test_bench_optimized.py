@@ -8,9 +8,16 @@ import json
 import os
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+# a CPU-only test module: it must not switch Triton to its interpreter in a GPU session (pytest imports
+# every module at collection, so the variable would reach the compiled GPU tests collected with it)
+_GPU_SESSION = os.environ.get("SPECDEC_TEST_DEVICE", "cpu") == "cuda"
+if not _GPU_SESSION:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import pytest  # noqa: E402
+
+if _GPU_SESSION:
+    pytest.skip("CPU-only test (Triton interpreter); run it without SPECDEC_TEST_DEVICE=cuda", allow_module_level=True)
 
 pytest.importorskip("triton", reason="the benchmark needs the optional 'triton' package")
 

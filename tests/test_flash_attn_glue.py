@@ -16,9 +16,16 @@ import os
 import sys
 import types
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# a CPU-only test module: it must not switch Triton to its interpreter in a GPU session (pytest imports
+# every module at collection, so the variable would reach the compiled GPU tests collected with it)
+_GPU_SESSION = os.environ.get("SPECDEC_TEST_DEVICE", "cpu") == "cuda"
+if not _GPU_SESSION:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import pytest  # noqa: E402
+
+if _GPU_SESSION:
+    pytest.skip("CPU-only test (Triton interpreter); run it without SPECDEC_TEST_DEVICE=cuda", allow_module_level=True)
 import torch  # noqa: E402
 
 pytest.importorskip("triton", reason="the triton backend needs the optional 'triton' package")

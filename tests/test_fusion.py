@@ -91,6 +91,18 @@ def test_fused_with_triton_backend_and_triton_cache_writes():
     torch.testing.assert_close(caches[1].k, caches[0].k, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "mistral"])
+def test_hf_generate_with_its_kv_cache_is_unchanged_by_fusion(name):
+    """Hugging Face ``generate`` (its own KV cache, attached or detached) gives the same tokens fused."""
+    plain, fused = pair(name)
+    x = torch.tensor([PROMPTS[1]])
+    kw = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    want = plain.hf.generate(x, **kw)
+    assert torch.equal(fused.hf.generate(x, **kw), want)
+    fused.detach()
+    assert torch.equal(fused.hf.generate(x, **kw), want)
+
+
 def test_fuse_is_idempotent_survives_detach_and_option():
     m = make_tiny("llama")
     m.fuse_projections()

@@ -93,15 +93,22 @@ class VerificationGuidedSelector(BudgetSelector):
         if scores is None or not scores.scores:
             self._scores = None
         else:
-            s = torch.stack([scores.scores[layer] for layer in sorted(scores.scores)])  # (N, B, H_kv, [R,] L)
+            layers = sorted(scores.scores)
+            st = scores.stacked
+            if st is not None and list(st[0]) == layers:  # already one tensor (a replayed verify)
+                s = st[1]
+            else:
+                s = torch.stack([scores.scores[layer] for layer in layers])  # (N, B, H_kv, [R,] L)
             if scores.per_row:
                 s = self._last_accepted_row(s, lengths)
-            if not self.config.per_kv_head:
-                s = s.sum(dim=2, keepdim=True)
+            shape = s.shape if self.config.per_kv_head else (*s.shape[:2], 1, *s.shape[3:])
             # one persistent buffer (a captured plan reads it by address; see plan_state_key)
-            if self._buffer is None or self._buffer.shape != s.shape or self._buffer.device != s.device:
-                self._buffer = torch.empty_like(s, dtype=torch.float32)
-            self._buffer.copy_(s)
+            if self._buffer is None or self._buffer.shape != shape or self._buffer.device != s.device:
+                self._buffer = torch.empty(shape, dtype=torch.float32, device=s.device)
+            if self.config.per_kv_head:
+                self._buffer.copy_(s)
+            else:
+                torch.sum(s.float(), dim=2, keepdim=True, out=self._buffer)
             self._scores = self._buffer
         self._lengths = lengths.clone()
 
