@@ -1,6 +1,7 @@
 """Time one forward step (dense T=1, sparse T=1, verify T=γ+1) at SmolLM2-135M shape on a GPU.
 
-Random weights (timing only), bf16, context ``--context``; modes: eager, CUDA graphs, compile + graphs.
+Random weights (timing only), bf16, context ``--context``; modes: eager, CUDA graphs, compile + graphs,
+autotune (compile with ``mode="max-autotune-no-cudagraphs"``) + graphs.
 Reports medians of CUDA-event timings and the roofline (weights + KV bytes read) / copy bandwidth.
 
     python benchmarks/step_gpu.py --context 8000 --batches 1,64 --backend triton --out step.json
@@ -142,6 +143,8 @@ def main():
     ap.add_argument("--fuse", type=int, default=0, help="fused q/k/v and gate/up projections (without --variants)")
     ap.add_argument("--variants", default="",
                     help="comma list of base,write,layout,fuse (cumulative launch-count reductions, see the docstring)")
+    ap.add_argument("--backend-options", default="{}",
+                    help='JSON config of the backend, e.g. \'{"num_splits": 1}\' for the triton backend')
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -164,6 +167,7 @@ def main():
         torch.manual_seed(0)
         hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
         kw = {"static": True} if args.backend == "torch" else {}
+        kw.update(json.loads(args.backend_options))
         be = BACKENDS.build(args.backend, **kw)
         model = SpecdecModel(hf, None, be)
         if variant == "default":
@@ -204,7 +208,9 @@ def run_variant(args, model, variant, W, bw, kvt, res):
             try:
                 if mode == "compile":
                     model.enable_compile()
-                if mode in ("graphs", "compile"):
+                if mode == "autotune":  # inductor benchmarks GEMM templates and may fuse epilogues into them
+                    model.enable_compile(mode="max-autotune-no-cudagraphs")
+                if mode in ("graphs", "compile", "autotune"):
                     model.enable_cuda_graphs()
                 for name, (fn, nbytes) in steps.items():
                     t = timed(fn)
