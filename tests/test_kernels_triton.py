@@ -349,3 +349,19 @@ def test_sdpa_decode_route(lengths):
     q, k, v, lens = make_case(2, 2, 3, 1, 64, 800, torch.bfloat16, lengths, seed=5)
     check(TritonConfig(sdpa_decode=True), q, k, v, lens)
     assert not TritonBackend(TritonConfig(sdpa_decode=True)).capture_safe
+
+
+def test_dense_single_split_rule(monkeypatch):
+    """Dense attention runs in one split on a GPU once (sequence, KV head) programs fill the SMs, at
+    head dim <= 64 only (the measured case); forced or disabled on request; never under the interpreter."""
+    import specdec.cuda.triton_attention as ta
+
+    monkeypatch.setattr(ta, "_sm_count", lambda dev: 132)
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    d64 = ta.LaunchConfig().resolve(False, 64)
+    assert ta.choose_splits(64 * 3, 8000, gpu, d64) == 1  # SmolLM2 at B = 64
+    assert ta.choose_splits(16 * 3, 8000, gpu, d64) > 1  # B = 16: too few programs
+    assert ta.choose_splits(64 * 3, 8000, cpu, d64) > 1  # interpreter: unchanged
+    assert ta.choose_splits(16 * 8, 32000, gpu, ta.LaunchConfig().resolve(False, 128)) > 1  # head dim 128: unchanged
+    assert ta.choose_splits(64 * 3, 8000, gpu, ta.LaunchConfig(dense_single_split_at=None).resolve(False, 64)) > 1
+    assert ta.choose_splits(16 * 3, 8000, gpu, ta.LaunchConfig(dense_single_split_at=0.25).resolve(False, 64)) == 1

@@ -306,6 +306,11 @@ class LaunchConfig:
     # the layout transformers' o_proj reads, so the attention function's transpose(1, 2).contiguous()
     # copies nothing (one elementwise kernel per layer less when T > 1); False: a contiguous (B, H, T, D)
     out_bthd: bool = True
+    # dense attention likewise runs in one split once the (sequence, KV head) programs reach this many
+    # per SM; "auto": 1.0 at head dim <= 64 (measured on an H200 at B = 64 x 8k, SmolLM2 geometry: a
+    # dense step 3.88 ms in one split vs 4.04-4.16 ms with 3-6 splits + combine, verify T = 5 4.13 vs
+    # 4.50 ms; benchmarks/results/gpu_launch_reductions_2026-11-29.md), never at head dim 128 (not measured)
+    dense_single_split_at: float | str | None = "auto"
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False) -> "LaunchConfig":
         if sparse:
@@ -317,9 +322,12 @@ class LaunchConfig:
         else:
             auto = (64, 4, 2, 2)
         pick = lambda v, a: a if v is None else v  # noqa: E731
+        dense_one = self.dense_single_split_at
+        if dense_one == "auto":
+            dense_one = 1.0 if head_dim <= 64 else None
         return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
                             pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
-                            self.combine_warps, self.sparse_single_split_at, self.out_bthd)
+                            self.combine_warps, self.sparse_single_split_at, self.out_bthd, dense_one)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -345,6 +353,11 @@ def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchCo
         return max(1, cfg.num_splits)
     sms = _sm_count(device)
     if sparse and cfg.sparse_single_split_at is not None and bh >= cfg.sparse_single_split_at * sms:
+        return 1
+    one = cfg.dense_single_split_at
+    # (on a GPU only: the interpreter's 4 pretend SMs would otherwise route the CPU tests' small
+    # batches past the split + combine path they are there to check; both paths have forced-split tests)
+    if not sparse and isinstance(one, (int, float)) and device.type == "cuda" and bh >= one * sms:
         return 1
     target = sms * (cfg.ctas_per_sm or 4)
     s = max(1, math.ceil(target / max(bh, 1)))

@@ -41,6 +41,9 @@ class TritonConfig(ComponentConfig):
             default: see docs/backends.md for the measurement).
         max_packed_rows: most ``T * G`` rows packed in one tile; longer forwards (prefill chunks)
             go through SDPA (dense, no scores, GPU) or through the kernel in chunks of rows.
+        dense_single_split_at: dense attention runs in one split (no combine launch) once the
+            (sequence, KV head) programs reach this many per SM; ``"auto"``: 1.0 at head dim <= 64
+            (measured faster on an H200), never at head dim 128; ``None``: always split.
         sparse_single_split_at: sparse plans run in one split (no combine launch) once the
             (sequence, KV head) programs reach this many per SM; ``None``: always split.
         flash_attn: dense attention without scores on CUDA in fp16/bf16 through flash-attn's
@@ -58,6 +61,7 @@ class TritonConfig(ComponentConfig):
     sdpa_decode: bool = False
     max_packed_rows: int = 64
     sparse_single_split_at: float | None = 1.0
+    dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
 
 
@@ -133,7 +137,8 @@ class TritonBackend(AttentionBackend):
         self._launch = (
             LaunchConfig(block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages,
                          num_splits=c.num_splits, ctas_per_sm=c.ctas_per_sm,
-                         sparse_single_split_at=c.sparse_single_split_at)
+                         sparse_single_split_at=c.sparse_single_split_at,
+                         dense_single_split_at=c.dense_single_split_at)
             if LaunchConfig is not None
             else None
         )
