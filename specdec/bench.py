@@ -69,8 +69,15 @@ def run_bench(
     options: dict[str, Any] | None = None,
     cuda_graphs: bool = False,
     compile: bool = False,
+    fuse: bool = False,
+    warmup: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``."""
+    """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
+
+    ``warmup`` runs each (setting, method) once untimed before the timed run, so CUDA-graph captures
+    and ``torch.compile`` compilations (they depend on the cache size) are not timed. With ``fuse``
+    the model's projections are fused; Hugging Face ``generate`` then runs the fused modules too.
+    """
     from rich.progress import Progress
 
     from specdec.cli import load_model, pipeline_config
@@ -81,7 +88,7 @@ def run_bench(
         raise SpecdecError("contexts and batch sizes must be >= 1.")
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
-    m = load_model(model, dtype, device, backend, cuda_graphs, compile)
+    m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse)
     too_long = [c for c in contexts if c + max_new_tokens > m.dims.max_positions]
     if too_long:
         raise SpecdecError(
@@ -91,7 +98,8 @@ def run_bench(
     output_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
                 machine=machine_info(str(m.device)), model=model, backend=backend, dtype=dtype, gamma=gamma,
-                budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens)
+                budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
+                cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup)
 
     def save() -> None:
         (output_dir / f"{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
@@ -115,6 +123,8 @@ def run_bench(
                         eng = build_engine(m, cfg)
                         if pre is None:
                             pre = eng.prefill([ids] * bs)  # one prefill shared by every method
+                        if warmup:  # same length: every capture and compilation happens here
+                            eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
                         res = eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
                         s = res.stats
                         if name == "dense":

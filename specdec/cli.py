@@ -109,11 +109,13 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False):
+def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False,
+               fuse: bool = False):
     """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper).
 
     ``cuda_graphs`` captures decode-sized forwards as CUDA graphs (GPU only; the ``torch`` backend
-    switches to its static mode); ``compile`` applies ``torch.compile`` to them.
+    switches to its static mode); ``compile`` applies ``torch.compile`` to them; ``fuse`` fuses the
+    q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`).
     """
     import torch
 
@@ -131,6 +133,8 @@ def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: b
     if reason:
         raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
     m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
+    if fuse:
+        m.fuse_projections()
     if compile:
         m.enable_compile()
     if cuda_graphs:
@@ -210,6 +214,7 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="wrap the prompt in the model's chat template"),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture decode steps as CUDA graphs (GPU)"),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile decode steps"),
+    fuse: bool = typer.Option(False, "--fuse", help="fuse q/k/v and gate/up projections (Llama, Qwen2, Qwen3, Mistral)"),
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
@@ -224,7 +229,7 @@ def generate(
     text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")
-    m = load_model(model, dtype, device, backend, cuda_graphs, compile_)
+    m = load_model(model, dtype, device, backend, cuda_graphs, compile_, fuse)
     if chat:
         text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
     ids = context_ids(m.tokenizer, text, None)
@@ -329,6 +334,11 @@ def bench(
     hf_baseline: bool = typer.Option(False, "--hf-baseline", help="also time Hugging Face generate (dense)"),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture decode steps as CUDA graphs (GPU)"),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile decode steps"),
+    fuse: bool = typer.Option(False, "--fuse", help="fuse q/k/v and gate/up projections (Llama, Qwen2, Qwen3, Mistral)"),
+    warmup: Optional[bool] = typer.Option(
+        None, "--warmup/--no-warmup",
+        help="run each method once untimed first (default: on with --cuda-graphs or --compile, whose captures "
+             "and compilations would otherwise be timed)"),
     output_dir: Path = typer.Option(Path("benchmarks/results"), "--output-dir"),
     tag: str = typer.Option("bench", "--tag", help="file name prefix"),
 ) -> None:
@@ -357,6 +367,8 @@ def bench(
         hf_baseline=hf_baseline,
         cuda_graphs=cuda_graphs,
         compile=compile_,
+        fuse=fuse,
+        warmup=(cuda_graphs or compile_) if warmup is None else warmup,
         output_dir=output_dir,
         tag=tag,
         argv=sys.argv,

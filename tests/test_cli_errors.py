@@ -217,3 +217,14 @@ def markdown_table() -> str:
 if __name__ == "__main__":  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).parent))
     print(markdown_table())
+
+
+def test_fuse_option_gives_the_same_tokens(files, tmp_path):
+    """`specdec generate --fuse` (fused q/k/v and gate/up) emits what the unfused model emits."""
+    tokens = []
+    for extra in ([], ["--fuse"]):
+        out = tmp_path / f"out{len(extra)}.json"
+        res = run_in_process(build_args(files, ["--method", "magicdec", "--budget", "6", *extra], out))
+        assert res.exit_code == 0, res.stdout + res.stderr
+        tokens.append(json.loads(out.read_text())["tokens"])
+    assert tokens[0] == tokens[1]
