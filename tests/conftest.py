@@ -79,3 +79,21 @@ def real_prompts(tokenizer, n_tokens: int, count: int = 2) -> list[list[int]]:
         start = 5000 + 3000 * i
         out.append(ids[start : start + n_tokens])
     return out
+
+
+# -- GPU sessions: no test module may switch Triton to its interpreter while being collected ---------
+_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+
+
+def pytest_collection_finish(session):
+    """Pytest imports every test module before running any; a CPU-only module that sets
+    ``TRITON_INTERPRET=1`` at import would make every later Triton kernel (inductor's included) run in
+    the interpreter in a GPU session. Fail the session at once, naming the fix, instead."""
+    if os.environ.get("SPECDEC_TEST_DEVICE", "cpu") != "cuda":
+        return
+    now = os.environ.get("TRITON_INTERPRET")
+    if now not in (None, "", "0") and now != _INTERPRET_AT_START:
+        raise pytest.UsageError(
+            "a test module set TRITON_INTERPRET during collection of a GPU session (SPECDEC_TEST_DEVICE=cuda); "
+            "guard its os.environ.setdefault('TRITON_INTERPRET', '1') with the device check the kernel test modules use."
+        )
