@@ -314,7 +314,7 @@ class SpeculativeEngine:
                 got = self._emit(state, out, nxt, torch.zeros(B, dtype=torch.long, device=dev), None, max_new_tokens,
                                  extra=extra)
                 if got:
-                    _raise_flags(got[0], "target")
+                    raise_nonfinite(got[0], "target")
                 continue
             with timer("draft"):
                 drafts, q = self.drafter.draft(state, gamma)
@@ -332,7 +332,7 @@ class SpeculativeEngine:
             # one host read for the emission, the acceptance statistics and the finiteness flags
             hits_h, flags_h, n_active = self._emit(state, out, acc.next_token, acc.n_accepted, drafts, max_new_tokens,
                                                    extra=[hits, flags, active.sum()])
-            _raise_flags(flags_h, "verifier")
+            raise_nonfinite(flags_h, "verifier")
             trials += int(n_active[0])
             accepted_at += torch.tensor(hits_h, dtype=torch.float64)
             with timer("select"):
@@ -403,8 +403,3 @@ class SpeculativeEngine:
         state.active = torch.tensor(active, dtype=torch.bool).to(dev, non_blocking=True)
         state.pending = torch.where(state.active, next_token, state.pending)
         return extra_host
-
-
-def _raise_flags(flags: list[int], where: str) -> None:
-    """:func:`~specdec.sampling.raise_nonfinite` for flags already read to the host."""
-    raise_nonfinite(torch.tensor([bool(f) for f in flags]), where)

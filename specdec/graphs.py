@@ -51,6 +51,31 @@ def _score_key(req: ScoreRequest | None) -> Any:
     return (tuple(req.rows), req.kind, req.heads, layers, qh, req.per_row)
 
 
+def _reason(exc: BaseException) -> str:
+    """One line saying why a step was refused (kept in ``uncapturable``)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _warm_up(step) -> None:
+    """Run ``step()`` twice on a side stream before a capture: once normally (allocations, autotuning,
+    compilation happen off the capture), once with host synchronisation forbidden, so a step that
+    syncs raises here, before a capture begins (a capture that fails midway leaves the CUDA RNG
+    unusable)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            step()
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                step()
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+    finally:
+        torch.cuda.current_stream().wait_stream(side)
+
+
 @dataclass
 class _Graph:
     graph: Any
@@ -116,7 +141,7 @@ class GraphCache:
             try:
                 g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep)
             except RuntimeError as exc:
-                self.uncapturable[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                self.uncapturable[key] = _reason(exc)
                 torch.cuda.synchronize()
                 return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
         else:
@@ -150,19 +175,7 @@ class GraphCache:
         def step():
             return self.model._eager_forward(ids, cache, lens, splan, req, logits_to_keep, None, static=True)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up (allocations, autotuning, compilation) off the capture
-            step()
-            # a second warm-up with host synchronisation forbidden: a step that syncs is found here,
-            # before a capture begins (a capture that fails midway leaves the CUDA RNG unusable)
-            mode = torch.cuda.get_sync_debug_mode()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                step()
-            finally:
-                torch.cuda.set_sync_debug_mode(mode)
-        torch.cuda.current_stream().wait_stream(side)
+        _warm_up(step)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = step()
@@ -209,23 +222,12 @@ class CapturedCall:
         if len(self.graphs) >= self.max_graphs:
             self.graphs.pop(next(iter(self.graphs)))
         statics = tuple(t.clone() for t in inputs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(side):
-                fn(*statics)
-                mode = torch.cuda.get_sync_debug_mode()
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    fn(*statics)
-                finally:
-                    torch.cuda.set_sync_debug_mode(mode)
+            _warm_up(lambda: fn(*statics))
         except RuntimeError as exc:
-            torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
-            self.uncapturable[full] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self.uncapturable[full] = _reason(exc)
             return fn(*inputs)
-        torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outs = fn(*statics)

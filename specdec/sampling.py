@@ -53,9 +53,10 @@ def nonfinite_flags(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack([bad, (logits.amax(dim=-1) == float("-inf")).any()])
 
 
-def raise_nonfinite(flags: torch.Tensor, where: str) -> None:
-    """:func:`check_finite`'s errors for flags from :func:`nonfinite_flags` (one host read)."""
-    nan, dead = flags.tolist()
+def raise_nonfinite(flags, where: str) -> None:
+    """:func:`check_finite`'s errors for flags from :func:`nonfinite_flags` (one host read), or for
+    the same two flags already read to the host (a sequence)."""
+    nan, dead = flags.tolist() if isinstance(flags, torch.Tensor) else flags
     if nan:
         raise FloatingPointError(
             f"{where} produced NaN or +inf logits: the model's weights or activations are not finite "

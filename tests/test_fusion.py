@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
@@ -151,11 +150,8 @@ def test_fused_compiled_forward_matches_eager():
     fused.forward(ids, cache, lens)
     want = fused.forward(ids[:, :1], cache, lens + 3)
     fused.enable_compile(max_rows=1)
-    t0 = time.perf_counter()
     try:
         got = fused.forward(ids[:, :1], cache, lens + 3)
     except Exception as exc:  # pragma: no cover - no C++ toolchain for inductor
         pytest.skip(f"torch.compile unavailable here ({type(exc).__name__})")
-    if time.perf_counter() - t0 > 60:  # pragma: no cover
-        pytest.skip("compilation took > 60 s")
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
