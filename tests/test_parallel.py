@@ -1,0 +1,120 @@
+"""Tensor parallelism (specdec.parallel): 2 gloo ranks give exactly the single-process tokens.
+
+Each multi-rank case runs ``torchrun`` (``python -m torch.distributed.run``) on
+``tests/helpers/tp_worker.py`` in a subprocess with a wall-clock limit, so a hang fails the test
+instead of stalling CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.parallel import TensorParallel, shard_model
+
+HERE = Path(__file__).parent
+WORKER = HERE / "helpers" / "tp_worker.py"
+sys.path.insert(0, str(HERE / "helpers"))
+
+
+def _torchrun(out: Path, model: str, *extra: str, methods: str | None = None, port: int = 29650, timeout: int = 420):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    if methods:
+        env["TP_METHODS"] = methods
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), str(WORKER), str(out), model, *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_shard_blocks_cover_every_item_once():
+    for world in (1, 2, 3, 4):
+        for n in (1, 3, 7, 8):
+            if n < world:
+                continue
+            blocks = [TensorParallel(rank=r, world=world).shard(n) for r in range(world)]
+            assert blocks[0][0] == 0 and blocks[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+            assert max(e - s for s, e in blocks) - min(e - s for s, e in blocks) <= 1
+
+
+def test_one_rank_is_a_no_op_and_more_ranks_than_kv_heads_is_refused():
+    from conftest import make_tiny
+
+    m = make_tiny("llama")  # 2 KV heads
+    before = m.dims
+    shard_model(m, TensorParallel(rank=0, world=1))
+    assert m.dims == before
+    m2 = make_tiny("llama")
+    with pytest.raises(SpecdecError, match="needs at least 3 KV heads.*--tp 2 or fewer"):
+        shard_model(m2, TensorParallel(rank=0, world=3))
+
+
+def test_sharded_rank_sees_its_heads_and_a_smaller_cache():
+    from conftest import make_tiny
+
+    m = make_tiny("qwen3")  # 4 query heads, 2 KV heads, q/k norms replicated
+    shard_model(m, TensorParallel(rank=1, world=2))
+    assert (m.dims.n_heads, m.dims.n_kv_heads) == (2, 1)
+    assert m.new_cache(1, 8).k.shape[2] == 1
+    with pytest.raises(SpecdecError, match="already sharded"):
+        shard_model(m, TensorParallel(rank=1, world=2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kv_heads_rank0", [("tiny-llama", 1), ("tiny-qwen3", 1), ("tiny-llama-kv3", 2)])
+def test_two_ranks_equal_one_process_tiny(tmp_path, name, kv_heads_rank0):
+    """Llama and Qwen3 (q/k norms replicated); 3 KV heads split unevenly (2 + 1)."""
+    from tp_worker import build, run
+
+    model, prompts = build(name)
+    ref = run(model, prompts)
+    out = tmp_path / "tp.json"
+    proc = _torchrun(out, name, port=29650 + len(name))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["world"] == 2 and got["kv_heads"] == kv_heads_rank0
+    assert got["tokens"] == ref  # every method, every sequence, token for token
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_embedded(tmp_path, smol):
+    """SmolLM2's 3 KV heads split unevenly (2 + 1)."""
+    from conftest import real_prompts
+    from tp_worker import run
+
+    prompts = real_prompts(smol.tokenizer, 192, count=2)
+    ref = run(smol, prompts, methods=("dense", "vegas"))
+    out = tmp_path / "tp.json"
+    proc = _torchrun(out, "smollm2-135m", methods="dense,vegas", port=29655)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["kv_heads"] == 2  # rank 0 holds 2 of the 3 KV heads
+    assert got["tokens"] == ref
+
+
+@pytest.mark.slow
+def test_a_rank_failing_mid_generation_ends_every_rank(tmp_path):
+    out = tmp_path / "tp.json"
+    proc = _torchrun(out, "tiny-llama", "5", methods="magicdec", port=29657, timeout=240)
+    assert proc.returncode != 0
+    assert "planted failure on rank 1" in proc.stderr
+    assert not out.exists()  # rank 0 never finished
+
+
+def test_rowwise_projection_sums_partial_products_once_with_the_bias():
+    """A one-rank RowParallelLinear over a column block equals that block's share of the full GEMM."""
+    from specdec.parallel import RowParallelLinear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 5, bias=True)
+    x = torch.randn(3, 8)
+    halves = [RowParallelLinear(lin, a, b, TensorParallel(rank=0, world=1)) for a, b in ((0, 4), (4, 8))]
+    parts = [h(x[:, a:b]) - lin.bias for h, (a, b) in zip(halves, ((0, 4), (4, 8)))]
+    torch.testing.assert_close(parts[0] + parts[1] + lin.bias, lin(x))
