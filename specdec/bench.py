@@ -80,7 +80,7 @@ def run_bench(
     """
     from rich.progress import Progress
 
-    from specdec.cli import load_model, pipeline_config
+    from specdec.loading import load_model, pipeline_config
     from specdec.data import context_ids, load_document
     from specdec.presets import build_engine
 

@@ -7,187 +7,19 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import wraps
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import typer
-from pydantic import ValidationError
-from typer.core import TyperGroup
 
 from specdec.errors import SpecdecError
-
-
-#: the click exceptions module typer uses (its vendored copy in typer >= 0.20, click itself before)
-_CLICK = sys.modules[typer.BadParameter.__module__]
-_NO_ARGS = getattr(_CLICK, "NoArgsIsHelpError", ())  # click < 8.2 prints the help itself
-
-
-class OneLineErrors(TyperGroup):
-    """Usage errors (a bad option value, an unknown or missing option) as one ``error: ...`` line, exit 2.
-
-    Typer's default prints a multi-line usage banner and a boxed message; a script reading stderr
-    should get the same single line as every other bad input.
-    """
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except _NO_ARGS as exc:
-            exc.show()
-            sys.exit(exc.exit_code)
-        except _CLICK.ClickException as exc:
-            cmd = f"{exc.ctx.command_path} --help" if getattr(exc, "ctx", None) is not None else "--help"
-            msg = " ".join(exc.format_message().split())
-            typer.echo(f"error: {msg.rstrip('.')}; see `{cmd}`.", err=True)
-            sys.exit(exc.exit_code)
-        except typer.Abort:
-            typer.echo("error: aborted.", err=True)
-            sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)
+from specdec.friendly import OneLineErrors, fail, friendly  # noqa: F401 - re-exported for scripts
+from specdec.loading import check_budget, load_model, pipeline_config, resolve_device  # noqa: F401
 
 
 app = typer.Typer(
     cls=OneLineErrors, add_completion=False, no_args_is_help=True, help="Long-context speculative decoding with sparse attention."
 )
-
-
-def fail(message: str) -> None:
-    """Print one error line and exit 2."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def friendly(fn: Callable) -> Callable:
-    """Turn expected failures into one clear line (exit 2) instead of a traceback."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any):
-        try:
-            return fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except SpecdecError as exc:
-            fail(str(exc))
-        except ValidationError as exc:
-            from specdec.registry import format_validation_error
-
-            fail(format_validation_error("config", exc))
-        except FileNotFoundError as exc:
-            fail(f"file not found: {exc.filename}; check the path.")
-        except IsADirectoryError as exc:
-            fail(f"{exc.filename} is a directory, not a file; pass a file path.")
-        except PermissionError as exc:
-            fail(f"permission denied: {exc.filename}; check the file's permissions.")
-        except FloatingPointError as exc:
-            fail(str(exc))
-        except torch_oom() as exc:  # type: ignore[misc]
-            fail(f"out of memory ({str(exc).splitlines()[0]}); use a smaller --batch-size or --context-tokens.")
-        except KeyboardInterrupt:
-            fail("interrupted.")
-
-    return wrapper
-
-
-def torch_oom() -> type[BaseException]:
-    import torch
-
-    return torch.OutOfMemoryError
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SpecdecError(f"--device {device} was requested but no CUDA GPU is available; use --device cpu.")
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise SpecdecError(f"unknown device {device!r}; use cpu, cuda or auto.")
-    return device
-
-
-def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False,
-               fuse: bool = False):
-    """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper).
-
-    ``cuda_graphs`` captures decode-sized forwards as CUDA graphs (GPU only; the ``torch`` backend
-    switches to its static mode); ``compile`` applies ``torch.compile`` to them; ``fuse`` fuses the
-    q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`).
-    """
-    import torch
-
-    from specdec.models import SpecdecModel, resolve_dtype
-    from specdec.registry import BACKENDS
-
-    dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype)
-    if dev == "cpu" and torch_dtype == torch.float16:
-        raise SpecdecError("float16 is not supported on the CPU here; use --dtype float32 or bfloat16.")
-    if cuda_graphs and dev == "cpu":
-        raise SpecdecError("--cuda-graphs needs a CUDA GPU; drop it or use --device cuda.")
-    be = BACKENDS.build(backend, **({"static": True} if (cuda_graphs and backend == "torch") else {}))
-    reason = be.validate(torch.device(dev), torch_dtype)
-    if reason:
-        raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
-    m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
-    if fuse:
-        m.fuse_projections()
-    if compile:
-        m.enable_compile()
-    if cuda_graphs:
-        m.enable_cuda_graphs()
-    return m
-
-
-def pipeline_config(
-    method: Optional[str],
-    gamma: Optional[int],
-    budget: Optional[int],
-    budget_ratio: Optional[float],
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: Optional[int],
-    config_file: Optional[Path] = None,
-):
-    """Merge ``--config FILE`` (JSON from ``specdec tune``) with the options given explicitly."""
-    from specdec.presets import PipelineConfig, get_method
-    from specdec.sampling import SamplingConfig
-
-    base: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            base = json.loads(Path(config_file).read_text())
-        except FileNotFoundError:
-            raise SpecdecError(f"config file {config_file} does not exist; pass the JSON written by `specdec tune`.")
-        except json.JSONDecodeError as exc:
-            raise SpecdecError(f"config file {config_file} is not valid JSON (line {exc.lineno}: {exc.msg}).")
-        if not isinstance(base, dict) or not isinstance(base.get("recommended", base), dict):
-            raise SpecdecError(f"config file {config_file} must hold a JSON object of pipeline fields.")
-        base = dict(base.get("recommended", base))
-        base.pop("sampling", None)
-    if budget is not None and budget_ratio is not None:
-        raise SpecdecError(f"--budget {budget} and --budget-ratio {budget_ratio} were both given; pass only one.")
-    given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
-    merged = {**base, **{k: v for k, v in given.items() if v is not None}}
-    if budget is not None:
-        merged.pop("budget_ratio", None)
-    if budget_ratio is not None:
-        merged.pop("budget", None)
-    merged.setdefault("method", "magicdec")
-    get_method(merged["method"])  # unknown names list the known ones
-    merged["sampling"] = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    return PipelineConfig.make(**merged)
-
-
-def check_budget(cfg, context: int) -> None:
-    if cfg.budget is not None and cfg.budget > context:
-        raise SpecdecError(
-            f"--budget {cfg.budget} exceeds the context of {context} tokens; use a budget <= {context} or --budget-ratio."
-        )
 
 
 # --------------------------------------------------------------------------------------------------

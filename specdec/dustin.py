@@ -53,7 +53,7 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
     from specdec.drafters import EarlyExitDrafter, ModelDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.registry import SELECTORS
-    from specdec.srh import load_srh
+    from specdec.artifacts import load_srh
 
     opts = dict(cfg.options)
     unknown = set(opts) - OPTIONS

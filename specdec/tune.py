@@ -146,7 +146,8 @@ def register(app) -> None:  # noqa: ANN001 - typer app
     """Add ``specdec tune`` to the CLI (called by :mod:`specdec.cli`)."""
     import typer
 
-    from specdec.cli import friendly, load_model
+    from specdec.friendly import friendly
+    from specdec.loading import load_model
 
     @app.command()
     @friendly
