@@ -141,7 +141,7 @@ def run_bench(
                                 iterations=s.iterations,
                                 acceptance_per_position=s.acceptance_per_position,
                                 phase_seconds=s.phase_seconds,
-                                selection_overhead_share=s.to_dict()["selection_overhead_share"],
+                                selection_overhead_share=s.selection_overhead_share,
                                 lossless=s.lossless,
                                 tokens=res.tokens[0],
                             )

@@ -81,8 +81,9 @@ class RunStats:
         acceptance_per_position: share of iterations whose draft ``i`` was accepted.
         decode_seconds: wall time after the prefill.
         tokens_per_second: ``(generated_tokens - B) / decode_seconds`` (the first token comes from the prefill).
-        phase_seconds: wall time per phase; ``select`` (plan building) runs inside ``draft`` and is counted in
-            both, so the phases add up to more than ``decode_seconds``.
+        phase_seconds: wall time per phase (:data:`PHASES`); ``select`` is plan building after each
+            verification, ``select_in_draft`` query-aware selection inside draft steps (Quest), which is
+            also part of ``draft``.
         lossless: ``False`` for near-lossless methods (sparse verification).
     """
 
@@ -98,12 +99,18 @@ class RunStats:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     lossless: bool = True
 
+    @property
+    def selection_overhead_share(self) -> float:
+        """Selection time / decode time: the ``select`` phase (plans built after each verification) plus
+        ``select_in_draft`` (query-aware selection done inside draft steps, e.g. Quest's page scoring).
+        The one definition used by ``bench``, ``tune`` and the benchmarks."""
+        sel = self.phase_seconds.get("select", 0.0) + self.phase_seconds.get("select_in_draft", 0.0)
+        return sel / self.decode_seconds if self.decode_seconds else 0.0
+
     def to_dict(self) -> dict:
-        """Plain dict for JSON, with ``selection_overhead_share`` = select seconds / decode seconds."""
+        """Plain dict for JSON, with :attr:`selection_overhead_share`."""
         d = dict(self.__dict__)
-        d["selection_overhead_share"] = (
-            self.phase_seconds.get("select", 0.0) / self.decode_seconds if self.decode_seconds else 0.0
-        )
+        d["selection_overhead_share"] = self.selection_overhead_share
         return d
 
 

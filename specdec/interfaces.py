@@ -199,8 +199,6 @@ class KVSelector(ABC):
     """
 
     name: str = "abstract"
-    #: score request the selector wants from the next verification pass (``None`` = none)
-    needs_scores: ScoreRequest | None = None
 
     def reset(self, cache: "KVCache") -> None:
         """Called once before generation with the freshly prefilled cache."""

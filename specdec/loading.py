@@ -85,15 +85,12 @@ def pipeline_config(
             raise SpecdecError(f"config file {config_file} must hold a JSON object of pipeline fields.")
         base = dict(base.get("recommended", base))
         base.pop("sampling", None)
-    if budget is not None and budget_ratio is not None:
-        raise SpecdecError(f"--budget {budget} and --budget-ratio {budget_ratio} were both given; pass only one.")
     given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
+    if budget is not None or budget_ratio is not None:  # a budget given here replaces the file's
+        base.pop("budget", None)
+        base.pop("budget_ratio", None)
     merged = {**base, **{k: v for k, v in given.items() if v is not None}}
-    if budget is not None:
-        merged.pop("budget_ratio", None)
-    if budget_ratio is not None:
-        merged.pop("budget", None)
-    merged.setdefault("method", "magicdec")
+    merged.setdefault("method", PipelineConfig.model_fields["method"].default)
     get_method(merged["method"])  # unknown names list the known ones
     merged["sampling"] = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     return PipelineConfig.make(**merged)
