@@ -49,6 +49,9 @@ class FidelityProbe(Verifier):
         self.arr = {k: torch.zeros(n, dtype=torch.float64) for k in ("draft_only", "target_only", "hybrid", "used")}
         self._pending = None
 
+    def prefill(self, state) -> None:
+        self.inner.prefill(state)
+
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         from specdec.srh import _Recorder, attention_recall
 

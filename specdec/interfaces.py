@@ -246,6 +246,9 @@ class Drafter(ABC):
 class Verifier(ABC):
     """Scores ``gamma + 1`` rows (the pending token + the drafts) with the target model."""
 
+    def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
+        """Called once after the target's prefill and the drafter's (reset per-generation state here)."""
+
     @abstractmethod
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:  # noqa: ANN001
         """Target logits ``(B, gamma + 1, V)`` for ``tokens`` ``(B, gamma + 1)`` at ``state.lengths``."""
