@@ -216,6 +216,8 @@ def list_methods() -> None:
     for name in method_names():
         spec = get_method(name)
         typer.echo(f"{name:12s} {'lossless' if spec.lossless else 'near-lossless':14s} {spec.description}")
+        if spec.options.model_fields:
+            typer.echo(f"{'':27s} options: {', '.join(spec.options.model_fields)}")
     typer.echo(f"selectors: {', '.join(SELECTORS.names())}")
     typer.echo(f"backends:  {', '.join(BACKENDS.names())}")
 
