@@ -110,7 +110,12 @@ def method_names() -> list[str]:
 def get_method(name: str) -> MethodSpec:
     """The :class:`MethodSpec` of ``name``; an unknown name raises an error listing the known ones."""
     entry = METHODS.get(name)
-    return entry.cls.methods[name]
+    spec = getattr(entry.cls, "methods", {}).get(name)
+    if spec is None:  # an entry-point builder that was not decorated: its attributes describe it
+        doc = (entry.cls.__doc__ or name).strip().splitlines()[0]
+        spec = MethodSpec(name, entry.cls, entry.config_cls, getattr(entry.cls, "description", doc),
+                          getattr(entry.cls, "lossless", True))
+    return spec
 
 
 def method_options(cfg: PipelineConfig) -> ComponentConfig:
