@@ -40,6 +40,13 @@ class _Duplicates(SlidingWindow):
         return p
 
 
+class _OneShort(SlidingWindow):
+    def plan(self, cache, lengths):
+        p = super().plan(cache, lengths)
+        p.indices[..., -1] = -1  # the last selected (not sink, not recent) entry dropped: the budget is not used
+        return p
+
+
 class _PeeksAhead(SlidingWindow):
     def plan(self, cache, lengths):
         p = super().plan(cache, lengths)
@@ -47,7 +54,9 @@ class _PeeksAhead(SlidingWindow):
         return p
 
 
-@pytest.mark.parametrize("cls, match", [(_DropsASink, "sinks"), (_Duplicates, "twice"), (_PeeksAhead, "outside")])
+@pytest.mark.parametrize("cls, match", [
+    (_DropsASink, "sinks"), (_Duplicates, "twice"), (_PeeksAhead, "outside"), (_OneShort, "the budget is"),
+])
 def test_the_matrix_catches_broken_selectors(cls, match, model):
     with pytest.raises(AssertionError, match=match):
         check_selector(lambda b: cls(BudgetConfig(budget=b, sinks=2, recent=4)), model, budgets=(8,))

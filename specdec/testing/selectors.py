@@ -70,9 +70,9 @@ def check_visible_set(selector: KVSelector, lengths: torch.Tensor, idx: torch.Te
             at = f"{where} sequence {b} KV head {h}"
             assert len(set(vis)) == len(vis), f"{at}: a position appears twice in the plan"
             assert all(0 <= t < L for t in vis), f"{at}: plan entry outside the {L} verified tokens"
-            assert len(vis) == k, f"{at}: plan holds {len(vis)} entries, the budget is {k}"
             assert set(range(s)) <= set(vis), f"{at}: the {s} sinks are not all kept"
             assert set(range(L - r, L)) <= set(vis), f"{at}: the {r} recent tokens are not all kept"
+            assert len(vis) == k, f"{at}: plan holds {len(vis)} entries, the budget is {k}"
 
 
 def check_recorded(selector: KVSelector, seen, n_layers: int, n_kv_heads: int) -> None:
