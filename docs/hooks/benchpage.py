@@ -78,7 +78,7 @@ def load_run(path: Path) -> Run | None:
     rows = []
     if isinstance(meta.get("machine"), dict) and "command" in meta:  # specdec bench
         machine = meta["machine"]
-        name = machine.get("gpu") or f"CPU ({machine.get('cpu', '?')}, {machine.get('threads', '?')} thread(s))"
+        name = machine.get("gpu") or f"CPU ({machine.get('cpu', '?')}, {machine.get('threads', '?')} thread{'' if machine.get('threads') == 1 else 's'})"
         model = f"{meta.get('model', '?')} {meta.get('dtype') or ''}".strip()
         run = Run(path.name, str(machine.get("date", "")), f"{name} · {model}", scrub_paths(meta["command"]))
         for r in data["rows"]:
@@ -134,28 +134,40 @@ def summary_markdown(results: Path) -> str:
             sources.append(run.source)
         return f"<sup>[{sources.index(run.source) + 1}]</sup>"
 
-    head = "| machine · model | context | batch | " + " | ".join(LABEL.get(m, m) for m in methods) + " |"
-    out = [head, "|" + "---|" * 3 + "---:|" * len(methods)]
-    for machine, ctx, batch in shapes:
+    def short(machine: str) -> str:
+        return machine.split(" · ")[0].replace("NVIDIA ", "").split(" (")[0]
+
+    def ctx_label(ctx) -> str:
+        if isinstance(ctx, int) and ctx and ctx % 1024 == 0:
+            return f"{ctx // 1024}k"
+        return f"{ctx // 1000}k" if isinstance(ctx, int) and ctx and ctx % 1000 == 0 else str(ctx)
+
+    # one column per shape (machine, context, batch), one row per method: narrow enough for a page
+    head = "| method | " + " | ".join(f"{short(m)}<br>ctx {ctx_label(c)} · B = {b}" for m, c, b in shapes) + " |"
+    out = [head, "|---|" + "---:|" * len(shapes)]
+    for m in methods:
         cells = []
-        for m in methods:
+        for machine, ctx, batch in shapes:
             got = cell.get((machine, ctx, batch, m))
             if got is None:
                 cells.append("")
                 continue
             r, run = got
-            text = f"{r['tps']:,.0f}" if r["tps"] >= 100 else f"{r['tps']:.2f}"
+            text = f"{r['tps']:,.0f}" if r["tps"] >= 100 else f"{r['tps']:.3g}"
             if m == "dense":
                 text = f"**{text}**"
             elif r["vs_dense"] is not None and m != "hf-generate":
-                text += f" ({r['vs_dense']:.2f}×)"
+                text += f"<br>{r['vs_dense']:.2f}×"
             if isinstance(r["same"], float):
                 text += f" ‡{r['same']:.0%}"
             cells.append(text + " " + ref(run))
-        out.append(f"| {machine} | {ctx} | {batch} | " + " | ".join(cells) + " |")
+        out.append(f"| {LABEL.get(m, m)} | " + " | ".join(cells) + " |")
     out.append("")
-    out.append("Tokens per second for the whole batch, with the speed-up over **dense decoding in the same run** "
-               "in brackets (compare within a row). Every lossless method produced exactly the dense tokens "
+    machines = list(dict.fromkeys(m for m, _, _ in shapes))
+    out.append("Machines: " + "; ".join(f"**{short(m)}** = {m}" for m in machines) + ".\n")
+    out.append("")
+    out.append("Tokens per second for the whole batch (B sequences of the same context), under each the "
+               "speed-up over **dense decoding in the same run** (compare within a column). Every lossless method produced exactly the dense tokens "
                "in the runs counted here; ‡ marks a near-lossless method (Dustin's sparse verification) "
                "with the share of positions equal to dense.\n")
     out.append("Runs the numbers come from (all files are in `benchmarks/results/`; the full reports are on "

@@ -400,7 +400,9 @@ def on_post_template(output_content, template_name, config, **kwargs):
     """``404.html`` is rendered for the site root with absolute links (``/tutorials/``), which break
     when the site is served under a sub-path or opened from disk: make them relative to the root."""
     if template_name == "404.html" and not config.get("site_url"):
-        return _ABS_ATTR_RE.sub(r"\1./", output_content)
+        out = _ABS_ATTR_RE.sub(r"\1./", output_content)
+        # the theme's JSON config: search index and worker relative to the root as well
+        return out.replace('"base": "/"', '"base": "."').replace('"search": "/assets/', '"search": "./assets/')
     return output_content
 
 
