@@ -259,6 +259,14 @@ def clean_report(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text)
 
 
+_INTERNAL_RE = re.compile(r"\b[Ii]ssue \d+\b|\bthe issue's\b|\b[Ff]ixed in [0-9a-f]{7,40}\b")
+
+
+def internal_wording(text: str) -> list[str]:
+    """Phrases that mean something only to the project's own tracker (issue numbers, commit ids)."""
+    return sorted(set(_INTERNAL_RE.findall(text)))
+
+
 def runs_markdown(results: Path, root: Path, plot_rows) -> str:
     """Every report in ``results`` (demoted below the page's headings) and a plot per results JSON."""
     if not results.is_dir():

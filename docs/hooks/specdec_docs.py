@@ -215,7 +215,10 @@ def _plot_rows(rows: list[dict], title: str, context: object = "") -> str | None
 
 
 def _benchmarks_markdown() -> str:
-    return benchpage.runs_markdown(RESULTS, ROOT, _plot_rows)
+    text = benchpage.runs_markdown(RESULTS, ROOT, _plot_rows)
+    for phrase in benchpage.internal_wording(text):
+        log.warning("benchmarks/results: %r is internal wording; say what was measured or fixed instead", phrase)
+    return text
 
 
 def _benchmark_summary_plot() -> str:
@@ -367,7 +370,7 @@ _API_RE = re.compile(r"<!--\s*api-modules:\s*([\w.]+)((?:\s+[\w.]+)*)\s*-->")
 
 
 def on_page_markdown(markdown, page, config, files, **kwargs):
-    if "```mermaid" in markdown:
+    if re.search(r"^\s*(```|~~~)+\s*mermaid", markdown, re.M):
         log.warning("%s: a mermaid fence would load mermaid from a CDN; draw the diagram in "
                     "docs/assets/diagrams/NAME.mmd, render it with scripts/render_diagrams.sh and show the SVG",
                     page.file.src_uri)
