@@ -143,7 +143,7 @@ def summary_markdown(results: Path) -> str:
         return f"{ctx // 1000}k" if isinstance(ctx, int) and ctx and ctx % 1000 == 0 else str(ctx)
 
     # one column per shape (machine, context, batch), one row per method: narrow enough for a page
-    head = "| method | " + " | ".join(f"{short(m)}<br>ctx {ctx_label(c)} · B = {b}" for m, c, b in shapes) + " |"
+    head = "| method | " + " | ".join(f"{short(m)}<br>{ctx_label(c)}&nbsp;ctx<br>B&nbsp;=&nbsp;{b}" for m, c, b in shapes) + " |"
     out = [head, "|---|" + "---:|" * len(shapes)]
     for m in methods:
         cells = []
