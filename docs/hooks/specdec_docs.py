@@ -414,3 +414,5 @@ def on_post_build(config, **kwargs):
     problems = sitecheck.site_problems(Path(config["site_dir"]))
     for p in problems:
         log.warning("site check: %s", p)
+    if problems and config.get("strict"):  # also under `mkdocs build -q`, which drops warnings before they are counted
+        raise PluginError(f"site check: {len(problems)} broken link(s), anchor(s) or external load(s), listed above")
