@@ -41,6 +41,9 @@ PAGES = {  # screenshot name -> page (relative to the site root)
     "benchmarks": "benchmarks/",
     "tutorial": "tutorials/01_pipeline/",
     "tutorial-vegas": "tutorials/vegas/",
+    "tutorial-dustin": "tutorials/dustin/",
+    "benchmark-runs": "benchmark-runs/",
+    "writing-docs": "writing-docs/",
     "components-models": "components/models/",
     "not-found": "404.html",
 }
