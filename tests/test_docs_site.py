@@ -16,8 +16,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = ROOT / "docs" / "hooks"
 
-pytest.importorskip("mkdocs", reason="docs extra not installed")
-
 
 def _load(name: str):
     """A module of docs/hooks by file (the hooks are not a package; they import each other by name)."""
