@@ -182,3 +182,22 @@ def test_notebook_links_point_to_site_pages():
     assert 'href="../../concepts/memory-bound/#why"' in out
     assert 'href="../02_selector_plugin/"' in out
     assert 'href="../nowhere.md"' in out and 'href="https://x.org/a.md"' in out  # left for the link check
+
+
+def test_notebook_toc_uses_the_headings_real_ids():
+    from types import SimpleNamespace as NS
+
+    reading = NS(id="reading", children=[])
+    page = NS(toc=[NS(id="compose", children=[NS(id="load", children=[]), reading])])
+    html = '<h1 id="compose">C</h1><h2 id="load">L</h2><h2 id="reading-runstats">Reading <code>RunStats</code></h2>'
+    hooks.notebook_toc(html, page)
+    assert reading.id == "reading-runstats"
+
+
+def test_404_links_are_relative():
+    html = ('<a href="/tutorials/">t</a><link href="/assets/x.css"><script src="/assets/j.js"></script>'
+            '<a href="//cdn.example/x">c</a>{"base": "/", "search": "/assets/javascripts/workers/s.js"}')
+    out = hooks.on_post_template(html, "404.html", {"site_url": None})
+    assert 'href="./tutorials/"' in out and 'src="./assets/j.js"' in out and 'href="//cdn.example/x"' in out
+    assert '"base": "."' in out and '"search": "./assets/' in out
+    assert hooks.on_post_template(html, "sitemap.xml", {"site_url": None}) == html
