@@ -118,11 +118,13 @@ def _method_key(m: str) -> tuple:
     return (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m)
 
 
-def summary_markdown(results: Path) -> str:
+def summary_parts(results: Path) -> tuple[str, str]:
+    """``(table, runs)``: the table of best tokens/s per method (rows) and shape (columns) with its
+    legend, and the numbered list of the runs its cells cite (date, machine, file, command)."""
     runs = [r for p in sorted(results.glob("*.json")) if (r := load_run(p))]
     picked = best_rows(runs)
     if not picked:
-        return "*No end-to-end results yet: run `specdec bench` (see below).*\n"
+        return "*No end-to-end results yet: run `specdec bench` (see below).*\n", ""
     methods = sorted({r["method"] for r, _ in picked}, key=_method_key)
     shapes = sorted({(run.machine, r["context"], r["batch"]) for r, run in picked},
                     key=lambda s: ("CPU" in s[0], s[0], -int(s[1] or 0), -int(s[2] or 0)))
@@ -170,14 +172,20 @@ def summary_markdown(results: Path) -> str:
                "speed-up over **dense decoding in the same run** (compare within a column). Every lossless method produced exactly the dense tokens "
                "in the runs counted here; ‡ marks a near-lossless method (Dustin's sparse verification) "
                "with the share of positions equal to dense.\n")
-    out.append("Runs the numbers come from (all files are in `benchmarks/results/`; the full reports are on "
-               "[All benchmark runs](benchmark-runs.md)):\n")
     by_name = {run.source: run for run in runs}
+    runs_md = ["The runs the numbers come from (files in `benchmarks/results/`; the full reports are on "
+               "[All benchmark runs](benchmark-runs.md)):\n"]
     for i, name in enumerate(sources, 1):
         run = by_name[name]
-        out.append(f"{i}. {run.date} · {run.machine} · `{name}`  \n   `{run.command}`")
-    out.append("")
-    return "\n".join(out)
+        runs_md.append(f"{i}. {run.date} · {run.machine} · `{name}`  \n   `{run.command}`")
+    runs_md.append("")
+    return "\n".join(out), "\n".join(runs_md)
+
+
+def summary_markdown(results: Path) -> str:
+    """The summary table with its legend (:func:`summary_parts` gives the list of runs separately)."""
+    table, runs = summary_parts(results)
+    return table + ("\n" + runs if runs else "")
 
 
 def summary_plot(results: Path) -> str | None:

@@ -9,8 +9,9 @@
     (usage, help text, an options table) — new commands (``tune``, ``profile-srh``, ...) appear by
     themselves;
   - ``<!-- api-modules: PACKAGE [EXCLUDE ...] -->``: a ``::: module`` block per module of a package;
-  - ``<!-- benchmark-summary -->`` / ``<!-- benchmark-summary-plot -->``: the best measured tokens/s
-    per method and shape, with machine, command and date, and its chart (``benchpage.py``);
+  - ``<!-- benchmark-summary -->``, ``<!-- benchmark-summary-plot -->``, ``<!-- benchmark-summary-runs -->``:
+    the best measured tokens/s per method and shape, its chart, and the runs (machine, date,
+    command) its cells cite (``benchpage.py``);
   - ``<!-- benchmark-results -->``: every report in ``benchmarks/results/`` (cleaned) and its plot.
 * ``on_pre_build``: refuse a tutorial stored without its outputs (``sitecheck.notebook_problems``).
 * ``on_page_content``: notebook pages get working links (mkdocs-jupyter leaves ``x.md``/``x.ipynb``
@@ -375,7 +376,9 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
                     "docs/assets/diagrams/NAME.mmd, render it with scripts/render_diagrams.sh and show the SVG",
                     page.file.src_uri)
     if "<!-- benchmark-summary -->" in markdown:
-        markdown = markdown.replace("<!-- benchmark-summary -->", benchpage.summary_markdown(RESULTS))
+        table, runs = benchpage.summary_parts(RESULTS)
+        markdown = markdown.replace("<!-- benchmark-summary -->", table)
+        markdown = markdown.replace("<!-- benchmark-summary-runs -->", runs)
     if "<!-- benchmark-summary-plot -->" in markdown:
         markdown = markdown.replace("<!-- benchmark-summary-plot -->", _benchmark_summary_plot())
     if "<!-- cli-reference -->" in markdown:
