@@ -38,7 +38,7 @@ class BudgetConfig(ComponentConfig):
         if self.budget is None and self.budget_ratio is None:
             object.__setattr__(self, "budget_ratio", 0.05)
         if self.budget is not None and self.budget_ratio is not None:
-            raise ValueError("budget (--budget) and budget_ratio (--budget-ratio) were both given; pass only one")
+            raise ValueError("budget and budget_ratio (--budget, --budget-ratio) were both given; pass only one, budget or budget_ratio")
         return self
 
     def budget_for(self, lengths: torch.Tensor) -> torch.Tensor:
