@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from functools import wraps
+from importlib import import_module
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -20,6 +21,7 @@ from specdec.errors import SpecdecError
 
 #: the click exceptions module typer uses (its vendored copy in typer >= 0.20, click itself before)
 _CLICK = sys.modules[typer.BadParameter.__module__]
+_CLICK_GLOBALS = import_module(_CLICK.__name__.rsplit(".", 1)[0] + ".globals")  # get_current_context
 _NO_ARGS = getattr(_CLICK, "NoArgsIsHelpError", ())  # click < 8.2 prints the help itself
 
 #: Ctrl-C: one line, exit code 130 (128 + SIGINT, the shell convention), no partial output file
@@ -116,9 +118,7 @@ def check_finite_options(values: dict[str, Any]) -> None:
     """Refuse ``inf``/``nan`` for every float option of the running command, naming the option."""
     import math
 
-    import click
-
-    ctx = click.get_current_context(silent=True)
+    ctx = _CLICK_GLOBALS.get_current_context(silent=True)
     if ctx is None:
         return
     for param in ctx.command.params:

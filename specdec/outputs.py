@@ -96,7 +96,8 @@ def check_output_dir(path: str | os.PathLike, option: str) -> Path:
         st = None
     if st is not None:
         if not stat.S_ISDIR(os.stat(p).st_mode):
-            raise SpecdecError(f"{option} {p} is {_kind(st.st_mode)}, not a directory; pass a directory path.")
+            kind = "a file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+            raise SpecdecError(f"{option} {p} is {kind}, not a directory; pass a directory path.")
         if not os.access(p, os.W_OK | os.X_OK):
             raise SpecdecError(f"{option} {p}: directory {p} is not writable; choose a writable directory.")
         return p
