@@ -37,8 +37,12 @@ class ComponentConfig(BaseModel):
 def format_validation_error(where: str, exc: ValidationError) -> str:
     """One sentence naming the first bad field and what it needs."""
     err = exc.errors()[0]
-    field = ".".join(str(p) for p in err.get("loc", ())) or "<config>"
-    return f"{where}: field '{field}' {err.get('msg', 'is invalid').lower()} (got {err.get('input')!r})."
+    msg = err.get("msg", "is invalid")
+    msg = msg[len("Value error, "):] if msg.startswith("Value error, ") else msg.lower()
+    field = ".".join(str(p) for p in err.get("loc", ()))
+    if not field:  # a rule over several fields: the input is the whole config, the message names the fields
+        return f"{where}: {msg.rstrip('.')}."
+    return f"{where}: field '{field}' {msg} (got {err.get('input')!r})."
 
 
 @dataclass(frozen=True)

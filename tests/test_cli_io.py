@@ -382,6 +382,8 @@ def markdown_table() -> str:
     f = make_files(Path(tempfile.mkdtemp(prefix="cliio")))
     rows = ["| bad input | exit | message (stderr) |", "|---|---|---|"]
     for cid, what, args, _ in CASES:
+        if cid == "out-readonly-dir" and os.geteuid() == 0:
+            continue  # root may write anywhere
         proc = cli(args, f)
         msg = " ".join(error_lines(proc.stderr)).replace(f["root"] + "/", "").replace(f["root"], ".")
         msg = msg.replace("python -m specdec.cli", "specdec").replace("|", "\\|")
