@@ -413,3 +413,22 @@ def test_demo_picks_the_longest_context_and_reports_speedup_next_to_tau(files):
     header = next(ln for ln in out.splitlines() if "method" in ln and "τ" in ln)
     assert header.index("τ") < header.index("speedup vs dense") < header.index("tokens/s"), header
     assert ("speculation pays here: magicdec" in out) != ("no speedup on this device" in out), out
+
+
+def test_an_allocation_failure_is_one_line(capsys):
+    """An allocation that fails past the precheck (CPU allocator message) is the same one line, exit 2."""
+    import typer
+
+    from specdec.cli import friendly
+
+    @friendly
+    def run(batch_size: int, context_tokens: int) -> None:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 1099511627776 bytes. Error code 12 (Cannot allocate memory)")
+
+    with pytest.raises(typer.Exit) as exc:
+        run(batch_size=4096, context_tokens=8000)
+    assert exc.value.exit_code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: out of memory: batch 4096 × context 8000 did not fit"), err
+    assert "lower --batch-size or --context-tokens" in err[0]
