@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecdecError
+from specdec.outputs import write_text
 
 FORMAT = "specdec-srh/1"
 
@@ -44,10 +45,7 @@ def save_srh(path: str | Path, payload: dict[str, Any]) -> Path:
     if missing:
         raise SpecdecError(f"SRH artifact is missing {', '.join(sorted(missing))}; build it with `specdec profile-srh`.")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, **payload}, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps({"format": FORMAT, **payload}, indent=1), "--output")
     return path
 
 

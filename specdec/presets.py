@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import Field, ValidationError, create_model
+from pydantic import Field, ValidationError, create_model, model_validator
 
 from specdec.errors import SpecdecError
 from specdec.registry import METHODS, ComponentConfig, format_validation_error
@@ -36,6 +36,14 @@ class PipelineConfig(BudgetConfig):
     gamma: int = Field(default=4, ge=1, le=64, description="draft length γ")
     sampling: SamplingConfig = SamplingConfig()
     options: dict[str, Any] = Field(default_factory=dict, description="method-specific options")
+
+    @model_validator(mode="after")
+    def _fixed_fits(self):
+        # the one-budget rule and the 0.05 default are BudgetConfig's; this one is the pipeline's own
+        if self.budget is not None and {"sinks", "recent"} & self.model_fields_set and self.sinks + self.recent > self.budget:
+            raise ValueError(f"sinks {self.sinks} + recent {self.recent} exceed the budget {self.budget}; "
+                             f"use sinks + recent <= budget")
+        return self
 
     def budget_config(self) -> BudgetConfig:
         """The budget part, as the :class:`~specdec.selectors.base.BudgetConfig` every selector takes."""
