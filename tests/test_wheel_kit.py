@@ -11,6 +11,7 @@ so the source checkout's editable install stays invisible). The test asserts tha
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -31,14 +32,17 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_installed_wheel_runs_the_kit_on_a_plugin(tmp_path):
     src = tmp_path / "src"  # build from the files git knows (no build/ or caches of the worktree)
-    src.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             capture_output=True, check=True).stdout
-    for rel in filter(None, archive.decode().split("\0")):
-        if (ROOT / rel).is_file():
-            dest = src / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes((ROOT / rel).read_bytes())
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True)
+    if listed.returncode == 0:
+        for rel in filter(None, listed.stdout.decode().split("\0")):
+            if (ROOT / rel).is_file():
+                dest = src / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes((ROOT / rel).read_bytes())
+    else:  # not a git checkout (an exported tree): copy it without environments and build outputs
+        shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+            ".venv", ".git", "site", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
     wheels = tmp_path / "wheels"
     for project in (src, PLUGIN):
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
