@@ -218,8 +218,8 @@ def generate(
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
-    from specdec.data import context_ids
     from specdec.presets import build_engine
+    from specdec.prompts import chat_ids, check_positions, encode_text
 
     if batch_size < 1:
         raise SpecdecError(f"--batch-size must be >= 1 (got {batch_size}).")
@@ -230,11 +230,11 @@ def generate(
     if not text.strip():
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")
     m = load_model(model, dtype, device, backend, cuda_graphs, compile_, fuse)
-    if chat:
-        text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    ids = context_ids(m.tokenizer, text, None)
+    # the file is text: a special token's spelling in it stays text (no role injection with --chat)
+    ids = chat_ids(m.tokenizer, text) if chat else encode_text(m.tokenizer, text)
     if context_tokens is not None:
         ids = ids[-context_tokens:]
+    check_positions(len(ids), max_new_tokens, m.dims.max_positions, "--context-tokens")
     check_budget(cfg, len(ids))
     engine = build_engine(m, cfg)
     res = engine.generate([ids] * batch_size, max_new_tokens=max_new_tokens)
