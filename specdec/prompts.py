@@ -91,8 +91,9 @@ def _prompt_ids(p: Any, i: int) -> list[int]:
         raise SpecdecError(f"prompts[{i}] is {_kind(p)}; each prompt must be a string or a list of token ids.")
     ids = []
     for j, t in enumerate(p):
-        if isinstance(t, bool) or isinstance(t, float):
-            raise SpecdecError(f"prompts[{i}][{j}] is {t!r} ({_kind(t)}); token ids must be integers, not truncated floats.")
+        if isinstance(t, (bool, float)):
+            what = "floats (never truncated)" if isinstance(t, float) else "booleans"
+            raise SpecdecError(f"prompts[{i}][{j}] is {t!r} ({_kind(t)}); token ids must be integers, not {what}.")
         try:
             ids.append(operator.index(t))
         except TypeError:

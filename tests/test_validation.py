@@ -267,22 +267,39 @@ def test_backend_explains_refusal_or_runs(name, monkeypatch):
 
 
 def check_backend_runs(be, dtype: torch.dtype) -> None:
-    """Dense causal attention of ``be`` (3 rows over a ragged cache) equals float64 attention."""
+    """``be`` equals float64 attention over a ragged cache: dense with 3 rows (a verify pass), dense with
+    one row (a decode step) and sparse over a plan plus its dense tail (a draft step), since a backend
+    may run its own kernel for some of these and delegate the others."""
     g = torch.Generator().manual_seed(5)
-    B, H, Hkv, T, D, L = 2, 4, 2, 3, 16, 24
-    q = torch.randn(B, H, T, D, generator=g).to(dtype)
+    B, H, Hkv, D, L = 2, 4, 2, 16, 24
     k = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
     v = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
     lengths = torch.tensor([5, 17])
-    out, _ = be.attend(q, k, v, lengths, D ** -0.5)
-    kk = k.double().repeat_interleave(H // Hkv, dim=1)
-    vv = v.double().repeat_interleave(H // Hkv, dim=1)
-    logits = torch.einsum("bhtd,bhld->bhtl", q.double(), kk) * D ** -0.5
-    row = lengths.view(B, 1, 1, 1) + torch.arange(T).view(1, 1, T, 1)
-    logits = logits.masked_fill(torch.arange(L).view(1, 1, 1, L) > row, float("-inf"))
-    want = torch.einsum("bhtl,bhld->bhtd", torch.softmax(logits, -1), vv)
-    tol = 1e-4 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+    plan = torch.tensor([[[0, 2, -1], [1, 3, 4]], [[0, 9, 12], [15, 2, -1]]])  # (B, H_kv, K), -1 = unused
+    dense_from = torch.tensor([4, 16])
+    for T, sparse in ((3, False), (1, False), (2, True)):
+        q = torch.randn(B, H, T, D, generator=g).to(dtype)
+        if sparse:
+            out, _ = be.attend(q, k, v, lengths, D ** -0.5, plan_indices=plan, dense_from=dense_from)
+        else:
+            out, _ = be.attend(q, k, v, lengths, D ** -0.5)
+        pos = torch.arange(L).view(1, 1, 1, L)
+        row = lengths.view(B, 1, 1, 1) + torch.arange(T).view(1, 1, T, 1)
+        seen = pos <= row  # (B, 1, T, L) causal
+        if sparse:
+            in_plan = torch.zeros(B, Hkv, L, dtype=torch.bool)
+            for b in range(B):
+                for h in range(Hkv):
+                    idx = plan[b, h][plan[b, h] >= 0]
+                    in_plan[b, h, idx[idx < dense_from[b]]] = True
+            tail = pos >= dense_from.view(B, 1, 1, 1)
+            seen = seen & (in_plan.repeat_interleave(H // Hkv, dim=1).unsqueeze(2) | tail)
+        kk = k.double().repeat_interleave(H // Hkv, dim=1)
+        vv = v.double().repeat_interleave(H // Hkv, dim=1)
+        logits = torch.einsum("bhtd,bhld->bhtl", q.double(), kk) * D ** -0.5
+        want = torch.einsum("bhtl,bhld->bhtd", torch.softmax(logits.masked_fill(~seen, float("-inf")), -1), vv)
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol, msg=lambda m: f"T={T} sparse={sparse}: {m}")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
