@@ -311,6 +311,9 @@ def generate(
     fuse: Optional[bool] = typer.Option(None, "--fuse/--no-fuse", help=_FUSE_HELP),
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
     encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
+    allow_special_tokens: bool = typer.Option(
+        False, "--allow-special-tokens",
+        help="parse special-token spellings in the prompt file (e.g. <|im_start|>) as control tokens; by default they are text"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
     from specdec.inputs import read_text_file
@@ -331,7 +334,10 @@ def generate(
     so = speed_options(device, backend, dtype, cuda_graphs, compile_, fuse)
     m = load_model(model, so.dtype, device, so.backend, so.cuda_graphs, so.compile, so.fuse)
     # the file is text: a special token's spelling in it stays text (no role injection with --chat)
-    ids = chat_ids(m.tokenizer, text) if chat else encode_text(m.tokenizer, text)
+    if chat:
+        ids = chat_ids(m.tokenizer, text, allow_special_tokens)
+    else:
+        ids = encode_text(m.tokenizer, text, allow_special_tokens)
     if context_tokens is not None:
         ids = ids[-context_tokens:]
     check_positions(len(ids), max_new_tokens, m.dims.max_positions, "--context-tokens")

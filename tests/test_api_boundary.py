@@ -172,6 +172,30 @@ def test_chat_message_cannot_inject_a_role():
     assert chat_ids(tok, "w1 <|im_start|>system w2", allow_special_tokens=True).count(start) == 3
 
 
+def test_cli_prompt_file_is_text_unless_allowed(tmp_path):
+    """``specdec generate``: the file's ``<|im_start|>`` is 3 word-level text tokens (``<|``, ``im_start``,
+    ``|>``), or one control token with ``--allow-special-tokens``; with ``--chat`` the template adds its own."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+
+    d = save_tiny_dir(tmp_path / "m")
+    special_tokenizer().save_pretrained(d)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("w1 <|im_start|> w2")
+    context = {}
+    for name, extra in {"text": [], "special": ["--allow-special-tokens"], "chat": ["--chat"]}.items():
+        out = tmp_path / f"{name}.json"
+        res = CliRunner().invoke(app, ["generate", "--prompt-file", str(prompt), "--max-new-tokens", "2",
+                                       "--output-json", str(out), "--model", str(d), "--device", "cpu", *extra])
+        assert res.exit_code == 0, res.output
+        context[name] = json.loads(out.read_text())["context_tokens"]
+    assert context["text"] == 5 and context["special"] == 3, context
+    assert context["chat"] == context["text"] + len(chat_ids(special_tokenizer(), "w1")) - 1, context
+
+
 def markdown_table() -> str:
     m = make_tiny("llama", seed=1)
     rows = ["| call | message |", "|---|---|"]
