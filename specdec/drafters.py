@@ -50,7 +50,7 @@ class SparseSelfDrafter(Drafter):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Drafters with their own model (Dustin, DESIGN.md §1): a separate small LM, or the target's first layers.
+# Drafters with their own model (Dustin, docs page *Dustin*): a separate small LM, or the target's first layers.
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -110,7 +110,7 @@ class ModelDrafter(Drafter):
         return [round(l * (nd - 1) / (n_target_layers - 1)) for l in range(n_target_layers)]
 
     def identity(self) -> dict:
-        from specdec.srh import model_identity
+        from specdec.artifacts import model_identity
 
         return model_identity(self.draft_model)
 
@@ -338,7 +338,7 @@ class EarlyExitDrafter(ModelDrafter):
         return [min(l, self.exit_layers - 1) for l in range(n_target_layers)]
 
     def identity(self) -> dict:
-        from specdec.srh import model_identity
+        from specdec.artifacts import model_identity
 
         return {**model_identity(self.target), "early_exit_layers": self.exit_layers}
 

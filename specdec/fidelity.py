@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from specdec.data import PASSKEY_INTRO, passkey_prompt  # noqa: F401 - the prompt lives in the library
 from specdec.errors import SpecdecError
 from specdec.interfaces import ScoreRequest, Verifier
 
@@ -47,6 +48,9 @@ class FidelityProbe(Verifier):
         self.acc = dict(rows=0, rows_agree=0, emitted=0, emitted_agree=0, tv_sum=0.0, tv_max=0.0, arr_passes=0)
         self.arr = {k: torch.zeros(n, dtype=torch.float64) for k in ("draft_only", "target_only", "hybrid", "used")}
         self._pending = None
+
+    def prefill(self, state) -> None:
+        self.inner.prefill(state)
 
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         from specdec.srh import _Recorder, attention_recall
@@ -125,27 +129,6 @@ def sequence_match(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
     first = next((i for i in range(n) if a[i] != b[i]), n)
     return dict(identical=list(a) == list(b), first_divergence=first,
                 position_agreement=sum(x == y for x, y in zip(a, b)) / max(n, 1))
-
-
-# ---------------------------------------------------------------------------------------------------
-# passkey
-# ---------------------------------------------------------------------------------------------------
-PASSKEY_INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
-                 "Find it and memorize it. I will quiz you about it.\n\n")
-
-
-def passkey_prompt(tokenizer, filler: str, context: int, depth: float, key: str) -> list[int]:
-    """``context`` tokens: intro + filler with the key sentence at ``depth`` (0 = start, 1 = end) + question."""
-    enc = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
-    intro, needle = enc(PASSKEY_INTRO), enc(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n")
-    question = enc("\n\nWhat is the pass key? The pass key is")
-    room = context - len(intro) - len(needle) - len(question)
-    body = enc(filler)
-    if room < 16 or len(body) < room:
-        raise SpecdecError(f"passkey context {context} is too short or the filler too small; use >= 256 tokens.")
-    body = body[:room]
-    cut = int(round(depth * room))
-    return intro + body[:cut] + needle + body[cut:] + question
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -296,30 +279,34 @@ def register(app) -> None:
     """Add ``specdec fidelity``."""
     import typer
 
-    from specdec.cli import friendly, load_model
+    from specdec.friendly import friendly
+    from specdec.loading import load_model
 
     @app.command("fidelity")
     @friendly
     def fidelity_cmd(
-        output_json: Path = typer.Option(..., "--output-json"),
-        output_md: Optional[Path] = typer.Option(None, "--output-md"),
-        model: str = typer.Option("smollm2-135m", "--model"),
-        documents: str = typer.Option("pydoc,stdlib:argparse", "--documents"),
-        context: int = typer.Option(2048, "--context-tokens"),
-        budgets: str = typer.Option("512,1024", "--budgets"),
-        gamma: int = typer.Option(4, "--gamma"),
-        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
+        output_json: Path = typer.Option(..., "--output-json", help="where to write the full results as JSON"),
+        output_md: Optional[Path] = typer.Option(None, "--output-md", help="also write the Markdown summary here"),
+        model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
+        documents: str = typer.Option("pydoc,stdlib:argparse", "--documents", help="comma-separated: pydoc, stdlib:<module>"),
+        context: int = typer.Option(2048, "--context-tokens", help="context length in tokens"),
+        budgets: str = typer.Option("512,1024", "--budgets", help="comma-separated verification budgets (KV entries)"),
+        gamma: int = typer.Option(4, "--gamma", help="draft length γ"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="tokens generated per document"),
         srh: Optional[Path] = typer.Option(None, "--srh", help="SRH artifact from `specdec profile-srh`"),
         adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="also run dustin-adaptive"),
         option: list[str] = typer.Option([], "--option", help="extra dustin option key=value (repeatable)"),
-        passkey_trials: int = typer.Option(0, "--passkey-trials"),
-        device: str = typer.Option("auto", "--device"),
+        passkey_trials: int = typer.Option(0, "--passkey-trials", help="pass-key retrieval trials per budget (0 = none)"),
+        device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
     ) -> None:
         """Agreement with dense verification, TV distance, ARR per layer and passkey accuracy of Dustin."""
         import datetime as dt
 
         from rich.console import Console
 
+        from specdec.outputs import check_outputs, write_text
+
+        check_outputs([(output_json, "--output-json"), (output_md, "--output-md")])
         opts = parse_options(option)
         if srh is not None:
             opts["srh"] = str(srh)
@@ -339,9 +326,9 @@ def register(app) -> None:
         meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), model=model, context=context,
                     budgets=bl, gamma=gamma, max_new_tokens=max_new_tokens, options=opts)
         cmd = " ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]])
-        output_json.parent.mkdir(parents=True, exist_ok=True)
-        output_json.write_text(json.dumps(dict(meta=meta, command=cmd, summary=summarize(res), **res), indent=1))
+        write_text(output_json, json.dumps(dict(meta=meta, command=cmd, summary=summarize(res), **res), indent=1),
+                   "--output-json")
         md = markdown(res, cmd, meta)
         if output_md is not None:
-            output_md.write_text(md)
+            write_text(output_md, md, "--output-md")
         console.print(md)
