@@ -98,6 +98,9 @@ def generate(
     allow_special_tokens: bool = typer.Option(
         False, "--allow-special-tokens",
         help="parse special-token spellings in the prompt file (e.g. <|im_start|>) as control tokens; by default they are text"),
+    tp: int = typer.Option(1, "--tp", min=1,
+                           help="tensor-parallel ranks (heads and KV cache split over processes); launch with "
+                                "`torchrun --nproc-per-node N -m specdec generate ... --tp N`"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
     from specdec.inputs import read_text_file
@@ -116,7 +119,11 @@ def generate(
     if not text.strip():
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")
     so = speed_options(device, backend, dtype, cuda_graphs, compile_, fuse)
-    m = load_model(model, so.dtype, device, so.backend, so.cuda_graphs, so.compile, so.fuse)
+    if tp > 1:
+        from specdec.parallel import check_method
+
+        check_method(cfg.method)
+    m = load_model(model, so.dtype, device, so.backend, so.cuda_graphs, so.compile, so.fuse, tp=tp)
     # the file is text: a special token's spelling in it stays text (no role injection with --chat)
     if chat:
         ids = chat_ids(m.tokenizer, text, allow_special_tokens)
@@ -141,6 +148,10 @@ def generate(
         "text": res.text,
         "stats": res.stats.to_dict(),
     }
+    if m.tp is not None and m.tp.rank != 0:  # every rank holds the same tokens; rank 0 reports them
+        return
+    if m.tp is not None:
+        payload["tensor_parallel"] = m.tp.world
     write_text(output_json, json.dumps(payload, indent=2), "--output-json")
     s = res.stats
     typer.echo(

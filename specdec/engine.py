@@ -391,7 +391,9 @@ class SpeculativeEngine:
         """
         out = run.out
         parts = [n_accepted, next_token, state.active] + ([drafts] if drafts is not None else [])
-        host = read_host(*parts, *extra)
+        tp = getattr(self.model, "tp", None)
+        shared = tp is not None and tp.world > 1  # tensor parallel: rank 0 decides, every rank follows
+        host = read_host(*parts, *extra, broadcast=tp.broadcast_ if shared else None)
         n_list, nxt_list, active = host[0], host[1], [bool(a) for a in host[2]]
         drafts_list = None
         if drafts is not None:
@@ -416,6 +418,8 @@ class SpeculativeEngine:
         # one host-to-device copy each (not one tiny write per sequence)
         state.lengths += torch.tensor(adv, dtype=state.lengths.dtype).to(dev, non_blocking=True)
         state.active = torch.tensor(active, dtype=torch.bool).to(dev, non_blocking=True)
+        if shared:  # the tokens rank 0 chose (identical logits make them equal; this makes it certain)
+            next_token = torch.tensor(nxt_list, dtype=next_token.dtype).to(dev, non_blocking=True)
         state.pending = torch.where(state.active, next_token, state.pending)
         return extra_host
 
@@ -431,9 +435,17 @@ class _Run:
     trials: int = 0  # (iteration, active sequence) pairs
 
 
-def read_host(*tensors: torch.Tensor) -> list[list[int]]:
-    """Small device tensors (integers or bools) → host lists, in **one** transfer (one synchronisation)."""
-    flat = torch.cat([t.reshape(-1).long() for t in tensors]).tolist()
+def read_host(*tensors: torch.Tensor, broadcast=None) -> list[list[int]]:
+    """Small device tensors (integers or bools) → host lists, in **one** transfer (one synchronisation).
+
+    ``broadcast``: an in-place broadcast from one rank (tensor parallelism,
+    :meth:`~specdec.parallel.TensorParallel.broadcast_`) applied to the packed values first, so every
+    rank reads rank 0's decisions — one collective per iteration.
+    """
+    flat = torch.cat([t.reshape(-1).long() for t in tensors])
+    if broadcast is not None:
+        broadcast(flat)
+    flat = flat.tolist()
     out, off = [], 0
     for t in tensors:
         out.append(flat[off : off + t.numel()])

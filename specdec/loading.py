@@ -25,12 +25,14 @@ def resolve_device(device: str) -> str:
 
 
 def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False,
-               fuse: bool = False):
+               fuse: bool = False, tp: int = 1):
     """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper).
 
     ``cuda_graphs`` captures decode-sized forwards as CUDA graphs (GPU only; the ``torch`` backend
     switches to its static mode); ``compile`` applies ``torch.compile`` to them; ``fuse`` fuses the
     q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`).
+    ``tp > 1`` joins the torchrun group of ``tp`` processes and shards the model over it
+    (:mod:`specdec.parallel`) before fusing, compiling or capturing.
     """
     import torch
 
@@ -43,11 +45,25 @@ def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: b
         raise SpecdecError("float16 is not supported on the CPU here; use --dtype float32 or bfloat16.")
     if cuda_graphs and dev == "cpu":
         raise SpecdecError("--cuda-graphs needs a CUDA GPU; drop it or use --device cuda.")
+    group = None
+    if tp > 1:
+        from specdec.parallel import init_tensor_parallel
+
+        group = init_tensor_parallel(dev)
+        if group.world != tp:
+            raise SpecdecError(
+                f"--tp {tp} needs {tp} processes, found {group.world}; launch it with "
+                f"`torchrun --nproc-per-node {tp} -m specdec ... --tp {tp}`."
+            )
     be = BACKENDS.build(backend, **({"static": True} if (cuda_graphs and backend == "torch") else {}))
     reason = be.validate(torch.device(dev), torch_dtype)
     if reason:
         raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
     m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
+    if group is not None:
+        from specdec.parallel import shard_model
+
+        shard_model(m, group)
     if fuse:
         m.fuse_projections()
     if compile:

@@ -289,6 +289,7 @@ class SpecdecModel:
         self._graphs = None  # specdec.graphs.GraphCache once enable_cuda_graphs() is called
         self._compiled = None  # torch.compile'd model for decode-sized steps (enable_compile)
         self._reusable_cache: KVCache | None = None
+        self.tp = None  # specdec.parallel.TensorParallel once shard_model() split the model over ranks
         self._compile_rows = 0
         self.attach()
         if fuse:

@@ -43,6 +43,10 @@ from torch import nn
 
 from specdec.errors import SpecdecError
 
+#: methods whose every component runs on sharded heads (Dustin's retrieval heads are indexed over all
+#: heads and its draft model is not sharded: not yet)
+TP_METHODS = ("dense", "magicdec", "vegas", "vegas-all", "vegas-last", "quest")
+
 #: sharding styles of ``base_model_tp_plan`` that need no change here (whole module on every rank)
 _REPLICATED = ("replicated_with_grad_allreduce", "replicate", "replicated")
 
@@ -72,6 +76,13 @@ class TensorParallel:
         base, extra = divmod(n, self.world)
         start = self.rank * base + min(self.rank, extra)
         return start, start + base + (1 if self.rank < extra else 0)
+
+
+def check_method(method: str) -> None:
+    """Refuse a method that cannot run tensor-parallel, naming those that can."""
+    if method not in TP_METHODS:
+        raise SpecdecError(f"method {method!r} does not run with --tp yet; use one of {', '.join(TP_METHODS)} "
+                           "(or drop --tp).")
 
 
 def init_tensor_parallel(device: str = "cpu", timeout_s: float = 300.0) -> TensorParallel:
@@ -134,7 +145,7 @@ def shard_model(model, tp: TensorParallel) -> None:
     ``enable_cuda_graphs``. Afterwards ``model.dims`` counts this rank's heads, ``model.new_cache``
     holds only them and ``model.tp`` is ``tp``.
     """
-    if getattr(model, "tp", None) is not None and model.tp.world > 1:
+    if model.tp is not None and model.tp.world > 1:
         raise SpecdecError("this model is already sharded; load a fresh model to shard it again.")
     if model._compiled is not None or model._graphs is not None:
         raise SpecdecError("shard_model() changes the model's modules; call it before enable_compile() and enable_cuda_graphs().")

@@ -18,7 +18,7 @@ ROOT = Path(specdec.__file__).parent
 
 #: the layers (docs/architecture.md): every module not named here is library
 COMMANDS = {"specdec.bench", "specdec.demo", "specdec.tune", "specdec.srh", "specdec.fidelity", "specdec.friendly"}
-CLI = {"specdec.cli"}
+CLI = {"specdec.cli", "specdec.__main__"}
 _RANK = {"library": 0, "commands": 1, "cli": 2}
 
 
@@ -131,7 +131,7 @@ def test_imports_go_down_the_layers():
 
 def test_nothing_imports_the_cli():
     graph = import_graph(ROOT)
-    users = sorted(m for m, deps in graph.items() if "specdec.cli" in deps)
+    users = sorted(m for m, deps in graph.items() if "specdec.cli" in deps and m != "specdec.__main__")
     assert users == [], f"{users} import specdec.cli; move what they need below the commands"
 
 

@@ -84,19 +84,49 @@ def test_two_ranks_equal_one_process_tiny(tmp_path, name, kv_heads_rank0):
 
 
 @pytest.mark.slow
-def test_two_ranks_equal_one_process_embedded(tmp_path, smol):
-    """SmolLM2's 3 KV heads split unevenly (2 + 1)."""
-    from conftest import real_prompts
-    from tp_worker import run
+def test_torchrun_cli_on_the_embedded_model_equals_one_process(tmp_path, smol):
+    """``torchrun --nproc-per-node 2 -m specdec generate ... --tp 2``: SmolLM2's 3 KV heads split 2 + 1,
+    the same tokens as one process, one output file (rank 0's)."""
+    from specdec import PipelineConfig, build_engine
+    from specdec.data import load_document
+    from specdec.prompts import encode_text
 
-    prompts = real_prompts(smol.tokenizer, 192, count=2)
-    ref = run(smol, prompts, methods=("dense", "vegas"))
-    out = tmp_path / "tp.json"
-    proc = _torchrun(out, "smollm2-135m", methods="dense,vegas", port=29655)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(load_document("stdlib:argparse")[20000:24000])
+    ids = encode_text(smol.tokenizer, prompt.read_text(), False)[-192:]
+    ref = build_engine(smol, PipelineConfig(method="vegas", gamma=3, budget=24, sinks=2, recent=4)).generate(
+        [ids], max_new_tokens=16)
+    out = tmp_path / "out.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", "29655", "-m", "specdec", "generate", "--prompt-file", str(prompt), "--context-tokens", "192",
+           "--max-new-tokens", "16", "--method", "vegas", "--gamma", "3", "--budget", "24", "--device", "cpu",
+           "--backend", "reference", "--dtype", "float32", "--output-json", str(out), "--tp", "2"]
+    config = tmp_path / "cfg.json"
+    config.write_text('{"sinks": 2, "recent": 4}')
+    cmd += ["--config", str(config)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
-    assert got["kv_heads"] == 2  # rank 0 holds 2 of the 3 KV heads
-    assert got["tokens"] == ref
+    assert got["tensor_parallel"] == 2
+    assert got["tokens"] == ref.tokens
+    assert proc.stdout.count("vegas:") == 1  # rank 0 reports, rank 1 stays quiet
+
+
+def test_cli_tp_without_torchrun_and_unsupported_methods_are_one_line_errors(tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello world")
+    base = [sys.executable, "-m", "specdec", "generate", "--prompt-file", str(prompt), "--max-new-tokens", "2",
+            "--device", "cpu", "--output-json", str(tmp_path / "o.json")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run(base + ["--tp", "2"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --tp 2 needs 2 processes, found 1; launch it with `torchrun --nproc-per-node 2 -m specdec ... --tp 2`."]
+    proc = subprocess.run(base + ["--tp", "2", "--method", "dustin"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "method 'dustin' does not run with --tp yet" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
