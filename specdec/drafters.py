@@ -345,12 +345,11 @@ class EarlyExitDrafter(ModelDrafter):
     def _draft_cache(self, state):
         """The target cache's first ``exit_layers`` layers; the same view object while the target cache's
         tensors are the same (CUDA graphs are keyed by the cache object: a new view would recapture)."""
-        from specdec.cache import KVCache
 
         k, v = state.cache.k, state.cache.v
         dc = getattr(self, "_dcache", None)
         if dc is None or dc[0] is not k or dc[1] is not v:
-            dc = (k, v, KVCache._from(k[: self.exit_layers], v[: self.exit_layers]))
+            dc = (k, v, state.cache.first_layers(self.exit_layers))
             self._dcache = dc
         if hasattr(state.cache, "bounded"):  # the engine sized the cache: no host capacity check on the view either
             dc[2].bounded = state.cache.bounded

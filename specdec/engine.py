@@ -113,14 +113,17 @@ class Prefilled:
 
     Attributes:
         ids: the prompts' token ids.
-        k, v: ``(N, B, H_kv, L_p, D)`` cache contents for the longest prompt.
+        k, v: ``(N_g, B, H_kv, L_p, D)`` global layers' cache contents for the longest prompt.
         last_logits: ``(B, V)`` target logits after each prompt's last token.
+        ring_k, ring_v: ``(N_l, B, H_kv, C, D)`` sliding-window layers' rings (``None`` without them).
     """
 
     ids: list[list[int]]
     k: torch.Tensor
     v: torch.Tensor
     last_logits: torch.Tensor
+    ring_k: torch.Tensor | None = None
+    ring_v: torch.Tensor | None = None
 
 
 @dataclass
@@ -228,7 +231,7 @@ class SpeculativeEngine:
         state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,
                             PhaseTimer(self.model.device, False))
         logits = self._prefill(state, ids)
-        return Prefilled(ids=ids, k=cache.k, v=cache.v, last_logits=logits)
+        return Prefilled(ids=ids, k=cache.k, v=cache.v, last_logits=logits, ring_k=cache.ring_k, ring_v=cache.ring_v)
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -261,6 +264,9 @@ class SpeculativeEngine:
         gamma = self.gamma if self.drafter is not None else 0
         cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2, reuse=True)
         cache.bounded = True  # every write stays below longest + max_new_tokens + gamma + 1: no host checks
+        if cache.ring_k is not None and gamma + 1 > cache.RING_SLACK:
+            raise SpecdecError(f"gamma {gamma} is too large for the sliding-window rings ({cache.RING_SLACK} slots of "
+                               f"slack); use gamma <= {cache.RING_SLACK - 1}.")
         gen = None
         if not self.sampling.greedy:
             gen = torch.Generator(device=dev)
@@ -282,9 +288,7 @@ class SpeculativeEngine:
 
         with timer("prefill"):
             if prefilled is not None:
-                lp = prefilled.k.shape[3]
-                cache.k[:, :, :, :lp].copy_(prefilled.k)
-                cache.v[:, :, :, :lp].copy_(prefilled.v)
+                cache.copy_prefix_from(prefilled.k, prefilled.v, prefilled.ring_k, prefilled.ring_v)
                 logits = prefilled.last_logits.clone()
             else:
                 logits = self._prefill(state, ids)

@@ -145,6 +145,13 @@ class AttentionBackend(ABC):
     """
 
     name: str = "abstract"
+    #: takes ``window=W``: ``k_cache``/``v_cache`` are a sliding-window ring of ``C`` slots (position
+    #: ``p`` in slot ``p % C``) and row ``t`` sees positions ``row - W < p <= row`` (see
+    #: :func:`specdec.attention.reference.window_mask`); no plan, no scores. Needed by models with
+    #: sliding-window layers (Gemma 2/3, Mistral, Qwen2 with SWA)
+    supports_window: bool = False
+    #: takes ``softcap=c``: logits become ``c · tanh(logits / c)`` before the softmax (Gemma 2)
+    supports_softcap: bool = False
 
     @abstractmethod
     def attend(
@@ -177,7 +184,8 @@ class AttentionBackend(ABC):
             score_kind: ``"logits"`` or ``"softmax"``.
             score_heads: query heads included in the score sum (``None`` = all).
             options: optional capabilities passed only when requested; ``score_per_row=True``
-                returns ``(B, H_kv, R, L)`` scores (one slice per entry of ``score_rows``).
+                returns ``(B, H_kv, R, L)`` scores (one slice per entry of ``score_rows``);
+                ``window`` and ``softcap`` (see :attr:`supports_window`, :attr:`supports_softcap`).
 
         Returns:
             ``out``: ``(B, H, T, D)`` in ``q.dtype``; ``scores``: ``(B, H_kv, L)`` float32 summed

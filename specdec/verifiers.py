@@ -82,6 +82,9 @@ class SRHScoringBackend(AttentionBackend):
     """
 
     name = "srh-scoring"
+    #: a wrapper has the capabilities of the backend it delegates to
+    supports_window = property(lambda self: getattr(self.inner, "supports_window", False))
+    supports_softcap = property(lambda self: getattr(self.inner, "supports_softcap", False))
 
     def __init__(self, inner: AttentionBackend, cache, heads: dict[int, list[int]], keep_heads: bool = False) -> None:
         self.inner = inner

@@ -87,6 +87,9 @@ class NumbaBackend(AttentionBackend):
 
     name = "numba"
     Config = NumbaConfig
+    #: sliding-window and soft-capped calls are delegated to the torch backend (the kernel takes neither)
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, config: NumbaConfig | None = None) -> None:
         _require_numba()
@@ -125,6 +128,9 @@ class NumbaBackend(AttentionBackend):
         score_heads: Sequence[int] | None = None,
         **options,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if options.get("window") is not None or options.get("softcap") is not None:
+            return self._torch.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from, score_rows,
+                                      score_kind, score_heads, **options)
         if score_rows is not None:  # scores need the full logits: the definition computes them
             return self._ref.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
                                     score_rows, score_kind, score_heads, **options)

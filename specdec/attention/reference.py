@@ -41,6 +41,29 @@ def visibility_mask(
     return mask & sel.unsqueeze(2)
 
 
+def ring_positions(lengths: torch.Tensor, T: int, C: int) -> torch.Tensor:
+    """Position held by each slot of a sliding-window ring of ``C`` slots after writing ``T`` rows.
+
+    Returns:
+        ``(B, C)`` int64: slot ``s`` of sequence ``b`` holds the newest position ``p <= lengths[b] + T - 1``
+        with ``p % C == s`` (negative: never written). Without wrap-around (``C`` larger than every
+        position) this is ``s`` itself, so a ring that never wraps reads like a linear cache.
+    """
+    B = lengths.shape[0]
+    s = torch.arange(C, device=lengths.device).view(1, C)
+    newest = (lengths + T - 1).view(B, 1)
+    return s + C * torch.div(newest - s, C, rounding_mode="floor")
+
+
+def window_mask(lengths: torch.Tensor, T: int, C: int, window: int) -> torch.Tensor:
+    """``(B, 1, T, C)`` boolean: ring slots row ``t`` sees (``row - window < position <= row``, Hugging
+    Face's ``kv_idx > q_idx - sliding_window``)."""
+    B = lengths.shape[0]
+    pos = ring_positions(lengths, T, C).view(B, 1, 1, C)
+    row = (lengths.view(B, 1) + torch.arange(T, device=lengths.device)).view(B, 1, T, 1)
+    return (pos <= row) & (pos > row - window) & (pos >= 0)
+
+
 class ReferenceConfig(ComponentConfig):
     """The reference backend takes no options."""
 
@@ -54,6 +77,9 @@ class ReferenceBackend(AttentionBackend):
 
     name = "reference"
     Config = ReferenceConfig
+    #: takes ``window=W`` (a sliding-window layer's ring, see :func:`window_mask`) and ``softcap``
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, config: ReferenceConfig | None = None) -> None:
         self.config = config or ReferenceConfig()
@@ -71,16 +97,30 @@ class ReferenceBackend(AttentionBackend):
         score_kind: ScoreKind = "logits",
         score_heads: Sequence[int] | None = None,
         score_per_row: bool = False,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """See :meth:`AttentionBackend.attend`; ``window``: ``k_cache`` is a sliding-window ring
+        (no plan, no scores); ``softcap``: logits become ``softcap · tanh(logits / softcap)`` (Gemma 2)."""
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         G = H // Hkv
-        used = min(L, int(lengths.max()) + T)  # positions anyone can see
+        if window is not None:
+            if plan_indices is not None or score_rows is not None:
+                raise ValueError("a sliding-window layer takes no sparse plan and emits no scores.")
+            used = L
+        else:
+            used = min(L, int(lengths.max()) + T)  # positions anyone can see
         k = k_cache[:, :, :used].float()
         v = v_cache[:, :, :used].float()
         qg = q.float().view(B, Hkv, G, T, D)
         logits = torch.einsum("bhgtd,bhld->bhgtl", qg, k) * scale  # (B, Hkv, G, T, used)
-        mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        if window is not None:
+            mask = window_mask(lengths, T, L, window).unsqueeze(2)  # (B, 1, 1, T, L)
+        else:
+            mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
         logits = logits.masked_fill(~mask, float("-inf"))
         # a row that sees no position (fully masked) attends to nothing: output 0, not NaN
         probs = torch.softmax(logits, dim=-1).masked_fill(~mask, 0.0)

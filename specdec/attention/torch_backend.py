@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from specdec.attention.reference import ReferenceBackend, visibility_mask
+from specdec.attention.reference import ReferenceBackend, visibility_mask, window_mask
 from specdec.interfaces import AttentionBackend, ScoreKind
 from pydantic import Field
 
@@ -40,6 +40,10 @@ class TorchBackend(AttentionBackend):
 
     name = "torch"
     Config = TorchConfig
+    #: sliding-window rings: SDPA over the ring's ``C`` slots with a window mask (capture-safe);
+    #: a soft-capped call goes to the reference backend (SDPA has no soft-capping)
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, config: TorchConfig | None = None) -> None:
         self.config = config or TorchConfig()
@@ -62,8 +66,17 @@ class TorchBackend(AttentionBackend):
         score_rows: Sequence[int] | None = None,
         score_kind: ScoreKind = "logits",
         score_heads: Sequence[int] | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
         **score_options,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if softcap is not None:
+            return self._ref.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from, score_rows,
+                                    score_kind, score_heads, window=window, softcap=softcap, **score_options)
+        if window is not None:
+            if plan_indices is not None or score_rows is not None:
+                raise ValueError("a sliding-window layer takes no sparse plan and emits no scores.")
+            return self._window(q, k_cache, v_cache, lengths, scale, window), None
         if score_rows is not None:  # scores need the full logits: same computation as the oracle
             return self._ref.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
                                     score_rows, score_kind, score_heads, **score_options)
@@ -79,6 +92,13 @@ class TorchBackend(AttentionBackend):
         k = k_cache[:, :, :used].to(q.dtype)
         v = v_cache[:, :, :used].to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=H != Hkv)
+
+    def _window(self, q, k_cache, v_cache, lengths, scale, window) -> torch.Tensor:
+        """Dense attention over a sliding-window ring ``(B, H_kv, C, D)`` (every slot, masked: no host sync)."""
+        H, Hkv = q.shape[1], k_cache.shape[1]
+        mask = window_mask(lengths, q.shape[2], k_cache.shape[2], window)  # (B, 1, T, C)
+        return F.scaled_dot_product_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
+                                              scale=scale, enable_gqa=H != Hkv)
 
     def _sparse(self, q, k_cache, v_cache, lengths, scale, plan_indices, dense_from) -> torch.Tensor:
         """``plan_indices`` ``(B, H_kv, K)`` + tail ``dense_from[b] .. lengths[b] + T - 1``."""

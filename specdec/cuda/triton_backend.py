@@ -130,6 +130,10 @@ class TritonBackend(AttentionBackend):
 
     name = "triton"
     Config = TritonConfig
+    #: sliding-window rings and soft-capping are delegated to the torch backend (static, i.e. capture-safe,
+    #: when this backend is): a local layer reads only its window, so SDPA over the ring is cheap
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, config: TritonConfig | None = None) -> None:
         self.config = config or TritonConfig()
@@ -241,8 +245,16 @@ class TritonBackend(AttentionBackend):
         score_kind: ScoreKind = "logits",
         score_heads: Sequence[int] | None = None,
         score_per_row: bool = False,
+        window: int | None = None,
+        softcap: float | None = None,
         **options,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if window is not None or softcap is not None:
+            if score_per_row:
+                options["score_per_row"] = True
+            return self._window_delegate().attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
+                                                  score_rows, score_kind, score_heads, window=window,
+                                                  softcap=softcap, **options)
         if options:
             raise TypeError(f"the triton backend does not support the options {sorted(options)}.")
         if splitk_attention is None:  # pragma: no cover
@@ -292,6 +304,14 @@ class TritonBackend(AttentionBackend):
         scores = reduce_scores(raw, lse, flat[:, :n].contiguous(), to_rows[:, :n].contiguous(), lengths, T,
                                dense=plan_indices is None, softmax=score_kind == "softmax")
         return out, (scores if score_per_row else scores.sum(dim=2))
+
+    def _window_delegate(self):
+        """The torch backend that computes sliding-window / soft-capped calls (built once)."""
+        if getattr(self, "_torch_delegate", None) is None:
+            from specdec.attention.torch_backend import TorchBackend, TorchConfig
+
+            self._torch_delegate = TorchBackend(TorchConfig(static=self.capture_safe))
+        return self._torch_delegate
 
     def _many_rows(self, q, k_cache, v_cache, lengths, scale, plan_indices, dense_from, score_rows,
                    score_kind, score_heads, score_per_row=False):

@@ -1,0 +1,170 @@
+"""Per-layer attention types: sliding-window layers keep a ring of their window, global layers the
+whole context. Greedy output of every lossless method must equal Hugging Face ``generate`` on
+tiny Gemma 3 (interleaved local/global), Mistral (every layer local) and Qwen2 (SWA on upper layers)
+with a window shorter than the context; rings are made small so they wrap many times."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import PipelineConfig, build_engine, method_names
+from specdec.attention.reference import ReferenceBackend, window_mask
+from specdec.attention.torch_backend import TorchBackend, TorchConfig
+from specdec.cache import KVCache
+from specdec.errors import SpecdecError
+from specdec.models import SpecdecModel, attention_layout
+
+PROMPTS = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 9, [11] * 20]
+WINDOW = 8
+
+
+def tiny_windowed(family: str, seed: int = 0, window: int = WINDOW, **over):
+    """A tiny random model of ``family`` whose sliding window (``window``) is shorter than the prompts."""
+    import transformers as tf
+    from transformers import AutoModelForCausalLM
+
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, eos_token_id=None, bos_token_id=None,
+                  pad_token_id=None)
+    common.update(over)
+    if family == "gemma3":
+        cfg = tf.Gemma3TextConfig(**common, num_hidden_layers=4, head_dim=16, sliding_window=window,
+                                  layer_types=["sliding_attention", "full_attention"] * 2, query_pre_attn_scalar=24)
+    elif family == "mistral":
+        cfg = tf.MistralConfig(**common, num_hidden_layers=2, sliding_window=window)
+    elif family == "qwen2":
+        cfg = tf.Qwen2Config(**common, num_hidden_layers=3, use_sliding_window=True, sliding_window=window,
+                             max_window_layers=1)
+    elif family == "gemma2":  # soft-capped attention logits
+        cfg = tf.Gemma2Config(**common, num_hidden_layers=2, head_dim=16, sliding_window=window,
+                              attn_logit_softcapping=5.0, query_pre_attn_scalar=16)
+    else:
+        raise ValueError(family)
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(4.0)
+    return hf
+
+
+@pytest.fixture
+def small_rings(monkeypatch):
+    """Rings of window + 5 slots: they wrap every few tokens (γ = 3 needs γ + 1 <= 5)."""
+    monkeypatch.setattr(KVCache, "RING_SLACK", 5)
+
+
+def hf_greedy(hf, ids, n):
+    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def engine(model, method, **kw):
+    cfg = PipelineConfig.make(method=method, gamma=3, budget=12, sinks=2, recent=4)
+    return build_engine(model, cfg, eos_token_id=-1, **kw)
+
+
+def test_layout_read_from_configs():
+    assert attention_layout(tiny_windowed("gemma3").config) == (WINDOW, None, WINDOW, None)
+    assert attention_layout(tiny_windowed("mistral").config) == (WINDOW, WINDOW)
+    assert attention_layout(tiny_windowed("qwen2").config) == (None, WINDOW, WINDOW)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "qwen2"])
+def test_every_lossless_method_equals_hf_generate(family, small_rings):
+    hf = tiny_windowed(family)
+    ref = [hf_greedy(hf, p, 12) for p in PROMPTS]
+    m = SpecdecModel(hf)
+    cache = m.new_cache(2, 64)
+    n_local = sum(w is not None for w in m.dims.windows)
+    assert cache.n_layers == m.dims.n_global and cache.ring_capacity == WINDOW + 5
+    assert cache.ring_k is None or cache.ring_k.shape[0] == n_local
+    for method in method_names():
+        res = engine(m, method).generate(PROMPTS, max_new_tokens=12)
+        if res.stats.lossless:
+            assert res.tokens == ref, (family, method)
+        else:
+            assert [len(t) for t in res.tokens] == [12] * len(PROMPTS)
+
+
+def test_long_prefill_chunks_through_the_ring(small_rings):
+    """A prefill chunk longer than the ring's slack runs in pieces inside the layer."""
+    hf = tiny_windowed("gemma3")
+    m = SpecdecModel(hf)
+    eng = engine(m, "dense", prefill_chunk=40)  # 40 rows into a ring of 13 slots
+    assert eng.generate(PROMPTS[:2], max_new_tokens=8).tokens == [hf_greedy(hf, p, 8) for p in PROMPTS[:2]]
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen2"])
+def test_torch_and_numba_backends_equal_hf(family, small_rings):
+    from specdec.registry import BACKENDS
+
+    hf = tiny_windowed(family)
+    ref = [hf_greedy(hf, p, 10) for p in PROMPTS]
+    names = ["torch"] + (["numba"] if _has("numba") else [])
+    for name in names:
+        m = SpecdecModel(hf, backend=BACKENDS.build(name))
+        for method in ("dense", "vegas", "magicdec"):
+            assert engine(m, method).generate(PROMPTS, max_new_tokens=10).tokens == ref, (name, method)
+        m.detach()
+
+
+def _has(mod):
+    import importlib.util
+
+    return importlib.util.find_spec(mod) is not None
+
+
+def test_softcap_equals_hf(small_rings):
+    hf = tiny_windowed("gemma2")
+    assert hf.config.attn_logit_softcapping == 5.0
+    ref = [hf_greedy(hf, p, 8) for p in PROMPTS]
+    assert engine(SpecdecModel(hf), "vegas").generate(PROMPTS, max_new_tokens=8).tokens == ref
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_torch_window_kernel_equals_reference(T):
+    """Ragged lengths (one ring not yet full, one wrapped), T rows, GQA."""
+    torch.manual_seed(0)
+    B, H, Hkv, C, D, W = 3, 4, 2, 13, 8, 8
+    q = torch.randn(B, H, T, D)
+    k, v = torch.randn(B, Hkv, C, D), torch.randn(B, Hkv, C, D)
+    lengths = torch.tensor([3, 20, 57])
+    ref, _ = ReferenceBackend().attend(q, k, v, lengths, 0.3, window=W)
+    for static in (False, True):
+        out, _ = TorchBackend(TorchConfig(static=static)).attend(q, k, v, lengths, 0.3, window=W)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_window_mask_sees_exactly_the_window():
+    C, W = 13, 8
+    lengths = torch.tensor([3, 57])
+    m = window_mask(lengths, 2, C, W)[:, 0]  # (B, T, C)
+    assert m[0].sum(-1).tolist() == [4, 5]  # positions 0..3 and 0..4: fewer than W exist yet
+    assert m[1].sum(-1).tolist() == [W, W]
+    # row at position 57 sees positions 50..57 in slots p % 13
+    assert sorted(torch.nonzero(m[1, 0]).flatten().tolist()) == sorted(p % C for p in range(50, 58))
+
+
+def test_rings_bound_kv_memory():
+    """Local layers hold window + slack slots whatever the capacity; global layers the capacity."""
+    m = SpecdecModel(tiny_windowed("gemma3"))
+    d = m.dims
+    c = m.new_cache(1, 4096)
+    per_slot = 2 * d.n_kv_heads * d.head_dim * 4
+    assert c.nbytes()["global"] == 2 * 4096 * per_slot
+    assert c.nbytes()["local"] == 2 * (WINDOW + KVCache.RING_SLACK) * per_slot
+    assert d.kv_bytes(4096, bytes_per_value=4) == (2 * 4096 + 2 * WINDOW) * per_slot
+
+
+def test_backend_without_window_support_is_refused():
+    from specdec.interfaces import AttentionBackend
+
+    class Plain(AttentionBackend):
+        name = "plain"
+
+        def attend(self, q, k, v, lengths, scale, **kw):  # pragma: no cover - refused before any call
+            raise AssertionError
+
+    with pytest.raises(SpecdecError, match="does not support sliding-window layers"):
+        SpecdecModel(tiny_windowed("gemma3"), backend=Plain())
