@@ -2,6 +2,8 @@
 
 * ``pydoc``: Python's own reference documentation (``pydoc_data.topics``, ~113k tokens of English).
 * ``stdlib:<module>``: the source of a standard-library module, e.g. ``stdlib:argparse``.
+* ``long:prose`` and ``long:code``: documents of more than 40k tokens for 16k–32k contexts (see
+  :data:`LONG_DOCUMENTS` for what each is made of).
 """
 
 from __future__ import annotations
@@ -15,8 +17,22 @@ from specdec.errors import SpecdecError
 BENCH_DOCUMENTS = ["pydoc", "stdlib:argparse", "stdlib:typing", "stdlib:inspect", "stdlib:tarfile"]
 
 
+#: long documents (≥ 40k tokens with the SmolLM2 and Gemma 3 tokenizers) and the parts they concatenate, in order
+LONG_DOCUMENTS = {
+    # every pydoc topic, sorted by key (~113k SmolLM2 tokens): English reference prose
+    "long:prose": ["pydoc"],
+    # four standard-library modules, each headed by ``# ---- <module>.py ----`` (~90k tokens): source code
+    "long:code": ["stdlib:argparse", "stdlib:typing", "stdlib:inspect", "stdlib:tarfile"],
+}
+
+
 def load_document(name: str) -> str:
     """Text of a built-in document (see module docstring)."""
+    if name in LONG_DOCUMENTS:
+        parts = LONG_DOCUMENTS[name]
+        if parts == ["pydoc"]:
+            return load_document("pydoc")
+        return "\n\n".join(f"# ---- {p.split(':', 1)[1]}.py ----\n" + load_document(p) for p in parts)
     if name == "pydoc":
         from pydoc_data.topics import topics
 
@@ -27,7 +43,8 @@ def load_document(name: str) -> str:
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             raise SpecdecError(f"no pure-Python standard-library module {mod!r}; try stdlib:argparse.")
         return Path(spec.origin).read_text(encoding="utf-8")
-    raise SpecdecError(f"unknown document {name!r}; use 'pydoc' or 'stdlib:<module>' (e.g. {', '.join(BENCH_DOCUMENTS)}).")
+    raise SpecdecError(f"unknown document {name!r}; use 'pydoc', 'stdlib:<module>' or one of {', '.join(LONG_DOCUMENTS)} "
+                       f"(e.g. {', '.join(BENCH_DOCUMENTS)}).")
 
 
 def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0) -> list[int]:

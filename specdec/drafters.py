@@ -89,7 +89,8 @@ class ModelDrafter(Drafter):
 
     @property
     def n_layers(self) -> int:
-        return self.draft_model.dims.n_layers
+        """Draft layers whose attention can be a lookahead signal: the global (full-context) ones."""
+        return self.draft_model.dims.n_global
 
     def set_heads(self, heads: dict[int, list[int]] | None) -> None:
         from specdec.errors import SpecdecError
@@ -334,8 +335,14 @@ class EarlyExitDrafter(ModelDrafter):
         self.exit_layers = n_layers
 
     def layer_map(self, n_target_layers: int) -> list[int]:
-        """Identity on the shared layers; deeper target layers map to the last draft layer."""
-        return [min(l, self.exit_layers - 1) for l in range(n_target_layers)]
+        """Identity on the shared layers; deeper target layers map to the last draft layer.
+
+        Indices count global (full-context) layers on both sides: target global layer ``g`` maps to
+        the deepest draft global layer at or above it (the same layer when the draft has it)."""
+        shared = self.target.dims.global_layers
+        n_draft = self.n_layers
+        return [max(0, min(sum(1 for l in shared[: g + 1] if l < self.exit_layers), n_draft) - 1)
+                for g in range(n_target_layers)]
 
     def identity(self) -> dict:
         from specdec.srh import model_identity

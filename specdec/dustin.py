@@ -44,7 +44,8 @@ def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list,
     the draft's last layer. ``specdec profile-srh`` finds better ones."""
     t_layer = min(n_layers - 1, (2 * n_layers) // 3)
     d_layer = max(0, draft_layers - 1)
-    return [[t_layer, h] for h in range(n_heads)], [[d_layer, h] for h in range(n_heads)]
+    draft = [[d_layer, h] for h in range(n_heads)] if draft_layers else []  # a draft of local layers only: no lookahead
+    return [[t_layer, h] for h in range(n_heads)], draft
 
 
 def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str = "dustin", **kw: Any):
@@ -71,7 +72,9 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
             )
         drafter = ModelDrafter(draft)
     else:
-        n = int(opts.get("draft_layers", max(1, round(0.3 * N))))
+        # by default deep enough to include a global layer (Gemma 3: layer 5), whose attention is the lookahead
+        first_global = model.dims.global_layers[0] + 1 if model.dims.global_layers else 1
+        n = int(opts.get("draft_layers", max(1, round(0.3 * N), first_global)))
         if N < 2:
             raise SpecdecError("dustin's early-exit drafter needs a target with at least 2 layers; pass draft_model.")
         drafter = EarlyExitDrafter(model, min(n, N - 1) if "draft_layers" not in opts else n)
@@ -86,9 +89,10 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
         sel_kw.update(target_heads=[tuple(x) for x in art["target_heads"]],
                       draft_heads=[tuple(x) for x in art["draft_heads"]], layer_map=art["layer_map"])
     else:
-        t_heads, d_heads = default_heads(N, model.dims.n_heads, drafter.n_layers)
+        Ng = model.dims.n_global  # heads and layer maps index global (full-context) layers
+        t_heads, d_heads = default_heads(Ng, model.dims.n_heads, drafter.n_layers)
         sel_kw.update(target_heads=[tuple(x) for x in t_heads], draft_heads=[tuple(x) for x in d_heads],
-                      layer_map=drafter.layer_map(N))
+                      layer_map=drafter.layer_map(Ng))
     selector = SELECTORS.build("hybrid_srh", **sel_kw)
     selector.check_heads(drafter.n_layers, drafter.draft_model.dims.n_heads, "draft")
     drafter.set_heads(selector.draft_heads)

