@@ -45,7 +45,8 @@ def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list,
     t_layer = min(n_layers - 1, (2 * n_layers) // 3)
     d_layer = max(0, draft_layers - 1)
     draft = [[d_layer, h] for h in range(n_heads)] if draft_layers else []  # a draft of local layers only: no lookahead
-    return [[t_layer, h] for h in range(n_heads)], draft
+    target = [[t_layer, h] for h in range(n_heads)] if n_layers else []  # every layer local: nothing to select
+    return target, draft
 
 
 def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str = "dustin", **kw: Any):

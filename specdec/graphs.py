@@ -33,22 +33,26 @@ from specdec.cache import KVCache
 from specdec.interfaces import ScoreRequest, SparsePlan
 
 
-def step_key(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePlan | None, scores: ScoreRequest | None,
-             logits_to_keep: int) -> tuple:
+def step_key(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePlan | None,
+             scores: tuple[ScoreRequest, ...], logits_to_keep: int) -> tuple:
     """Key of one captured step shape. It includes the model's *active backend* (a wrapper such as
     Dustin's :class:`~specdec.verifiers.SRHScoringBackend` swapped in with ``using_backend`` runs
     other kernels than the plain backend: a graph captured with one must not replay for the other).
     ``plan`` is already padded."""
     return (id(cache), id(model.backend), tuple(input_ids.shape), None if plan is None else plan.graph_key(),
-            logits_to_keep, _score_key(scores))
+            logits_to_keep, tuple(_score_key(r) for r in scores))
 
 
-def _score_key(req: ScoreRequest | None) -> Any:
-    if req is None:
-        return None
+def _score_key(req: ScoreRequest) -> Any:
     qh = None if req.query_heads is None else tuple(sorted((k, tuple(v)) for k, v in req.query_heads.items()))
     layers = None if req.layers is None else tuple(req.layers)
-    return (tuple(req.rows), req.kind, req.heads, layers, qh, req.per_row)
+    return (tuple(req.rows), req.kind, req.heads, layers, qh, req.per_row, req.source)
+
+
+def _blank(req: ScoreRequest) -> ScoreRequest:
+    """A request like ``req`` with its own (empty) result dictionary, for a captured step to fill."""
+    return ScoreRequest(rows=list(req.rows), kind=req.kind, heads=req.heads, layers=req.layers,
+                        query_heads=req.query_heads, per_row=req.per_row, source=req.source)
 
 
 def _reason(exc: BaseException) -> str:
@@ -82,7 +86,7 @@ class _Graph:
     ids: torch.Tensor
     lengths: torch.Tensor
     plan: SparsePlan | None
-    req: ScoreRequest | None
+    reqs: tuple[ScoreRequest, ...]
     logits: torch.Tensor = field(default=None)  # type: ignore[assignment]
     backend: Any = None  # the backend captured (kept alive so its id in the key is not reused)
 
@@ -121,19 +125,19 @@ class GraphCache:
         cache: KVCache,
         lengths: torch.Tensor,
         plan: SparsePlan | None,
-        scores: ScoreRequest | None,
+        scores: tuple[ScoreRequest, ...],
         logits_to_keep: int,
     ) -> torch.Tensor:
         """Replay (capturing first if needed) the forward of this step shape; returns fresh logits."""
         if input_ids.shape[1] > self.max_rows or (plan is not None and not getattr(plan, "capturable", True)):
             # prefill chunks are few and large (nothing to gain from a graph); a plan that declares
             # itself not capturable (host-side choices inside the forward) runs eagerly
-            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
+            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
         if plan is not None:
             plan = self._pad_plan(plan)
         key = step_key(self.model, input_ids, cache, plan, scores, logits_to_keep)
         if key in self.uncapturable:  # this step shape runs eagerly (e.g. a score path that syncs)
-            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
+            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
         g = self.graphs.get(key)
         if g is None:
             if len(self.graphs) >= self.max_graphs:  # bound memory: drop the oldest shape
@@ -143,7 +147,7 @@ class GraphCache:
             except RuntimeError as exc:
                 self.uncapturable[key] = _reason(exc)
                 torch.cuda.synchronize()
-                return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
+                return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
         else:
             g.ids.copy_(input_ids)
             g.lengths.copy_(lengths)
@@ -151,36 +155,33 @@ class GraphCache:
                 plan.copy_into(g.plan)
             g.graph.replay()
             self.replays += 1
-        if scores is not None and g.req is not None and g.req.scores:
+        for live, captured in zip(scores, g.reqs):
+            if not captured.scores:
+                continue
             # one copy of all layers (views of one tensor) instead of a clone per layer
-            layers = list(g.req.scores)
-            vals = [g.req.scores[layer] for layer in layers]
+            layers = list(captured.scores)
+            vals = [captured.scores[layer] for layer in layers]
             if all(v.shape == vals[0].shape for v in vals):
-                stacked = torch.stack(vals)
-                scores.scores = dict(zip(layers, stacked.unbind(0)))
-                scores.stacked = (layers, stacked)
+                live.scores = dict(zip(layers, torch.stack(vals).unbind(0)))
             else:
-                scores.scores = {layer: v.clone() for layer, v in zip(layers, vals)}
+                live.scores = {layer: v.clone() for layer, v in zip(layers, vals)}
         return g.logits.clone()
 
     def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
         ids = input_ids.clone()
         lens = lengths.clone()
         splan = None if plan is None else plan.static_copy()
-        req = None
-        if scores is not None:
-            req = ScoreRequest(rows=list(scores.rows), kind=scores.kind, heads=scores.heads, layers=scores.layers,
-                               query_heads=scores.query_heads, per_row=scores.per_row)
+        reqs = tuple(_blank(r) for r in scores)
 
         def step():
-            return self.model._eager_forward(ids, cache, lens, splan, req, logits_to_keep, None, static=True)
+            return self.model._eager_forward(ids, cache, lens, splan, reqs, logits_to_keep, static=True)
 
         _warm_up(step)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = step()
         graph.replay()  # the captured run leaves outputs unset until the first replay
-        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, req=req, logits=logits, backend=self.model.backend)
+        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=self.model.backend)
         self.graphs[key] = g
         self.captures += 1
         return g

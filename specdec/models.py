@@ -20,13 +20,14 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
-from specdec.interfaces import AttentionBackend, ForwardContext, ScoreRequest, SparsePlan
+from specdec.attention.recording import attention_request, layer_metadata, record
+from specdec.interfaces import AttentionBackend, AttentionMetadata, ForwardContext, ScoreRequest, SparsePlan, as_requests
 
 IMPL_NAME = "specdec"
 #: name → (package, GGUF file in it; ``None``: the package assembles the file from chunk packages)
@@ -60,46 +61,39 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    k_l, v_l, window, g = ctx.cache.layer(module.layer_idx)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    k_cache, v_cache, window, g = ctx.cache.layer(module.layer_idx)
+    if ctx.routed is not None:
+        ctx.routed.append(module.layer_idx)
     hf_window = kwargs.get("sliding_window")
     if hf_window != window:
         raise SpecdecError(
             f"layer {module.layer_idx} attends with sliding window {hf_window} but the cache was built with "
             f"{window}; build the cache with SpecdecModel.new_cache (it reads the model's layer layout)."
         )
-    extra = {"softcap": kwargs["softcap"]} if kwargs.get("softcap") is not None else {}
-    if window is not None:  # a local layer: its ring, its window, no plan and no scores
-        return _window_attention(ctx, module.layer_idx, query, key, value, k_l, v_l, window, scale, extra), None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    softcap = kwargs.get("softcap")
+    if window is not None:  # a local layer: its ring, its window; no plan and no scores
+        meta = AttentionMetadata(lengths=ctx.lengths, scale=scale, layer=module.layer_idx, window=window,
+                                 softcap=softcap, static=ctx.static)
+        return _window_attention(ctx, module.layer_idx, query, key, value, k_cache, v_cache, meta), None
     layer = g  # plans and score requests index the global (full-context) layers
     ctx.cache.write(module.layer_idx, key, value, ctx.lengths, check=not ctx.static)
-    req = ctx.scores if (ctx.scores is not None and ctx.scores.wants(layer)) else None
-    heads = None
-    if req is not None and req.query_heads is not None:
-        heads = req.query_heads.get(layer, ())
-    if req is not None and req.per_row:
-        extra["score_per_row"] = True
-    out, scores = ctx.backend.attend(
-        query,
-        k_l,
-        v_l,
-        ctx.lengths,
-        scale,
-        plan_indices=ctx.plan.indices_for(layer, query) if ctx.plan is not None else None,
-        dense_from=ctx.plan.dense_from if ctx.plan is not None else None,
-        score_rows=req.rows if req is not None else None,
-        score_kind=req.kind if req is not None else "logits",
-        score_heads=heads,
-        **extra,
+    plan = ctx.plan
+    meta = layer_metadata(
+        layer, ctx.lengths, scale,
+        plan.indices_for(layer, query) if plan is not None else None,
+        plan.dense_from if plan is not None else None,
+        ctx.attention_request, ctx.static,
     )
-    if req is not None and scores is not None:
-        if req.heads == "all":
-            scores = scores.sum(dim=1, keepdim=True).expand_as(scores).contiguous()
-        req.scores[layer] = scores
+    if softcap is not None:
+        meta = meta.replace(softcap=softcap)
+    out, scores = ctx.backend.attend(query, k_cache, v_cache, meta)
+    if ctx.requests:
+        record(ctx.requests, layer, query, k_cache, meta, scores)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _window_attention(ctx, layer, query, key, value, k_ring, v_ring, window, scale, extra) -> torch.Tensor:
+def _window_attention(ctx, layer: int, query, key, value, k_ring, v_ring, meta: AttentionMetadata) -> torch.Tensor:
     """A sliding-window layer: write the rows into its ring and attend over the window.
 
     A forward longer than the ring's slack (a prefill chunk) runs in pieces of ``C - W + 1`` rows:
@@ -107,13 +101,13 @@ def _window_attention(ctx, layer, query, key, value, k_ring, v_ring, window, sca
     Returns ``(B, T, H, D)``.
     """
     T = query.shape[2]
-    step = k_ring.shape[2] - window + 1
+    step = k_ring.shape[2] - meta.window + 1
     outs = []
     for a in range(0, T, step):
         b = min(T, a + step)
-        lengths = ctx.lengths + a if a else ctx.lengths
-        ctx.cache.write(layer, key[:, :, a:b], value[:, :, a:b], lengths, check=False)
-        out, _ = ctx.backend.attend(query[:, :, a:b], k_ring, v_ring, lengths, scale, window=window, **extra)
+        m = meta.replace(lengths=ctx.lengths + a) if a else meta
+        ctx.cache.write(layer, key[:, :, a:b], value[:, :, a:b], m.lengths, check=False)
+        out, _ = ctx.backend.attend(query[:, :, a:b] if T > step else query, k_ring, v_ring, m)
         outs.append(out)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     return out.transpose(1, 2).contiguous()
@@ -435,12 +429,13 @@ class SpecdecModel:
 
     def _check_route(self) -> None:
         d = self.dims
-        calls = []
-        probe = _ProbeBackend(self.backend, calls)
+        # every routed layer records its heads' attention: the count of recorded layers is the check
+        probe = ScoreRequest(rows=[0], kind="softmax", heads="each", source="context")
         cache = KVCache(d.n_layers, 1, d.n_kv_heads, 4, d.head_dim, self.dtype, self.device, windows=d.windows)
+        routed: list[int] = []
         try:
-            self.forward(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache,
-                         torch.zeros(1, dtype=torch.long, device=self.device), backend=probe)
+            self._eager_forward(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache,
+                                torch.zeros(1, dtype=torch.long, device=self.device), None, probe, 0, routed=routed)
         except Exception as exc:
             self.detach()
             raise SpecdecError(
@@ -448,10 +443,10 @@ class SpecdecModel:
                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                 "supported: decoder-only models that use transformers' attention interface (Llama, Qwen2, Qwen3, Mistral, ...)."
             ) from exc
-        if len(calls) != d.n_layers:
+        if len(routed) != d.n_layers or len(probe.scores) != d.n_global:
             self.detach()
             raise SpecdecError(
-                f"model type {self.hf.config.model_type!r} routed {len(calls)} of {d.n_layers} layers through "
+                f"model type {self.hf.config.model_type!r} routed {len(routed)} of {d.n_layers} layers through "
                 "specdec attention; only models whose every layer uses transformers' attention interface are supported."
             )
 
@@ -496,18 +491,20 @@ class SpecdecModel:
         cache: KVCache,
         lengths: torch.Tensor,
         plan: SparsePlan | None = None,
-        scores: ScoreRequest | None = None,
+        scores: ScoreRequest | Sequence[ScoreRequest] | None = None,
         logits_to_keep: int = 0,
-        backend: AttentionBackend | None = None,
     ) -> torch.Tensor:
         """Run ``T`` new tokens per sequence; their K/V land in ``cache`` at ``lengths``.
+
+        The attention runs through :attr:`backend` (choose another for a block with
+        :meth:`using_backend`).
 
         Args:
             input_ids: ``(B, T)`` token ids.
             cache: KV cache with ``B`` sequences.
             lengths: ``(B,)`` int64 tokens cached before this call (not modified).
             plan: sparse plan for every layer, or ``None`` for dense attention.
-            scores: score request filled in place, or ``None``.
+            scores: score request(s) filled in place (at most one ``source="attention"``), or ``None``.
             logits_to_keep: keep only the last ``n`` rows' logits (0 = all).
 
         Returns:
@@ -515,16 +512,28 @@ class SpecdecModel:
         """
         if self._saved_impl is None:
             raise SpecdecError("this SpecdecModel was detached; call .attach() before running it.")
-        if self._graphs is not None and backend is None and input_ids.device.type == "cuda":
+        if self._graphs is not None and input_ids.device.type == "cuda":
             cache.check_capacity(lengths, input_ids.shape[1])  # the captured forward skips it
-            return self._graphs.run(input_ids, cache, lengths, plan, scores, logits_to_keep)
-        return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, backend)
+            return self._graphs.run(input_ids, cache, lengths, plan, as_requests(scores), logits_to_keep)
+        return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
 
-    def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, backend, static: bool = False):
+    def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, static: bool = False,
+                       routed: list | None = None):
         T = input_ids.shape[1]
+        requests = as_requests(scores)
+        attn_req = attention_request(requests)
+        backend = self.backend
+        needs = (["supports_sparse"] if plan is not None else []) + (["capture_safe"] if static else [])
+        if attn_req is not None:
+            needs += ["supports_scores"] + (["supports_per_row_scores"] if attn_req.per_row else [])
+        if cache.ring_k is not None:
+            needs.append("supports_window")
+        refusal = backend.refusal(needs)
+        if refusal is not None:
+            raise SpecdecError(refusal)
         position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
-        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend or self.backend, plan=plan, scores=scores,
-                             static=static)
+        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend, plan=plan, requests=requests,
+                             attention_request=attn_req, static=static, routed=routed)
         fn = self._compiled if (self._compiled is not None and T <= self._compile_rows) else self.hf
         token = _CONTEXT.set(ctx)
         try:
@@ -546,11 +555,9 @@ class SpecdecModel:
 
         if self.device.type != "cuda":
             raise SpecdecError("CUDA graphs need the model on a CUDA device; load it with device='cuda'.")
-        if not getattr(self.backend, "capture_safe", False):
-            raise SpecdecError(
-                f"backend {self.backend.name!r} is not capture-safe; use BACKENDS.build('torch', static=True) "
-                "or another backend with capture_safe = True."
-            )
+        refusal = self.backend.refusal(["capture_safe"])
+        if refusal is not None:
+            raise SpecdecError(f"{refusal} CUDA graphs need it: use BACKENDS.build('torch', static=True) or 'triton'.")
         self._graphs = GraphCache(self, plan_bucket=plan_bucket, max_graphs=max_graphs)
 
     def enable_compile(self, max_rows: int = 16, **compile_kwargs) -> None:
@@ -597,19 +604,3 @@ def check_backend_layout(backend: AttentionBackend, config, dims: ModelDims) -> 
     if getattr(config, "attn_logit_softcapping", None) is not None and not getattr(backend, "supports_softcap", False):
         raise SpecdecError(f"backend {backend.name!r} does not support attention-logit soft-capping ({kind} uses it); "
                            "use the reference, torch, numba or triton backend.")
-
-
-class _ProbeBackend(AttentionBackend):
-    """Counts attention calls while delegating (used to check that every layer is routed)."""
-
-    name = "probe"
-    #: a wrapper has the capabilities of the backend it delegates to
-    supports_window = property(lambda self: getattr(self.inner, "supports_window", False))
-    supports_softcap = property(lambda self: getattr(self.inner, "supports_softcap", False))
-
-    def __init__(self, inner: AttentionBackend, calls: list) -> None:
-        self.inner, self.calls = inner, calls
-
-    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-        self.calls.append(kw.get("window"))
-        return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)

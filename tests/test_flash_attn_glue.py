@@ -34,6 +34,7 @@ from specdec.attention.reference import ReferenceBackend  # noqa: E402
 from specdec.cuda import triton_backend as tb  # noqa: E402
 from specdec.cuda.triton_backend import TritonBackend, TritonConfig  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
+from specdec.interfaces import AttentionMetadata  # noqa: E402
 
 REF = ReferenceBackend()
 
@@ -103,7 +104,7 @@ def test_flash_dense_equals_reference(fake_flash, T, G):
     dense attention (ragged lengths, GQA)."""
     q, k, v, lengths = _case(3, 2, G, T, 40, 16, seed=T + G)
     out = tb._flash_dense(q, k, v, lengths, 0.3)
-    ref, _ = REF.attend(q, k, v, lengths, 0.3)
+    ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert fake_flash == [dict(B=3, T=T, H=2 * G, Hkv=2, cache_seqlens=(lengths + T).tolist())]
 
@@ -132,13 +133,13 @@ def test_attend_routes_dense_calls_to_flash_attn(fake_flash, monkeypatch):
                         lambda self, q, plan, rows: self._flash and plan is None and rows is None)
     be = TritonBackend(TritonConfig(block_n=16))
     q, k, v, lengths = _case(2, 2, 3, 5, 48, 16, seed=7)
-    out, s = be.attend(q, k, v, lengths, 0.25)
+    out, s = be.attend(q, k, v, AttentionMetadata(lengths, 0.25))
     assert s is None and len(fake_flash) == 1
-    torch.testing.assert_close(out, REF.attend(q, k, v, lengths, 0.25)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.25))[0], rtol=1e-5, atol=1e-5)
     idx = torch.arange(8).view(1, 1, 8).expand(2, 2, 8).contiguous()
-    out, _ = be.attend(q, k, v, lengths, 0.25, idx, lengths - 2)
+    out, _ = be.attend(q, k, v, AttentionMetadata(lengths, 0.25, idx, lengths - 2))
     assert len(fake_flash) == 1
-    torch.testing.assert_close(out, REF.attend(q, k, v, lengths, 0.25, idx, lengths - 2)[0], rtol=1e-4, atol=2e-5)
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.25, idx, lengths - 2))[0], rtol=1e-4, atol=2e-5)
 
 
 def test_on_without_flash_attn_is_one_clear_error(no_flash):
@@ -154,8 +155,8 @@ def test_auto_without_flash_attn_falls_back_silently(no_flash, monkeypatch):
     be = TritonBackend(TritonConfig(block_n=16))
     assert not be.uses_flash_attn(types.SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cuda")), None, None)
     q, k, v, lengths = _case(2, 1, 2, 1, 32, 16, seed=1)
-    out, _ = be.attend(q, k, v, lengths, 0.25)  # our kernel (interpreter on the CPU)
-    torch.testing.assert_close(out, REF.attend(q, k, v, lengths, 0.25)[0], rtol=1e-4, atol=2e-5)
+    out, _ = be.attend(q, k, v, AttentionMetadata(lengths, 0.25))  # our kernel (interpreter on the CPU)
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.25))[0], rtol=1e-4, atol=2e-5)
 
 
 def test_off_never_looks_for_flash_attn(fake_flash):

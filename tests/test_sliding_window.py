@@ -13,6 +13,7 @@ from specdec.attention.reference import ReferenceBackend, window_mask
 from specdec.attention.torch_backend import TorchBackend, TorchConfig
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
+from specdec.interfaces import AttentionMetadata
 from specdec.models import SpecdecModel, attention_layout
 
 PROMPTS = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 9, [11] * 20]
@@ -131,10 +132,26 @@ def test_torch_window_kernel_equals_reference(T):
     q = torch.randn(B, H, T, D)
     k, v = torch.randn(B, Hkv, C, D), torch.randn(B, Hkv, C, D)
     lengths = torch.tensor([3, 20, 57])
-    ref, _ = ReferenceBackend().attend(q, k, v, lengths, 0.3, window=W)
-    for static in (False, True):
-        out, _ = TorchBackend(TorchConfig(static=static)).attend(q, k, v, lengths, 0.3, window=W)
-        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    meta = AttentionMetadata(lengths=lengths, scale=0.3, window=W)
+    ref, _ = ReferenceBackend().attend(q, k, v, meta)
+    backends = [TorchBackend(TorchConfig(static=False)), TorchBackend(TorchConfig(static=True))]
+    if _has("numba"):
+        from specdec.attention.numba_backend import NumbaBackend
+
+        backends.append(NumbaBackend())
+    if _has("triton"):  # CPU: the interpreter; the window is delegated to the torch backend
+        from specdec.cuda.triton_backend import TritonBackend
+
+        backends.append(TritonBackend())
+    for be in backends:
+        out, _ = be.attend(q, k, v, meta)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=be.name)
+    # soft-capping: the delegates agree with the reference too
+    capped = meta.replace(softcap=2.0)
+    ref_c, _ = ReferenceBackend().attend(q, k, v, capped)
+    assert not torch.allclose(ref_c, ref)
+    for be in backends:
+        torch.testing.assert_close(be.attend(q, k, v, capped)[0], ref_c, rtol=1e-5, atol=1e-5, msg=be.name)
 
 
 def test_window_mask_sees_exactly_the_window():
@@ -164,7 +181,7 @@ def test_backend_without_window_support_is_refused():
     class Plain(AttentionBackend):
         name = "plain"
 
-        def attend(self, q, k, v, lengths, scale, **kw):  # pragma: no cover - refused before any call
+        def attend(self, q, k, v, meta):  # pragma: no cover - refused before any call
             raise AssertionError
 
     with pytest.raises(SpecdecError, match="does not support sliding-window layers"):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
-from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.interfaces import AttentionBackend, AttentionMetadata
 from specdec.registry import BACKENDS, ComponentConfig
 
 
@@ -77,46 +75,34 @@ class ReferenceBackend(AttentionBackend):
 
     name = "reference"
     Config = ReferenceConfig
-    #: takes ``window=W`` (a sliding-window layer's ring, see :func:`window_mask`) and ``softcap``
+    #: a sliding-window layer's ring (``meta.window``, see :func:`window_mask`) and soft-capping
     supports_window = True
     supports_softcap = True
 
     def __init__(self, config: ReferenceConfig | None = None) -> None:
         self.config = config or ReferenceConfig()
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        lengths: torch.Tensor,
-        scale: float,
-        plan_indices: torch.Tensor | None = None,
-        dense_from: torch.Tensor | None = None,
-        score_rows: Sequence[int] | None = None,
-        score_kind: ScoreKind = "logits",
-        score_heads: Sequence[int] | None = None,
-        score_per_row: bool = False,
-        window: int | None = None,
-        softcap: float | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """See :meth:`AttentionBackend.attend`; ``window``: ``k_cache`` is a sliding-window ring
-        (no plan, no scores); ``softcap``: logits become ``softcap · tanh(logits / softcap)`` (Gemma 2)."""
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        lengths, scale = meta.lengths, meta.scale
+        plan_indices, dense_from = meta.plan_indices, meta.dense_from
+        score_rows, score_kind, score_heads = meta.score_rows, meta.score_kind, meta.score_heads
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         G = H // Hkv
+        window = meta.window
         if window is not None:
             if plan_indices is not None or score_rows is not None:
                 raise ValueError("a sliding-window layer takes no sparse plan and emits no scores.")
-            used = L
+            used = L  # a ring: every slot may hold a visible position
         else:
             used = min(L, int(lengths.max()) + T)  # positions anyone can see
         k = k_cache[:, :, :used].float()
         v = v_cache[:, :, :used].float()
         qg = q.float().view(B, Hkv, G, T, D)
         logits = torch.einsum("bhgtd,bhld->bhgtl", qg, k) * scale  # (B, Hkv, G, T, used)
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap
+        if meta.softcap is not None:
+            logits = torch.tanh(logits / meta.softcap) * meta.softcap
         if window is not None:
             mask = window_mask(lengths, T, L, window).unsqueeze(2)  # (B, 1, 1, T, L)
         else:
@@ -136,7 +122,7 @@ class ReferenceBackend(AttentionBackend):
                 keep = torch.zeros(H, dtype=torch.bool, device=q.device)
                 keep[torch.as_tensor(list(score_heads), device=q.device, dtype=torch.long)] = True
                 s = s * keep.view(1, Hkv, G, 1, 1)
-            if score_per_row:  # (B, Hkv, R, L): one slice per requested row
+            if meta.score_per_row:  # (B, Hkv, R, L): one slice per requested row
                 scores = torch.zeros(B, Hkv, len(rows), L, dtype=torch.float32, device=q.device)
                 scores[..., :used] = s.sum(dim=2)
             else:

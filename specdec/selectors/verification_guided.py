@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from specdec.attention.recording import stack_layers
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import ScoreRequest
@@ -94,11 +95,7 @@ class VerificationGuidedSelector(BudgetSelector):
             self._scores = None
         else:
             layers = sorted(scores.scores)
-            st = scores.stacked
-            if st is not None and list(st[0]) == layers:  # already one tensor (a replayed verify)
-                s = st[1]
-            else:
-                s = torch.stack([scores.scores[layer] for layer in layers])  # (N, B, H_kv, [R,] L)
+            s = stack_layers([scores.scores[layer] for layer in layers])  # (N, B, H_kv, [R,] L)
             if scores.per_row:
                 s = self._last_accepted_row(s, lengths)
             shape = s.shape if self.config.per_kv_head else (*s.shape[:2], 1, *s.shape[3:])
