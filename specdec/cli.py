@@ -322,7 +322,7 @@ def bench(
     methods: str = typer.Option("dense,magicdec", "--methods"),
     contexts: str = typer.Option("2048", "--contexts", help="comma-separated context lengths"),
     batch_sizes: str = typer.Option("1", "--batch-sizes"),
-    documents: str = typer.Option("pydoc", "--documents", help="comma-separated: pydoc, stdlib:<module>"),
+    documents: str = typer.Option("pydoc", "--documents", help="comma-separated: pydoc, stdlib:<module>, long:prose, long:code (>= 40k tokens)"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
     budget: Optional[int] = typer.Option(None, "--budget"),
     budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio"),
