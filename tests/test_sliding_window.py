@@ -250,3 +250,12 @@ def test_long_documents_are_long():
     for name in LONG_DOCUMENTS:
         assert len(load_document(name)) > 200_000  # > 40k tokens with any of our tokenizers (~4 chars/token)
     assert load_document("long:code").startswith("# ---- argparse.py ----")
+
+
+def test_tuner_counts_global_layer_kv(small_rings):
+    """The tuner's draft_kv_share: the budget covers global layers; local layers read their window."""
+    from specdec.tune import engine_measure
+
+    m = SpecdecModel(tiny_windowed("gemma3"))
+    row = engine_measure(m, [PROMPTS[1]], "vegas", 4)(0.25, 3)  # 54 tokens: budget 14 of 54
+    assert row["draft_kv_share"] == pytest.approx((2 * 14 + 2 * WINDOW) / (2 * 54 + 2 * WINDOW))
