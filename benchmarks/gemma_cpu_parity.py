@@ -16,6 +16,19 @@ from specdec import PipelineConfig, SpecdecModel, build_engine, method_names
 from specdec.data import context_ids, load_document
 
 
+def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
+    """Hugging Face greedy ``generate`` of exactly ``n`` tokens that treats EOS as an ordinary token, as
+    the engine does with ``eos_token_id=-1`` (``min_new_tokens`` would instead *forbid* EOS: not greedy)."""
+    gc = hf.generation_config
+    saved = gc.eos_token_id
+    gc.eos_token_id = None
+    try:
+        out = hf.generate(torch.tensor([ids], device=hf.device), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    finally:
+        gc.eos_token_id = saved
+    return out[0, len(ids):].tolist()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=1024)
@@ -34,7 +47,7 @@ def main() -> None:
     for doc in a.docs.split(","):
         ids = context_ids(m.tokenizer, load_document(doc), a.context)
         t0 = time.perf_counter()
-        ref = m.hf.generate(torch.tensor([ids], device=m.device), max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False)[0, len(ids):].tolist()
+        ref = hf_greedy(m.hf, ids, a.new)
         hf_s = time.perf_counter() - t0
         for method in (a.methods.split(",") if a.methods else method_names()):
             cfg = PipelineConfig.make(method=method, gamma=4, budget=max(64, a.context // 16))

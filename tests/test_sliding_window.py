@@ -57,7 +57,14 @@ def small_rings(monkeypatch):
 
 
 def hf_greedy(hf, ids, n):
-    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    """HF greedy ``generate`` of ``n`` tokens with EOS an ordinary token (``min_new_tokens`` would forbid it)."""
+    gc = hf.generation_config
+    saved, gc.eos_token_id = gc.eos_token_id, None
+    try:
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    finally:
+        gc.eos_token_id = saved
+    assert out.shape[1] == len(ids) + n
     return out[0, len(ids):].tolist()
 
 
