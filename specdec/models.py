@@ -61,7 +61,7 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
     plan = ctx.plan
     meta = layer_metadata(
         layer, ctx.lengths, scaling if scaling is not None else query.shape[-1] ** -0.5,
-        plan.indices_for(layer, query) if plan is not None else None,
+        ctx.backend.plan_indices(plan, layer, query) if plan is not None else None,
         plan.dense_from if plan is not None else None,
         ctx.attention_request, ctx.static,
     )
