@@ -354,5 +354,5 @@ class PlanGraphs:
                 for n, t in zip(names, saved):
                     setattr(selector, n, t)
 
-        out = self.calls(key, build, lengths, *state, keep=cache)
-        return out
+        # no keep=cache: these graphs belong to the cache's planner, which lives as long as the cache
+        return self.calls(key, build, lengths, *state)
