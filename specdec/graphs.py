@@ -1,7 +1,7 @@
 """All CUDA-graph capture of specdec: whole model forwards and plan construction, in one module.
 
 On a GPU, one decode step of a small model is a few hundred kernel launches: the launch and
-Python overhead, not the memory traffic, sets its time (DESIGN.md §3–4). :class:`GraphCache`
+Python overhead, not the memory traffic, sets its time (docs page *Optimized backends*). :class:`GraphCache`
 captures :meth:`SpecdecModel.forward` once per **step description** (:class:`Step`, built by
 :func:`describe_step` from the forward's arguments: rows, batch, the cache memory it writes, the
 plan's kind and shapes, the score requests, ``logits_to_keep`` and the backend's kind and options —

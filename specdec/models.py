@@ -1,6 +1,6 @@
 """Load Hugging Face decoder models and route their attention through a specdec backend.
 
-The route (DESIGN.md §2): register an attention function and a mask function under the name
+The route (docs page *Models and the attention route*): register an attention function and a mask function under the name
 ``"specdec"`` with transformers' ``AttentionInterface`` / ``AttentionMaskInterface``, call the model
 with ``use_cache=False`` and explicit ``position_ids``, and let the attention function own the
 cache: it receives the new tokens' post-RoPE keys/values, writes them at each sequence's length
@@ -167,6 +167,8 @@ def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu
     except SpecdecError:
         raise
     except Exception as exc:  # any failure to read the files is bad input: corrupt/truncated GGUF or safetensors, bad JSON
+        if isinstance(exc.__context__, KeyboardInterrupt):  # a loader that turned Ctrl-C into its own error
+            raise exc.__context__ from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise SpecdecError(
             f"could not load model {model!r} ({type(exc).__name__}: {first.rstrip('.')}); "
