@@ -270,9 +270,7 @@ class TruncatedModel(SpecdecModel):
         if self._own_graphs is None or self._own_graphs[0] is not src:
             from specdec.graphs import GraphCache
 
-            own = GraphCache(self, plan_bucket=src.plan_bucket, max_graphs=src.max_graphs, max_rows=src.max_rows,
-                             pool=src.pool)
-            self._own_graphs = (src, own)
+            self._own_graphs = (src, GraphCache.for_view(src, self))
         return self._own_graphs[1]
 
     def _follow_parent(self, *a, **kw):

@@ -149,6 +149,13 @@ class GraphCache:
         self.captures = 0
         self.replays = 0
 
+    @classmethod
+    def for_view(cls, parent: "GraphCache", view) -> "GraphCache":
+        """The graphs of a view of ``parent``'s model (an early-exit draft): its own captures, bound to
+        the view, with the parent's settings and memory pool (graphs never run concurrently)."""
+        return cls(view, plan_bucket=parent.plan_bucket, max_graphs=parent.max_graphs, max_rows=parent.max_rows,
+                   pool=parent.pool)
+
     def _pad_plan(self, plan: SparsePlan) -> SparsePlan:
         if type(plan) is not SparsePlan or plan.static_size:
             # a query-aware plan sizes its own buffers (e.g. Quest's bucketed k_sel); a plan of fixed
