@@ -33,6 +33,7 @@ Enable with :meth:`SpecdecModel.enable_cuda_graphs`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -362,4 +363,6 @@ class PlanGraphs:
                     setattr(selector, n, t)
 
         # no keep=cache: these graphs belong to the cache's planner, which lives as long as the cache
-        return self.calls(key, build, lengths, *state)
+        out = self.calls(key, build, lengths, *state)
+        # the graph's output buffers are rewritten by the next replay: hand out a plan object of its own
+        return copy.copy(out)

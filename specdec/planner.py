@@ -77,16 +77,16 @@ class Planner:
         return any(t is b for b in self._buffers.values())
 
     def load(self, plan: SparsePlan) -> SparsePlan:
-        """``plan`` with each tensor field written into this planner's buffer of that field (fields that
-        already are buffers of this planner, e.g. Quest's page bounds, stay as they are)."""
-        changes = {}
+        """``plan`` with each tensor field written into this planner's buffer of that field and pointing
+        at it (fields that already are buffers of this planner, e.g. Quest's page bounds, stay as they
+        are). The plan object itself is returned: a selector makes a new one per call."""
         for name, t in plan_tensors(plan).items():
             if self.owns(t):
                 continue
             buf = self.buffer(f"plan.{type(plan).__name__}.{name}", tuple(t.shape), t.dtype)
             buf.copy_(t)
-            changes[name] = buf
-        return dataclasses.replace(plan, **changes) if changes else plan
+            setattr(plan, name, buf)
+        return plan
 
     def plan(self, selector: KVSelector, lengths: torch.Tensor) -> SparsePlan:
         """Build ``selector``'s plan for ``lengths`` ``(B,)`` and load it into this planner's buffers."""
