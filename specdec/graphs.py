@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from specdec.cache import KVCache
-from specdec.interfaces import ScoreRequest, SparsePlan
+from specdec.interfaces import ScoreRequest, SparsePlan, plan_tensors
 
 
 @dataclass(frozen=True)
@@ -236,21 +237,39 @@ class GraphCache:
         return g
 
 
+#: buffers whose address never changes while they are in use (a planner's buffers,
+#: :mod:`specdec.planner` registers them): a captured step reads them in place
+_STABLE: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def keep_address(t: torch.Tensor) -> torch.Tensor:
+    """Register ``t`` as a buffer a captured step may read in place (its owner keeps its address); returns ``t``."""
+    _STABLE[id(t)] = t
+    return t
+
+
+def forget_address(t: torch.Tensor) -> None:
+    """Undo :func:`keep_address` (the owner replaced the buffer)."""
+    if _STABLE.get(id(t)) is t:
+        del _STABLE[id(t)]
+
+
+def has_stable_address(t: torch.Tensor) -> bool:
+    """Whether ``t`` was registered with :func:`keep_address` (a planner's buffer)."""
+    return _STABLE.get(id(t)) is t
+
+
 def _own_plan(plan: SparsePlan) -> SparsePlan:
     """The plan a captured step reads: ``plan`` itself when its tensors are a planner's buffers (their
     addresses never change), else a copy with its own buffers."""
-    from specdec.planner import plan_tensors, planner_owns
-
     tensors = plan_tensors(plan)
-    if all(planner_owns(t) for t in tensors.values()):
+    if all(has_stable_address(t) for t in tensors.values()):
         return plan
-    return dataclasses.replace(plan, **{n: t.clone() for n, t in tensors.items() if not planner_owns(t)})
+    return dataclasses.replace(plan, **{n: t.clone() for n, t in tensors.items() if not has_stable_address(t)})
 
 
 def _load_plan(live: SparsePlan, static: SparsePlan) -> None:
     """Before a replay: copy each tensor field of ``live`` that is not already the captured buffer."""
-    from specdec.planner import plan_tensors
-
     st = plan_tensors(static)
     for name, t in plan_tensors(live).items():
         if t.data_ptr() != st[name].data_ptr():

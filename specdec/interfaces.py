@@ -67,6 +67,12 @@ class SparsePlan:
         return self.for_layer(layer)
 
 
+def plan_tensors(plan: SparsePlan) -> dict[str, torch.Tensor]:
+    """The tensor fields of a plan (``indices``, ``dense_from`` and a plan kind's own), by name."""
+    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
+            if isinstance(getattr(plan, f.name), torch.Tensor)}
+
+
 @dataclass
 class ScoreRequest:
     """Ask a forward for per-KV-token attention scores: the one way scores are recorded.
@@ -299,8 +305,6 @@ class KVSelector(ABC):
     """
 
     name: str = "abstract"
-    #: score request the selector wants from the next verification pass (``None`` = none)
-    needs_scores: ScoreRequest | None = None
 
     def reset(self, cache: "KVCache") -> None:
         """Called once before generation with the freshly prefilled cache."""
@@ -347,6 +351,9 @@ class Drafter(ABC):
 
 class Verifier(ABC):
     """Scores ``gamma + 1`` rows (the pending token + the drafts) with the target model."""
+
+    def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
+        """Called once after the target's prefill and the drafter's (reset per-generation state here)."""
 
     @abstractmethod
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:  # noqa: ANN001

@@ -18,13 +18,13 @@ Usage (what the drafters and verifiers do)::
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 
 import torch
 
 from specdec.cache import KVCache
-from specdec.interfaces import KVSelector, SparsePlan
+from specdec.graphs import PlanGraphs, forget_address, keep_address
+from specdec.interfaces import KVSelector, SparsePlan, plan_tensors  # noqa: F401  (plan_tensors re-exported)
 
 _PLANNERS: "weakref.WeakKeyDictionary[KVCache, Planner]" = weakref.WeakKeyDictionary()
 
@@ -35,12 +35,6 @@ def planner_for(cache: KVCache) -> "Planner":
     if p is None:
         p = _PLANNERS[cache] = Planner(cache)
     return p
-
-
-def plan_tensors(plan: SparsePlan) -> dict[str, torch.Tensor]:
-    """The tensor fields of a plan (``indices``, ``dense_from`` and a plan kind's own), by name."""
-    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
-            if isinstance(getattr(plan, f.name), torch.Tensor)}
 
 
 class Planner:
@@ -68,7 +62,9 @@ class Planner:
         shape = tuple(int(s) for s in shape)
         b = self._buffers.get(name)
         if b is None or tuple(b.shape) != shape or b.dtype != dtype:
-            b = self._buffers[name] = torch.zeros(shape, dtype=dtype, device=self.cache.k.device)
+            if b is not None:
+                forget_address(b)
+            b = self._buffers[name] = keep_address(torch.zeros(shape, dtype=dtype, device=self.cache.k.device))
         elif zero:
             b.zero_()
         return b
@@ -90,8 +86,6 @@ class Planner:
 
     def plan(self, selector: KVSelector, lengths: torch.Tensor) -> SparsePlan:
         """Build ``selector``'s plan for ``lengths`` ``(B,)`` and load it into this planner's buffers."""
-        from specdec.graphs import PlanGraphs
-
         cache = self.cache
         if PlanGraphs.applies(selector, lengths):
             if self.plan_graphs is None:

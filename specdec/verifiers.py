@@ -125,10 +125,13 @@ class SparseVerifier(Verifier):
             return "disagree"
         return None
 
+    def prefill(self, state) -> None:
+        self._reset(state)
+
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         import time
 
-        if self._state is not state:
+        if self._state is not state:  # driven without the engine's prefill hook (a test, a probe)
             self._reset(state)
         self.iteration += 1
         st = self._stats

@@ -70,7 +70,6 @@ class VerificationGuidedSelector(BudgetSelector):
     """
 
     Config = VerificationGuidedConfig
-    shared_across_layers = False
 
     def __init__(self, config: VerificationGuidedConfig | None = None) -> None:
         super().__init__(config)
