@@ -40,7 +40,7 @@ class SparsePlan:
         dense_from: ``(B,)`` int64; every position ``>= dense_from[b]`` (up to the row's own
             position) is visible as well: the tokens written since the plan was built.
         static_size: the number of entries ``K`` is fixed for the cache (it does not follow the
-            lengths), so CUDA-graph capture uses it as is instead of padding it to a bucket.
+            lengths): it is used as is instead of being padded to a bucket.
     """
 
     indices: torch.Tensor
@@ -59,25 +59,18 @@ class SparsePlan:
     def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """``(B, H_kv, K)`` indices for one layer given this step's queries ``q`` ``(B, H, T, D)``.
 
-        The default ignores ``q`` (the plan was fixed when built). Query-aware plans (Quest)
-        override it to pick entries per draft step; the attention route calls this method.
+        The default ignores ``q`` (the plan was fixed when built). A query-aware plan kind (Quest's
+        :class:`~specdec.selectors.quest.QuestPlan`) picks entries per draft step from its own
+        fields; the backend executes it (:meth:`AttentionBackend.plan_indices`). A plan is data:
+        every tensor it reads is one of its dataclass fields (so a planner can own them).
         """
         return self.for_layer(layer)
 
-    # -- CUDA-graph capture (specdec.graphs): a captured step reads a static copy of the plan, and each
-    # replay copies the live plan's tensors into it. Query-aware plans override the three methods.
-    def graph_key(self) -> tuple:
-        """What a captured step depends on besides tensor values (shapes, host-side sizes)."""
-        return ("plan", tuple(self.indices.shape))
 
-    def static_copy(self) -> "SparsePlan":
-        """A plan with its own buffers, for a captured step to read."""
-        return SparsePlan(indices=self.indices.clone(), dense_from=self.dense_from.clone(), static_size=self.static_size)
-
-    def copy_into(self, static: "SparsePlan") -> None:
-        """Load this plan's values into ``static`` (made by :meth:`static_copy` of a plan with the same key)."""
-        static.indices.copy_(self.indices)
-        static.dense_from.copy_(self.dense_from)
+def plan_tensors(plan: SparsePlan) -> dict[str, torch.Tensor]:
+    """The tensor fields of a plan (``indices``, ``dense_from`` and a plan kind's own), by name."""
+    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
+            if isinstance(getattr(plan, f.name), torch.Tensor)}
 
 
 @dataclass
@@ -291,6 +284,12 @@ class AttentionBackend(ABC):
             position, or ``None`` when not requested.
         """
 
+    def plan_indices(self, plan: SparsePlan, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Execute ``plan`` for one layer: ``(B, H_kv or 1, K)`` entries the queries ``q`` ``(B, H, T, D)``
+        attend to. The default runs the plan kind's own selection (:meth:`SparsePlan.indices_for`:
+        fixed indices, or Quest's query-aware top-k); a backend may override it to fuse a kind."""
+        return plan.indices_for(layer, q)
+
     def missing(self, needs: Sequence[str]) -> list[str]:
         """The capabilities among ``needs`` this backend lacks."""
         return [n for n in needs if not getattr(self, n, False)]
@@ -318,8 +317,6 @@ class KVSelector(ABC):
     """
 
     name: str = "abstract"
-    #: score request the selector wants from the next verification pass (``None`` = none)
-    needs_scores: ScoreRequest | None = None
 
     def reset(self, cache: "KVCache") -> None:
         """Called once before generation with the freshly prefilled cache."""
@@ -366,6 +363,9 @@ class Drafter(ABC):
 
 class Verifier(ABC):
     """Scores ``gamma + 1`` rows (the pending token + the drafts) with the target model."""
+
+    def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
+        """Called once after the target's prefill and the drafter's (reset per-generation state here)."""
 
     @abstractmethod
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:  # noqa: ANN001

@@ -82,7 +82,7 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
     plan = ctx.plan
     meta = layer_metadata(
         layer, ctx.lengths, scale,
-        plan.indices_for(layer, query) if plan is not None else None,
+        ctx.backend.plan_indices(plan, layer, query) if plan is not None else None,
         plan.dense_from if plan is not None else None,
         ctx.attention_request, ctx.static,
     )

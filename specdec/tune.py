@@ -76,7 +76,6 @@ def three_step_search(
 def engine_measure(model, prompts: list[list[int]], method: str, max_new_tokens: int,
                    min_budget: int = 0, sinks: int = 4, recent: int = 16, options: dict | None = None) -> Measure:
     """A :data:`Measure` decoding ``prompts`` greedily with ``method`` after one shared prefill."""
-    from specdec.observations import selection_overhead_share
     from specdec.presets import PipelineConfig, build_engine
 
     dense = build_engine(model, PipelineConfig.make(method="dense"), eos_token_id=-1)
@@ -94,7 +93,7 @@ def engine_measure(model, prompts: list[list[int]], method: str, max_new_tokens:
         budget = cfg.budget_kwargs().get("budget") or max(min_budget, int(ratio * L + 0.999999))
         local = sum(min(w, L) for w in d.windows if w is not None)
         return dict(tau=st.mean_accepted_length, tokens_per_second=st.tokens_per_second,
-                    selection_overhead_share=selection_overhead_share(st, eng),
+                    selection_overhead_share=st.selection_overhead_share,
                     draft_kv_share=(d.n_global * min(budget, L) + local) / (d.n_global * L + local))
 
     return measure
@@ -176,7 +175,8 @@ def register(app) -> None:  # noqa: ANN001 - typer app
     """Add ``specdec tune`` to the CLI (called by :mod:`specdec.cli`)."""
     import typer
 
-    from specdec.cli import friendly, load_model
+    from specdec.friendly import friendly
+    from specdec.loading import load_model
 
     @app.command()
     @friendly

@@ -8,6 +8,7 @@ import torch
 from specdec.attention.recording import head_attention  # noqa: F401  (re-exported)
 from specdec.interfaces import ScoreRequest, Verifier
 from specdec.models import SpecdecModel
+from specdec.planner import planner_for
 
 
 class FullVerifier(Verifier):
@@ -126,17 +127,20 @@ class SparseVerifier(Verifier):
             return "disagree"
         return None
 
+    def prefill(self, state) -> None:
+        self._reset(state)
+
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         import time
 
-        if self._state is not state:
+        if self._state is not state:  # driven without the engine's prefill hook (a test, a probe)
             self._reset(state)
         self.iteration += 1
         st = self._stats
         t0 = time.perf_counter()
         self.selector.observe_draft(getattr(self.drafter, "lookahead", None))
         reason = self._dense_reason(state)
-        plan = None if reason else self.selector.plan(state.cache, state.lengths)
+        plan = None if reason else planner_for(state.cache).plan(self.selector, state.lengths)
         if reason and self.selector.target_signal is not None:
             self.selector.mark(state.lengths)  # adaptive m still learns from dense passes
         self.last_plan = plan

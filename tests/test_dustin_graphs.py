@@ -11,7 +11,7 @@ from specdec import PipelineConfig, build_engine
 from specdec.attention.reference import ReferenceBackend
 from specdec.drafters import EarlyExitDrafter, TruncatedModel, truncated_model
 from specdec.errors import SpecdecError
-from specdec.graphs import GraphCache, step_key
+from specdec.graphs import GraphCache, describe_step
 from specdec.attention.recording import head_attention
 from specdec.verifiers import srh_request, srh_scores
 
@@ -109,19 +109,23 @@ def test_view_graphs_follow_the_parent(target, monkeypatch):
         view.enable_cuda_graphs()
 
 
-def test_early_exit_draft_cache_view_is_stable(target):
+def test_early_exit_draft_cache_view_has_one_step_description(target):
+    """A new view of the same memory each iteration: the same captured steps replay (no memoised view)."""
     d = EarlyExitDrafter(target, 2)
     c1 = target.new_cache(1, 32)
     s1 = SimpleNamespace(cache=c1)
     v1 = d._draft_cache(s1)
-    assert d._draft_cache(s1) is v1 and v1.n_layers == 2
-    assert v1.k.data_ptr() == c1.k.data_ptr()
+    assert v1.n_layers == 2 and v1.k.data_ptr() == c1.k.data_ptr()
+    x = torch.zeros(1, 1, dtype=torch.long)
+    view = d.draft_model
+    assert describe_step(view, x, d._draft_cache(s1), None, (), 0) == describe_step(view, x, v1, None, (), 0)
     c2 = target.new_cache(1, 32)
     v2 = d._draft_cache(SimpleNamespace(cache=c2))
-    assert v2 is not v1 and v2.k.data_ptr() == c2.k.data_ptr()
+    assert v2.k.data_ptr() == c2.k.data_ptr()
+    assert describe_step(view, x, v2, None, (), 0) != describe_step(view, x, v1, None, (), 0)
 
 
-def test_dustin_drafts_into_one_cache_object_and_records_srh_in_the_verify_pass(target):
+def test_dustin_drafts_into_one_cache_memory_and_records_srh_in_the_verify_pass(target):
     cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4, options={"draft_layers": 1})
     eng = build_engine(target, cfg, eos_token_id=-1)
     view = eng.drafter.draft_model
@@ -129,7 +133,7 @@ def test_dustin_drafts_into_one_cache_object_and_records_srh_in_the_verify_pass(
     fwd, tfwd = view.forward, target.forward
 
     def rec(ids, cache, *a, **k):
-        seen.append(id(cache))
+        seen.append((cache.k.data_ptr(), tuple(cache.k.shape)))
         return fwd(ids, cache, *a, **k)
 
     def trec(*a, **k):
@@ -192,16 +196,23 @@ def test_srh_request_gives_each_passs_signal(target):
         torch.testing.assert_close(srh_scores(req, ref.scores), ref.scores)
 
 
-def test_graph_key_includes_the_active_backend(target):
+def test_step_description_names_values_not_objects(target):
+    """Graphs are keyed on a step description: the backend's kind and options and the cache memory, not
+    object identities (a second equal backend or a new view of the same memory replays the same graph)."""
+    from specdec import BACKENDS
+    from specdec.cache import KVCache
+
     cache = target.new_cache(1, 16)
     x = torch.zeros(1, 4, dtype=torch.long)
-    k1 = step_key(target, x, cache, None, (), 0)
-    assert step_key(target, x, cache, None, (), 0) == k1
-    other = ReferenceBackend()
-    with target.using_backend(other):
-        k2 = step_key(target, x, cache, None, (), 0)
-    assert k2 != k1
-    assert step_key(target, torch.zeros(1, 5, dtype=torch.long), cache, None, (), 0) != k1
+    k1 = describe_step(target, x, cache, None, (), 0)
+    assert describe_step(target, x, cache, None, (), 0) == k1
+    with target.using_backend(ReferenceBackend()):  # another object, same kind and options
+        assert describe_step(target, x, cache, None, (), 0) == k1
+    with target.using_backend(BACKENDS.build("torch", static=True)):
+        assert describe_step(target, x, cache, None, (), 0) != k1
+    assert describe_step(target, x, KVCache._from(cache.k, cache.v), None, (), 0) == k1  # same memory
+    assert describe_step(target, x, target.new_cache(1, 16), None, (), 0) != k1  # other memory
+    assert describe_step(target, torch.zeros(1, 5, dtype=torch.long), cache, None, (), 0) != k1
 
 
 def test_view_follows_the_parents_backend(target):

@@ -388,9 +388,9 @@ def splitk_attention(
         row_weights: ``(H, T)`` fp32 weight of each (head, row) in the fused logits sum, or ``None``.
         row_slots: ``(H, T)`` int32 slot of each (head, row) whose raw logits to keep (-1: none),
             with ``n_slots`` slots per KV head; exclusive with ``row_weights``.
-        row_queries: per-row logits in the kernel: ``(H_kv, 16, G * T)`` fp32 weights combining
-            the packed query rows into (at most 16) output rows, with ``n_slots = R``; scores
-            come back ``(B, H_kv, R, L)``.
+        row_queries: per-row logits in the kernel: ``(H_kv, 16, G * T)`` fp32 weights
+            combining the packed query rows into (at most 16) output rows, with ``n_slots = R``;
+            scores come back ``(B, H_kv, R, L)``.
         row_ids: with ``row_queries``: ``(16,)`` int32 row index of each output (-1 = unused).
 
     Returns:
