@@ -11,7 +11,10 @@ Pipeline (DESIGN.md §1, ``shared/papers/003_eed2ab8984de2fad.txt``)::
 
 * ``srh``: path of a ``specdec profile-srh`` artifact (heads, layer map, m) for this (target, draft) pair;
 * ``draft_layers``: early-exit depth of the embedded drafter (default ``max(1, round(0.3 N))``);
-* ``draft_model``: a separate draft model (embedded name, directory or hub id) instead of early exit;
+* ``draft``: a ``specdec train-draft`` artifact (layer-skipping draft, :mod:`specdec.skip_drafter`), or
+  ``early-exit``; default: the draft shipped for the target if there is one (the embedded model has one),
+  else early exit;
+* ``draft_model``: a separate draft model (embedded name, directory or hub id) sharing the target's tokenizer;
 * ``m`` / ``m_ratio``: the static split; ``adaptive``: input-aware ``m`` per iteration;
 * ``history_decay``: EMA of the target history; ``dense_every`` / ``disagree``: the safety valve;
 * ``dense_first``: the first verification of a generation is dense (default true; it seeds the target history).
@@ -24,7 +27,7 @@ from typing import Any
 from specdec.errors import SpecdecError
 from specdec.presets import PipelineConfig, register_method
 
-OPTIONS = {"srh", "draft_layers", "draft_model", "m", "m_ratio", "adaptive", "history_decay", "dense_every",
+OPTIONS = {"srh", "draft", "draft_layers", "draft_model", "m", "m_ratio", "adaptive", "history_decay", "dense_every",
            "disagree", "m_grid", "dense_first"}
 
 
@@ -47,6 +50,20 @@ def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list,
     return [[t_layer, h] for h in range(n_heads)], [[d_layer, h] for h in range(n_heads)]
 
 
+def _skip_draft(model, opts: dict):
+    """Path of the layer-skipping draft to use, or ``None`` (early exit / ``draft_model``)."""
+    d = opts.get("draft")
+    if d is not None and str(d) != "early-exit":
+        if "draft_layers" in opts:
+            raise SpecdecError("draft and draft_layers exclude each other; draft_layers is for draft=early-exit.")
+        return str(d)
+    if d is None and "draft_layers" not in opts:
+        from specdec.train_draft import shipped_draft
+
+        return shipped_draft(model)
+    return None
+
+
 def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str = "dustin", **kw: Any):
     """Engine with an :class:`~specdec.drafters.EarlyExitDrafter` (or ``draft_model``), a
     :class:`~specdec.selectors.hybrid_srh.HybridSRHSelector` and a :class:`~specdec.verifiers.SparseVerifier`."""
@@ -63,13 +80,15 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
     if opts.get("draft_model"):
         from specdec.models import SpecdecModel
 
+        from specdec.drafters import check_same_tokenizer
+
         draft = SpecdecModel.from_pretrained(str(opts["draft_model"]), dtype=model.dtype, device=str(model.device))
-        if draft.dims.vocab_size != model.dims.vocab_size:
-            raise SpecdecError(
-                f"draft_model has a vocabulary of {draft.dims.vocab_size}, the target {model.dims.vocab_size}; "
-                "use a draft that shares the target's tokenizer."
-            )
+        check_same_tokenizer(model, draft)
         drafter = ModelDrafter(draft)
+    elif _skip_draft(model, opts):
+        from specdec.skip_drafter import SkipLayerDrafter
+
+        drafter = SkipLayerDrafter(model, _skip_draft(model, opts))
     else:
         n = int(opts.get("draft_layers", max(1, round(0.3 * N))))
         if N < 2:
