@@ -21,8 +21,9 @@ import json
 import math
 import random
 import re
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -39,11 +40,12 @@ INTRO = ("There is an important piece of information hidden inside a lot of irre
 # ---------------------------------------------------------------------------------------------------
 # synthetic tasks
 # ---------------------------------------------------------------------------------------------------
-def _words() -> list[str]:
+@lru_cache(maxsize=1)
+def _words() -> tuple[str, ...]:
     """Distinct lower-case words (5-10 letters) of the pydoc prose: needle keys and the word lists."""
     from specdec.data import load_document
 
-    return sorted(set(re.findall(r"\b[a-z]{5,10}\b", load_document("pydoc"))))
+    return tuple(sorted(set(re.findall(r"\b[a-z]{5,10}\b", load_document("pydoc")))))
 
 
 def _haystack_insert(enc, room: int, needles: list[list[int]], rng: random.Random) -> list[int]:
@@ -427,7 +429,6 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
 def register(app) -> None:
     """Add ``specdec eval``."""
     import typer
-    from typing import Optional
 
     from specdec.cli import friendly, load_model
 

@@ -290,8 +290,8 @@ def full_agreement(hf, adapter, data, t: int) -> float:
     return hit / max(n, 1)
 
 
-def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 512, tokens: int = 24_000,
-          eval_tokens: int = 8192, seq: int = 256, batch: int = 4, candidates: int = 64, minutes: float = 12.0,
+def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, tokens: int = 30_000,
+          eval_tokens: int = 1024, seq: int = 256, batch: int = 4, candidates: int = 64, minutes: float = 4.0,
           lr: float = 2e-3, out: str | Path | None = None, seed: int = 0, log=print) -> dict:
     """Collect the target's signals on ``tokens`` training tokens, then fit the adapter until ``minutes``
     of this process's CPU time have passed (collection included; with one thread that is the wall time
@@ -347,8 +347,8 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 512, 
             opt.zero_grad()
             loss.backward()
             opt.step()
-            tot += float(loss)
-            acc += float(agree)
+            tot += loss.item()
+            acc += agree.item()
             step += 1
         epoch += 1
         per_epoch = time.process_time() - e0
@@ -384,9 +384,9 @@ def register(app) -> None:
         out: Path = typer.Option(Path("draft.safetensors"), help="artifact to write (pass it as --option draft=PATH)"),
         k: int = typer.Option(6, help="leading target layers the draft runs"),
         t: int = typer.Option(4, help="trailing target layers the draft runs after the adapter"),
-        rank: int = typer.Option(512, help="adapter inner width"),
-        tokens: int = typer.Option(24_000, help="training tokens (stdlib sources + pydoc topics, held-out ones excluded)"),
-        minutes: float = typer.Option(12.0, help="CPU-time budget of this process (one thread), collection included"),
+        rank: int = typer.Option(384, help="adapter inner width"),
+        tokens: int = typer.Option(30_000, help="training tokens (stdlib sources + pydoc topics, held-out ones excluded)"),
+        minutes: float = typer.Option(4.0, help="CPU-time budget of this process (one thread), collection included"),
         seed: int = typer.Option(0),
     ) -> None:
         """Self-distil a layer-skipping draft (first k layers + adapter + last t layers) from the target."""

@@ -131,3 +131,32 @@ def test_shipped_draft_is_default_and_accepted(smol):
     assert res.tokens == dense.tokens  # dense verification: lossless
     assert res.stats.mean_accepted_length >= 2.0, res.stats.mean_accepted_length
     assert not isinstance(eng.drafter, EarlyExitDrafter) or isinstance(eng.drafter, SkipLayerDrafter)
+
+
+def test_train_draft_smoke_and_cli_errors(tmp_path):
+    """train() on a tiny Llama (the embedded tokenizer) writes an artifact the drafter loads; bad CLI input is one line."""
+    from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+    from specdec.models import SpecdecModel, _cache_dir, embedded_model_path, load_hf
+    from specdec.skip_drafter import SkipLayerDrafter
+    from specdec.train_draft import load_draft, train
+
+    g = embedded_model_path("smollm2-135m")
+    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
+    if not (cached / "tokenizer_config.json").is_file():
+        load_hf("smollm2-135m")
+    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=4)
+    d = tmp_path / "tiny"
+    tiny.hf.save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    out = tmp_path / "d.safetensors"
+    res = train(str(d), k=1, t=2, rank=16, tokens=512, eval_tokens=256, seq=64, batch=4, minutes=0.2, out=out,
+                log=lambda s: None)
+    assert res["epochs"] >= 1 and res["history"][-1]["loss"] < res["history"][0]["loss"] + 1e-6
+    meta, tensors = load_draft(out)
+    assert (meta["k"], meta["t"], meta["rank"]) == (1, 2, 16) and tensors["w1.weight"].dtype == torch.float16
+    SkipLayerDrafter(SpecdecModel.from_pretrained(str(d)), out)
+    r = CliRunner().invoke(app, ["train-draft", "--k", "0"])
+    assert r.exit_code == 2 and "--k must be >= 1" in r.output
