@@ -172,8 +172,10 @@ def held_out_texts() -> list[tuple[str, str]]:
 
     from specdec.data import load_document
 
-    prose = "\n\n".join(topics[k] for k in held_out_topics(topics))
-    return [("pydoc-held-out", prose)] + [(f"stdlib:{m}", load_document(f"stdlib:{m}")) for m in HELD_OUT_MODULES]
+    keys = held_out_topics(topics)
+    half = len(keys) // 2
+    prose = [(f"pydoc-held-out-{i + 1}", "\n\n".join(topics[k] for k in part)) for i, part in enumerate((keys[:half], keys[half:]))]
+    return prose + [(f"stdlib:{m}", load_document(f"stdlib:{m}")) for m in HELD_OUT_MODULES]
 
 
 def _chunks(tok, texts, T: int, max_tokens: int) -> torch.Tensor:
