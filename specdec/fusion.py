@@ -1,7 +1,7 @@
 """Fused projections: one QKV GEMM and one gate/up GEMM per decoder layer (4 GEMMs instead of 7).
 
 At decode sizes (a few rows per sequence) every projection of a small model is a ~3–4 µs GEMM launch
-that reads a few hundred KB of weights: the launches, not the bytes, set the time (DESIGN.md §3–4).
+that reads a few hundred KB of weights: the launches, not the bytes, set the time (docs page *Optimized backends*).
 :func:`fuse_projections` concatenates, per layer, the q/k/v weights (and biases: Qwen2 has them) into
 one ``Linear`` and gate/up into one, replacing ``layer.self_attn`` by :class:`FusedAttention` and
 ``layer.mlp`` by :class:`FusedMLP`. The fused attention computes exactly what the family's attention
