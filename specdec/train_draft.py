@@ -261,7 +261,7 @@ def _teacher(hf, ids, k: int, t: int, C: int):
     return hk.half(), torch.stack(kv), top.half(), idx.int()
 
 
-def _student_loss(hf, adapter, hk, kv, top, idx, t: int, cos, sin):
+def _student_loss(hf, adapter, hk, kv, top, idx, t: int, cos, sin, full_vocab: float = 0.0):
     """KL(teacher ‖ draft) over the teacher's top-C tokens, and the share of rows whose top-1 agree."""
     m = hf.model
     N = len(m.layers)
@@ -273,6 +273,8 @@ def _student_loss(hf, adapter, hk, kv, top, idx, t: int, cos, sin):
     z = (h.unsqueeze(-2) @ W[idx.long()].transpose(-1, -2)).squeeze(-2)  # (B, T, C)
     p = torch.softmax(top.float(), -1)
     loss = (p * (torch.log(p + 1e-9) - torch.log_softmax(z, -1))).sum(-1).mean()
+    if full_vocab:  # the candidates' KL leaves the other tokens free: also push the teacher's argmax over all of them
+        loss = loss + full_vocab * nn.functional.cross_entropy(hf.lm_head(h).flatten(0, 1), idx[..., 0].long().flatten())
     agree = (z.argmax(-1) == 0).float().mean()  # top-1 within the candidates (index 0 = teacher's argmax)
     return loss, agree, h
 
@@ -294,7 +296,8 @@ def full_agreement(hf, adapter, data, t: int) -> float:
 
 def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, tokens: int = 30_000,
           eval_tokens: int = 1024, seq: int = 256, batch: int = 4, candidates: int = 64, minutes: float = 4.0,
-          lr: float = 2e-3, out: str | Path | None = None, seed: int = 0, log=print) -> dict:
+          lr: float = 2e-3, out: str | Path | None = None, seed: int = 0, log=print, full_vocab: float = 0.5,
+          init: str | Path | None = None) -> dict:
     """Collect the target's signals on ``tokens`` training tokens, then fit the adapter until ``minutes``
     of this process's CPU time have passed (collection included; with one thread that is the wall time
     on an idle core, however busy the machine is). Returns a summary; writes the artifact to ``out``."""
@@ -331,6 +334,9 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
     log(f"collected {n_train} training / {eval_ids.numel()} held-out tokens in {t_collect:.0f} CPU s "
         f"({time.perf_counter() - t0:.0f} s wall)")
     adapter = SkipAdapter(d, rank)
+    if init is not None:  # warm start from an artifact of the same shape
+        _, tensors = load_draft(init)
+        adapter.load_state_dict({k_: v.float() for k_, v in tensors.items()})
     base = full_agreement(hf, adapter, eval_data, t)
     log(f"held-out top-1 agreement before training (adapter = identity): {base:.3f}")
     opt = torch.optim.AdamW(adapter.parameters(), lr=lr, weight_decay=0.0)
@@ -345,7 +351,7 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
             hk, kv, top, idx = train_data[i]
             pos = torch.arange(hk.shape[1]).view(1, -1).expand(hk.shape[0], -1)
             cos, sin = hf.model.rotary_emb(hk.float(), pos)
-            loss, agree, _ = _student_loss(hf, adapter, hk, kv, top, idx, t, cos, sin)
+            loss, agree, _ = _student_loss(hf, adapter, hk, kv, top, idx, t, cos, sin, full_vocab)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -362,7 +368,7 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
             g["lr"] *= 0.7
         if time.process_time() + per_epoch > deadline:
             break
-    meta = dict(k=k, t=t, rank=rank, target=model_identity(sm), model=model, tokens=int(n_train),
+    meta = dict(full_vocab=full_vocab, warm_start=str(init) if init else None, k=k, t=t, rank=rank, target=model_identity(sm), model=model, tokens=int(n_train),
                 seq=seq, candidates=candidates, epochs=epoch, heldout_top1=history[-1]["heldout_top1"] if history else base,
                 heldout_top1_identity=base, cpu_seconds=round(time.process_time() - c0, 1),
                 wall_seconds=round(time.perf_counter() - t0, 1),
