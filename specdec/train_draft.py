@@ -27,7 +27,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -296,7 +296,7 @@ def full_agreement(hf, adapter, data, t: int) -> float:
 
 def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, tokens: int = 30_000,
           eval_tokens: int = 1024, seq: int = 256, batch: int = 4, candidates: int = 64, minutes: float = 4.0,
-          lr: float = 2e-3, out: str | Path | None = None, seed: int = 0, log=print, full_vocab: float = 0.5,
+          lr: float = 2e-3, out: str | Path | None = None, seed: int = 0, log=print, full_vocab: float = 0.0,
           init: str | Path | None = None) -> dict:
     """Collect the target's signals on ``tokens`` training tokens, then fit the adapter until ``minutes``
     of this process's CPU time have passed (collection included; with one thread that is the wall time
@@ -368,7 +368,8 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
             g["lr"] *= 0.7
         if time.process_time() + per_epoch > deadline:
             break
-    meta = dict(full_vocab=full_vocab, warm_start=str(init) if init else None, k=k, t=t, rank=rank, target=model_identity(sm), model=model, tokens=int(n_train),
+    meta = dict(k=k, t=t, rank=rank, target=model_identity(sm), model=model, tokens=int(n_train),
+                full_vocab=full_vocab, warm_start=str(init) if init else None,
                 seq=seq, candidates=candidates, epochs=epoch, heldout_top1=history[-1]["heldout_top1"] if history else base,
                 heldout_top1_identity=base, cpu_seconds=round(time.process_time() - c0, 1),
                 wall_seconds=round(time.perf_counter() - t0, 1),
@@ -395,6 +396,8 @@ def register(app) -> None:
         rank: int = typer.Option(384, help="adapter inner width"),
         tokens: int = typer.Option(30_000, help="training tokens (stdlib sources + pydoc topics, held-out ones excluded)"),
         minutes: float = typer.Option(4.0, help="CPU-time budget of this process (one thread), collection included"),
+        full_vocab: float = typer.Option(0.0, "--full-vocab", help="weight of the full-vocabulary CE on the target's argmax"),
+        init: Optional[Path] = typer.Option(None, "--init", help="warm start from an artifact of the same k/t/rank"),
         seed: int = typer.Option(0),
     ) -> None:
         """Self-distil a layer-skipping draft (first k layers + adapter + last t layers) from the target."""
@@ -403,6 +406,8 @@ def register(app) -> None:
                 raise SpecdecError(f"--{name} must be >= 1 (got {v}).")
         if not minutes > 0 or not math.isfinite(minutes):
             raise SpecdecError(f"--minutes must be > 0 (got {minutes}).")
+        if full_vocab < 0:
+            raise SpecdecError(f"--full-vocab must be >= 0 (got {full_vocab}).")
         res = train(model, k=k, t=t, rank=rank, tokens=tokens, minutes=minutes, out=out, seed=seed,
-                    log=lambda s: typer.echo(s, err=True))
+                    full_vocab=full_vocab, init=init, log=lambda s: typer.echo(s, err=True))
         typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "target"}, indent=1))

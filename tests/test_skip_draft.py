@@ -109,28 +109,30 @@ def test_tokenizer_checked_by_token_to_id_map():
 
 @pytest.mark.slow
 def test_shipped_draft_is_default_and_accepted(smol):
-    """The embedded model's shipped draft is Dustin's default; with dense verification on held-out
-    code it is accepted well beyond the untrained early exit (τ ≈ 1)."""
+    """The embedded model's shipped draft is Dustin's default; with dense verification on held-out code it
+    is lossless and accepted more often than the untrained early exit of about the same cost (9 layers)."""
+    from specdec.data import load_document
     from specdec.drafters import EarlyExitDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.sampling import SamplingConfig
     from specdec.skip_drafter import SkipLayerDrafter
     from specdec.train_draft import shipped_draft
     from specdec.verifiers import FullVerifier
-    from specdec.data import load_document
 
     path = shipped_draft(smol)
     assert path is not None and path.stat().st_size < 10 * 2**20
     eng = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64))
     assert isinstance(eng.drafter, SkipLayerDrafter)
     ids = smol.tokenizer(load_document("stdlib:textwrap"), add_special_tokens=False).input_ids[2000:2256]
-    dense = build_engine(smol, PipelineConfig.make(method="dense"), eos_token_id=-1).generate([ids], 48)
-    spec = SpeculativeEngine(smol, SkipLayerDrafter(smol, path), FullVerifier(smol), gamma=4,
-                             sampling=SamplingConfig(), method="skip-dense", eos_token_id=-1)
-    res = spec.generate([ids], 48)
-    assert res.tokens == dense.tokens  # dense verification: lossless
-    assert res.stats.mean_accepted_length >= 2.0, res.stats.mean_accepted_length
-    assert not isinstance(eng.drafter, EarlyExitDrafter) or isinstance(eng.drafter, SkipLayerDrafter)
+    dense = build_engine(smol, PipelineConfig.make(method="dense"), eos_token_id=-1).generate([ids], 40)
+    tau = {}
+    for name, d in (("trained", SkipLayerDrafter(smol, path)), ("early-exit", EarlyExitDrafter(smol, 9))):
+        spec = SpeculativeEngine(smol, d, FullVerifier(smol), gamma=4, sampling=SamplingConfig(), method=name,
+                                 eos_token_id=-1)
+        res = spec.generate([ids], 40)
+        assert res.tokens == dense.tokens  # dense verification: lossless
+        tau[name] = res.stats.mean_accepted_length
+    assert tau["trained"] > tau["early-exit"], tau
 
 
 def test_train_draft_smoke_and_cli_errors(tmp_path):
