@@ -82,10 +82,15 @@ def run_bench(
 
     from specdec.cli import load_model, pipeline_config
     from specdec.data import context_ids, load_document
+    from specdec.memory import check_fits
+    from specdec.outputs import check_output_dir, write_text
     from specdec.presets import build_engine
 
     if any(c < 1 for c in contexts) or any(b < 1 for b in batch_sizes):
         raise SpecdecError("contexts and batch sizes must be >= 1.")
+    if not methods or not contexts or not batch_sizes or not documents:
+        raise SpecdecError("methods, contexts, batch sizes and documents each need at least one value.")
+    check_output_dir(output_dir, "--output-dir")
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
     m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse)
@@ -95,15 +100,14 @@ def run_bench(
             f"context {too_long[0]} + max_new_tokens {max_new_tokens} exceeds the model's {m.dims.max_positions} "
             f"positions; use contexts <= {m.dims.max_positions - max_new_tokens}."
         )
-    output_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
                 machine=machine_info(str(m.device)), model=model, backend=backend, dtype=dtype, gamma=gamma,
                 budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
                 cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup)
 
-    def save() -> None:
-        (output_dir / f"{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-        (output_dir / f"{tag}.md").write_text(markdown_table(meta, rows))
+    def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
+        write_text(output_dir / f"{tag}.json", json.dumps(dict(meta=meta, rows=rows), indent=2), "--output-dir")
+        write_text(output_dir / f"{tag}.md", markdown_table(meta, rows), "--output-dir")
     rows: list[dict[str, Any]] = []
     total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + int(hf_baseline))
     with Progress() as progress:
@@ -113,6 +117,7 @@ def run_bench(
             for ctx in contexts:
                 ids = context_ids(m.tokenizer, text, ctx, offset=max_new_tokens + 16)
                 for bs in batch_sizes:
+                    check_fits(m, bs, len(ids), max_new_tokens, gamma)
                     dense_tps = None
                     pre = None
                     for name in methods:
