@@ -436,25 +436,27 @@ def register(app) -> None:
     @friendly
     def eval_cmd(
         methods: str = typer.Option("dustin", "--methods", help="comma-separated methods, options as name:key=value:..."),
-        output_json: Path = typer.Option(..., "--output-json"),
-        output_md: Optional[Path] = typer.Option(None, "--output-md"),
-        output_plot: Optional[Path] = typer.Option(None, "--output-plot", help="PNG bar chart"),
-        model: str = typer.Option("smollm2-135m", "--model"),
-        tasks: str = typer.Option(",".join(TASKS), "--tasks"),
-        context: int = typer.Option(1024, "--context-tokens"),
+        output_json: Path = typer.Option(..., "--output-json", help="where to write the full results as JSON"),
+        output_md: Optional[Path] = typer.Option(None, "--output-md", help="also write the Markdown tables here"),
+        output_plot: Optional[Path] = typer.Option(None, "--output-plot", help="also write a PNG bar chart here"),
+        model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
+        tasks: str = typer.Option(",".join(TASKS), "--tasks", help="comma-separated synthetic tasks"),
+        context: int = typer.Option(1024, "--context-tokens", help="prompt length of every task and document, in tokens"),
         samples: int = typer.Option(2, "--samples", help="samples per task"),
-        budget: Optional[int] = typer.Option(None, "--budget"),
-        budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio"),
-        gamma: int = typer.Option(4, "--gamma", min=1),
+        budget: Optional[int] = typer.Option(None, "--budget", help="KV entries a sparse step sees (default: the method's)"),
+        budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio", help="the budget as a share of the context"),
+        gamma: int = typer.Option(4, "--gamma", min=1, help="draft length γ"),
         documents: str = typer.Option(",".join(DOCUMENTS[:2]), "--documents", help="documents for agreement ('' = none)"),
-        doc_tokens: int = typer.Option(64, "--doc-tokens", min=1),
-        seed: int = typer.Option(0, "--seed"),
-        device: str = typer.Option("auto", "--device"),
+        doc_tokens: int = typer.Option(64, "--doc-tokens", min=1, help="tokens generated per document"),
+        seed: int = typer.Option(0, "--seed", help="seed of the task generator"),
+        device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
     ) -> None:
         """Quality of methods vs dense decoding: RULER-style tasks + agreement and TV distance on documents."""
         import datetime as dt
         import shlex
         import sys
+
+        from specdec.outputs import check_outputs, write_bytes, write_text
 
         if budget is not None and budget_ratio is not None:
             raise SpecdecError(f"--budget {budget} and --budget-ratio {budget_ratio} were both given; pass only one.")
@@ -471,6 +473,7 @@ def register(app) -> None:
             raise SpecdecError(f"--context-tokens must be >= 256 and --samples >= 1 (got {context}, {samples}).")
         if budget is not None and budget > context:
             raise SpecdecError(f"--budget {budget} exceeds --context-tokens {context}; use a budget <= {context}.")
+        check_outputs([(output_json, "--output-json"), (output_md, "--output-md"), (output_plot, "--output-plot")])
         m = load_model(model, "float32", device, "reference")
         res = run_eval(m, mspec, tl, context, samples, budget, budget_ratio, gamma,
                        [d.strip() for d in documents.split(",") if d.strip()], None, doc_tokens, seed,
@@ -478,11 +481,14 @@ def register(app) -> None:
         meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     command=" ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]]), model=model, context=context,
                     samples=samples, budget=budget, budget_ratio=budget_ratio, gamma=gamma)
-        output_json.parent.mkdir(parents=True, exist_ok=True)
-        output_json.write_text(json.dumps(dict(meta=meta, **res), indent=1))
+        write_text(output_json, json.dumps(dict(meta=meta, **res), indent=1), "--output-json")
         md = markdown(res, meta)
         if output_md is not None:
-            output_md.write_text(md)
+            write_text(output_md, md, "--output-md")
         if output_plot is not None:
-            plot(res, output_plot)
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                png = plot(res, Path(tmp) / "plot.png")
+                write_bytes(output_plot, png.read_bytes(), "--output-plot")
         typer.echo(md)

@@ -77,14 +77,13 @@ class SkipAdapter(nn.Module):
 
 
 def save_draft(path: str | Path, adapter: SkipAdapter, meta: dict) -> Path:
-    """Write the adapter (float16) and its metadata to one ``.safetensors`` file."""
-    from safetensors.torch import save_file
+    """Write the adapter (float16) and its metadata to one ``.safetensors`` file (atomically)."""
+    from safetensors.torch import save
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from specdec.outputs import write_bytes
+
     tensors = {k: v.detach().to(torch.float16).contiguous().cpu() for k, v in adapter.state_dict().items()}
-    save_file(tensors, str(path), metadata={"specdec_draft": json.dumps(meta)})
-    return path
+    return write_bytes(path, save(tensors, metadata={"specdec_draft": json.dumps(meta)}), "--out")
 
 
 def load_draft(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -390,7 +389,7 @@ def register(app) -> None:
     @friendly
     def train_draft_cmd(
         model: str = typer.Option("smollm2-135m", help="target model (embedded name, directory or .gguf)"),
-        out: Path = typer.Option(Path("draft.safetensors"), help="artifact to write (pass it as --option draft=PATH)"),
+        out: Path = typer.Option(Path("draft.safetensors"), help="artifact to write (use it with --option draft=PATH)"),
         k: int = typer.Option(6, help="leading target layers the draft runs"),
         t: int = typer.Option(4, help="trailing target layers the draft runs after the adapter"),
         rank: int = typer.Option(384, help="adapter inner width"),
@@ -398,7 +397,7 @@ def register(app) -> None:
         minutes: float = typer.Option(4.0, help="CPU-time budget of this process (one thread), collection included"),
         full_vocab: float = typer.Option(0.0, "--full-vocab", help="weight of the full-vocabulary CE on the target's argmax"),
         init: Optional[Path] = typer.Option(None, "--init", help="warm start from an artifact of the same k/t/rank"),
-        seed: int = typer.Option(0),
+        seed: int = typer.Option(0, help="seed of the adapter's initialisation and the batch order"),
     ) -> None:
         """Self-distil a layer-skipping draft (first k layers + adapter + last t layers) from the target."""
         for name, v in (("k", k), ("t", t), ("rank", rank), ("tokens", tokens)):
@@ -408,6 +407,9 @@ def register(app) -> None:
             raise SpecdecError(f"--minutes must be > 0 (got {minutes}).")
         if full_vocab < 0:
             raise SpecdecError(f"--full-vocab must be >= 0 (got {full_vocab}).")
+        from specdec.outputs import check_output
+
+        check_output(out, "--out")
         res = train(model, k=k, t=t, rank=rank, tokens=tokens, minutes=minutes, out=out, seed=seed,
                     full_vocab=full_vocab, init=init, log=lambda s: typer.echo(s, err=True))
         typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "target"}, indent=1))
