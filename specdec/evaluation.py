@@ -413,11 +413,12 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups) * (len(series) / 2 + 0.5)), 3.6))
     w = 0.8 / len(series)
     for i, (name, vals) in enumerate(series.items()):
-        ax.bar([g + i * w for g in range(len(groups))], vals, w, label=name)
+        bars = ax.bar([g + i * w for g in range(len(groups))], vals, w, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)  # a zero score is a label, not an invisible bar
     ax.set_xticks([g + 0.4 - w / 2 for g in range(len(groups))], groups, rotation=20, ha="right")
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.12)
     ax.set_ylabel("score / agreement")
-    ax.legend(fontsize=8, ncol=min(4, len(series)))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
