@@ -311,13 +311,16 @@ def generate(
     fuse: Optional[bool] = typer.Option(None, "--fuse/--no-fuse", help=_FUSE_HELP),
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
     encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
+    allow_special_tokens: bool = typer.Option(
+        False, "--allow-special-tokens",
+        help="parse special-token spellings in the prompt file (e.g. <|im_start|>) as control tokens; by default they are text"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
-    from specdec.data import context_ids
     from specdec.inputs import read_text_file
     from specdec.memory import check_fits
     from specdec.outputs import check_outputs, write_text
     from specdec.presets import build_engine
+    from specdec.prompts import chat_ids, check_positions, encode_text
 
     check_outputs([(output_json, "--output-json")])
     if batch_size < 1:
@@ -330,11 +333,14 @@ def generate(
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")
     so = speed_options(device, backend, dtype, cuda_graphs, compile_, fuse)
     m = load_model(model, so.dtype, device, so.backend, so.cuda_graphs, so.compile, so.fuse)
+    # the file is text: a special token's spelling in it stays text (no role injection with --chat)
     if chat:
-        text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    ids = context_ids(m.tokenizer, text, None)
+        ids = chat_ids(m.tokenizer, text, allow_special_tokens)
+    else:
+        ids = encode_text(m.tokenizer, text, allow_special_tokens)
     if context_tokens is not None:
         ids = ids[-context_tokens:]
+    check_positions(len(ids), max_new_tokens, m.dims.max_positions, "--context-tokens")
     check_budget(cfg, len(ids))
     check_fits(m, batch_size, len(ids), max_new_tokens, cfg.gamma)
     engine = build_engine(m, cfg)

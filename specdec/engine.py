@@ -18,6 +18,7 @@ from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import Drafter, Verifier
 from specdec.models import SpecdecModel
+from specdec.prompts import check_generate_args, check_positions, encode_prompts
 from specdec.sampling import SamplingConfig, accept, check_finite, choose, nonfinite_flags, raise_nonfinite
 
 PHASES = ("prefill", "draft", "select", "verify", "sample")
@@ -177,31 +178,11 @@ class SpeculativeEngine:
         self.lossless = getattr(self.verifier, "lossless", True)
 
     # ------------------------------------------------------------------------------------------
-    def _encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
-        if isinstance(prompts, (str, bytes)):
-            raise SpecdecError("prompts must be a list of strings or token-id lists, not one string; wrap it in [ ].")
-        out = []
-        for p in prompts:
-            if isinstance(p, str):
-                if not p.strip():
-                    raise SpecdecError("a prompt is empty or whitespace only; give it some text.")
-                if self.model.tokenizer is None:
-                    raise SpecdecError("text prompts need a tokenizer; pass token ids or load the model with one.")
-                ids = self.model.tokenizer(p, add_special_tokens=False).input_ids
-            else:
-                ids = [int(t) for t in p]
-            if not ids:
-                raise SpecdecError("a prompt has no tokens; give it some text.")
-            vocab = self.model.dims.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise SpecdecError(
-                    f"token id {bad[0]} is outside the model's vocabulary [0, {vocab}); pass ids from this model's tokenizer."
-                )
-            out.append(ids)
-        if not out:
-            raise SpecdecError("no prompts given; pass at least one.")
-        return out
+    def _encode(self, prompts: Sequence[str] | Sequence[Sequence[int]], context_tokens: int | None = None,
+                allow_special_tokens: bool = False) -> list[list[int]]:
+        """Checked token ids of ``prompts`` (see :mod:`specdec.prompts`)."""
+        return encode_prompts(prompts, self.model.tokenizer, self.model.dims.vocab_size, context_tokens,
+                              allow_special_tokens)
 
     def _prefill(self, state: DecodeState, prompts: list[list[int]]) -> torch.Tensor:
         """Fill the cache one sequence at a time (ragged prompts, exact per-sequence numerics)."""
@@ -219,10 +200,13 @@ class SpeculativeEngine:
         return torch.stack(last)
 
     @torch.no_grad()
-    def prefill(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> Prefilled:
+    def prefill(self, prompts: Sequence[str] | Sequence[Sequence[int]], context_tokens: int | None = None,
+                allow_special_tokens: bool = False) -> Prefilled:
         """Run the prompts through the target once; pass the result to :meth:`generate` of any engine
-        on the same model to skip its prefill (benchmarks compare methods this way)."""
-        ids = self._encode(prompts)
+        on the same model to skip its prefill (benchmarks compare methods this way). ``context_tokens``
+        and ``allow_special_tokens`` as in :meth:`generate`."""
+        _, context_tokens = check_generate_args(1, context_tokens, allow_special_tokens)
+        ids = self._encode(prompts, context_tokens, allow_special_tokens)
         cache = self.model.new_cache(len(ids), max(len(p) for p in ids))
         lengths = torch.tensor([len(p) for p in ids], device=self.model.device)
         state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,
@@ -237,27 +221,32 @@ class SpeculativeEngine:
         prompts: Sequence[str] | Sequence[Sequence[int]],
         max_new_tokens: int = 64,
         prefilled: Prefilled | None = None,
+        context_tokens: int | None = None,
+        allow_special_tokens: bool = False,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per prompt (stopping at EOS); see :class:`GenerationResult`.
 
         Args:
-            prompts: strings (tokenized without special tokens) or token-id lists.
-            max_new_tokens: per sequence.
+            prompts: a list of strings or of token-id lists (``[[1, 2, 3]]``), or a 2-d integer tensor.
+                Strings are encoded as text, without BOS/EOS.
+            max_new_tokens: per sequence, an integer >= 1.
             prefilled: the result of :meth:`prefill` on the same prompts, to skip the prefill.
+            context_tokens: keep only the last ``context_tokens`` tokens of each prompt (the CLI's
+                ``--context-tokens``); ``None`` keeps them all.
+            allow_special_tokens: parse special-token spellings in text prompts (``<|im_start|>`` ...)
+                as control tokens; by default they are ordinary text.
+
+        Raises:
+            SpecdecError: one sentence naming the bad argument and what it accepts.
         """
-        if max_new_tokens < 1:
-            raise SpecdecError(f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
-        ids = self._encode(prompts)
+        max_new_tokens, context_tokens = check_generate_args(max_new_tokens, context_tokens, allow_special_tokens)
+        ids = self._encode(prompts, context_tokens, allow_special_tokens)
         if prefilled is not None and prefilled.ids != ids:
             raise SpecdecError("prefilled was made for other prompts; call engine.prefill(prompts) with these prompts.")
         dims, dev = self.model.dims, self.model.device
         B = len(ids)
         longest = max(len(p) for p in ids)
-        if longest + max_new_tokens > dims.max_positions:
-            raise SpecdecError(
-                f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                f"{dims.max_positions} positions; shorten the prompt (e.g. --context-tokens) or generate fewer tokens."
-            )
+        check_positions(longest, max_new_tokens, dims.max_positions, "context_tokens=")
         gamma = self.gamma if self.drafter is not None else 0
         cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2, reuse=True)
         cache.bounded = True  # every write stays below longest + max_new_tokens + gamma + 1: no host checks

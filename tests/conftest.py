@@ -7,7 +7,14 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(max(1, os.cpu_count() or 1))
+# One thread per test process, and the same for the CLI processes the tests start (they inherit the
+# environment). The tests run tiny models, whose steps are too small to gain from more threads, on
+# shared 2-core CI machines where several test runs compete: torch's default of one OpenMP thread per
+# core oversubscribes them (the demo took 117 s instead of 19 s). One thread also fixes the order of
+# floating-point reductions, so results do not depend on the machine's core count.
+TEST_THREADS = 1
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(TEST_THREADS)
+torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(scope="session")
