@@ -431,7 +431,8 @@ def register(app) -> None:
     """Add ``specdec eval``."""
     import typer
 
-    from specdec.cli import friendly, load_model
+    from specdec.friendly import friendly
+    from specdec.loading import load_model
 
     @app.command("eval")
     @friendly

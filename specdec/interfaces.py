@@ -199,8 +199,6 @@ class KVSelector(ABC):
     """
 
     name: str = "abstract"
-    #: score request the selector wants from the next verification pass (``None`` = none)
-    needs_scores: ScoreRequest | None = None
 
     def reset(self, cache: "KVCache") -> None:
         """Called once before generation with the freshly prefilled cache."""
@@ -247,6 +245,9 @@ class Drafter(ABC):
 
 class Verifier(ABC):
     """Scores ``gamma + 1`` rows (the pending token + the drafts) with the target model."""
+
+    def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
+        """Called once after the target's prefill and the drafter's (reset per-generation state here)."""
 
     @abstractmethod
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:  # noqa: ANN001

@@ -383,7 +383,7 @@ def register(app) -> None:
     """Add ``specdec train-draft`` to the CLI."""
     import typer
 
-    from specdec.cli import friendly
+    from specdec.friendly import friendly
 
     @app.command("train-draft")
     @friendly

@@ -64,18 +64,20 @@ def test_parse_methods():
 
 def test_lossless_methods_score_exactly_dense_and_plugins_run(tok, tiny_vocab, tmp_path):
     from specdec import presets
-    from specdec.dustin import build_dustin
+    from specdec.dustin import DustinOptions, build_dustin
+    from specdec.registry import METHODS
 
-    @presets.register_method("eval-test-plugin", "a lossy plugin method (Dustin under another name)", lossless=False)
-    def _plugin(model, cfg, **kw):
-        return build_dustin(model, cfg, method="eval-test-plugin", **kw)
+    @presets.register_method("eval-test-plugin", "a lossy plugin method (Dustin under another name)", lossless=False,
+                             options=DustinOptions)
+    def _plugin(model, cfg, options, **kw):
+        return build_dustin(model, cfg, options, **kw)
 
     try:
         methods = parse_methods("vegas,eval-test-plugin:draft=early-exit")
         res = run_eval(tiny_vocab, methods, TASKS, context=256, samples=1, budget=48, gamma=3,
                        documents=["pydoc"], doc_tokens=8, tokenizer=tok, log=lambda s: None, max_new_tokens=4)
     finally:
-        presets._METHODS.pop("eval-test-plugin", None)  # do not leak into other tests' method matrices
+        METHODS._entries.pop("eval-test-plugin", None)  # do not leak into other tests' method matrices
     for label in ("vegas",):
         for r in res["tasks"]:
             assert r["methods"][label]["identical"], (label, r["task"])
