@@ -83,7 +83,7 @@ class SkipLayerDrafter(EarlyExitDrafter):
         return self.exit_layers
 
     def identity(self) -> dict:
-        from specdec.srh import model_identity
+        from specdec.artifacts import model_identity
 
         return {**model_identity(self.target), "early_exit_layers": self.exit_layers, "skip_tail_layers": self.tail_layers}
 

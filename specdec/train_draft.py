@@ -108,7 +108,7 @@ def load_draft(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def shipped_draft(model) -> Path | None:
     """The draft shipped in the package for ``model`` (matched by its identity), or ``None``."""
-    from specdec.srh import model_identity
+    from specdec.artifacts import model_identity
 
     from safetensors import safe_open
 
@@ -123,7 +123,7 @@ def shipped_draft(model) -> Path | None:
 
 def build_adapter(model, path: str | Path) -> tuple[dict, SkipAdapter]:
     """Load an artifact for ``model`` (checks the target identity) as an adapter on the model's device/dtype."""
-    from specdec.srh import _describe, model_identity
+    from specdec.artifacts import _describe, model_identity
 
     meta, tensors = load_draft(path)
     ident = model_identity(model)
@@ -301,7 +301,7 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
     of this process's CPU time have passed (collection included; with one thread that is the wall time
     on an idle core, however busy the machine is). Returns a summary; writes the artifact to ``out``."""
     from specdec.models import SpecdecModel
-    from specdec.srh import model_identity
+    from specdec.artifacts import model_identity
 
     t0 = time.perf_counter()
     c0 = time.process_time()

@@ -19,7 +19,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def artifact(target, tmp_path_factory):
-    from specdec.srh import model_identity
+    from specdec.artifacts import model_identity
     from specdec.train_draft import SkipAdapter, save_draft
 
     torch.manual_seed(0)
