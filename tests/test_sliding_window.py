@@ -268,3 +268,25 @@ def test_tuner_counts_global_layer_kv(small_rings):
     m = SpecdecModel(tiny_windowed("gemma3"))
     row = engine_measure(m, [PROMPTS[1]], "vegas", 4)(0.25, 3)  # 54 tokens: budget 14 of 54
     assert row["draft_kv_share"] == pytest.approx((2 * 14 + 2 * WINDOW) / (2 * 54 + 2 * WINDOW))
+
+
+def test_skip_draft_on_sliding_window_layers(small_rings, tmp_path):
+    """A layer-skipping trained draft over a windowed target: its lookahead heads index the global layers
+    among its first k, its tail layers read the target's rings, and full-budget Dustin equals dense."""
+    from specdec.artifacts import model_identity
+    from specdec.skip_drafter import SkipLayerDrafter
+    from specdec.train_draft import SkipAdapter, save_draft
+
+    m = SpecdecModel(tiny_windowed("gemma3", num_hidden_layers=6,
+                                   layer_types=["sliding_attention", "full_attention"] * 3))
+    torch.manual_seed(0)
+    ad = SkipAdapter(64, 32)
+    torch.nn.init.normal_(ad.w2.weight, std=0.05)
+    path = tmp_path / "draft.safetensors"
+    save_draft(path, ad, dict(k=3, t=2, rank=32, target=model_identity(m)))  # layers 0..2: global layer 1 only
+    assert SkipLayerDrafter(m, path).n_layers == 1
+    dense = engine(m, "dense").generate(PROMPTS, max_new_tokens=12).tokens
+    cfg = PipelineConfig.make(method="dustin", gamma=3, budget=10_000, sinks=2, recent=4, options={"draft": str(path)})
+    eng = build_engine(m, cfg, eos_token_id=-1)
+    assert isinstance(eng.drafter, SkipLayerDrafter)
+    assert eng.generate(PROMPTS, max_new_tokens=12).tokens == dense
