@@ -290,3 +290,18 @@ def test_skip_draft_on_sliding_window_layers(small_rings, tmp_path):
     eng = build_engine(m, cfg, eos_token_id=-1)
     assert isinstance(eng.drafter, SkipLayerDrafter)
     assert eng.generate(PROMPTS, max_new_tokens=12).tokens == dense
+
+
+def test_graph_step_includes_the_rings():
+    """Two caches with the same global buffers but other rings (an early-exit view over local layers)
+    are two graph steps: a graph captured for one writes the other's rings on replay."""
+    from specdec.graphs import describe_step
+
+    m = SpecdecModel(tiny_windowed("gemma3", num_hidden_layers=3,
+                                   layer_types=["full_attention", "sliding_attention", "sliding_attention"]))
+    cache = m.new_cache(1, 32)
+    view = cache.first_layers(2)  # the one global layer (same k/v), one ring of two
+    assert view.k.data_ptr() == cache.k.data_ptr() and view.k.shape == cache.k.shape
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    assert describe_step(m, ids, cache, None, (), 1) != describe_step(m, ids, view, None, (), 1)
+    assert describe_step(m, ids, view, None, (), 1) == describe_step(m, ids, cache.first_layers(2), None, (), 1)
