@@ -293,6 +293,22 @@ def full_agreement(hf, adapter, data, t: int) -> float:
     return hit / max(n, 1)
 
 
+def check_trainable(sm, name: str) -> None:
+    """The training forward (:func:`_target_layer`, :func:`_draft_layer`) is a Llama-style layer with full
+    causal attention and the ``head_dim ** -0.5`` scale; refuse a target it would compute wrongly
+    (sliding-window layers, soft-capping, another query scale, Gemma's extra norms)."""
+    layer = getattr(sm.hf, sm.hf.base_model_prefix).layers[0]
+    D = sm.dims.head_dim
+    why = ("sliding-window layers" if sm.dims.n_global < sm.dims.n_layers
+           else "attention soft-capping" if getattr(sm.hf.config, "attn_logit_softcapping", None)
+           else "Gemma-style norms" if hasattr(layer, "pre_feedforward_layernorm")
+           else "a query scale other than head_dim ** -0.5"
+           if abs(float(getattr(layer.self_attn, "scaling", D ** -0.5)) - D ** -0.5) > 1e-9 else None)
+    if why:
+        raise SpecdecError(f"train-draft trains Llama-style layers with full attention; {name} has {why}. "
+                           "Use Dustin's early-exit draft for it (--option draft=early-exit).")
+
+
 def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, tokens: int = 30_000,
           eval_tokens: int = 1024, seq: int = 256, batch: int = 4, candidates: int = 64, minutes: float = 4.0,
           lr: float = 2e-3, out: str | Path | None = None, seed: int = 0, log=print, full_vocab: float = 0.0,
@@ -309,6 +325,7 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
     sm = SpecdecModel.from_pretrained(model)
     hf, tok = sm.hf, sm.tokenizer
     N = sm.dims.n_layers
+    check_trainable(sm, model)
     if not (1 <= k and 1 <= t and k + t < N):
         raise SpecdecError(f"need 1 <= k, 1 <= t and k + t < {N} layers (got k={k}, t={t}).")
     hf.requires_grad_(False)

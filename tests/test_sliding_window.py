@@ -305,3 +305,14 @@ def test_graph_step_includes_the_rings():
     ids = torch.zeros(1, 1, dtype=torch.long)
     assert describe_step(m, ids, cache, None, (), 1) != describe_step(m, ids, view, None, (), 1)
     assert describe_step(m, ids, view, None, (), 1) == describe_step(m, ids, cache.first_layers(2), None, (), 1)
+
+
+def test_train_draft_refuses_windowed_targets(smol):
+    """train-draft's training forward is a Llama layer with full attention: a windowed target is one line."""
+    from specdec.train_draft import check_trainable
+
+    check_trainable(smol, "smollm2-135m")  # the embedded model trains
+    with pytest.raises(SpecdecError, match="sliding-window layers.*early-exit"):
+        check_trainable(SpecdecModel(tiny_windowed("gemma3")), "gemma3")
+    with pytest.raises(SpecdecError, match="Gemma-style norms"):
+        check_trainable(SpecdecModel(tiny_windowed("gemma3", layer_types=["full_attention"] * 4)), "gemma3")
