@@ -55,3 +55,24 @@ def test_step_description_of_a_plan_is_its_kind_and_shapes():
     b = planner_for(cache).plan(sel, torch.tensor([43, 31]))
     assert plan_description(a) == plan_description(b) and plan_description(a)[0] == "QuestPlan"
     assert describe_step.__doc__
+
+
+def test_a_captured_step_reads_planner_buffers_in_place():
+    """The graphs module learns which tensors keep their address from the planner (no import back)."""
+    from specdec.graphs import _own_plan, has_stable_address
+
+    cache = _cache()
+    planner = planner_for(cache)
+    sel = SELECTORS.build("sliding_window", budget=8, sinks=2, recent=4)
+    sel.reset(cache)
+    L = torch.tensor([30, 40])
+    loaded = planner.plan(sel, L)
+    assert all(has_stable_address(t) for t in plan_tensors(loaded).values())
+    assert _own_plan(loaded) is loaded  # read in place
+    fresh = sel.plan(cache, L)
+    own = _own_plan(fresh)  # a copy the graph owns
+    assert own is not fresh and not any(has_stable_address(t) for t in plan_tensors(fresh).values())
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(plan_tensors(own).values(), plan_tensors(fresh).values()))
+    old = planner.buffer("x", (3,))
+    new = planner.buffer("x", (4,))  # replaced: the old one no longer counts as stable
+    assert has_stable_address(new) and not has_stable_address(old)
