@@ -157,7 +157,8 @@ class AttentionMetadata:
         score_heads: query heads included in the score sum (``None`` = all).
         score_per_row: return ``(B, H_kv, R, L)`` scores (one slice per entry of ``score_rows``)
             instead of their sum.
-        layer: the model layer of this call (``0`` outside a model forward).
+        layer: the layer of this call (``0`` outside a model forward): on a global layer its global
+            index ``g`` (what plans and score requests index), on a sliding-window layer its model layer.
         window: sliding-window layers: a row at position ``p`` sees only positions ``> p - window``
             (``None`` = the full context), and ``k_cache``/``v_cache`` are the layer's **ring** of
             ``C`` slots, position ``q`` in slot ``q % C`` (a ring that has not wrapped reads like a
