@@ -55,7 +55,8 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     layer = module.layer_idx
-    ctx.cache.write(layer, key, value, ctx.lengths, check=not ctx.static)
+    if not kwargs.pop("kv_written", False):  # a fused module (specdec.fusion) wrote its K/V already
+        ctx.cache.write(layer, key, value, ctx.lengths, check=not ctx.static)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     req = ctx.scores if (ctx.scores is not None and ctx.scores.wants(layer)) else None
     heads = None
@@ -284,8 +285,12 @@ class SpecdecModel:
         hf, tok = load_hf(model, dtype, device)
         return cls(hf, tok, backend, fuse=fuse)
 
-    def fuse_projections(self) -> "SpecdecModel":
+    def fuse_projections(self, kernels: str = "auto") -> "SpecdecModel":
         """Run q/k/v as one GEMM and gate/up as one per layer: 4 projection launches instead of 7.
+
+        ``kernels``: where the fused Triton kernels (RMSNorm + residual add, SiLU·mul, q/k norm +
+        RoPE + KV-cache write) replace the element-wise torch code: ``"auto"`` on CUDA when triton
+        is installed, ``"triton"`` always, ``"torch"`` never (see :mod:`specdec.fusion`).
 
         Llama, Qwen2, Qwen3 and Mistral only (anything else: :class:`SpecdecError`, nothing
         changed); idempotent. Results equal the unfused model's up to floating-point rounding
@@ -299,7 +304,7 @@ class SpecdecModel:
         if self._compiled is not None or self._graphs is not None:
             raise SpecdecError("fuse_projections() changes the model's modules; call it before enable_compile() "
                                "and enable_cuda_graphs() (or pass fuse=True when building the model).")
-        fuse_projections(self.hf)
+        fuse_projections(self.hf, kernels)
         if self._saved_impl is not None:
             self._check_route()
         return self
@@ -452,8 +457,15 @@ class SpecdecModel:
         Fuses the many small element-wise kernels of the Hugging Face modules (norms, RoPE, MLP
         activations); the attention call stays a specdec backend call. Prefill chunks run eagerly.
         Combine with :meth:`enable_cuda_graphs` on a GPU. Compilation happens on first use of each shape.
+        A fused model (:meth:`fuse_projections`) runs its torch code from now on, not its Triton
+        kernels: inductor fuses the same element-wise work itself. Optional: the fused kernels with
+        CUDA graphs need no compilation.
         """
         import torch._dynamo
+
+        from specdec.fusion import set_kernels
+
+        set_kernels(self.hf, "torch")
 
         # one compile per step shape, for the target and an early-exit view (same code objects)
         for knob in ("recompile_limit", "cache_size_limit"):
