@@ -31,22 +31,45 @@ def machine_info(device: str) -> dict[str, Any]:
     return info
 
 
-def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int) -> float:
-    """Hugging Face ``generate`` (greedy, its own cache, SDPA) tokens/s excluding the prefill."""
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    """``median``, ``min``, ``max`` of timed runs."""
+    v = sorted(values)
+    n = len(v)
+    med = v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+    return dict(median=med, min=v[0], max=v[-1])
+
+
+def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cache_implementation: str | None = None,
+                    repeats: int = 3) -> dict[str, float]:
+    """Hugging Face ``generate`` tokens/s (greedy, its own cache, excluding the prefill): median, min, max.
+
+    Run on the model as loaded (fused modules included). A warm-up call at the same shape comes first
+    (HF's first call at a shape is much slower: allocations, kernel selection, and with
+    ``cache_implementation="static"`` its automatic ``torch.compile`` on CUDA); then each of
+    ``repeats`` timed runs measures a 1-token and a ``max_new_tokens`` call and keeps the difference.
+    """
     hf = model.hf
     x = torch.tensor([ids] * batch, device=model.device)
     kw = dict(do_sample=False, min_new_tokens=max_new_tokens, max_new_tokens=max_new_tokens, pad_token_id=0)
+    if cache_implementation is not None:
+        kw["cache_implementation"] = cache_implementation
+    one = {**kw, "max_new_tokens": 1, "min_new_tokens": 1}
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    hf.generate(x, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1})
-    sync()
-    t1 = time.perf_counter()
+    hf.generate(x, **one)  # warm-up, both lengths
     hf.generate(x, **kw)
-    sync()
-    t2 = time.perf_counter()
-    decode = (t2 - t1) - (t1 - t0)
-    return batch * (max_new_tokens - 1) / decode if decode > 0 else float("nan")
+    out = []
+    for _ in range(max(1, repeats)):
+        sync()
+        t0 = time.perf_counter()
+        hf.generate(x, **one)
+        sync()
+        t1 = time.perf_counter()
+        hf.generate(x, **kw)
+        sync()
+        t2 = time.perf_counter()
+        decode = (t2 - t1) - (t1 - t0)
+        out.append(batch * (max_new_tokens - 1) / decode if decode > 0 else float("nan"))
+    return _stats(out)
 
 
 def run_bench(
@@ -71,12 +94,27 @@ def run_bench(
     compile: bool = False,
     fuse: bool = False,
     warmup: bool = False,
+    repeats: int = 3,
+    shape: str | None = None,
+    acceptance_trace: str | Path | None = None,
+    adaptive: bool = True,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
-    ``warmup`` runs each (setting, method) once untimed before the timed run, so CUDA-graph captures
-    and ``torch.compile`` compilations (they depend on the cache size) are not timed. With ``fuse``
-    the model's projections are fused; Hugging Face ``generate`` then runs the fused modules too.
+    Every GPU table of the project comes from here (``benchmarks/`` scripts call this function).
+
+    - Each (setting, method) row is timed ``repeats`` times; tokens/s is the median, with min–max.
+    - ``warmup`` runs each (setting, method) once untimed first, so CUDA-graph captures and
+      ``torch.compile`` compilations (they depend on the cache size) are not timed.
+    - ``hf_baseline``: Hugging Face ``generate`` with its default cache and with
+      ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded
+      (``fuse`` fuses the projections, so HF runs the fused modules too).
+    - ``documents``: file paths or built-in names (:func:`specdec.data.load_document`).
+    - ``shape``: a random-weight model of that shape built on the device (:mod:`specdec.shapes`);
+      its contexts are random token ids. ``acceptance_trace``: speculative rows replay the accepted
+      lengths a real run recorded (:class:`specdec.adaptive.AcceptanceReplay`) and are labelled
+      ``replayed``; their tokens are not compared with dense.
+    - ``adaptive``: the adaptive γ / dense fall-back of :mod:`specdec.adaptive` (off under replay).
     """
     from rich.progress import Progress
 
@@ -84,11 +122,25 @@ def run_bench(
     from specdec.data import context_ids, load_document
     from specdec.presets import build_engine
 
+    from specdec.adaptive import AcceptanceReplay
+
     if any(c < 1 for c in contexts) or any(b < 1 for b in batch_sizes):
         raise SpecdecError("contexts and batch sizes must be >= 1.")
+    if repeats < 1:
+        raise SpecdecError(f"--repeats must be >= 1 (got {repeats}); use 3 or more for a median.")
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
-    m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse)
+    replay = AcceptanceReplay.load(acceptance_trace) if acceptance_trace is not None else None
+    if shape is not None:
+        from specdec.shapes import shape_config
+
+        shape_config(shape)  # unknown names fail before anything loads
+        if hf_baseline:
+            raise SpecdecError("--hf-baseline needs a real model (a random-weight --shape has no tokenizer); drop one.")
+    else:
+        for doc in documents:
+            load_document(doc)  # a missing file fails before the model loads
+    m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape)
     too_long = [c for c in contexts if c + max_new_tokens > m.dims.max_positions]
     if too_long:
         raise SpecdecError(
@@ -97,47 +149,65 @@ def run_bench(
         )
     output_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
-                machine=machine_info(str(m.device)), model=model, backend=backend, dtype=dtype, gamma=gamma,
+                machine=machine_info(str(m.device)), model=shape or model, backend=backend, dtype=dtype, gamma=gamma,
                 budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
-                cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup)
+                cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup, repeats=repeats,
+                shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
+                replayed_tau=(1.0 + replay.mean_accepted) if replay is not None else None, adaptive=adaptive)
 
     def save() -> None:
         (output_dir / f"{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
         (output_dir / f"{tag}.md").write_text(markdown_table(meta, rows))
     rows: list[dict[str, Any]] = []
-    total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + int(hf_baseline))
+    if shape is not None:
+        documents = ["random"]
+    total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + 2 * int(hf_baseline))
     with Progress() as progress:
         task = progress.add_task("bench", total=total)
         for doc in documents:
-            text = load_document(doc)
+            text = load_document(doc) if shape is None else None
             for ctx in contexts:
-                ids = context_ids(m.tokenizer, text, ctx, offset=max_new_tokens + 16)
+                if shape is None:
+                    ids = context_ids(m.tokenizer, text, ctx, offset=max_new_tokens + 16)
+                else:
+                    g = torch.Generator().manual_seed(ctx)
+                    ids = torch.randint(0, m.dims.vocab_size, (ctx,), generator=g).tolist()
                 for bs in batch_sizes:
                     dense_tps = None
                     pre = None
                     for name in methods:
                         cfg = pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
-                        if options:
-                            cfg = cfg.model_copy(update={"options": options})
+                        cfg = cfg.model_copy(update={"adaptive": adaptive, **({"options": options} if options else {})})
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} {name}")
-                        eng = build_engine(m, cfg)
+                        eng = build_engine(m, cfg, eos_token_id=-1 if shape is not None else None)
+                        if replay is not None and name != "dense":
+                            eng.replay = replay
                         if pre is None:
                             pre = eng.prefill([ids] * bs)  # one prefill shared by every method
                         if warmup:  # same length: every capture and compilation happens here
                             eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
-                        res = eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
+                        runs = [eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
+                                for _ in range(repeats)]
+                        tps = _stats([r.stats.tokens_per_second for r in runs])
+                        res = sorted(runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2]
                         s = res.stats
                         if name == "dense":
-                            dense_tps = s.tokens_per_second
+                            dense_tps = tps["median"]
                         rows.append(
                             dict(
                                 document=doc,
                                 context=ctx,
                                 batch=bs,
                                 method=name,
+                                replayed=s.replayed,
                                 tau=s.mean_accepted_length,
-                                tokens_per_second=s.tokens_per_second,
-                                speedup_vs_dense=(s.tokens_per_second / dense_tps) if dense_tps else None,
+                                tokens_per_second=tps["median"],
+                                tokens_per_second_min=tps["min"],
+                                tokens_per_second_max=tps["max"],
+                                repeats=repeats,
+                                speedup_vs_dense=(tps["median"] / dense_tps) if dense_tps else None,
+                                dense_steps=s.dense_steps,
+                                gamma_mean=(sum(s.gamma_per_round) / len(s.gamma_per_round)) if s.gamma_per_round else None,
                                 iterations=s.iterations,
                                 acceptance_per_position=s.acceptance_per_position,
                                 phase_seconds=s.phase_seconds,
@@ -149,17 +219,20 @@ def run_bench(
                         progress.advance(task)
                         save()
                     if hf_baseline:
-                        progress.update(task, description=f"{doc} ctx={ctx} B={bs} hf-generate")
-                        tps = hf_generate_tps(m, ids, bs, max_new_tokens)
-                        rows.append(dict(document=doc, context=ctx, batch=bs, method="hf-generate", tau=1.0,
-                                         tokens_per_second=tps,
-                                         speedup_vs_dense=(tps / dense_tps) if dense_tps else None))
-                        progress.advance(task)
+                        for label, impl in (("hf-generate", None), ("hf-generate-static", "static")):
+                            progress.update(task, description=f"{doc} ctx={ctx} B={bs} {label}")
+                            tps = hf_generate_tps(m, ids, bs, max_new_tokens, impl, repeats)
+                            rows.append(dict(document=doc, context=ctx, batch=bs, method=label, tau=1.0,
+                                             tokens_per_second=tps["median"], tokens_per_second_min=tps["min"],
+                                             tokens_per_second_max=tps["max"], repeats=repeats,
+                                             speedup_vs_dense=(tps["median"] / dense_tps) if dense_tps else None))
+                            progress.advance(task)
+                            save()
     # greedy losslessness check: lossless methods must reproduce dense tokens
     for r in rows:
         dense = next((x for x in rows if x["method"] == "dense" and x["document"] == r["document"]
                       and x["context"] == r["context"] and x["batch"] == r["batch"]), None)
-        if dense is not None and "tokens" in r:
+        if dense is not None and "tokens" in r and not r.get("replayed"):
             r["same_tokens_as_dense"] = r["tokens"] == dense["tokens"]
     save()
     print(markdown_table(meta, rows))
@@ -173,14 +246,22 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"- command: `{meta.get('command')}`",
         f"- machine: {json.dumps(meta.get('machine'))}",
         "",
-        "| document | context | batch | method | τ | tokens/s | speedup vs dense | select share | same tokens as dense |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"- tokens/s: median of {meta.get('repeats', 1)} timed runs (min–max); HF baselines warmed up at the same shape",
+        "",
+        "| document | context | batch | method | τ | tokens/s (min–max) | speedup vs dense | select share "
+        "| dense steps | mean γ | same tokens as dense |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sp = r.get("speedup_vs_dense")
+        rng = (f" ({r['tokens_per_second_min']:.1f}–{r['tokens_per_second_max']:.1f})"
+               if "tokens_per_second_min" in r else "")
+        method = r["method"] + (" (replayed)" if r.get("replayed") else "")
+        gm = r.get("gamma_mean")
         lines.append(
-            f"| {r['document']} | {r['context']} | {r['batch']} | {r['method']} | {r['tau']:.2f} | "
-            f"{r['tokens_per_second']:.2f} | {'' if sp is None else f'{sp:.2f}×'} | "
-            f"{r.get('selection_overhead_share', 0):.1%} | {r.get('same_tokens_as_dense', '')} |"
+            f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | "
+            f"{r['tokens_per_second']:.2f}{rng} | {'' if sp is None else f'{sp:.2f}×'} | "
+            f"{r.get('selection_overhead_share', 0):.1%} | {r.get('dense_steps', '')} | "
+            f"{'' if gm is None else f'{gm:.1f}'} | {r.get('same_tokens_as_dense', '')} |"
         )
     return "\n".join(lines) + "\n"

@@ -110,12 +110,14 @@ def resolve_device(device: str) -> str:
 
 
 def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False,
-               fuse: bool = False):
+               fuse: bool = False, shape: str | None = None):
     """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper).
 
     ``cuda_graphs`` captures decode-sized forwards as CUDA graphs (GPU only; the ``torch`` backend
     switches to its static mode); ``compile`` applies ``torch.compile`` to them; ``fuse`` fuses the
-    q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`).
+    q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`),
+    with the fused Triton kernels on CUDA. ``shape`` (e.g. ``llama-3.1-8b``) builds a random-weight
+    model of that shape on the device instead of loading ``model`` (:mod:`specdec.shapes`).
     """
     import torch
 
@@ -132,7 +134,12 @@ def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: b
     reason = be.validate(torch.device(dev), torch_dtype)
     if reason:
         raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
-    m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
+    if shape is not None:
+        from specdec.shapes import random_model
+
+        m = SpecdecModel(random_model(shape, dev, torch_dtype), None, be)
+    else:
+        m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
     if fuse:
         m.fuse_projections()
     if compile:
@@ -216,6 +223,11 @@ def generate(
     compile_: bool = typer.Option(False, "--compile", help="torch.compile decode steps"),
     fuse: bool = typer.Option(False, "--fuse", help="fuse q/k/v and gate/up projections (Llama, Qwen2, Qwen3, Mistral)"),
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
+    adaptive: Optional[bool] = typer.Option(
+        None, "--adaptive/--no-adaptive",
+        help="adapt γ per iteration and fall back to dense steps when drafting cannot pay (default on; lossless)"),
+    record_acceptance: Optional[Path] = typer.Option(
+        None, "--record-acceptance", help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace)"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
     from specdec.data import context_ids
@@ -236,8 +248,16 @@ def generate(
     if context_tokens is not None:
         ids = ids[-context_tokens:]
     check_budget(cfg, len(ids))
+    if adaptive is not None:
+        cfg = cfg.model_copy(update={"adaptive": adaptive})
     engine = build_engine(m, cfg)
+    engine.record_acceptance = record_acceptance is not None
     res = engine.generate([ids] * batch_size, max_new_tokens=max_new_tokens)
+    if record_acceptance is not None:
+        from specdec.adaptive import save_trace
+
+        save_trace(record_acceptance, res.stats, model=model, budget=cfg.budget, budget_ratio=cfg.budget_ratio,
+                   context_tokens=len(ids), adaptive=cfg.adaptive)
     output_json.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "model": model,
@@ -322,7 +342,7 @@ def bench(
     methods: str = typer.Option("dense,magicdec", "--methods"),
     contexts: str = typer.Option("2048", "--contexts", help="comma-separated context lengths"),
     batch_sizes: str = typer.Option("1", "--batch-sizes"),
-    documents: str = typer.Option("pydoc", "--documents", help="comma-separated: pydoc, stdlib:<module>"),
+    documents: str = typer.Option("pydoc", "--documents", help="comma-separated: file paths, pydoc, stdlib:<module>"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
     budget: Optional[int] = typer.Option(None, "--budget"),
     budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio"),
@@ -341,6 +361,12 @@ def bench(
              "and compilations would otherwise be timed)"),
     output_dir: Path = typer.Option(Path("benchmarks/results"), "--output-dir"),
     tag: str = typer.Option("bench", "--tag", help="file name prefix"),
+    repeats: int = typer.Option(3, "--repeats", help="timed runs per row (median, min-max reported)"),
+    shape: Optional[str] = typer.Option(None, "--shape",
+                                        help="random-weight model of this shape on the device: llama-3.1-8b, qwen3-8b, ..."),
+    acceptance_trace: Optional[Path] = typer.Option(
+        None, "--acceptance-trace", help="replay accepted lengths recorded by generate --record-acceptance"),
+    adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="adaptive γ and dense fall-back"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench
@@ -372,6 +398,10 @@ def bench(
         output_dir=output_dir,
         tag=tag,
         argv=sys.argv,
+        repeats=repeats,
+        shape=shape,
+        acceptance_trace=acceptance_trace,
+        adaptive=adaptive,
     )
 
 

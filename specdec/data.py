@@ -2,6 +2,7 @@
 
 * ``pydoc``: Python's own reference documentation (``pydoc_data.topics``, ~113k tokens of English).
 * ``stdlib:<module>``: the source of a standard-library module, e.g. ``stdlib:argparse``.
+* any path to an existing text file (benchmarks on held-out documents: ``--documents a.cpp,b.md``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ BENCH_DOCUMENTS = ["pydoc", "stdlib:argparse", "stdlib:typing", "stdlib:inspect"
 
 
 def load_document(name: str) -> str:
-    """Text of a built-in document (see module docstring)."""
+    """Text of a built-in document (see module docstring) or of any existing text file (a path)."""
     if name == "pydoc":
         from pydoc_data.topics import topics
 
@@ -27,7 +28,14 @@ def load_document(name: str) -> str:
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             raise SpecdecError(f"no pure-Python standard-library module {mod!r}; try stdlib:argparse.")
         return Path(spec.origin).read_text(encoding="utf-8")
-    raise SpecdecError(f"unknown document {name!r}; use 'pydoc' or 'stdlib:<module>' (e.g. {', '.join(BENCH_DOCUMENTS)}).")
+    path = Path(name)
+    if path.is_file():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise SpecdecError(f"document file {path} is empty or whitespace only; give it some text.")
+        return text
+    raise SpecdecError(f"unknown document {name!r}: not an existing file, 'pydoc' or 'stdlib:<module>' "
+                       f"(e.g. {', '.join(BENCH_DOCUMENTS)}).")
 
 
 def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0) -> list[int]:

@@ -84,6 +84,11 @@ class RunStats:
         phase_seconds: wall time per phase; ``select`` (plan building) runs inside ``draft`` and is counted in
             both, so the phases add up to more than ``decode_seconds``.
         lossless: ``False`` for near-lossless methods (sparse verification).
+        dense_steps: iterations run as plain dense steps by the adaptive controller (:mod:`specdec.adaptive`).
+        gamma_per_round: γ_t of each speculative round (constant γ without adaptation).
+        acceptance_trace: per speculative round, each sequence's accepted drafts (``-1``: finished);
+            filled when the engine's ``record_acceptance`` is set (``generate --record-acceptance``).
+        replayed: the acceptance lengths were replayed from a trace (timings real, tokens not).
     """
 
     method: str
@@ -97,6 +102,10 @@ class RunStats:
     tokens_per_second: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     lossless: bool = True
+    dense_steps: int = 0
+    gamma_per_round: list[int] = field(default_factory=list)
+    acceptance_trace: list[list[int]] = field(default_factory=list)
+    replayed: bool = False
 
     def to_dict(self) -> dict:
         """Plain dict for JSON, with ``selection_overhead_share`` = select seconds / decode seconds."""
@@ -156,6 +165,7 @@ class SpeculativeEngine:
         prefill_chunk: int = 1024,
         eos_token_id: int | Sequence[int] | None = None,
         sync_timing: bool = True,
+        adaptive: bool = True,
     ) -> None:
         from specdec.verifiers import FullVerifier
 
@@ -169,6 +179,12 @@ class SpeculativeEngine:
         self.method = method or ("dense" if drafter is None else type(drafter).__name__)
         self.prefill_chunk = prefill_chunk
         self.sync_timing = sync_timing
+        #: adaptive γ per iteration and dense fall-back (:mod:`specdec.adaptive`); lossless either way
+        self.adaptive = adaptive
+        #: record each round's accepted lengths in ``RunStats.acceptance_trace``
+        self.record_acceptance = False
+        #: an :class:`~specdec.adaptive.AcceptanceReplay` overriding acceptance lengths (benchmarks only)
+        self.replay = None
         if eos_token_id is None:
             eos_token_id = model.hf.generation_config.eos_token_id if model.hf.generation_config else None
             if eos_token_id is None:
@@ -297,11 +313,14 @@ class SpeculativeEngine:
 
         accepted_at = torch.zeros(max(gamma, 1), dtype=torch.float64)
         trials = 0
+        ctl = self._controller(gamma)
         t_start = time.perf_counter()
         while bool(state.active.any()):
             stats.iterations += 1
             active = state.active.clone()
-            if self.drafter is None:
+            t_iter = time.perf_counter()
+            g = ctl.next_gamma() if ctl is not None else gamma  # γ_t; 0: a dense step (adaptive.py)
+            if self.drafter is None or g == 0:
                 with timer("verify"):
                     logits = self.model.forward(state.pending.view(B, 1), cache, state.lengths)[:, -1]
                     if self.sampling.greedy:  # read with the emission below: one host read per step
@@ -315,10 +334,15 @@ class SpeculativeEngine:
                                  extra=extra)
                 if got:
                     raise_nonfinite(got[0], "target")
+                if ctl is not None:  # the drafter's next plan starts from sinks + recent again
+                    with timer("select"):
+                        self.drafter.on_verify(state, None)
+                    ctl.observe_dense(time.perf_counter() - t_iter)
+                    stats.dense_steps += 1
                 continue
             with timer("draft"):
-                drafts, q = self.drafter.draft(state, gamma)
-            req = self.drafter.score_request(gamma)
+                drafts, q = self.drafter.draft(state, g)
+            req = self.drafter.score_request(g)
             with timer("verify"):
                 rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)
                 logits = self.verifier.verify(state, rows, req)
@@ -327,18 +351,27 @@ class SpeculativeEngine:
                 raise_nonfinite(flags, "verifier")
             with timer("sample"):
                 acc = accept(drafts, logits, self.sampling, q, gen)
-            pos = torch.arange(gamma, device=dev).view(1, gamma)
+                if self.replay is not None:  # benchmarks: acceptance lengths of a recorded real run
+                    acc = self.replay.apply(acc, logits, len(stats.gamma_per_round))
+            pos = torch.arange(g, device=dev).view(1, g)
             hits = ((pos < acc.n_accepted.view(B, 1)) & active.view(B, 1)).sum(0)
             # one host read for the emission, the acceptance statistics and the finiteness flags
-            hits_h, flags_h, n_active = self._emit(state, out, acc.next_token, acc.n_accepted, drafts, max_new_tokens,
-                                                   extra=[hits, flags, active.sum()])
+            hits_h, flags_h, n_active, n_acc = self._emit(state, out, acc.next_token, acc.n_accepted, drafts,
+                                                          max_new_tokens,
+                                                          extra=[hits, flags, active.sum(), acc.n_accepted])
             raise_nonfinite(flags_h, "verifier")
             trials += int(n_active[0])
-            accepted_at += torch.tensor(hits_h, dtype=torch.float64)
+            accepted_at[:g] += torch.tensor(hits_h, dtype=torch.float64)
+            stats.gamma_per_round.append(g)
+            if self.record_acceptance:
+                stats.acceptance_trace.append([n if a else -1 for n, a in zip(n_acc, active.tolist())])
             with timer("select"):
                 self.verifier.on_verify(state)
                 self.drafter.on_verify(state, req)
+            if ctl is not None:
+                ctl.observe_round(g, sum(hits_h) / max(1, int(n_active[0])), time.perf_counter() - t_iter)
         stats.decode_seconds = time.perf_counter() - t_start
+        stats.replayed = self.replay is not None
         stats.generated_tokens = sum(len(o) for o in out)
         stats.tokens_per_second = (stats.generated_tokens - B) / stats.decode_seconds if stats.decode_seconds else 0.0
         if trials:
@@ -348,6 +381,18 @@ class SpeculativeEngine:
         tok = self.model.tokenizer
         text = [tok.decode(o, skip_special_tokens=True) if tok is not None else "" for o in out]
         return GenerationResult(tokens=out, text=text, stats=stats)
+
+    def _controller(self, gamma: int):
+        """The :class:`~specdec.adaptive.SpeculationController` of this run, or ``None`` (dense, or not adaptive)."""
+        if self.drafter is None or not self.adaptive or self.replay is not None:
+            return None
+        from specdec.adaptive import SpeculationController
+        from specdec.verifiers import FullVerifier
+
+        # dense steps write the target's cache only: a drafter with its own cache, or a sparse
+        # verifier with its own state, would miss them; those runs adapt γ only
+        fall_back = bool(getattr(self.drafter, "dense_steps_ok", False)) and type(self.verifier) is FullVerifier
+        return SpeculationController(gamma, fall_back=fall_back)
 
     def _emit(
         self,

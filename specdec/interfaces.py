@@ -225,6 +225,10 @@ class KVSelector(ABC):
 class Drafter(ABC):
     """Proposes ``gamma`` tokens per sequence from the engine's :class:`specdec.engine.DecodeState`."""
 
+    #: drafts from the target's own cache, so the engine may run plain dense steps between rounds
+    #: (:mod:`specdec.adaptive`); then :meth:`on_verify` is called with ``scores=None`` after each
+    dense_steps_ok: bool = False
+
     def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
         """Called once after the target's prefill (a model drafter prefills its own cache here)."""
 

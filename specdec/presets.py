@@ -34,6 +34,7 @@ class PipelineConfig(ComponentConfig):
     sinks: int = Field(default=4, ge=0)
     recent: int = Field(default=16, ge=0)
     sampling: SamplingConfig = SamplingConfig()
+    adaptive: bool = Field(default=True, description="adaptive γ per iteration and dense fall-back (specdec.adaptive)")
     options: dict[str, Any] = Field(default_factory=dict, description="method-specific options")
 
     @model_validator(mode="after")
@@ -121,7 +122,10 @@ def get_method(name: str) -> MethodSpec:
 
 def build_engine(model, config: PipelineConfig, **engine_kw: Any):
     """Build the :class:`~specdec.engine.SpeculativeEngine` of ``config.method`` on ``model``."""
-    return get_method(config.method).build(model, config, **engine_kw)
+    engine = get_method(config.method).build(model, config, **engine_kw)
+    if "adaptive" not in engine_kw:
+        engine.adaptive = config.adaptive
+    return engine
 
 
 @register_method("dense", "plain autoregressive decoding on the specdec engine")
