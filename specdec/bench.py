@@ -72,6 +72,23 @@ def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cach
     return _stats(out)
 
 
+def _prefilled(eng, m, ids: list[int], batch: int, random_cache: bool):
+    """``ids`` prefilled once (or, for a random-weight shape, a random cache: no prefill), as ``batch`` views."""
+    from specdec.engine import Prefilled
+
+    if random_cache:
+        d = m.dims
+        g = torch.Generator(device=m.device).manual_seed(0)
+        shape = (d.n_layers, 1, d.n_kv_heads, len(ids), d.head_dim)
+        k = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)
+        v = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)
+        one = Prefilled(ids=[ids], k=k, v=v, last_logits=torch.zeros(1, d.vocab_size, device=m.device))
+    else:
+        one = eng.prefill([ids])
+    return Prefilled(ids=[ids] * batch, k=one.k.expand(-1, batch, -1, -1, -1), v=one.v.expand(-1, batch, -1, -1, -1),
+                     last_logits=one.last_logits.expand(batch, -1))
+
+
 def run_bench(
     methods: Sequence[str],
     contexts: Sequence[int],
@@ -96,7 +113,7 @@ def run_bench(
     warmup: bool = False,
     repeats: int = 3,
     shape: str | None = None,
-    acceptance_trace: str | Path | None = None,
+    acceptance_trace: str | Path | dict[str, str | Path] | None = None,
     adaptive: bool = True,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
@@ -111,9 +128,11 @@ def run_bench(
       (``fuse`` fuses the projections, so HF runs the fused modules too).
     - ``documents``: file paths or built-in names (:func:`specdec.data.load_document`).
     - ``shape``: a random-weight model of that shape built on the device (:mod:`specdec.shapes`);
-      its contexts are random token ids. ``acceptance_trace``: speculative rows replay the accepted
-      lengths a real run recorded (:class:`specdec.adaptive.AcceptanceReplay`) and are labelled
-      ``replayed``; their tokens are not compared with dense.
+      its contexts are random token ids and its cache random values (no prefill).
+      ``acceptance_trace`` (one file, or ``{method: file}``): speculative rows replay the accepted
+      lengths a real run of that method recorded (:class:`specdec.adaptive.AcceptanceReplay`) and are
+      labelled ``replayed``; their tokens are not compared with dense.
+    - Every sequence of a batch gets the same context, prefilled once and shared (expanded views).
     - ``adaptive``: the adaptive γ / dense fall-back of :mod:`specdec.adaptive` (off under replay).
     """
     from rich.progress import Progress
@@ -130,7 +149,13 @@ def run_bench(
         raise SpecdecError(f"--repeats must be >= 1 (got {repeats}); use 3 or more for a median.")
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
-    replay = AcceptanceReplay.load(acceptance_trace) if acceptance_trace is not None else None
+    if isinstance(acceptance_trace, dict):
+        replays = {k: AcceptanceReplay.load(v) for k, v in acceptance_trace.items()}
+    elif acceptance_trace is not None:
+        one = AcceptanceReplay.load(acceptance_trace)
+        replays = {name: one for name in methods if name != "dense"}
+    else:
+        replays = {}
     if shape is not None:
         from specdec.shapes import shape_config
 
@@ -153,7 +178,7 @@ def run_bench(
                 budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
                 cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup, repeats=repeats,
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
-                replayed_tau=(1.0 + replay.mean_accepted) if replay is not None else None, adaptive=adaptive)
+                replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None, adaptive=adaptive)
 
     def save() -> None:
         (output_dir / f"{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
@@ -180,10 +205,10 @@ def run_bench(
                         cfg = cfg.model_copy(update={"adaptive": adaptive, **({"options": options} if options else {})})
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} {name}")
                         eng = build_engine(m, cfg, eos_token_id=-1 if shape is not None else None)
-                        if replay is not None and name != "dense":
-                            eng.replay = replay
-                        if pre is None:
-                            pre = eng.prefill([ids] * bs)  # one prefill shared by every method
+                        if name in replays:
+                            eng.replay = replays[name]
+                        if pre is None:  # one prefill shared by every method and sequence
+                            pre = _prefilled(eng, m, ids, bs, random_cache=shape is not None)
                         if warmup:  # same length: every capture and compilation happens here
                             eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
                         runs = [eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)

@@ -364,8 +364,9 @@ def bench(
     repeats: int = typer.Option(3, "--repeats", help="timed runs per row (median, min-max reported)"),
     shape: Optional[str] = typer.Option(None, "--shape",
                                         help="random-weight model of this shape on the device: llama-3.1-8b, qwen3-8b, ..."),
-    acceptance_trace: Optional[Path] = typer.Option(
-        None, "--acceptance-trace", help="replay accepted lengths recorded by generate --record-acceptance"),
+    acceptance_trace: Optional[str] = typer.Option(
+        None, "--acceptance-trace",
+        help="replay accepted lengths recorded by generate --record-acceptance: FILE, or method=FILE,method=FILE"),
     adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="adaptive γ and dense fall-back"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
@@ -400,9 +401,22 @@ def bench(
         argv=sys.argv,
         repeats=repeats,
         shape=shape,
-        acceptance_trace=acceptance_trace,
+        acceptance_trace=_traces(acceptance_trace),
         adaptive=adaptive,
     )
+
+
+def _traces(text: Optional[str]):
+    """``--acceptance-trace``: ``FILE`` (every speculative method) or ``method=FILE,method=FILE``."""
+    if text is None or "=" not in text:
+        return text
+    out = {}
+    for part in text.split(","):
+        name, sep, path = part.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise SpecdecError(f"--acceptance-trace takes FILE or method=FILE,method=FILE (got {part!r}).")
+        out[name.strip()] = path.strip()
+    return out
 
 
 @app.command("methods")

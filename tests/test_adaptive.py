@@ -195,3 +195,22 @@ def test_random_shape_configs_match_the_published_sizes():
     assert round(n["llama-3.1-8b"] / 1e9, 2) == 8.03
     assert round(n["qwen3-8b"] / 1e9, 2) == 8.19
     assert round(n["smollm2-135m"] / 1e6) == 135
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--shape", "llama-9b"], "unknown model shape 'llama-9b'; known: llama-3.1-8b"),
+    (["--acceptance-trace", "vegas="], "--acceptance-trace takes FILE or method=FILE"),
+    (["--acceptance-trace", "{missing}"], "cannot read acceptance trace"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--documents", "{missing}"], "not an existing file"),
+])
+def test_bench_cli_bad_input_is_one_error_line(tmp_path, args, expect):
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+
+    args = [a.format(missing=tmp_path / "nope.json") for a in args]
+    res = CliRunner().invoke(app, ["bench", "--device", "cpu", "--output-dir", str(tmp_path / "o"), *args])
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], res.stderr
+    assert not (tmp_path / "o").exists()
