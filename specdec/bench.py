@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.fusion import kernels_off
 
 
 def machine_info(device: str) -> dict[str, Any]:
@@ -43,7 +44,8 @@ def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cach
                     repeats: int = 3) -> dict[str, float]:
     """Hugging Face ``generate`` tokens/s (greedy, its own cache, excluding the prefill): median, min, max.
 
-    Run on the model as loaded (fused modules included). A warm-up call at the same shape comes first
+    Run on the model as loaded (fused projections included, with torch's element-wise code: the fused
+    Triton kernels are specdec's, not Hugging Face's). A warm-up call at the same shape comes first
     (HF's first call at a shape is much slower: allocations, kernel selection, and with
     ``cache_implementation="static"`` its automatic ``torch.compile`` on CUDA); then each of
     ``repeats`` timed runs measures a 1-token and a ``max_new_tokens`` call and keeps the difference.
@@ -55,20 +57,21 @@ def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cach
         kw["cache_implementation"] = cache_implementation
     one = {**kw, "max_new_tokens": 1, "min_new_tokens": 1}
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    hf.generate(x, **one)  # warm-up, both lengths
-    hf.generate(x, **kw)
     out = []
-    for _ in range(max(1, repeats)):
-        sync()
-        t0 = time.perf_counter()
-        hf.generate(x, **one)
-        sync()
-        t1 = time.perf_counter()
+    with kernels_off(hf):  # HF runs its own element-wise code (its static cache compiles the model itself)
+        hf.generate(x, **one)  # warm-up, both lengths
         hf.generate(x, **kw)
-        sync()
-        t2 = time.perf_counter()
-        decode = (t2 - t1) - (t1 - t0)
-        out.append(batch * (max_new_tokens - 1) / decode if decode > 0 else float("nan"))
+        for _ in range(max(1, repeats)):
+            sync()
+            t0 = time.perf_counter()
+            hf.generate(x, **one)
+            sync()
+            t1 = time.perf_counter()
+            hf.generate(x, **kw)
+            sync()
+            t2 = time.perf_counter()
+            decode = (t2 - t1) - (t1 - t0)
+            out.append(batch * (max_new_tokens - 1) / decode if decode > 0 else float("nan"))
     return _stats(out)
 
 

@@ -30,6 +30,7 @@ else restores them; reload the model to get the original modules back.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -117,6 +118,28 @@ def _is_llama_norm(mod) -> bool:
     """An RMSNorm computing ``weight * (x / rms(x))`` (the Llama family's; not Gemma's ``1 + weight``)."""
     return (type(mod).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
             and getattr(mod, "weight", None) is not None and mod.weight.dim() == 1 and hasattr(mod, "variance_epsilon"))
+
+
+def get_kernels(hf_model) -> str | None:
+    """The fused-kernel setting of ``hf_model``'s fused modules (``None`` when it is not fused)."""
+    for mod in hf_model.modules():
+        if isinstance(mod, FusedMLP):
+            return getattr(mod, _KERNELS_ATTR, "torch")
+    return None
+
+
+@contextmanager
+def kernels_off(hf_model):
+    """Run ``hf_model``'s fused modules with their torch code inside the block (e.g. for HF ``generate``,
+    whose static cache compiles the model itself)."""
+    old = get_kernels(hf_model)
+    if old is not None:
+        set_kernels(hf_model, "torch")
+    try:
+        yield
+    finally:
+        if old is not None:
+            set_kernels(hf_model, old)
 
 
 def set_kernels(hf_model, kernels: str) -> None:

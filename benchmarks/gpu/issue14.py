@@ -3,7 +3,8 @@
     python benchmarks/gpu/issue14.py --gguf /tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
     python benchmarks/gpu/issue14.py --smoke --out /tmp/smoke      # CPU, tiny shapes, a minute or two
 
-Parts (each saved as it finishes to ``<out>/issue14.json``; ``--parts`` picks some; a part that would
+Parts, run in the order traces, steps, replay, e2e (each saved as it finishes to ``<out>/issue14.json``;
+``--parts`` picks some; a part that would
 start after ``--budget-s`` seconds is recorded as skipped):
 
 1. ``traces`` — acceptance traces of magicdec and vegas on the embedded model (8k context of pydoc,
@@ -213,7 +214,7 @@ def main() -> None:
     ap.add_argument("--gguf", default="/tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: check the script, not the numbers")
-    ap.add_argument("--parts", default="traces,e2e,steps,replay")
+    ap.add_argument("--parts", default="traces,steps,replay,e2e")
     ap.add_argument("--budget-s", type=float, default=500.0, help="no part starts after this many seconds")
     a = ap.parse_args()
     Path(a.out).mkdir(parents=True, exist_ok=True)
