@@ -1,4 +1,4 @@
-"""Speculation that never loses (issue 14, item 5): an adaptive γ per iteration and dense fall-back.
+"""Speculation that never loses: an adaptive γ per iteration and dense fall-back.
 
 :class:`SpeculationController` decides, before each iteration of :meth:`SpeculativeEngine.generate`,
 how many tokens to draft — γ_t in ``1..γ`` (the configured γ is the ceiling: caches and plans are
@@ -9,7 +9,7 @@ sized for it) — or ``0``: one plain dense step instead of a draft/verify round
   γ_t / 2`` (acceptance collapses) shrinks it to ``max(1, ⌈a⌉ + 1)``; otherwise it stays.
 - **Dense fall-back, by a measured cost model.** Speculation pays when its tokens per second per
   sequence, ``(a + 1) / T_iter(γ_t)``, beat plain decoding's ``1 / T_dense``
-  (``speedup ≈ τ·T_dense / (γ·T_draft + T_verify + T_select)``, DESIGN.md §4). Both rates are
+  (``speedup ≈ τ·T_dense / (γ·T_draft + T_verify + T_select)``, see the memory-bound concepts page). Both rates are
   exponential moving averages of wall-clock iteration times (the engine reads the device back once
   per iteration, so these are real end-to-end costs); the first sample of each kind is dropped
   (CUDA-graph captures and compilations happen there). A dense probe step measures ``T_dense``

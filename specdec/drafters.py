@@ -52,7 +52,7 @@ class SparseSelfDrafter(Drafter):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Drafters with their own model (Dustin, DESIGN.md §1): a separate small LM, or the target's first layers.
+# Drafters with their own model (Dustin, docs page *Dustin*): a separate small LM, or the target's first layers.
 # ---------------------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Presets ``dustin`` and ``dustin-adaptive``: a draft model + sparse verification over Dustin's hybrid set.
 
-Pipeline (DESIGN.md §1, ``shared/papers/003_eed2ab8984de2fad.txt``)::
+Pipeline (the Dustin paper; docs page *Dustin*)::
 
     drafter.draft      γ tokens, records the lookahead signal on the draft SRHs
     verifier.verify    I_verify = sinks + recent + top-m(draft) + rest(target history), sparse target pass,

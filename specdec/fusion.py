@@ -1,7 +1,7 @@
 """Fused projections: one QKV GEMM and one gate/up GEMM per decoder layer (4 GEMMs instead of 7).
 
 At decode sizes (a few rows per sequence) every projection of a small model is a ~3–4 µs GEMM launch
-that reads a few hundred KB of weights: the launches, not the bytes, set the time (DESIGN.md §3–4).
+that reads a few hundred KB of weights: the launches, not the bytes, set the time (docs page *Optimized backends*).
 :func:`fuse_projections` concatenates, per layer, the q/k/v weights (and biases: Qwen2 has them) into
 one ``Linear`` and gate/up into one, replacing ``layer.self_attn`` by :class:`FusedAttention` and
 ``layer.mlp`` by :class:`FusedMLP`. The fused attention computes exactly what the family's attention
@@ -11,7 +11,7 @@ function under :class:`~specdec.models.SpecdecModel`, SDPA/eager otherwise), ``o
 route, ``torch.compile`` and CUDA graphs work unchanged; results equal the unfused model's up to
 floating-point rounding (a GEMM over concatenated weights may sum in another order).
 
-Fused kernels (``kernels=``, issue 14): besides the projections, each decoder layer's element-wise
+Fused kernels (``kernels=``): besides the projections, each decoder layer's element-wise
 work runs in Triton kernels (:mod:`specdec.cuda.triton_fused`): RMSNorm with the residual add before
 it (one launch instead of ~8), SiLU·mul (one instead of 2), and — inside a specdec forward — Qwen3's
 q/k norms, RoPE of q and k and the KV-cache write in one launch (instead of ~12). ``"auto"`` uses them

@@ -1,7 +1,7 @@
 """CUDA-graph capture of whole model forwards (draft steps, verify passes, dense steps).
 
 On a GPU, one decode step of a small model is a few hundred kernel launches: the launch and
-Python overhead, not the memory traffic, sets its time (DESIGN.md §3–4). :class:`GraphCache`
+Python overhead, not the memory traffic, sets its time (docs page *Optimized backends*). :class:`GraphCache`
 captures :meth:`SpecdecModel.forward` once per *step shape* — ``(cache, active backend, B, T, plan
 entries bucket, logits_to_keep, score request)`` (:func:`step_key`) — into a CUDA graph with static input buffers and
 replays it: each call copies ``input_ids``, ``lengths`` and the plan into the buffers and runs the

@@ -1,6 +1,6 @@
 """Load Hugging Face decoder models and route their attention through a specdec backend.
 
-The route (DESIGN.md §2): register an attention function and a mask function under the name
+The route (docs page *Models and the attention route*): register an attention function and a mask function under the name
 ``"specdec"`` with transformers' ``AttentionInterface`` / ``AttentionMaskInterface``, call the model
 with ``use_cache=False`` and explicit ``position_ids``, and let the attention function own the
 cache: it receives the new tokens' post-RoPE keys/values, writes them at each sequence's length

@@ -1,4 +1,4 @@
-"""``specdec tune``: Vegas' three-step hyper-parameter search (``papers/000_27f0d9638331d149.txt``, §2C).
+"""``specdec tune``: Vegas' three-step hyper-parameter search (the Vegas paper, §2C; docs page *Vegas tuner*).
 
 1. **Sparsity sweep** at a fixed γ: τ for each budget ratio; the *plateau* is the smallest ratio whose
    τ is within ``plateau_tol`` of the best τ of the sweep (more budget no longer buys acceptance).

@@ -124,7 +124,7 @@ class SRHScoringBackend(AttentionBackend):
 class SparseVerifier(Verifier):
     """The target verifies the γ+1 rows attending only to ``I_verify`` plus the new tokens.
 
-    Paper: *Dustin* (DESIGN.md §1, ``shared/papers/003_eed2ab8984de2fad.txt``): dense verification
+    Paper: *Dustin* (docs page *Dustin*): dense verification
     dominates latency at long context, so the target reads only a fixed-size set chosen by a
     :class:`specdec.selectors.hybrid_srh.HybridSRHSelector` from the drafter's lookahead signal
     and the target's history on the Semantic Retrieval Heads. In the same pass it records the

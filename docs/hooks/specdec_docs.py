@@ -9,8 +9,16 @@
     (usage, help text, an options table) — new commands (``tune``, ``profile-srh``, ...) appear by
     themselves;
   - ``<!-- api-modules: PACKAGE [EXCLUDE ...] -->``: a ``::: module`` block per module of a package;
-  - ``<!-- benchmark-results -->``: the Markdown tables in ``benchmarks/results/*.md`` and a plot
-    per ``benchmarks/results/*.json`` written by ``specdec bench``.
+  - ``<!-- benchmark-summary -->``, ``<!-- benchmark-summary-plot -->``, ``<!-- benchmark-summary-runs -->``:
+    the best measured tokens/s per method and shape, its chart, and the runs (machine, date,
+    command) its cells cite (``benchpage.py``);
+  - ``<!-- benchmark-results -->``: every report in ``benchmarks/results/`` (cleaned) and its plot.
+* ``on_pre_build``: refuse a tutorial stored without its outputs (``sitecheck.notebook_problems``).
+* ``on_page_content``: notebook pages get working links (mkdocs-jupyter leaves ``x.md``/``x.ipynb``
+  links as they are) and a table of contents whose anchors exist; math becomes MathML.
+* ``on_post_template``: ``404.html`` with relative links. ``on_post_build``: every internal link and
+  anchor of the built site resolves, and no page loads anything from outside the site
+  (``sitecheck.site_problems``); each problem is a warning, so ``mkdocs build --strict`` fails.
 """
 
 from __future__ import annotations
@@ -18,11 +26,21 @@ from __future__ import annotations
 import html as html_lib
 import io
 import json
+import logging
 import pkgutil
+import posixpath
 import re
 import sys
 from pathlib import Path
 
+from mkdocs.exceptions import PluginError
+from mkdocs.utils import get_relative_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchpage  # noqa: E402  (docs/hooks/benchpage.py)
+import sitecheck  # noqa: E402  (docs/hooks/sitecheck.py)
+
+log = logging.getLogger("mkdocs.hooks.specdec_docs")  # under "mkdocs": a warning fails --strict
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -51,7 +69,17 @@ def _title_of(path: Path) -> str:
     except (OSError, ValueError):
         return path.stem
     m = re.search(r"^#\s+(.+)$", text, re.M)
-    return m.group(1).strip() if m else path.stem.replace("_", " ").replace("-", " ").capitalize()
+    if not m:
+        return path.stem.replace("_", " ").replace("-", " ").capitalize()
+    return plain_title(m.group(1))
+
+
+def plain_title(heading: str) -> str:
+    """A Markdown heading as plain text for the nav, the browser title and the footer, which show
+    titles verbatim: ``Quest (`quest`)`` → ``Quest (quest)``; links keep their label."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"(\*\*|__|`)", "", text)
+    return re.sub(r"\s+", " ", text).strip()
 
 
 def _section(nav: list, name: str) -> list | None:
@@ -187,59 +215,16 @@ def _plot_rows(rows: list[dict], title: str, context: object = "") -> str | None
     return svg[svg.index("<svg") :]
 
 
-_LINK_RE = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
-
-
-def _local_link(m: re.Match, base: Path) -> str:
-    """Links inside an included result file point next to it, outside docs/: inline images as data
-    URIs, show other relative targets as a path (a broken link would fail the strict build)."""
-    bang, label, target = m.groups()
-    if re.match(r"^[a-z]+:|^#", target):
-        return m.group(0)
-    path = (base / target).resolve()
-    mime = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}.get(path.suffix.lower())
-    if bang and mime and path.is_file():
-        import base64
-
-        return f"![{label}](data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()})"
-    try:
-        shown = path.relative_to(ROOT)
-    except ValueError:
-        shown = Path(target)
-    return f"{label} (`{shown}`)"
-
-
 def _benchmarks_markdown() -> str:
-    if not RESULTS.is_dir():
-        return "*No benchmark results yet: run `specdec bench` (see below).*\n"
-    out = []
-    for md in sorted(RESULTS.glob("*.md")):
-        text = md.read_text(encoding="utf-8")
-        text = re.sub(r"^(#+)", r"##\1", text, flags=re.M)  # demote below this page's "## Results"
-        text = _LINK_RE.sub(lambda m: _local_link(m, md.parent), text)
-        out.append(text)
-        js = md.with_suffix(".json")
-        if js.is_file():
-            try:
-                rows = json.loads(js.read_text(encoding="utf-8")).get("rows", [])
-                svg = _plot_rows([r for r in rows if "method" in r], md.stem)
-            except Exception:  # noqa: BLE001 - a result file of another shape: table only, never a failed build
-                svg = None
-            if svg:
-                out.append(f'<figure class="bench-plot">{svg}</figure>\n')
-    for js in sorted(RESULTS.glob("*.json")):
-        if js.with_suffix(".md").is_file():
-            continue
-        try:
-            data = json.loads(js.read_text(encoding="utf-8"))
-            rows = [r for r in data.get("rows", []) if isinstance(r, dict) and "method" in r]
-            ctx = (data.get("args") or data.get("meta") or {}).get("context", "")
-            svg = _plot_rows(rows, js.stem, ctx) if rows else None
-        except Exception:  # noqa: BLE001 - a result file of another shape is skipped
-            svg = None
-        if svg:
-            out.append(f"### Plot: `{js.name}`\n\n<figure class=\"bench-plot\">{svg}</figure>\n")
-    return "\n".join(out) if out else "*No benchmark results yet: run `specdec bench` (see below).*\n"
+    text = benchpage.runs_markdown(RESULTS, ROOT, _plot_rows)
+    for phrase in benchpage.internal_wording(text):
+        log.warning("benchmarks/results: %r is internal wording; say what was measured or fixed instead", phrase)
+    return text
+
+
+def _benchmark_summary_plot() -> str:
+    svg = benchpage.summary_plot(RESULTS)
+    return f'<figure class="bench-plot">{svg}</figure>\n' if svg else ""
 
 
 _ROLE_RE = re.compile(r":(?:class|meth|func|attr|mod|data|exc|obj):<code>(~?)([\w.]+)</code>")
@@ -254,21 +239,31 @@ _MATH_RE = re.compile(
 )
 
 
-def _mathml(html: str) -> str:
+_OPNAME_LIMITS_RE = re.compile(r"\\operatorname\*\{([^{}]*)\}_\{((?:[^{}]|\{[^{}]*\})*)\}")
+_OPNAME_RE = re.compile(r"\\operatorname\*?\{([^{}]*)\}")
+
+
+def tex_for_mathml(tex: str) -> str:
+    """Rewrite what latex2mathml gets wrong: ``\\operatorname*{arg\\,max}_{T}`` (it shows ``*arg max``
+    in italics) becomes ``\\underset{T}{\\mathrm{arg\\,max}}``; ``\\operatorname{f}`` becomes ``\\mathrm{f}``."""
+    tex = _OPNAME_LIMITS_RE.sub(lambda m: f"\\underset{{{m.group(2)}}}{{\\mathrm{{{m.group(1)}}}}}", tex)
+    return _OPNAME_RE.sub(lambda m: f"\\mathrm{{{m.group(1)}}}", tex)
+
+
+def _mathml(html: str, where: str = "") -> str:
     """Render ``pymdownx.arithmatex`` TeX to MathML at build time: math shows without JavaScript or
-    a CDN (browsers render MathML natively). Anything latex2mathml cannot convert is left to MathJax."""
-    try:
-        from latex2mathml.converter import convert
-    except ImportError:  # pragma: no cover - docs extra not installed: MathJax (CDN) renders it
-        return html
+    a CDN (browsers render MathML natively). TeX that latex2mathml cannot convert stays as text,
+    with a warning (the strict build fails)."""
+    from latex2mathml.converter import convert
 
     def repl(m: re.Match) -> str:
         tex = html_lib.unescape(m.group("inline") if m.group("inline") is not None else m.group("block"))
         tex = re.sub(r"\\text\{([^}]*)\}", lambda t: "\\text{" + t.group(1).replace("\\_", "_") + "}", tex)
         block = m.group("block") is not None
         try:
-            out = convert(tex.strip(), display="block" if block else "inline")
-        except Exception:  # noqa: BLE001 - any parser failure: keep the TeX for MathJax
+            out = convert(tex_for_mathml(tex.strip()), display="block" if block else "inline")
+        except Exception as exc:  # noqa: BLE001 - latex2mathml raises many types; reported, not hidden
+            log.warning("%s: cannot render this TeX to MathML (%s): %s", where, exc, tex.strip()[:120])
             return m.group(0)
         return f'<div class="math-block">{out}</div>' if block else out
 
@@ -284,16 +279,13 @@ _DOLLAR_RE = re.compile(
 def _notebook_mathml(html: str) -> str:
     """Notebook Markdown cells keep ``$...$`` / ``$$...$$`` math as text; render it to MathML outside
     code, scripts and styles. Anything latex2mathml cannot convert stays as written."""
-    try:
-        from latex2mathml.converter import convert
-    except ImportError:  # pragma: no cover
-        return html
+    from latex2mathml.converter import convert
 
     def repl(m: re.Match) -> str:
         block = m.group("block") is not None
         tex = html_lib.unescape(m.group("block") if block else m.group("inline"))
         try:
-            out = convert(tex.strip(), display="block" if block else "inline")
+            out = convert(tex_for_mathml(tex.strip()), display="block" if block else "inline")
         except Exception:  # noqa: BLE001
             return m.group(0)
         return f'<div class="math-block">{out}</div>' if block else out
@@ -302,12 +294,50 @@ def _notebook_mathml(html: str) -> str:
     return "".join(part if i % 2 else _DOLLAR_RE.sub(repl, part) for i, part in enumerate(parts))
 
 
+_HREF_RE = re.compile(r'(<a\b[^>]*?\shref=")([^"#:]+\.(?:md|ipynb))(#[^"]*)?"')
+_HEADING_ID_RE = re.compile(r"<h[1-6]\b[^>]*?\sid=\"([^\"]+)\"")
+
+
+def notebook_links(html: str, page, files) -> str:
+    """mkdocs converts ``x.md`` links in Markdown pages, not in notebook pages: do it here, so a
+    notebook keeps links that also work in Jupyter (``../concepts/memory-bound.md``) and the site
+    gets ``../../concepts/memory-bound/``. A link to no page is left as written (the link check fails it)."""
+    base = Path(page.file.src_uri).parent
+
+    def repl(m: re.Match) -> str:
+        target = files.get_file_from_path(posixpath.normpath((base / m.group(2)).as_posix()))
+        if target is None:
+            return m.group(0)
+        return f'{m.group(1)}{get_relative_url(target.url, page.url)}{m.group(3) or ""}"'
+
+    return _HREF_RE.sub(repl, html)
+
+
+def notebook_toc(html: str, page) -> None:
+    """mkdocs-jupyter slugs the table of contents itself (``## Reading `RunStats``` → ``#reading``)
+    while nbconvert gives the heading ``id="reading-runstats"``: use the headings' real ids, in order."""
+    def flat(items):
+        for item in items:
+            yield item
+            yield from flat(item.children)
+
+    items = list(flat(page.toc or []))
+    ids = _HEADING_ID_RE.findall(html)
+    if len(items) == len(ids):
+        for item, ident in zip(items, ids):
+            item.id = ident
+
+
 def on_page_content(html, page, config, files, **kwargs):
-    """Remember which API objects each page documents (used by :func:`on_env`); render math."""
+    """Remember which API objects each page documents (used by :func:`on_env`); render math; fix a
+    notebook page's links and table of contents."""
     _PAGE_IDS[page.file.src_path] = sorted(set(_ID_RE.findall(html)), key=len)
-    if page.file.src_path.endswith(".ipynb") and "$" in html:
-        html = _notebook_mathml(html)
-    return _mathml(html) if "arithmatex" in html else html
+    if page.file.src_path.endswith(".ipynb"):
+        html = notebook_links(html, page, files)
+        notebook_toc(html, page)
+        if "$" in html:
+            html = _notebook_mathml(html)
+    return _mathml(html, page.file.src_uri) if "arithmatex" in html else html
 
 
 def on_env(env, config, files, **kwargs):
@@ -341,9 +371,51 @@ _API_RE = re.compile(r"<!--\s*api-modules:\s*([\w.]+)((?:\s+[\w.]+)*)\s*-->")
 
 
 def on_page_markdown(markdown, page, config, files, **kwargs):
+    if re.search(r"^\s*(```|~~~)+\s*mermaid", markdown, re.M):
+        log.warning("%s: a mermaid fence would load mermaid from a CDN; draw the diagram in "
+                    "docs/assets/diagrams/NAME.mmd, render it with scripts/render_diagrams.sh and show the SVG",
+                    page.file.src_uri)
+    if "<!-- benchmark-summary -->" in markdown:
+        table, runs = benchpage.summary_parts(RESULTS)
+        markdown = markdown.replace("<!-- benchmark-summary -->", table)
+        markdown = markdown.replace("<!-- benchmark-summary-runs -->", runs)
+    if "<!-- benchmark-summary-plot -->" in markdown:
+        markdown = markdown.replace("<!-- benchmark-summary-plot -->", _benchmark_summary_plot())
     if "<!-- cli-reference -->" in markdown:
         markdown = markdown.replace("<!-- cli-reference -->", _cli_markdown())
     if "<!-- benchmark-results -->" in markdown:
         markdown = markdown.replace("<!-- benchmark-results -->", _benchmarks_markdown())
     markdown = _API_RE.sub(lambda m: _api_modules(m.group(1), m.group(2).split()), markdown)
     return markdown
+
+
+def on_pre_build(config, **kwargs):
+    """Refuse a tutorial stored without its outputs: the site shows what the notebook stores."""
+    bad = []
+    for nb in sorted((DOCS / "tutorials").glob("*.ipynb")):
+        bad += [f"tutorials/{nb.name}: {p}" for p in sitecheck.notebook_problems(nb)]
+    if bad:
+        raise PluginError("tutorials stored without clean executed outputs (run "
+                          "`bash scripts/execute_tutorials.sh NOTEBOOK` and commit it):\n  " + "\n  ".join(bad))
+
+
+_ABS_ATTR_RE = re.compile(r'((?:href|src|action)=")/(?!/)')
+
+
+def on_post_template(output_content, template_name, config, **kwargs):
+    """``404.html`` is rendered for the site root with absolute links (``/tutorials/``), which break
+    when the site is served under a sub-path or opened from disk: make them relative to the root."""
+    if template_name == "404.html" and not config.get("site_url"):
+        out = _ABS_ATTR_RE.sub(r"\1./", output_content)
+        # the theme's JSON config: search index and worker relative to the root as well
+        return out.replace('"base": "/"', '"base": "."').replace('"search": "/assets/', '"search": "./assets/')
+    return output_content
+
+
+def on_post_build(config, **kwargs):
+    """Every internal link and anchor of the built site resolves; nothing is loaded from outside."""
+    problems = sitecheck.site_problems(Path(config["site_dir"]))
+    for p in problems:
+        log.warning("site check: %s", p)
+    if problems and config.get("strict"):  # also under `mkdocs build -q`, which drops warnings before they are counted
+        raise PluginError(f"site check: {len(problems)} broken link(s), anchor(s) or external load(s), listed above")

@@ -384,15 +384,17 @@ def splitk_attention(
     Args:
         q: ``(B, H, T, D)`` (last dim contiguous); k_cache/v_cache ``(B, H_kv, L, D)``.
         lengths: ``(B,)`` integer tokens cached before the new rows.
-        plan_indices / dense_from: sparse plan ``(B, H_kv or 1, K)`` (1: one list shared by the
-            KV heads) and ``(B,)``, or ``None`` (dense).
+        plan_indices: sparse plan ``(B, H_kv or 1, K)`` (1: one list shared by the KV heads),
+            or ``None`` (dense).
+        dense_from: ``(B,)`` with ``plan_indices``: the position from which every token is
+            visible, or ``None`` (dense).
         row_weights: ``(H, T)`` fp32 weight of each (head, row) in the fused logits sum, or ``None``.
         row_slots: ``(H, T)`` int32 slot of each (head, row) whose raw logits to keep (-1: none),
             with ``n_slots`` slots per KV head; exclusive with ``row_weights``.
-        row_queries / row_ids: per-row logits in the kernel: ``(H_kv, 16, G * T)`` fp32 weights
-            combining the packed query rows into (at most 16) output rows and ``(16,)`` int32 row
-            index of each output (-1 = unused), with ``n_slots = R``; scores come back
-            ``(B, H_kv, R, L)``.
+        row_queries: per-row logits in the kernel: ``(H_kv, 16, G * T)`` fp32 weights combining
+            the packed query rows into (at most 16) output rows, with ``n_slots = R``; scores
+            come back ``(B, H_kv, R, L)``.
+        row_ids: with ``row_queries``: ``(16,)`` int32 row index of each output (-1 = unused).
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous

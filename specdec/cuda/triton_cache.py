@@ -51,10 +51,11 @@ def kv_write(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, va
     """``k_cache[b, h, lengths[b] + t] = key[b, h, t]`` (and the same for V) in one launch.
 
     Args:
-        k_cache / v_cache: ``(B, H_kv, L, D)`` one layer of the cache (any strides: a
+        k_cache: ``(B, H_kv, L, D)`` one layer of the cache's keys (any strides: a
             :meth:`~specdec.cache.KVCache.rows` view is a non-contiguous batch slice).
-        key / value: ``(B, H_kv, T, D)`` new entries (any strides, e.g. slices of a fused QKV
-            projection). Entries of another dtype than the cache are converted by ``Tensor.to``
+        v_cache: the same for the values.
+        key: ``(B, H_kv, T, D)`` new keys (any strides, e.g. slices of a fused QKV projection).
+        value: ``(B, H_kv, T, D)`` new values, likewise. Entries of another dtype than the cache are converted by ``Tensor.to``
             first (one more kernel; specdec's caches have the model's dtype, so it never happens
             there): the kernel itself only moves bits, so it is bit-identical to torch indexing
             on every device (Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding).

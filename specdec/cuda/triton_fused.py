@@ -1,4 +1,4 @@
-"""Triton kernels that merge a decoder layer's small element-wise launches (issue 14, item 3).
+"""Triton kernels that merge a decoder layer's small element-wise launches.
 
 At the Llama-3.1-8B shape a sparse draft step spent 1.65 ms in ~850 element-wise launches and
 0.6 ms in RMSNorm reductions: Hugging Face's RMSNorm is ~7 kernels (cast, pow, mean, add, rsqrt,

@@ -71,7 +71,8 @@ def quest_page_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -
 
     Args:
         q: ``(B, H, T, D)`` queries (any float dtype, last dim contiguous or not).
-        kmin / kmax: ``(B, H_kv, P, D)`` float32 page key bounds (last dim contiguous).
+        kmin: ``(B, H_kv, P, D)`` float32 per-page minimum of the keys (last dim contiguous).
+        kmax: ``(B, H_kv, P, D)`` float32 per-page maximum, same layout.
 
     Returns:
         ``(B, H_kv, P)`` float32: ``sum_{g, t} sum_d max(q_d kmax_d, q_d kmin_d)``.
@@ -215,7 +216,8 @@ def quest_update_minmax(k: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
 
     Args:
         k: ``(N, B, H_kv, L, D)`` keys (last dim contiguous).
-        kmin / kmax: ``(N, B, H_kv, P, D)`` float32, ``P * page_size >= L``, same strides.
+        kmin: ``(N, B, H_kv, P, D)`` float32 per-page key minimum, ``P * page_size >= L``.
+        kmax: the per-page maximum, same shape and strides as ``kmin``.
         valid: ``(B,)`` integer lengths the bounds currently describe.
         lengths: ``(B,)`` integer new lengths.
         page_size: tokens per page.

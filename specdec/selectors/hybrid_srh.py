@@ -1,6 +1,6 @@
 """Dustin's verification set: sinks + local window + top-m by the draft signal + the rest by the target signal.
 
-``I_verify`` (Dustin, DESIGN.md §1) is one fixed-size set per sequence, shared by every layer and
+``I_verify`` (Dustin; docs page *Dustin*) is one fixed-size set per sequence, shared by every layer and
 KV head (the paper's *global importance map*). Both signals are computed only on the Semantic
 Retrieval Heads (SRHs) found offline by ``specdec profile-srh`` (:mod:`specdec.srh`):
 
@@ -146,8 +146,8 @@ class HybridSRHSelector(KVSelector):
     """Dustin's hybrid verification set on Semantic Retrieval Heads.
 
     Paper: *Dustin* — sparse verification for long-context speculative decoding with hybrid
-    draft-lookahead / target-history attention on Semantic Retrieval Heads (DESIGN.md §1,
-    ``shared/papers/003_eed2ab8984de2fad.txt``). ``I_verify = sinks ∪ recent ∪ top_m(d) ∪
+    draft-lookahead / target-history attention on Semantic Retrieval Heads (docs page
+    *Dustin*). ``I_verify = sinks ∪ recent ∪ top_m(d) ∪
     top_{k-|·|}(t)`` with ``d`` the draft lookahead signal and ``t`` the target history signal,
     both summed over the SRHs only.
 

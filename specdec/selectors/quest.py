@@ -55,6 +55,9 @@ def page_minmax(k: torch.Tensor, length: int, page_size: int, first_page: int = 
 
     Args:
         k: ``(N, H_kv, L, D)`` keys of one sequence.
+        length: number of valid positions; positions ``>= length`` are ignored.
+        page_size: positions per page.
+        first_page: first page to summarise (pages before it are skipped, e.g. already up to date).
 
     Returns:
         ``kmin``, ``kmax`` ``(N, H_kv, P, D)`` float32 for ``P = ceil(length / page_size) - first_page``
@@ -151,7 +154,7 @@ class QuestPlan(SparsePlan):
 @SELECTORS.register("quest", QuestConfig)
 class Quest(BudgetSelector):
     """Query-aware sparsity with per-page key bounds (Tang et al., 2024, *Quest*), as the
-    MagicDec-Quest baseline of Vegas (``papers/000_27f0d9638331d149.txt``, §4).
+    MagicDec-Quest baseline of Vegas (the Vegas paper, §4).
 
     Attributes:
         kmin, kmax: ``(N, B, H_kv, P, D)`` float32 page key bounds for the verified positions.

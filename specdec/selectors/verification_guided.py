@@ -62,7 +62,7 @@ class VerificationGuidedSelector(BudgetSelector):
     """Top-k of the previous verification's attention scores, per layer (optionally per KV head).
 
     Vegas (verification-guided sparse attention for self-speculative decoding;
-    ``papers/000_27f0d9638331d149.txt``, §2A–B). ``score`` returns the aggregated scores
+    the Vegas paper, §2A–B). ``score`` returns the aggregated scores
     ``(N, B, H_kv or 1, L)`` kept from the last :meth:`on_verify`; the base class adds sinks and the
     recent window and fills the rest of the budget by top-k. Before the first verification there
     are no scores and the plan falls back to recency (a sliding window).
@@ -142,7 +142,7 @@ class Collect2Config(VerificationGuidedConfig):
 
 @SELECTORS.register("collect2", Collect2Config)
 class Collect2Query(VerificationGuidedSelector):
-    """Vegas' Collect-2-Query (``papers/000_27f0d9638331d149.txt``, §2B): scores of verify rows
+    """Vegas' Collect-2-Query (the Vegas paper, §2B): scores of verify rows
     {0, γ} only — the two ends of the draft chain — at a constant cost of two rows."""
 
     Config = Collect2Config

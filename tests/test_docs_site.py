@@ -1,0 +1,203 @@
+"""The docs site's build-time checks and generators (docs/hooks/*.py), without building the site.
+
+The full strict build (scripts/test.sh) runs these on the real site; here each check is shown to
+fail on a planted defect, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOKS = ROOT / "docs" / "hooks"
+
+
+def _load(name: str):
+    """A module of docs/hooks by file (the hooks are not a package; they import each other by name)."""
+    if str(HOOKS) not in sys.path:
+        sys.path.insert(0, str(HOOKS))
+    spec = importlib.util.spec_from_file_location(name, HOOKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sitecheck = _load("sitecheck")
+benchpage = _load("benchpage")
+hooks = _load("specdec_docs")
+
+
+# -- tutorials ------------------------------------------------------------------------------------
+def _nb(tmp_path: Path, cells: list[dict]) -> Path:
+    p = tmp_path / "t.ipynb"
+    p.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return p
+
+
+def _code(count, outputs=(), src="x = 1"):
+    return {"cell_type": "code", "execution_count": count, "metadata": {}, "outputs": list(outputs), "source": [src]}
+
+
+def test_notebook_check_accepts_an_executed_notebook(tmp_path):
+    md = {"cell_type": "markdown", "metadata": {}, "source": ["# T"]}
+    ok = _nb(tmp_path, [md, _code(1), _code(2, [{"output_type": "stream", "name": "stdout", "text": ["hi\n"]}]),
+                        _code(None, src="   ")])  # an empty cell needs no run
+    assert sitecheck.notebook_problems(ok) == []
+
+
+@pytest.mark.parametrize(
+    "cells, expected",
+    [
+        ([_code(None)], "never executed"),
+        ([_code(1), _code(3)], "expected 2"),
+        ([_code(2), _code(1)], "expected 1"),
+        ([_code(1, [{"output_type": "stream", "name": "stderr", "text": ["TqdmWarning: IProgress not found\n"]}])], "stderr"),
+        ([_code(1, [{"output_type": "error", "ename": "ValueError", "evalue": "boom", "traceback": []}])], "ValueError"),
+    ],
+)
+def test_notebook_check_refuses_unexecuted_or_noisy_cells(tmp_path, cells, expected):
+    problems = sitecheck.notebook_problems(_nb(tmp_path, cells))
+    assert problems and expected in problems[0]
+
+
+def test_stored_tutorials_are_executed():
+    """What the site shows is what the notebooks store (scripts/execute_tutorials.sh refreshes them)."""
+    notebooks = sorted((ROOT / "tutorials").glob("*.ipynb"))
+    assert notebooks
+    bad = {nb.name: sitecheck.notebook_problems(nb) for nb in notebooks}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+# -- the built site -------------------------------------------------------------------------------
+def _site(tmp_path: Path, pages: dict[str, str]) -> Path:
+    for rel, body in pages.items():
+        f = tmp_path / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"<html><head></head><body>{body}</body></html>")
+    return tmp_path
+
+
+def test_site_check_accepts_working_links(tmp_path):
+    site = _site(tmp_path, {
+        "index.html": '<a href="a/">a</a> <a href="a/#sec">sec</a> <a href="#top" id="top">t</a>'
+                      '<img src="img/x.svg"> <a href="https://example.org/">out</a> <a href="mailto:x@y">m</a>',
+        "a/index.html": '<h2 id="sec">S</h2><a href="../">home</a><link rel="canonical" href="https://x.org/a/">',
+        "img/x.svg": "",
+    })
+    assert sitecheck.site_problems(site) == []
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ('<a href="missing/">x</a>', "broken link"),
+        ('<a href="concepts/memory-bound.md">x</a>', "broken link"),  # an unconverted notebook link
+        ('<a href="a/#nope">x</a>', "no id 'nope'"),
+        ('<a href="#reading">x</a>', "no id 'reading'"),
+        ('<script src="https://unpkg.com/mathjax@3/es5/tex-mml-chtml.js"></script>', "outside the site"),
+        ('<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">', "outside the site"),
+        ('<a href="/a/">x</a>', "absolute link"),
+    ],
+)
+def test_site_check_finds_broken_links_and_external_loads(tmp_path, body, expected):
+    site = _site(tmp_path, {"index.html": body, "a/index.html": '<h2 id="sec">S</h2>'})
+    problems = sitecheck.site_problems(site)
+    assert problems and expected in problems[0], problems
+
+
+# -- benchmarks page ------------------------------------------------------------------------------
+def _bench(path: Path, machine: dict, rows: list[dict], command="specdec bench --output-dir /tmp/x/out --tag t"):
+    path.write_text(json.dumps({"meta": {"command": command, "machine": machine, "model": "m", "dtype": "bfloat16"},
+                                "rows": rows}))
+
+
+def test_summary_picks_the_best_valid_run_and_hides_machine_paths(tmp_path):
+    gpu = {"date": "2026-11-29 10:00 UTC", "gpu": "NVIDIA H200", "threads": 16}
+    row = dict(document="d", context=8000, batch=64, tau=1.0, speedup_vs_dense=1.0, same_tokens_as_dense=True, lossless=True)
+    _bench(tmp_path / "a.json", gpu, [dict(row, method="dense", tokens_per_second=100.0),
+                                      dict(row, method="vegas", tokens_per_second=150.0, speedup_vs_dense=1.5, tau=4.0)])
+    # faster, but its tokens differ from dense: a bug, never "best"
+    _bench(tmp_path / "b.json", gpu, [dict(row, method="vegas", tokens_per_second=900.0, same_tokens_as_dense=False)])
+    # a faster dense in another run
+    _bench(tmp_path / "c.json", gpu, [dict(row, method="dense", tokens_per_second=120.0)])
+    (tmp_path / "kernels.json").write_text(json.dumps({"rows": [{"variant": "x", "graph_us": 1.0}]}))  # not end to end
+    md = benchpage.summary_markdown(tmp_path)
+    assert "**120**" in md and "150<br>1.50×" in md and "900" not in md
+    assert "/tmp/" not in md and "--output-dir out" in md
+    assert "H200<br>8k&nbsp;ctx<br>B&nbsp;=&nbsp;64" in md.splitlines()[0]
+
+
+def test_summary_of_the_committed_results_opens_with_gpu_rows():
+    md = benchpage.summary_markdown(ROOT / "benchmarks" / "results")
+    head, _, first = md.splitlines()[:3]
+    assert head.startswith("| method |") and "H200" in head.split("|")[2]
+    assert "/tmp/" not in md and "/root/" not in md
+
+
+def test_reports_are_cleaned():
+    text = (
+        "## Run\n\n| a | b |\n|---|---|\n\n| c | d |\n|---|---|\n| 1 | 2 |\n\n"
+        "| 1 | compile | error: InductorError('CompilationError: at 67:4:\\n        if SPARSE | | |\n"
+        "model at /tmp/m/smol.gguf, out /root/out/e.json\n"
+    )
+    out = benchpage.clean_report(text)
+    assert "| a | b |" not in out and "| c | d |" in out  # the table without rows is gone
+    assert "InductorError('" not in out and "failed: InductorError (CompilationError)" in out
+    assert "/tmp/" not in out and "smol.gguf" in out and "e.json" in out
+    assert benchpage.internal_wording("# Issue 5 follow-up\nFixed in 922295c. Against the issue's targets")
+    assert benchpage.internal_wording("Against the performance targets, specdec at `e22e7e8`") == []
+
+
+# -- rendering ------------------------------------------------------------------------------------
+def test_operatorname_star_renders_as_arg_max_with_limits():
+    from latex2mathml.converter import convert
+
+    tex = hooks.tex_for_mathml(r"T = \operatorname*{arg\,max}_{T \subseteq P,\ |T| = k} x")
+    assert "operatorname" not in tex and r"\underset{T \subseteq P,\ |T| = k}{\mathrm{arg\,max}}" in tex
+    mathml = convert(tex)
+    assert "<munder>" in mathml and "&#x0002A;" not in mathml  # no stray "*"
+
+
+def test_nav_titles_are_plain_text():
+    assert hooks.plain_title("Quest (`quest`, method `quest`)") == "Quest (quest, method quest)"
+    assert hooks.plain_title("Read **[the docs](x.md)**") == "Read the docs"
+
+
+def test_notebook_links_point_to_site_pages():
+    from types import SimpleNamespace as NS
+
+    urls = {"concepts/memory-bound.md": "concepts/memory-bound/", "tutorials/01_pipeline.ipynb": "tutorials/01_pipeline/",
+            "tutorials/02_selector_plugin.ipynb": "tutorials/02_selector_plugin/"}  # as mkdocs-jupyter makes them
+    files = NS(get_file_from_path=lambda path: NS(url=urls[path]) if path in urls else None)
+    page = NS(file=NS(src_uri="tutorials/01_pipeline.ipynb"), url="tutorials/01_pipeline/")
+    html = ('<a href="../concepts/memory-bound.md#why">a</a> <a href="02_selector_plugin.ipynb">b</a> '
+            '<a href="../nowhere.md">c</a> <a href="https://x.org/a.md">d</a>')
+    out = hooks.notebook_links(html, page, files)
+    assert 'href="../../concepts/memory-bound/#why"' in out
+    assert 'href="../02_selector_plugin/"' in out
+    assert 'href="../nowhere.md"' in out and 'href="https://x.org/a.md"' in out  # left for the link check
+
+
+def test_notebook_toc_uses_the_headings_real_ids():
+    from types import SimpleNamespace as NS
+
+    reading = NS(id="reading", children=[])
+    page = NS(toc=[NS(id="compose", children=[NS(id="load", children=[]), reading])])
+    html = '<h1 id="compose">C</h1><h2 id="load">L</h2><h2 id="reading-runstats">Reading <code>RunStats</code></h2>'
+    hooks.notebook_toc(html, page)
+    assert reading.id == "reading-runstats"
+
+
+def test_404_links_are_relative():
+    html = ('<a href="/tutorials/">t</a><link href="/assets/x.css"><script src="/assets/j.js"></script>'
+            '<a href="//cdn.example/x">c</a>{"base": "/", "search": "/assets/javascripts/workers/s.js"}')
+    out = hooks.on_post_template(html, "404.html", {"site_url": None})
+    assert 'href="./tutorials/"' in out and 'src="./assets/j.js"' in out and 'href="//cdn.example/x"' in out
+    assert '"base": "."' in out and '"search": "./assets/' in out
+    assert hooks.on_post_template(html, "sitemap.xml", {"site_url": None}) == html
