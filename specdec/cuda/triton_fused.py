@@ -190,12 +190,16 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
     Args:
         q: ``(B, T, H, D)`` queries before RoPE (any strides with unit stride along ``D``, e.g. a
             slice of the fused QKV projection's output).
-        k / v: ``(B, T, H_kv, D)`` keys before RoPE and values.
-        cos / sin: ``(B, T, D)`` the rotary embedding the decoder layer passes (model dtype).
-        k_cache / v_cache: ``(B, H_kv, L, D)`` one layer of the cache (any strides, unit along ``D``).
+        k: ``(B, T, H_kv, D)`` keys before RoPE.
+        v: ``(B, T, H_kv, D)`` values.
+        cos: ``(B, T, D)`` the rotary embedding's cosines the decoder layer passes (model dtype).
+        sin: ``(B, T, D)`` its sines.
+        k_cache: ``(B, H_kv, L, D)`` one layer of the key cache (any strides, unit along ``D``).
+        v_cache: ``(B, H_kv, L, D)`` the same layer of the value cache.
         lengths: ``(B,)`` integer tokens cached before this write (read on the device); rows whose
             position falls outside ``[0, L)`` are not written (callers check the capacity first).
-        q_norm / k_norm: ``(weight (D,), eps)`` of Qwen3's per-head RMSNorm, applied before RoPE.
+        q_norm: ``(weight (D,), eps)`` of Qwen3's per-head query RMSNorm, applied before RoPE.
+        k_norm: ``(weight (D,), eps)`` of its key RMSNorm (same ``eps``).
 
     Returns:
         ``(B, H, T, D)`` the rotated queries (contiguous), as the attention function expects them.
