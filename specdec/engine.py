@@ -314,6 +314,7 @@ class SpeculativeEngine:
         accepted_at = torch.zeros(max(gamma, 1), dtype=torch.float64)
         trials = 0
         ctl = self._controller(gamma)
+        stale_plan = False  # dense steps ran since the last verification
         t_start = time.perf_counter()
         while bool(state.active.any()):
             stats.iterations += 1
@@ -334,12 +335,15 @@ class SpeculativeEngine:
                                  extra=extra)
                 if got:
                     raise_nonfinite(got[0], "target")
-                if ctl is not None:  # the drafter's next plan starts from sinks + recent again
-                    with timer("select"):
-                        self.drafter.on_verify(state, None)
+                if ctl is not None:
                     ctl.observe_dense(time.perf_counter() - t_iter)
                     stats.dense_steps += 1
+                    stale_plan = True
                 continue
+            if stale_plan:  # the verification scores predate the dense steps: plan from sinks + recent
+                with timer("select"):
+                    self.drafter.on_verify(state, None)
+                stale_plan = False
             with timer("draft"):
                 drafts, q = self.drafter.draft(state, g)
             req = self.drafter.score_request(g)
