@@ -20,7 +20,9 @@ sized for it) — or ``0``: one plain dense step instead of a draft/verify round
 
 Both decisions change only *how* tokens are produced: dense steps and verified rounds each emit
 exactly the target's tokens (greedy) or samples of its distribution (rejection sampling), so the
-output is unchanged. Fall-back needs a drafter that drafts from the target's own cache
+output is unchanged. Only lossless methods adapt: a near-lossless one (Dustin's sparse verification)
+emits what its γ gives, and γ_t follows the whole batch's acceptance, so adapting would make a
+sequence's output depend on its batch mates. Fall-back needs a drafter that drafts from the target's own cache
 (``Drafter.dense_steps_ok``) and the full verifier; otherwise only γ adapts.
 """
 

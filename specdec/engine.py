@@ -388,7 +388,9 @@ class SpeculativeEngine:
 
     def _controller(self, gamma: int):
         """The :class:`~specdec.adaptive.SpeculationController` of this run, or ``None`` (dense, or not adaptive)."""
-        if self.drafter is None or not self.adaptive or self.replay is not None:
+        # near-lossless methods (sparse verification) emit what their γ and batch give: adapting γ to
+        # the batch's acceptance would change a sequence's output with its batch mates; they keep γ
+        if self.drafter is None or not self.adaptive or self.replay is not None or not self.lossless:
             return None
         from specdec.adaptive import SpeculationController
         from specdec.verifiers import FullVerifier

@@ -112,10 +112,13 @@ def test_fall_back_only_for_drafters_on_the_targets_cache():
     assert _engine(m, "vegas")._controller(3).fall_back
     assert _engine(m, "vegas", adaptive=False)._controller(3) is None
     assert _engine(m, "dense")._controller(3) is None
+    dustin = _engine(m, "vegas")
+    dustin.lossless = False  # near-lossless (sparse verification): its output depends on γ, which must not follow the batch
+    assert dustin._controller(3) is None
     from specdec.drafters import ModelDrafter, SparseSelfDrafter
 
     assert SparseSelfDrafter.dense_steps_ok
-    assert not ModelDrafter.dense_steps_ok  # Dustin's draft model keeps its own cache: γ adapts, no dense steps
+    assert not ModelDrafter.dense_steps_ok  # a draft model keeps its own cache: no dense steps
 
 
 def test_dense_steps_when_sampling_are_the_dense_engines_samples():
