@@ -125,11 +125,10 @@ def test_rope_qkv_write_refuses_bad_shapes():
 
 # -- fused models against unfused --------------------------------------------------------------------
 def _pair(family, kernels="triton", seed=0):
-    plain = make_tiny(family, seed)
-    fused = make_tiny(family, seed).fuse_projections(kernels=kernels)
+    plain, fused = make_tiny(family, seed), make_tiny(family, seed)
     for m in (plain, fused):
-        m.hf.to(DEV)
-    return plain, fused
+        m.hf.to(DEV)  # before fusing: fusing runs a routing probe forward, with the kernels
+    return plain, fused.fuse_projections(kernels=kernels)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
@@ -218,7 +217,9 @@ def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family):
 
 
 def test_kernel_settings_compile_and_refusals():
-    m = make_tiny("llama").fuse_projections(kernels="triton")
+    m = make_tiny("llama")
+    m.hf.to(DEV)
+    m.fuse_projections(kernels="triton")
     layer = m.hf.model.layers[0]
     assert layer._specdec_kernels == "triton" and layer.mlp._specdec_kernels == "triton"
     assert type(layer).__name__ == "FusedLlamaDecoderLayer" and isinstance(layer.input_layernorm, type(m.hf.model.norm))
