@@ -177,13 +177,16 @@ class AcceptanceReplay:
         return Acceptance(n_accepted=n, next_token=nxt)
 
 
-def save_trace(path, stats, **meta) -> None:
-    """Write ``stats.acceptance_trace`` (a :class:`~specdec.engine.RunStats` of a recording run) as JSON."""
+def trace_json(stats, **meta) -> str:
+    """``stats.acceptance_trace`` (a :class:`~specdec.engine.RunStats` of a recording run) and ``meta`` as JSON."""
     import json
-    from pathlib import Path
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    payload = dict(meta, method=stats.method, gamma=stats.gamma, tau=stats.mean_accepted_length,
-                   gamma_per_round=stats.gamma_per_round, rounds=stats.acceptance_trace)
-    p.write_text(json.dumps(payload))
+    return json.dumps(dict(meta, method=stats.method, gamma=stats.gamma, tau=stats.mean_accepted_length,
+                           gamma_per_round=stats.gamma_per_round, rounds=stats.acceptance_trace))
+
+
+def save_trace(path, stats, **meta) -> None:
+    """Write :func:`trace_json` to ``path`` (atomically; read back by :meth:`AcceptanceReplay.load`)."""
+    from specdec.outputs import write_text
+
+    write_text(path, trace_json(stats, **meta), "acceptance trace")

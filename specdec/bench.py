@@ -142,6 +142,8 @@ def run_bench(
 
     from specdec.cli import load_model, pipeline_config
     from specdec.data import context_ids, load_document
+    from specdec.memory import check_fits
+    from specdec.outputs import check_output_dir, write_text
     from specdec.presets import build_engine
 
     from specdec.adaptive import AcceptanceReplay
@@ -150,6 +152,9 @@ def run_bench(
         raise SpecdecError("contexts and batch sizes must be >= 1.")
     if repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1 (got {repeats}); use 3 or more for a median.")
+    if not methods or not contexts or not batch_sizes or not documents:
+        raise SpecdecError("methods, contexts, batch sizes and documents each need at least one value.")
+    check_output_dir(output_dir, "--output-dir")
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
     if isinstance(acceptance_trace, dict):
@@ -175,7 +180,6 @@ def run_bench(
             f"context {too_long[0]} + max_new_tokens {max_new_tokens} exceeds the model's {m.dims.max_positions} "
             f"positions; use contexts <= {m.dims.max_positions - max_new_tokens}."
         )
-    output_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
                 machine=machine_info(str(m.device)), model=shape or model, backend=backend, dtype=dtype, gamma=gamma,
                 budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
@@ -183,9 +187,9 @@ def run_bench(
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
                 replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None, adaptive=adaptive)
 
-    def save() -> None:
-        (output_dir / f"{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-        (output_dir / f"{tag}.md").write_text(markdown_table(meta, rows))
+    def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
+        write_text(output_dir / f"{tag}.json", json.dumps(dict(meta=meta, rows=rows), indent=2), "--output-dir")
+        write_text(output_dir / f"{tag}.md", markdown_table(meta, rows), "--output-dir")
     rows: list[dict[str, Any]] = []
     if shape is not None:
         documents = ["random"]
@@ -201,6 +205,7 @@ def run_bench(
                     g = torch.Generator().manual_seed(ctx)
                     ids = torch.randint(0, m.dims.vocab_size, (ctx,), generator=g).tolist()
                 for bs in batch_sizes:
+                    check_fits(m, bs, len(ids), max_new_tokens, gamma)
                     dense_tps = None
                     pre = None
                     for name in methods:

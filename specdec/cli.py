@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from functools import wraps
+from importlib import import_module
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -20,7 +21,12 @@ from specdec.errors import SpecdecError
 
 #: the click exceptions module typer uses (its vendored copy in typer >= 0.20, click itself before)
 _CLICK = sys.modules[typer.BadParameter.__module__]
+_CLICK_GLOBALS = import_module(_CLICK.__name__.rsplit(".", 1)[0] + ".globals")  # get_current_context
 _NO_ARGS = getattr(_CLICK, "NoArgsIsHelpError", ())  # click < 8.2 prints the help itself
+
+#: Ctrl-C: one line, exit code 130 (128 + SIGINT, the shell convention), no partial output file
+INTERRUPTED = "error: interrupted."
+EXIT_INTERRUPTED = 130
 
 
 class OneLineErrors(TyperGroup):
@@ -43,9 +49,15 @@ class OneLineErrors(TyperGroup):
             msg = " ".join(exc.format_message().split())
             typer.echo(f"error: {msg.rstrip('.')}; see `{cmd}`.", err=True)
             sys.exit(exc.exit_code)
-        except typer.Abort:
+        except typer.Abort as exc:
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                typer.echo(INTERRUPTED, err=True)
+                sys.exit(EXIT_INTERRUPTED)
             typer.echo("error: aborted.", err=True)
             sys.exit(1)
+        except KeyboardInterrupt:
+            typer.echo(INTERRUPTED, err=True)
+            sys.exit(EXIT_INTERRUPTED)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -66,6 +78,7 @@ def friendly(fn: Callable) -> Callable:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any):
         try:
+            check_finite_options(kwargs)
             return fn(*args, **kwargs)
         except typer.Exit:
             raise
@@ -77,6 +90,8 @@ def friendly(fn: Callable) -> Callable:
             fail(format_validation_error("config", exc))
         except FileNotFoundError as exc:
             fail(f"file not found: {exc.filename}; check the path.")
+        except NotADirectoryError as exc:
+            fail(f"{exc.filename}: a parent of this path is a file, not a directory; check the path.")
         except IsADirectoryError as exc:
             fail(f"{exc.filename} is a directory, not a file; pass a file path.")
         except PermissionError as exc:
@@ -85,10 +100,31 @@ def friendly(fn: Callable) -> Callable:
             fail(str(exc))
         except torch_oom() as exc:  # type: ignore[misc]
             fail(f"out of memory ({str(exc).splitlines()[0]}); use a smaller --batch-size or --context-tokens.")
+        except RuntimeError as exc:
+            if "can't allocate memory" not in str(exc) and "not enough memory" not in str(exc):
+                raise
+            from specdec.memory import oom_message
+
+            fail(oom_message(kwargs.get("batch_size"), kwargs.get("context_tokens"),
+                             f" ({str(exc).splitlines()[0].split('] ')[-1].rstrip('.')})"))
         except KeyboardInterrupt:
-            fail("interrupted.")
+            typer.echo(INTERRUPTED, err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return wrapper
+
+
+def check_finite_options(values: dict[str, Any]) -> None:
+    """Refuse ``inf``/``nan`` for every float option of the running command, naming the option."""
+    import math
+
+    ctx = _CLICK_GLOBALS.get_current_context(silent=True)
+    if ctx is None:
+        return
+    for param in ctx.command.params:
+        v = values.get(param.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecdecError(f"{param.opts[0]} must be a finite number (got {v}).")
 
 
 def torch_oom() -> type[BaseException]:
@@ -98,11 +134,11 @@ def torch_oom() -> type[BaseException]:
 
 
 def resolve_device(device: str) -> str:
-    import torch
+    from specdec.fastpath import cuda_available
 
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "cuda" if cuda_available() else "cpu"
+    if device.startswith("cuda") and not cuda_available():
         raise SpecdecError(f"--device {device} was requested but no CUDA GPU is available; use --device cpu.")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise SpecdecError(f"unknown device {device!r}; use cpu, cuda or auto.")
@@ -166,16 +202,7 @@ def pipeline_config(
 
     base: dict[str, Any] = {}
     if config_file is not None:
-        try:
-            base = json.loads(Path(config_file).read_text())
-        except FileNotFoundError:
-            raise SpecdecError(f"config file {config_file} does not exist; pass the JSON written by `specdec tune`.")
-        except json.JSONDecodeError as exc:
-            raise SpecdecError(f"config file {config_file} is not valid JSON (line {exc.lineno}: {exc.msg}).")
-        if not isinstance(base, dict) or not isinstance(base.get("recommended", base), dict):
-            raise SpecdecError(f"config file {config_file} must hold a JSON object of pipeline fields.")
-        base = dict(base.get("recommended", base))
-        base.pop("sampling", None)
+        base = read_config(config_file)
     if budget is not None and budget_ratio is not None:
         raise SpecdecError(f"--budget {budget} and --budget-ratio {budget_ratio} were both given; pass only one.")
     given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
@@ -190,19 +217,86 @@ def pipeline_config(
     return PipelineConfig.make(**merged)
 
 
+#: top-level keys of ``--config`` besides the pipeline fields: a ``specdec tune`` report (its ``recommended``
+#: key is read, the rest is the report's record); any other section is refused rather than silently dropped
+CONFIG_SECTIONS_NOT_READ = {
+    "sampling": "the CLI does not read a 'sampling' section; pass --temperature, --top-p, --top-k and --seed instead",
+}
+
+
+def read_config(config_file: Path) -> dict[str, Any]:
+    """The pipeline fields of ``--config FILE``: a JSON object, or a ``specdec tune`` report's ``recommended``."""
+    from specdec.inputs import read_json_object
+
+    base = read_json_object(config_file, "--config")
+    if "recommended" in base:
+        base = base["recommended"]
+        if not isinstance(base, dict):
+            raise SpecdecError(f"config file {config_file} must hold a JSON object of pipeline fields.")
+    for key, why in CONFIG_SECTIONS_NOT_READ.items():
+        if key in base:
+            raise SpecdecError(f"config file {config_file}: {why}.")
+    return dict(base)
+
+
 def check_budget(cfg, context: int) -> None:
+    """The budget fits the context; explicitly given sinks + recent fit the budget and the context."""
     if cfg.budget is not None and cfg.budget > context:
         raise SpecdecError(
             f"--budget {cfg.budget} exceeds the context of {context} tokens; use a budget <= {context} or --budget-ratio."
         )
+    if {"sinks", "recent"} & cfg.model_fields_set and cfg.sinks + cfg.recent > context:
+        raise SpecdecError(
+            f"sinks {cfg.sinks} + recent {cfg.recent} exceed the context of {context} tokens; "
+            f"use sinks + recent <= {context}."
+        )
 
 
 # --------------------------------------------------------------------------------------------------
+@app.callback()
+def main_options(
+    threads: Optional[int] = typer.Option(
+        None, "--threads", min=1,
+        help="CPU threads for torch (default: the CPUs this process may use, from os.sched_getaffinity, or "
+             "OMP_NUM_THREADS when set); goes before the command: specdec --threads 2 demo"),
+) -> None:
+    """Long-context speculative decoding with sparse attention."""
+    from specdec.threads import apply_threads
+
+    try:
+        apply_threads(threads)
+    except KeyboardInterrupt:
+        typer.echo(INTERRUPTED, err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def parse_methods(option: str, text: str) -> list[str]:
+    """``--methods a,b`` as a list; an empty list is refused."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise SpecdecError(f"{option} {text!r} names no method; pass comma-separated names, e.g. {option} dense,magicdec.")
+    return names
+
+
+def speed_options(device: str, backend, dtype, cuda_graphs, compile_, fuse):  # noqa: ANN001
+    """The device's defaults (:mod:`specdec.fastpath`) for the speed options left unset."""
+    from specdec.fastpath import speed_defaults
+
+    return speed_defaults(resolve_device(device).split(":")[0], backend, dtype, cuda_graphs, compile_, fuse)
+
+
+_BACKEND_HELP = "attention backend: reference, torch, triton, numba, ... (default: triton on CUDA, reference on the CPU)"
+_DTYPE_HELP = "float32, bfloat16 or float16 (default: bfloat16 with the CUDA fast path, else float32)"
+_GRAPHS_HELP = "capture decode steps as CUDA graphs (default: on with the CUDA fast path)"
+_COMPILE_HELP = "torch.compile decode steps (default: on with the CUDA fast path)"
+_FUSE_HELP = "fuse q/k/v and gate/up projections, Llama/Qwen2/Qwen3/Mistral (default: on with the CUDA fast path)"
+
+
 @app.command()
 @friendly
 def generate(
-    prompt_file: Path = typer.Option(..., "--prompt-file", help="plain-text prompt file"),
-    max_new_tokens: int = typer.Option(..., "--max-new-tokens", min=1),
+    prompt_file: Path = typer.Option(..., "--prompt-file", help="plain-text prompt file (a regular file)"),
+    max_new_tokens: int = typer.Option(..., "--max-new-tokens", min=1, help="tokens to generate per sequence"),
     output_json: Path = typer.Option(..., "--output-json", help="where to write tokens, text and stats"),
     model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
     method: Optional[str] = typer.Option(None, "--method", help="dense, magicdec, vegas, quest, dustin, ... (default magicdec)"),
@@ -210,66 +304,75 @@ def generate(
     budget: Optional[int] = typer.Option(None, "--budget", help="KV entries one sparse step sees"),
     budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio", help="budget as a share of the context"),
     gamma: Optional[int] = typer.Option(None, "--gamma", help="draft length γ (default 4)"),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    temperature: float = typer.Option(0.0, "--temperature", help="sampling temperature; 0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling: keep the smallest set of tokens with this mass"),
+    top_k: int = typer.Option(0, "--top-k", help="sample among the k most likely tokens; 0 = off"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="seed of the sampling generator, 0 to 2**64 - 1"),
     batch_size: int = typer.Option(1, "--batch-size", help="repeat the prompt B times"),
-    backend: str = typer.Option("reference", "--backend"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
+    backend: Optional[str] = typer.Option(None, "--backend", help=_BACKEND_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=_DTYPE_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
     chat: bool = typer.Option(False, "--chat", help="wrap the prompt in the model's chat template"),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture decode steps as CUDA graphs (GPU)"),
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile decode steps"),
-    fuse: bool = typer.Option(False, "--fuse", help="fuse q/k/v and gate/up projections (Llama, Qwen2, Qwen3, Mistral)"),
+    cuda_graphs: Optional[bool] = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help=_GRAPHS_HELP),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=_COMPILE_HELP),
+    fuse: Optional[bool] = typer.Option(None, "--fuse/--no-fuse", help=_FUSE_HELP),
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive",
         help="adapt γ per iteration and fall back to dense steps when drafting cannot pay (default on; lossless)"),
     record_acceptance: Optional[Path] = typer.Option(
         None, "--record-acceptance", help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace)"),
+    encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
     from specdec.data import context_ids
+    from specdec.inputs import read_text_file
+    from specdec.memory import check_fits
+    from specdec.outputs import check_outputs, write_text
     from specdec.presets import build_engine
 
+    check_outputs([(output_json, "--output-json"), (record_acceptance, "--record-acceptance")])
     if batch_size < 1:
         raise SpecdecError(f"--batch-size must be >= 1 (got {batch_size}).")
     if context_tokens is not None and context_tokens < 1:
         raise SpecdecError(f"--context-tokens must be >= 1 (got {context_tokens}).")
     cfg = pipeline_config(method, gamma, budget, budget_ratio, temperature, top_p, top_k, seed, config_file)
-    text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
+    text = read_text_file(prompt_file, "--prompt-file", encoding, "--encoding")
     if not text.strip():
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")
-    m = load_model(model, dtype, device, backend, cuda_graphs, compile_, fuse)
+    so = speed_options(device, backend, dtype, cuda_graphs, compile_, fuse)
+    m = load_model(model, so.dtype, device, so.backend, so.cuda_graphs, so.compile, so.fuse)
     if chat:
         text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
     ids = context_ids(m.tokenizer, text, None)
     if context_tokens is not None:
         ids = ids[-context_tokens:]
     check_budget(cfg, len(ids))
+    check_fits(m, batch_size, len(ids), max_new_tokens, cfg.gamma)
     if adaptive is not None:
         cfg = cfg.model_copy(update={"adaptive": adaptive})
     engine = build_engine(m, cfg)
     engine.record_acceptance = record_acceptance is not None
     res = engine.generate([ids] * batch_size, max_new_tokens=max_new_tokens)
     if record_acceptance is not None:
-        from specdec.adaptive import save_trace
+        from specdec.adaptive import trace_json
 
-        save_trace(record_acceptance, res.stats, model=model, budget=cfg.budget, budget_ratio=cfg.budget_ratio,
-                   context_tokens=len(ids), adaptive=cfg.adaptive)
-    output_json.parent.mkdir(parents=True, exist_ok=True)
+        write_text(record_acceptance, trace_json(res.stats, model=model, budget=cfg.budget,
+                                                 budget_ratio=cfg.budget_ratio, context_tokens=len(ids),
+                                                 adaptive=cfg.adaptive), "--record-acceptance")
+    import torch
+
     payload = {
         "model": model,
         "config": json.loads(cfg.model_dump_json()),
         "context_tokens": len(ids),
+        "speed": {"backend": so.backend, "dtype": so.dtype, "cuda_graphs": so.cuda_graphs, "compile": so.compile,
+                  "fuse": so.fuse, "device": str(m.device), "threads": torch.get_num_threads()},
         "tokens": res.tokens,
         "text": res.text,
         "stats": res.stats.to_dict(),
     }
-    tmp = output_json.with_suffix(output_json.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    tmp.replace(output_json)
+    write_text(output_json, json.dumps(payload, indent=2), "--output-json")
     s = res.stats
     typer.echo(
         f"{cfg.method}: {s.generated_tokens} tokens, τ={s.mean_accepted_length:.2f}, {s.tokens_per_second:.2f} tok/s"
@@ -280,86 +383,51 @@ def generate(
 @app.command()
 @friendly
 def demo(
-    context_tokens: int = typer.Option(1024, "--context-tokens"),
-    max_new_tokens: int = typer.Option(48, "--max-new-tokens", min=1),
+    context_tokens: Optional[int] = typer.Option(
+        None, "--context-tokens", min=16,
+        help="prompt length in tokens (default: the longest the model allows on a CPU, 4096 on a GPU)"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens", min=1, help="tokens to generate"),
     methods: str = typer.Option("dense,magicdec", "--methods", help="comma-separated methods to compare"),
-    budget_ratio: float = typer.Option(0.1, "--budget-ratio"),
-    gamma: int = typer.Option(4, "--gamma"),
-    model: str = typer.Option("smollm2-135m", "--model"),
-    device: str = typer.Option("auto", "--device"),
-    backend: str = typer.Option("torch", "--backend"),
+    budget_ratio: float = typer.Option(0.05, "--budget-ratio", help="budget as a share of the context"),
+    gamma: int = typer.Option(4, "--gamma", help="draft length γ"),
+    batch_size: int = typer.Option(1, "--batch-size", min=1, help="sequences decoded together"),
+    model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", help="attention backend (default: numba on a CPU where installed, else torch; the CUDA fast path on a GPU)"),
 ) -> None:
     """Continue Python's own documentation with the embedded model; compare dense vs speculative."""
-    from rich.console import Console
-    from rich.table import Table
+    from specdec.demo import run_demo
 
-    from specdec.data import context_ids, load_document
-    from specdec.presets import build_engine
-
-    console = Console()
-    names = [x.strip() for x in methods.split(",") if x.strip()]
-    m = load_model(model, "float32", device, backend)
-    ids = context_ids(m.tokenizer, load_document("pydoc"), context_tokens, offset=20000)
-    console.print(f"[bold]specdec demo[/]: {model}, {len(ids)} tokens of pydoc_data.topics, {max_new_tokens} new tokens")
-    results = {}
-    for name in names:
-        cfg = pipeline_config(name, gamma, None, budget_ratio, 0.0, 1.0, 0, None)
-        with console.status(f"generating with {name} ..."):
-            results[name] = build_engine(m, cfg).generate([ids], max_new_tokens=max_new_tokens)
-    first = results[names[0]]
-    console.rule("continuation")
-    console.print(first.text[0])
-    console.rule()
-    same = all(r.tokens[0] == first.tokens[0] for r in results.values())
-    base = results.get("dense", first).stats.tokens_per_second
-    table = Table(title=f"dense vs speculative (budget {budget_ratio:.0%}, γ={gamma}, {m.device.type}, {backend} backend)")
-    for col in ("method", "τ", "tokens/s", "speedup vs dense", "iterations", "same tokens as first"):
-        table.add_column(col)
-    for name, r in results.items():
-        s = r.stats
-        table.add_row(
-            name,
-            f"{s.mean_accepted_length:.2f}",
-            f"{s.tokens_per_second:.2f}",
-            f"{s.tokens_per_second / base:.2f}×" if base else "-",
-            str(s.iterations),
-            "yes" if r.tokens[0] == first.tokens[0] else "no",
-        )
-    console.print(table)
-    if m.device.type == "cpu":
-        console.print(
-            "[dim]On a CPU at batch 1 every draft step still reads all the weights, so τ shows the method's accuracy "
-            "but not a speedup; the gain appears where the KV cache dominates the step (long context × batch on a "
-            "GPU): see benchmarks/results/gpu_e2e_2026-11-29.md.[/]"
-        )
-    if not same:
-        console.print("[yellow]note: a near-lossless method changed the output[/]")
+    run_demo(context_tokens=context_tokens, max_new_tokens=max_new_tokens, methods=parse_methods("--methods", methods),
+             budget_ratio=budget_ratio, gamma=gamma, batch_size=batch_size, model=model, device=device, backend=backend,
+             load=load_model, config=pipeline_config, resolve=resolve_device)
 
 
 @app.command()
 @friendly
 def bench(
-    methods: str = typer.Option("dense,magicdec", "--methods"),
+    methods: str = typer.Option("dense,magicdec", "--methods", help="comma-separated methods to compare"),
     contexts: str = typer.Option("2048", "--contexts", help="comma-separated context lengths"),
-    batch_sizes: str = typer.Option("1", "--batch-sizes"),
+    batch_sizes: str = typer.Option("1", "--batch-sizes", help="comma-separated batch sizes"),
     documents: str = typer.Option("pydoc", "--documents", help="comma-separated: file paths, pydoc, stdlib:<module>"),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
-    budget: Optional[int] = typer.Option(None, "--budget"),
-    budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio"),
-    gamma: int = typer.Option(4, "--gamma"),
-    model: str = typer.Option("smollm2-135m", "--model"),
-    backend: str = typer.Option("reference", "--backend"),
-    dtype: str = typer.Option("float32", "--dtype"),
-    device: str = typer.Option("auto", "--device"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="tokens to generate per run"),
+    budget: Optional[int] = typer.Option(None, "--budget", help="KV entries one sparse step sees"),
+    budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio", help="budget as a share of the context"),
+    gamma: int = typer.Option(4, "--gamma", help="draft length γ"),
+    model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
+    backend: Optional[str] = typer.Option(None, "--backend", help=_BACKEND_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=_DTYPE_HELP),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
     hf_baseline: bool = typer.Option(False, "--hf-baseline", help="also time Hugging Face generate (dense)"),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture decode steps as CUDA graphs (GPU)"),
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile decode steps"),
-    fuse: bool = typer.Option(False, "--fuse", help="fuse q/k/v and gate/up projections (Llama, Qwen2, Qwen3, Mistral)"),
+    cuda_graphs: Optional[bool] = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help=_GRAPHS_HELP),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=_COMPILE_HELP),
+    fuse: Optional[bool] = typer.Option(None, "--fuse/--no-fuse", help=_FUSE_HELP),
     warmup: Optional[bool] = typer.Option(
         None, "--warmup/--no-warmup",
         help="run each method once untimed first (default: on with --cuda-graphs or --compile, whose captures "
              "and compilations would otherwise be timed)"),
-    output_dir: Path = typer.Option(Path("benchmarks/results"), "--output-dir"),
+    output_dir: Path = typer.Option(Path("bench_out"), "--output-dir", help="folder for <tag>.json and <tag>.md"),
     tag: str = typer.Option("bench", "--tag", help="file name prefix"),
     repeats: int = typer.Option(3, "--repeats", help="timed runs per row (median, min-max reported)"),
     shape: Optional[str] = typer.Option(None, "--shape",
@@ -371,6 +439,7 @@ def bench(
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench
+    from specdec.outputs import check_output_dir, check_outputs
 
     def ints(option: str, text: str) -> list[int]:
         try:
@@ -378,8 +447,14 @@ def bench(
         except ValueError:
             raise SpecdecError(f"{option} takes comma-separated integers (got {text!r}), e.g. 2048,8000.") from None
 
+    names = parse_methods("--methods", methods)
+    if not tag or "/" in tag or tag in (".", ".."):
+        raise SpecdecError(f"--tag {tag!r} must be a plain file name prefix (no '/').")
+    check_output_dir(output_dir, "--output-dir")
+    check_outputs([(output_dir / f"{tag}.json", "--output-dir"), (output_dir / f"{tag}.md", "--tag")])
+    so = speed_options(device, backend, dtype, cuda_graphs, compile_, fuse)
     run_bench(
-        methods=[x.strip() for x in methods.split(",") if x.strip()],
+        methods=names,
         contexts=ints("--contexts", contexts),
         batch_sizes=ints("--batch-sizes", batch_sizes),
         documents=[x.strip() for x in documents.split(",") if x.strip()],
@@ -388,14 +463,14 @@ def bench(
         budget_ratio=budget_ratio,
         gamma=gamma,
         model=model,
-        backend=backend,
-        dtype=dtype,
+        backend=so.backend,
+        dtype=so.dtype,
         device=device,
         hf_baseline=hf_baseline,
-        cuda_graphs=cuda_graphs,
-        compile=compile_,
-        fuse=fuse,
-        warmup=(cuda_graphs or compile_) if warmup is None else warmup,
+        cuda_graphs=so.cuda_graphs,
+        compile=so.compile,
+        fuse=so.fuse,
+        warmup=(so.cuda_graphs or so.compile) if warmup is None else warmup,
         output_dir=output_dir,
         tag=tag,
         argv=sys.argv,
@@ -404,6 +479,7 @@ def bench(
         acceptance_trace=_traces(acceptance_trace),
         adaptive=adaptive,
     )
+    typer.echo(f"wrote {output_dir / f'{tag}.json'} and {output_dir / f'{tag}.md'}")
 
 
 def _traces(text: Optional[str]):

@@ -301,25 +301,28 @@ def register(app) -> None:
     @app.command("fidelity")
     @friendly
     def fidelity_cmd(
-        output_json: Path = typer.Option(..., "--output-json"),
-        output_md: Optional[Path] = typer.Option(None, "--output-md"),
-        model: str = typer.Option("smollm2-135m", "--model"),
-        documents: str = typer.Option("pydoc,stdlib:argparse", "--documents"),
-        context: int = typer.Option(2048, "--context-tokens"),
-        budgets: str = typer.Option("512,1024", "--budgets"),
-        gamma: int = typer.Option(4, "--gamma"),
-        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1),
+        output_json: Path = typer.Option(..., "--output-json", help="where to write the full results as JSON"),
+        output_md: Optional[Path] = typer.Option(None, "--output-md", help="also write the Markdown summary here"),
+        model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
+        documents: str = typer.Option("pydoc,stdlib:argparse", "--documents", help="comma-separated: pydoc, stdlib:<module>"),
+        context: int = typer.Option(2048, "--context-tokens", help="context length in tokens"),
+        budgets: str = typer.Option("512,1024", "--budgets", help="comma-separated verification budgets (KV entries)"),
+        gamma: int = typer.Option(4, "--gamma", help="draft length γ"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="tokens generated per document"),
         srh: Optional[Path] = typer.Option(None, "--srh", help="SRH artifact from `specdec profile-srh`"),
         adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="also run dustin-adaptive"),
         option: list[str] = typer.Option([], "--option", help="extra dustin option key=value (repeatable)"),
-        passkey_trials: int = typer.Option(0, "--passkey-trials"),
-        device: str = typer.Option("auto", "--device"),
+        passkey_trials: int = typer.Option(0, "--passkey-trials", help="pass-key retrieval trials per budget (0 = none)"),
+        device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
     ) -> None:
         """Agreement with dense verification, TV distance, ARR per layer and passkey accuracy of Dustin."""
         import datetime as dt
 
         from rich.console import Console
 
+        from specdec.outputs import check_outputs, write_text
+
+        check_outputs([(output_json, "--output-json"), (output_md, "--output-md")])
         opts = parse_options(option)
         if srh is not None:
             opts["srh"] = str(srh)
@@ -339,9 +342,9 @@ def register(app) -> None:
         meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), model=model, context=context,
                     budgets=bl, gamma=gamma, max_new_tokens=max_new_tokens, options=opts)
         cmd = " ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]])
-        output_json.parent.mkdir(parents=True, exist_ok=True)
-        output_json.write_text(json.dumps(dict(meta=meta, command=cmd, summary=summarize(res), **res), indent=1))
+        write_text(output_json, json.dumps(dict(meta=meta, command=cmd, summary=summarize(res), **res), indent=1),
+                   "--output-json")
         md = markdown(res, cmd, meta)
         if output_md is not None:
-            output_md.write_text(md)
+            write_text(output_md, md, "--output-md")
         console.print(md)

@@ -179,6 +179,8 @@ def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu
     except SpecdecError:
         raise
     except Exception as exc:  # any failure to read the files is bad input: corrupt/truncated GGUF or safetensors, bad JSON
+        if isinstance(exc.__context__, KeyboardInterrupt):  # a loader that turned Ctrl-C into its own error
+            raise exc.__context__ from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise SpecdecError(
             f"could not load model {model!r} ({type(exc).__name__}: {first.rstrip('.')}); "

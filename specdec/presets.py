@@ -41,6 +41,9 @@ class PipelineConfig(ComponentConfig):
     def _one_budget(self):
         if self.budget is not None and self.budget_ratio is not None:
             raise ValueError("set either budget or budget_ratio, not both")
+        if self.budget is not None and {"sinks", "recent"} & self.model_fields_set and self.sinks + self.recent > self.budget:
+            raise ValueError(f"sinks {self.sinks} + recent {self.recent} exceed the budget {self.budget}; "
+                             f"use sinks + recent <= budget")
         return self
 
     def budget_kwargs(self) -> dict[str, Any]:

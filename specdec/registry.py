@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import import_module, metadata
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from specdec.errors import SpecdecError
 
@@ -19,16 +19,30 @@ T = TypeVar("T")
 
 
 class ComponentConfig(BaseModel):
-    """Base of every component config: frozen, no unknown fields."""
+    """Base of every component config: frozen, no unknown fields, finite floats, booleans are not numbers."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _bool_is_not_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """``"gamma": true`` would silently become 1: a boolean is accepted only where the field takes one."""
+        if isinstance(value, bool):
+            ann = cls.model_fields[info.field_name].annotation
+            if ann is not bool and bool not in get_args(ann) and ann is not Any:
+                raise ValueError(f"must be a number, not a boolean ({str(value).lower()})")
+        return value
 
 
 def format_validation_error(where: str, exc: ValidationError) -> str:
     """One sentence naming the first bad field and what it needs."""
     err = exc.errors()[0]
-    field = ".".join(str(p) for p in err.get("loc", ())) or "<config>"
-    return f"{where}: field '{field}' {err.get('msg', 'is invalid').lower()} (got {err.get('input')!r})."
+    msg = err.get("msg", "is invalid")
+    msg = msg[len("Value error, "):] if msg.startswith("Value error, ") else msg.lower()
+    field = ".".join(str(p) for p in err.get("loc", ()))
+    if not field:  # a rule over several fields: the input is the whole config, the message names the fields
+        return f"{where}: {msg.rstrip('.')}."
+    return f"{where}: field '{field}' {msg} (got {err.get('input')!r})."
 
 
 @dataclass(frozen=True)

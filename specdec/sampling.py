@@ -24,7 +24,7 @@ class SamplingConfig(ComponentConfig):
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, description="0 = off")
-    seed: int | None = Field(default=None, description="seed of the sampling generator")
+    seed: int | None = Field(default=None, ge=0, le=2**64 - 1, description="seed of the sampling generator (0 to 2**64 - 1)")
 
     @property
     def greedy(self) -> bool:

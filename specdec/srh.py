@@ -33,6 +33,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.interfaces import AttentionBackend
+from specdec.outputs import write_text
 
 FORMAT = "specdec-srh/1"
 
@@ -67,10 +68,7 @@ def save_srh(path: str | Path, payload: dict[str, Any]) -> Path:
     if missing:
         raise SpecdecError(f"SRH artifact is missing {', '.join(sorted(missing))}; build it with `specdec profile-srh`.")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, **payload}, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps({"format": FORMAT, **payload}, indent=1), "--output")
     return path
 
 
@@ -451,23 +449,26 @@ def register(app) -> None:
     @friendly
     def profile_srh_cmd(
         output: Path = typer.Option(..., "--output", help="where to write the SRH JSON artifact"),
-        model: str = typer.Option("smollm2-135m", "--model"),
+        model: str = typer.Option("smollm2-135m", "--model", help="target model: embedded name, local dir, .gguf file or cached hub id"),
         draft_model: Optional[str] = typer.Option(None, "--draft-model", help="separate draft model (default: early exit)"),
         draft_layers: int = typer.Option(9, "--draft-layers", help="early-exit depth when no --draft-model"),
         documents: str = typer.Option("pydoc,stdlib:argparse", "--documents", help="calibration documents"),
-        context: int = typer.Option(2048, "--context-tokens"),
-        budget: int = typer.Option(512, "--budget"),
-        gamma: int = typer.Option(4, "--gamma"),
+        context: int = typer.Option(2048, "--context-tokens", help="calibration context length in tokens"),
+        budget: int = typer.Option(512, "--budget", help="verification budget the heads are chosen for (KV entries)"),
+        gamma: int = typer.Option(4, "--gamma", help="draft length γ"),
         points: int = typer.Option(12, "--points", help="probe points per document"),
-        max_heads: int = typer.Option(8, "--max-heads"),
+        max_heads: int = typer.Option(8, "--max-heads", help="most heads the greedy search picks per model"),
         retrieval: int = typer.Option(8, "--retrieval", help="pass-key probes added to the calibration (0 = prose only)"),
-        device: str = typer.Option("auto", "--device"),
+        device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
     ) -> None:
         """Find the Semantic Retrieval Heads and the split m of a (target, draft) pair (Dustin, Algorithm 1)."""
         from rich.progress import Progress
 
         from specdec.drafters import EarlyExitDrafter, ModelDrafter
 
+        from specdec.outputs import check_outputs
+
+        check_outputs([(output, "--output")])
         if budget < 1 or gamma < 1 or points < 1 or max_heads < 1:
             raise SpecdecError("--budget, --gamma, --points and --max-heads must be >= 1.")
         if retrieval < 0:

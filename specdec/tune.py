@@ -14,10 +14,12 @@ alone in ``recommended.json``, and two plots: τ vs sparsity and tokens/s vs γ.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from specdec.errors import SpecdecError
+from specdec.outputs import check_output_dir, check_outputs, write_bytes, write_text
 
 #: ``measure(budget_ratio, gamma) -> {"tau": float, "tokens_per_second": float, ...}``
 Measure = Callable[[float, int], dict]
@@ -111,7 +113,7 @@ def plot_report(report: dict, out_dir: Path) -> list[str]:
     ax.legend()
     fig.tight_layout()
     paths.append(str(out_dir / "tau_vs_sparsity.png"))
-    fig.savefig(paths[-1], dpi=110)
+    _save_png(fig, paths[-1])
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.plot([m["gamma"] for m in s2], [m["tokens_per_second"] for m in s2], "o-")
@@ -120,27 +122,48 @@ def plot_report(report: dict, out_dir: Path) -> list[str]:
     ax.set_title(f"{report.get('method', '')}: throughput vs γ (ratio {report['plateau_ratio']:g})")
     fig.tight_layout()
     paths.append(str(out_dir / "tokens_per_second_vs_gamma.png"))
-    fig.savefig(paths[-1], dpi=110)
+    _save_png(fig, paths[-1])
     plt.close(fig)
     return paths
 
 
+def _save_png(fig, path: str) -> None:  # noqa: ANN001 - matplotlib figure
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_bytes(path, buf.getvalue(), "--output-dir")
+
+
+#: the files ``write_report`` writes under its folder
+REPORT_FILES = ("recommended.json", "tune_report.json", "tau_vs_sparsity.png", "tokens_per_second_vs_gamma.png")
+
+
+def check_report_dir(out_dir: Path) -> None:
+    """Refuse, before any model work, an output folder (or a file in it) that cannot be written."""
+    check_output_dir(out_dir, "--output-dir")
+    check_outputs([(out_dir / name, "--output-dir") for name in REPORT_FILES])
+
+
 def write_report(report: dict, out_dir: Path, plots: bool = True) -> Path:
-    """Write ``tune_report.json`` (+ ``recommended.json`` and the plots) under ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``tune_report.json`` (+ ``recommended.json`` and the plots) under ``out_dir``, each atomically."""
+    check_report_dir(out_dir)
     if plots:
         report["plots"] = plot_report(report, out_dir)
-    (out_dir / "recommended.json").write_text(json.dumps(report["recommended"], indent=2))
+    write_text(out_dir / "recommended.json", json.dumps(report["recommended"], indent=2), "--output-dir")
     path = out_dir / "tune_report.json"
-    path.write_text(json.dumps(report, indent=2))
+    write_text(path, json.dumps(report, indent=2), "--output-dir")
     return path
 
 
 def _floats(text: str, name: str) -> list[float]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SpecdecError(f"{name} must be comma-separated numbers (got {text!r}).") from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise SpecdecError(f"{name} must be comma-separated finite numbers (got {text!r}).")
+    return values
 
 
 def register(app) -> None:  # noqa: ANN001 - typer app
@@ -156,29 +179,32 @@ def register(app) -> None:  # noqa: ANN001 - typer app
         method: str = typer.Option("vegas", "--method", help="a sparse self-speculative method (vegas, magicdec, quest, ...)"),
         document: str = typer.Option("pydoc", "--document", help="pydoc or stdlib:<module> (ignored with --prompt-file)"),
         prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="plain-text prompt instead of a document"),
-        context_tokens: int = typer.Option(2048, "--context-tokens", min=16),
-        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=2),
+        context_tokens: int = typer.Option(2048, "--context-tokens", min=16, help="prompt length in tokens"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=2, help="tokens generated per measurement"),
         sparsities: str = typer.Option("0.02,0.05,0.1,0.2", "--sparsities", help="budget ratios of step 1"),
         gammas: str = typer.Option("2,4,6,8", "--gammas", help="draft lengths of step 2"),
         gamma: int = typer.Option(4, "--gamma", help="γ used by step 1"),
         fine: str = typer.Option("0.75,1.25", "--fine", help="factors around the plateau ratio for step 3"),
         plateau_tol: float = typer.Option(0.03, "--plateau-tol", help="τ within this share of the best = plateau"),
-        min_budget: int = typer.Option(0, "--min-budget"),
-        model: str = typer.Option("smollm2-135m", "--model"),
-        device: str = typer.Option("auto", "--device"),
-        backend: str = typer.Option("reference", "--backend"),
-        dtype: str = typer.Option("float32", "--dtype"),
+        min_budget: int = typer.Option(0, "--min-budget", help="floor of the ratio budget, in KV entries"),
+        model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
+        device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
+        backend: str = typer.Option("reference", "--backend", help="attention backend: reference, torch, triton, numba, ..."),
+        dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
+        encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
     ) -> None:
         """Find the budget ratio and γ of a sparse self-speculative method (Vegas' three steps)."""
         from specdec.data import context_ids, load_document
+        from specdec.inputs import read_text_file
         from specdec.presets import get_method
 
         get_method(method)
         if method == "dense":
             raise SpecdecError("--method dense has no sparsity or γ to tune; pick vegas, magicdec or quest.")
         sp, gm, ff = _floats(sparsities, "--sparsities"), [int(x) for x in _floats(gammas, "--gammas")], _floats(fine, "--fine")
+        check_report_dir(output_dir)
         if prompt_file is not None:
-            text = Path(prompt_file).read_text(encoding="utf-8", errors="replace")
+            text = read_text_file(prompt_file, "--prompt-file", encoding, "--encoding")
             if not text.strip():
                 raise SpecdecError(f"prompt file {prompt_file} is empty; give it some text.")
         else:
