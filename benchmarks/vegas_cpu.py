@@ -27,7 +27,7 @@ import torch
 from specdec.bench import machine_info
 from specdec.data import context_ids, load_document
 from specdec.models import SpecdecModel
-from specdec.observations import overlap_vs_distance, recall_of_future_rows, row_scores, selection_overhead_share
+from specdec.observations import overlap_vs_distance, recall_of_future_rows, row_scores
 from specdec.presets import PipelineConfig, build_engine
 
 #: label → (method, options)
@@ -152,7 +152,7 @@ def main() -> None:
             rows.append(dict(context=ctx, budget_ratio=ratio, method=label, tau=st.mean_accepted_length,
                              tau_per_document=per_doc, tokens_per_second=st.tokens_per_second,
                              iterations=st.iterations, acceptance_per_position=st.acceptance_per_position,
-                             selection_overhead_share=selection_overhead_share(st, eng) if label != "dense" else 0.0,
+                             selection_overhead_share=st.selection_overhead_share if label != "dense" else 0.0,
                              phase_seconds=st.phase_seconds, decode_seconds=st.decode_seconds,
                              same_tokens=res.tokens == ref_tokens, tokens=res.tokens))
             print(f"  {ratio} {label:18s} tau={st.mean_accepted_length:.3f} "

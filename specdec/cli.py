@@ -7,249 +7,26 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import wraps
-from importlib import import_module
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import typer
-from pydantic import ValidationError
-from typer.core import TyperGroup
 
 from specdec.errors import SpecdecError
-
-
-#: the click exceptions module typer uses (its vendored copy in typer >= 0.20, click itself before)
-_CLICK = sys.modules[typer.BadParameter.__module__]
-_CLICK_GLOBALS = import_module(_CLICK.__name__.rsplit(".", 1)[0] + ".globals")  # get_current_context
-_NO_ARGS = getattr(_CLICK, "NoArgsIsHelpError", ())  # click < 8.2 prints the help itself
-
-#: Ctrl-C: one line, exit code 130 (128 + SIGINT, the shell convention), no partial output file
-INTERRUPTED = "error: interrupted."
-EXIT_INTERRUPTED = 130
-
-
-class OneLineErrors(TyperGroup):
-    """Usage errors (a bad option value, an unknown or missing option) as one ``error: ...`` line, exit 2.
-
-    Typer's default prints a multi-line usage banner and a boxed message; a script reading stderr
-    should get the same single line as every other bad input.
-    """
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except _NO_ARGS as exc:
-            exc.show()
-            sys.exit(exc.exit_code)
-        except _CLICK.ClickException as exc:
-            cmd = f"{exc.ctx.command_path} --help" if getattr(exc, "ctx", None) is not None else "--help"
-            msg = " ".join(exc.format_message().split())
-            typer.echo(f"error: {msg.rstrip('.')}; see `{cmd}`.", err=True)
-            sys.exit(exc.exit_code)
-        except typer.Abort as exc:
-            if isinstance(exc.__cause__, KeyboardInterrupt):
-                typer.echo(INTERRUPTED, err=True)
-                sys.exit(EXIT_INTERRUPTED)
-            typer.echo("error: aborted.", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            typer.echo(INTERRUPTED, err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        sys.exit(rv if isinstance(rv, int) else 0)
+from specdec.friendly import EXIT_INTERRUPTED, INTERRUPTED, OneLineErrors, fail, friendly  # noqa: F401 - re-exported
+from specdec.loading import (  # noqa: F401 - re-exported for scripts and tests
+    CONFIG_SECTIONS_NOT_READ,
+    check_budget,
+    load_model,
+    pipeline_config,
+    read_config,
+    resolve_device,
+)
 
 
 app = typer.Typer(
     cls=OneLineErrors, add_completion=False, no_args_is_help=True, help="Long-context speculative decoding with sparse attention."
 )
-
-
-def fail(message: str) -> None:
-    """Print one error line and exit 2."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def friendly(fn: Callable) -> Callable:
-    """Turn expected failures into one clear line (exit 2) instead of a traceback."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any):
-        try:
-            check_finite_options(kwargs)
-            return fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except SpecdecError as exc:
-            fail(str(exc))
-        except ValidationError as exc:
-            from specdec.registry import format_validation_error
-
-            fail(format_validation_error("config", exc))
-        except FileNotFoundError as exc:
-            fail(f"file not found: {exc.filename}; check the path.")
-        except NotADirectoryError as exc:
-            fail(f"{exc.filename}: a parent of this path is a file, not a directory; check the path.")
-        except IsADirectoryError as exc:
-            fail(f"{exc.filename} is a directory, not a file; pass a file path.")
-        except PermissionError as exc:
-            fail(f"permission denied: {exc.filename}; check the file's permissions.")
-        except FloatingPointError as exc:
-            fail(str(exc))
-        except torch_oom() as exc:  # type: ignore[misc]
-            fail(f"out of memory ({str(exc).splitlines()[0]}); use a smaller --batch-size or --context-tokens.")
-        except RuntimeError as exc:
-            if "can't allocate memory" not in str(exc) and "not enough memory" not in str(exc):
-                raise
-            from specdec.memory import oom_message
-
-            fail(oom_message(kwargs.get("batch_size"), kwargs.get("context_tokens"),
-                             f" ({str(exc).splitlines()[0].split('] ')[-1].rstrip('.')})"))
-        except KeyboardInterrupt:
-            typer.echo(INTERRUPTED, err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-
-    return wrapper
-
-
-def check_finite_options(values: dict[str, Any]) -> None:
-    """Refuse ``inf``/``nan`` for every float option of the running command, naming the option."""
-    import math
-
-    ctx = _CLICK_GLOBALS.get_current_context(silent=True)
-    if ctx is None:
-        return
-    for param in ctx.command.params:
-        v = values.get(param.name)
-        if isinstance(v, float) and not math.isfinite(v):
-            raise SpecdecError(f"{param.opts[0]} must be a finite number (got {v}).")
-
-
-def torch_oom() -> type[BaseException]:
-    import torch
-
-    return torch.OutOfMemoryError
-
-
-def resolve_device(device: str) -> str:
-    from specdec.fastpath import cuda_available
-
-    if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    if device.startswith("cuda") and not cuda_available():
-        raise SpecdecError(f"--device {device} was requested but no CUDA GPU is available; use --device cpu.")
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise SpecdecError(f"unknown device {device!r}; use cpu, cuda or auto.")
-    return device
-
-
-def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False,
-               fuse: bool = False, shape: str | None = None):
-    """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper).
-
-    ``cuda_graphs`` captures decode-sized forwards as CUDA graphs (GPU only; the ``torch`` backend
-    switches to its static mode); ``compile`` applies ``torch.compile`` to them; ``fuse`` fuses the
-    q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`),
-    with the fused Triton kernels on CUDA. ``shape`` (e.g. ``llama-3.1-8b``) builds a random-weight
-    model of that shape on the device instead of loading ``model`` (:mod:`specdec.shapes`).
-    """
-    import torch
-
-    from specdec.models import SpecdecModel, resolve_dtype
-    from specdec.registry import BACKENDS
-
-    dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype)
-    if dev == "cpu" and torch_dtype == torch.float16:
-        raise SpecdecError("float16 is not supported on the CPU here; use --dtype float32 or bfloat16.")
-    if cuda_graphs and dev == "cpu":
-        raise SpecdecError("--cuda-graphs needs a CUDA GPU; drop it or use --device cuda.")
-    be = BACKENDS.build(backend, **({"static": True} if (cuda_graphs and backend == "torch") else {}))
-    reason = be.validate(torch.device(dev), torch_dtype)
-    if reason:
-        raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
-    if shape is not None:
-        from specdec.shapes import random_model
-
-        m = SpecdecModel(random_model(shape, dev, torch_dtype), None, be)
-    else:
-        m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
-    if fuse:
-        m.fuse_projections()
-    if compile:
-        m.enable_compile()
-    if cuda_graphs:
-        m.enable_cuda_graphs()
-    return m
-
-
-def pipeline_config(
-    method: Optional[str],
-    gamma: Optional[int],
-    budget: Optional[int],
-    budget_ratio: Optional[float],
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: Optional[int],
-    config_file: Optional[Path] = None,
-):
-    """Merge ``--config FILE`` (JSON from ``specdec tune``) with the options given explicitly."""
-    from specdec.presets import PipelineConfig, get_method
-    from specdec.sampling import SamplingConfig
-
-    base: dict[str, Any] = {}
-    if config_file is not None:
-        base = read_config(config_file)
-    if budget is not None and budget_ratio is not None:
-        raise SpecdecError(f"--budget {budget} and --budget-ratio {budget_ratio} were both given; pass only one.")
-    given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
-    merged = {**base, **{k: v for k, v in given.items() if v is not None}}
-    if budget is not None:
-        merged.pop("budget_ratio", None)
-    if budget_ratio is not None:
-        merged.pop("budget", None)
-    merged.setdefault("method", "magicdec")
-    get_method(merged["method"])  # unknown names list the known ones
-    merged["sampling"] = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    return PipelineConfig.make(**merged)
-
-
-#: top-level keys of ``--config`` besides the pipeline fields: a ``specdec tune`` report (its ``recommended``
-#: key is read, the rest is the report's record); any other section is refused rather than silently dropped
-CONFIG_SECTIONS_NOT_READ = {
-    "sampling": "the CLI does not read a 'sampling' section; pass --temperature, --top-p, --top-k and --seed instead",
-}
-
-
-def read_config(config_file: Path) -> dict[str, Any]:
-    """The pipeline fields of ``--config FILE``: a JSON object, or a ``specdec tune`` report's ``recommended``."""
-    from specdec.inputs import read_json_object
-
-    base = read_json_object(config_file, "--config")
-    if "recommended" in base:
-        base = base["recommended"]
-        if not isinstance(base, dict):
-            raise SpecdecError(f"config file {config_file} must hold a JSON object of pipeline fields.")
-    for key, why in CONFIG_SECTIONS_NOT_READ.items():
-        if key in base:
-            raise SpecdecError(f"config file {config_file}: {why}.")
-    return dict(base)
-
-
-def check_budget(cfg, context: int) -> None:
-    """The budget fits the context; explicitly given sinks + recent fit the budget and the context."""
-    if cfg.budget is not None and cfg.budget > context:
-        raise SpecdecError(
-            f"--budget {cfg.budget} exceeds the context of {context} tokens; use a budget <= {context} or --budget-ratio."
-        )
-    if {"sinks", "recent"} & cfg.model_fields_set and cfg.sinks + cfg.recent > context:
-        raise SpecdecError(
-            f"sinks {cfg.sinks} + recent {cfg.recent} exceed the context of {context} tokens; "
-            f"use sinks + recent <= {context}."
-        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -323,13 +100,16 @@ def generate(
     record_acceptance: Optional[Path] = typer.Option(
         None, "--record-acceptance", help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace)"),
     encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
+    allow_special_tokens: bool = typer.Option(
+        False, "--allow-special-tokens",
+        help="parse special-token spellings in the prompt file (e.g. <|im_start|>) as control tokens; by default they are text"),
 ) -> None:
     """Generate a continuation of a prompt file and write tokens, text and stats as JSON."""
-    from specdec.data import context_ids
     from specdec.inputs import read_text_file
     from specdec.memory import check_fits
     from specdec.outputs import check_outputs, write_text
     from specdec.presets import build_engine
+    from specdec.prompts import chat_ids, check_positions, encode_text
 
     check_outputs([(output_json, "--output-json"), (record_acceptance, "--record-acceptance")])
     if batch_size < 1:
@@ -342,11 +122,14 @@ def generate(
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")
     so = speed_options(device, backend, dtype, cuda_graphs, compile_, fuse)
     m = load_model(model, so.dtype, device, so.backend, so.cuda_graphs, so.compile, so.fuse)
+    # the file is text: a special token's spelling in it stays text (no role injection with --chat)
     if chat:
-        text = m.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    ids = context_ids(m.tokenizer, text, None)
+        ids = chat_ids(m.tokenizer, text, allow_special_tokens)
+    else:
+        ids = encode_text(m.tokenizer, text, allow_special_tokens)
     if context_tokens is not None:
         ids = ids[-context_tokens:]
+    check_positions(len(ids), max_new_tokens, m.dims.max_positions, "--context-tokens")
     check_budget(cfg, len(ids))
     check_fits(m, batch_size, len(ids), max_new_tokens, cfg.gamma)
     if adaptive is not None:
@@ -504,6 +287,8 @@ def list_methods() -> None:
     for name in method_names():
         spec = get_method(name)
         typer.echo(f"{name:12s} {'lossless' if spec.lossless else 'near-lossless':14s} {spec.description}")
+        if spec.options.model_fields:
+            typer.echo(f"{'':27s} options: {', '.join(spec.options.model_fields)}")
     typer.echo(f"selectors: {', '.join(SELECTORS.names())}")
     typer.echo(f"backends:  {', '.join(BACKENDS.names())}")
 

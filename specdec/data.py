@@ -3,6 +3,9 @@
 * ``pydoc``: Python's own reference documentation (``pydoc_data.topics``, ~113k tokens of English).
 * ``stdlib:<module>``: the source of a standard-library module, e.g. ``stdlib:argparse``.
 * any path to an existing text file (benchmarks on held-out documents: ``--documents a.cpp,b.md``).
+
+:func:`passkey_prompt` hides a pass key in such a document (the retrieval probe of ``fidelity`` and
+``profile-srh``).
 """
 
 from __future__ import annotations
@@ -50,3 +53,21 @@ def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 
             "use a longer document or a smaller --context-tokens."
         )
     return ids[end - context_tokens : end]
+
+
+PASSKEY_INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
+                 "Find it and memorize it. I will quiz you about it.\n\n")
+
+
+def passkey_prompt(tokenizer, filler: str, context: int, depth: float, key: str) -> list[int]:
+    """``context`` tokens: intro + filler with the key sentence at ``depth`` (0 = start, 1 = end) + question."""
+    enc = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
+    intro, needle = enc(PASSKEY_INTRO), enc(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n")
+    question = enc("\n\nWhat is the pass key? The pass key is")
+    room = context - len(intro) - len(needle) - len(question)
+    body = enc(filler)
+    if room < 16 or len(body) < room:
+        raise SpecdecError(f"passkey context {context} is too short or the filler too small; use >= 256 tokens.")
+    body = body[:room]
+    cut = int(round(depth * room))
+    return intro + body[:cut] + needle + body[cut:] + question

@@ -112,7 +112,7 @@ class ModelDrafter(Drafter):
         return [round(l * (nd - 1) / (n_target_layers - 1)) for l in range(n_target_layers)]
 
     def identity(self) -> dict:
-        from specdec.srh import model_identity
+        from specdec.artifacts import model_identity
 
         return model_identity(self.draft_model)
 
@@ -340,7 +340,7 @@ class EarlyExitDrafter(ModelDrafter):
         return [min(l, self.exit_layers - 1) for l in range(n_target_layers)]
 
     def identity(self) -> dict:
-        from specdec.srh import model_identity
+        from specdec.artifacts import model_identity
 
         return {**model_identity(self.target), "early_exit_layers": self.exit_layers}
 

@@ -7,7 +7,7 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
                        records the target SRH attention over the full context (next history signal)
     accept / rollback  as usual — but the verify distribution is the *sparse* target's: near-lossless
 
-``PipelineConfig.options`` (``--option key=value`` style dict) understood here:
+``PipelineConfig.options`` (``--option key=value`` style dict), validated by :class:`DustinOptions`:
 
 * ``srh``: path of a ``specdec profile-srh`` artifact (heads, layer map, m) for this (target, draft) pair;
 * ``draft_layers``: early-exit depth of the embedded drafter (default ``max(1, round(0.3 N))``);
@@ -19,24 +19,27 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
+
+from pydantic import Field
 
 from specdec.errors import SpecdecError
-from specdec.presets import PipelineConfig, register_method
+from specdec.presets import PipelineConfig, register_method, selector_options
+from specdec.selectors.hybrid_srh import HybridSRHConfig
 
-OPTIONS = {"srh", "draft_layers", "draft_model", "m", "m_ratio", "adaptive", "history_decay", "dense_every",
-           "disagree", "m_grid", "dense_first"}
+class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
+                                      include={"m", "m_ratio", "m_grid", "history_decay", "adaptive"})):
+    """Options of ``dustin`` / ``dustin-adaptive``. The split and history fields are
+    :class:`~specdec.selectors.hybrid_srh.HybridSRHConfig`'s (defaults there); an unset ``m_ratio``
+    comes from the ``srh`` artifact when one is given; an unset ``adaptive`` is the method's
+    (``dustin-adaptive``: true)."""
 
-
-def _flag(name: str, v: Any) -> bool:
-    """A boolean option that may arrive as a string (``--option adaptive=false``)."""
-    if isinstance(v, str):
-        if v.lower() in ("1", "true", "yes", "on"):
-            return True
-        if v.lower() in ("0", "false", "no", "off"):
-            return False
-        raise SpecdecError(f"{name} must be true or false (got {v!r}).")
-    return bool(v)
+    srh: Optional[str] = Field(default=None, description="path of a `specdec profile-srh` artifact for this pair")
+    draft_layers: Optional[int] = Field(default=None, ge=1, description="early-exit depth (default max(1, round(0.3 N)))")
+    draft_model: Optional[str] = Field(default=None, description="a separate draft model instead of early exit")
+    dense_every: int = Field(default=0, ge=0, description="dense verification every N passes (0 = never)")
+    disagree: Optional[float] = Field(default=None, ge=0, le=1, description="dense when the signals disagree more")
+    dense_first: bool = Field(default=True, description="the first verification is dense (seeds the target history)")
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -47,23 +50,25 @@ def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list,
     return [[t_layer, h] for h in range(n_heads)], [[d_layer, h] for h in range(n_heads)]
 
 
-def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str = "dustin", **kw: Any):
+@register_method("dustin", "draft model + near-lossless sparse verification on hybrid draft/target SRH signals (Dustin)",
+                 lossless=False, options=DustinOptions)
+@register_method("dustin-adaptive", "Dustin with an input-aware split m chosen per iteration (beyond the paper)",
+                 lossless=False, options=DustinOptions)
+def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
     """Engine with an :class:`~specdec.drafters.EarlyExitDrafter` (or ``draft_model``), a
     :class:`~specdec.selectors.hybrid_srh.HybridSRHSelector` and a :class:`~specdec.verifiers.SparseVerifier`."""
+    from specdec.artifacts import load_srh
     from specdec.drafters import EarlyExitDrafter, ModelDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.registry import SELECTORS
-    from specdec.srh import load_srh
+    from specdec.verifiers import SparseVerifier
 
-    opts = dict(cfg.options)
-    unknown = set(opts) - OPTIONS
-    if unknown:
-        raise SpecdecError(f"unknown dustin option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(OPTIONS))}.")
+    o = options
     N = model.dims.n_layers
-    if opts.get("draft_model"):
+    if o.draft_model:
         from specdec.models import SpecdecModel
 
-        draft = SpecdecModel.from_pretrained(str(opts["draft_model"]), dtype=model.dtype, device=str(model.device))
+        draft = SpecdecModel.from_pretrained(o.draft_model, dtype=model.dtype, device=str(model.device))
         if draft.dims.vocab_size != model.dims.vocab_size:
             raise SpecdecError(
                 f"draft_model has a vocabulary of {draft.dims.vocab_size}, the target {model.dims.vocab_size}; "
@@ -71,17 +76,14 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
             )
         drafter = ModelDrafter(draft)
     else:
-        n = int(opts.get("draft_layers", max(1, round(0.3 * N))))
         if N < 2:
             raise SpecdecError("dustin's early-exit drafter needs a target with at least 2 layers; pass draft_model.")
-        drafter = EarlyExitDrafter(model, min(n, N - 1) if "draft_layers" not in opts else n)
-    sel_kw: dict[str, Any] = dict(cfg.budget_kwargs())
-    for key in ("m", "m_ratio", "history_decay", "m_grid"):
-        if key in opts:
-            sel_kw[key] = opts[key]
-    sel_kw["adaptive"] = _flag("adaptive", opts.get("adaptive", adaptive))
-    if opts.get("srh"):
-        art = load_srh(str(opts["srh"]), model, drafter)
+        drafter = EarlyExitDrafter(model, min(max(1, round(0.3 * N)), N - 1) if o.draft_layers is None else o.draft_layers)
+    split = {k: getattr(o, k) for k in ("m", "m_ratio", "m_grid", "history_decay") if k in o.model_fields_set}
+    sel_kw: dict[str, Any] = dict(cfg.budget_kwargs(), **split)
+    sel_kw["adaptive"] = o.adaptive if "adaptive" in o.model_fields_set else cfg.method == "dustin-adaptive"
+    if o.srh:
+        art = load_srh(o.srh, model, drafter)
         sel_kw.setdefault("m_ratio", art["m_ratio"])
         sel_kw.update(target_heads=[tuple(x) for x in art["target_heads"]],
                       draft_heads=[tuple(x) for x in art["draft_heads"]], layer_map=art["layer_map"])
@@ -92,20 +94,6 @@ def build_dustin(model, cfg: PipelineConfig, adaptive: bool = False, method: str
     selector = SELECTORS.build("hybrid_srh", **sel_kw)
     selector.check_heads(drafter.n_layers, drafter.draft_model.dims.n_heads, "draft")
     drafter.set_heads(selector.draft_heads)
-    from specdec.verifiers import SparseVerifier
-
-    verifier = SparseVerifier(model, selector, drafter, dense_every=int(opts.get("dense_every", 0)),
-                              disagree=opts.get("disagree"), dense_first=_flag("dense_first", opts.get("dense_first", True)))
-    return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=method, **kw)
-
-
-@register_method("dustin", "draft model + near-lossless sparse verification on hybrid draft/target SRH signals (Dustin)",
-                 lossless=False)
-def _dustin(model, cfg: PipelineConfig, **kw: Any):
-    return build_dustin(model, cfg, adaptive=False, method="dustin", **kw)
-
-
-@register_method("dustin-adaptive", "Dustin with an input-aware split m chosen per iteration (beyond the paper)",
-                 lossless=False)
-def _dustin_adaptive(model, cfg: PipelineConfig, **kw: Any):
-    return build_dustin(model, cfg, adaptive=True, method="dustin-adaptive", **kw)
+    verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
+                              dense_first=o.dense_first)
+    return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

@@ -1,4 +1,9 @@
-"""The decode loop: prefill, then ``draft → verify → accept → rollback`` until every sequence ends.
+"""The decode loop: prefill, then ``draft → verify → accept → commit`` until every sequence ends.
+
+:meth:`SpeculativeEngine.generate` is the algorithm (Vegas / Dustin / MagicDec share it; gpt-fast's
+``speculative_decode`` reads the same way): the drafter proposes γ tokens, the verifier scores the γ+1
+rows in one target pass, :func:`~specdec.sampling.accept` keeps the longest acceptable prefix plus one
+token, and the commit emits them and advances the lengths (τ = tokens gained per iteration).
 
 One preallocated :class:`~specdec.cache.KVCache` holds the whole batch with a length per
 sequence. Rolling back rejected drafts is lowering that length; finished sequences are frozen
@@ -14,10 +19,12 @@ from typing import Iterator, Sequence
 
 import torch
 
+from specdec.adaptive import Pacing
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import Drafter, Verifier
 from specdec.models import SpecdecModel
+from specdec.prompts import check_generate_args, check_positions, encode_prompts
 from specdec.sampling import SamplingConfig, accept, check_finite, choose, nonfinite_flags, raise_nonfinite
 
 PHASES = ("prefill", "draft", "select", "verify", "sample")
@@ -81,8 +88,9 @@ class RunStats:
         acceptance_per_position: share of iterations whose draft ``i`` was accepted.
         decode_seconds: wall time after the prefill.
         tokens_per_second: ``(generated_tokens - B) / decode_seconds`` (the first token comes from the prefill).
-        phase_seconds: wall time per phase; ``select`` (plan building) runs inside ``draft`` and is counted in
-            both, so the phases add up to more than ``decode_seconds``.
+        phase_seconds: wall time per phase (:data:`PHASES`); ``select`` is plan building after each
+            verification, ``select_in_draft`` query-aware selection inside draft steps (Quest), which is
+            also part of ``draft``.
         lossless: ``False`` for near-lossless methods (sparse verification).
         dense_steps: iterations run as plain dense steps by the adaptive controller (:mod:`specdec.adaptive`).
         gamma_per_round: γ_t of each speculative round (constant γ without adaptation).
@@ -107,12 +115,18 @@ class RunStats:
     acceptance_trace: list[list[int]] = field(default_factory=list)
     replayed: bool = False
 
+    @property
+    def selection_overhead_share(self) -> float:
+        """Selection time / decode time: the ``select`` phase (plans built after each verification) plus
+        ``select_in_draft`` (query-aware selection done inside draft steps, e.g. Quest's page scoring).
+        The one definition used by ``bench``, ``tune`` and the benchmarks."""
+        sel = self.phase_seconds.get("select", 0.0) + self.phase_seconds.get("select_in_draft", 0.0)
+        return sel / self.decode_seconds if self.decode_seconds else 0.0
+
     def to_dict(self) -> dict:
-        """Plain dict for JSON, with ``selection_overhead_share`` = select seconds / decode seconds."""
+        """Plain dict for JSON, with :attr:`selection_overhead_share`."""
         d = dict(self.__dict__)
-        d["selection_overhead_share"] = (
-            self.phase_seconds.get("select", 0.0) / self.decode_seconds if self.decode_seconds else 0.0
-        )
+        d["selection_overhead_share"] = self.selection_overhead_share
         return d
 
 
@@ -193,31 +207,11 @@ class SpeculativeEngine:
         self.lossless = getattr(self.verifier, "lossless", True)
 
     # ------------------------------------------------------------------------------------------
-    def _encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
-        if isinstance(prompts, (str, bytes)):
-            raise SpecdecError("prompts must be a list of strings or token-id lists, not one string; wrap it in [ ].")
-        out = []
-        for p in prompts:
-            if isinstance(p, str):
-                if not p.strip():
-                    raise SpecdecError("a prompt is empty or whitespace only; give it some text.")
-                if self.model.tokenizer is None:
-                    raise SpecdecError("text prompts need a tokenizer; pass token ids or load the model with one.")
-                ids = self.model.tokenizer(p, add_special_tokens=False).input_ids
-            else:
-                ids = [int(t) for t in p]
-            if not ids:
-                raise SpecdecError("a prompt has no tokens; give it some text.")
-            vocab = self.model.dims.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise SpecdecError(
-                    f"token id {bad[0]} is outside the model's vocabulary [0, {vocab}); pass ids from this model's tokenizer."
-                )
-            out.append(ids)
-        if not out:
-            raise SpecdecError("no prompts given; pass at least one.")
-        return out
+    def _encode(self, prompts: Sequence[str] | Sequence[Sequence[int]], context_tokens: int | None = None,
+                allow_special_tokens: bool = False) -> list[list[int]]:
+        """Checked token ids of ``prompts`` (see :mod:`specdec.prompts`)."""
+        return encode_prompts(prompts, self.model.tokenizer, self.model.dims.vocab_size, context_tokens,
+                              allow_special_tokens)
 
     def _prefill(self, state: DecodeState, prompts: list[list[int]]) -> torch.Tensor:
         """Fill the cache one sequence at a time (ragged prompts, exact per-sequence numerics)."""
@@ -235,10 +229,13 @@ class SpeculativeEngine:
         return torch.stack(last)
 
     @torch.no_grad()
-    def prefill(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> Prefilled:
+    def prefill(self, prompts: Sequence[str] | Sequence[Sequence[int]], context_tokens: int | None = None,
+                allow_special_tokens: bool = False) -> Prefilled:
         """Run the prompts through the target once; pass the result to :meth:`generate` of any engine
-        on the same model to skip its prefill (benchmarks compare methods this way)."""
-        ids = self._encode(prompts)
+        on the same model to skip its prefill (benchmarks compare methods this way). ``context_tokens``
+        and ``allow_special_tokens`` as in :meth:`generate`."""
+        _, context_tokens = check_generate_args(1, context_tokens, allow_special_tokens)
+        ids = self._encode(prompts, context_tokens, allow_special_tokens)
         cache = self.model.new_cache(len(ids), max(len(p) for p in ids))
         lengths = torch.tensor([len(p) for p in ids], device=self.model.device)
         state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,
@@ -253,27 +250,72 @@ class SpeculativeEngine:
         prompts: Sequence[str] | Sequence[Sequence[int]],
         max_new_tokens: int = 64,
         prefilled: Prefilled | None = None,
+        context_tokens: int | None = None,
+        allow_special_tokens: bool = False,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per prompt (stopping at EOS); see :class:`GenerationResult`.
 
         Args:
-            prompts: strings (tokenized without special tokens) or token-id lists.
-            max_new_tokens: per sequence.
+            prompts: a list of strings or of token-id lists (``[[1, 2, 3]]``), or a 2-d integer tensor.
+                Strings are encoded as text, without BOS/EOS.
+            max_new_tokens: per sequence, an integer >= 1.
             prefilled: the result of :meth:`prefill` on the same prompts, to skip the prefill.
+            context_tokens: keep only the last ``context_tokens`` tokens of each prompt (the CLI's
+                ``--context-tokens``); ``None`` keeps them all.
+            allow_special_tokens: parse special-token spellings in text prompts (``<|im_start|>`` ...)
+                as control tokens; by default they are ordinary text.
+
+        Raises:
+            SpecdecError: one sentence naming the bad argument and what it accepts.
         """
-        if max_new_tokens < 1:
-            raise SpecdecError(f"max_new_tokens must be >= 1 (got {max_new_tokens}).")
-        ids = self._encode(prompts)
+        max_new_tokens, context_tokens = check_generate_args(max_new_tokens, context_tokens, allow_special_tokens)
+        ids = self._encode(prompts, context_tokens, allow_special_tokens)
         if prefilled is not None and prefilled.ids != ids:
             raise SpecdecError("prefilled was made for other prompts; call engine.prefill(prompts) with these prompts.")
-        dims, dev = self.model.dims, self.model.device
+        dims = self.model.dims
+        longest = max(len(p) for p in ids)
+        check_positions(longest, max_new_tokens, dims.max_positions, "context_tokens=")
+        state, run = self._start(ids, max_new_tokens, prefilled)
+        B, timer = len(ids), state.timer
+        pace = Pacing(self._controller(run.stats.gamma), run.stats.gamma)  # adaptive γ_t (specdec.adaptive)
+        t_start = time.perf_counter()
+        while bool(state.active.any()):
+            run.stats.iterations += 1
+            gamma = pace.next_gamma()  # γ_t ≤ γ, the draft length of this iteration; 0: one dense step
+            if gamma == 0:  # the dense method, or the controller's fall-back (drafting cannot pay)
+                self._dense_step(state, run)
+                pace.dense_done()
+                continue
+            if pace.take_stale_plan():  # dense steps since the last verification: plan from sinks + recent
+                with timer("select"):
+                    self.drafter.on_verify(state, None)
+            with timer("draft"):  # γ tokens x̃_1..x̃_γ per sequence, q: their draft distributions (sampling)
+                drafts, q = self.drafter.draft(state, gamma)  # (B, γ), (B, γ, V) or None
+            request = self.drafter.score_request(gamma)  # scores the next plan is built from
+            with timer("verify"):  # the target on γ+1 rows: the pending token and the drafts
+                rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)  # (B, γ+1)
+                p_logits = self.verifier.verify(state, rows, request)  # (B, γ+1, V); fills request.scores
+                flags = nonfinite_flags(p_logits)
+            if not self.sampling.greedy:  # sampling from NaN would fail first with a vaguer error
+                raise_nonfinite(flags, "verifier")
+            with timer("sample"):  # keep x̃_i while it matches (greedy) or u·q(x̃_i) < p(x̃_i); then one more token
+                acc = accept(drafts, p_logits, self.sampling, q, state.generator)
+                if self.replay is not None:  # benchmarks: the accepted lengths of a recorded real run
+                    acc = self.replay.apply(acc, p_logits, len(run.stats.gamma_per_round))
+            mean_accepted = self._commit(state, run, acc.n_accepted, acc.next_token, drafts, flags)
+            with timer("select"):  # next iteration's plan from this verification's scores
+                self.verifier.on_verify(state)
+                self.drafter.on_verify(state, request)
+            pace.round_done(gamma, mean_accepted)
+        run.stats.dense_steps = pace.dense_steps
+        return self._finish(run, timer, time.perf_counter() - t_start)
+
+    # -- the steps of generate -----------------------------------------------------------------
+    def _start(self, ids: list[list[int]], max_new_tokens: int, prefilled: Prefilled | None) -> tuple[DecodeState, "_Run"]:
+        """Allocate the cache, prefill (or copy ``prefilled``), emit the first token, prefill the components."""
+        dev = self.model.device
         B = len(ids)
         longest = max(len(p) for p in ids)
-        if longest + max_new_tokens > dims.max_positions:
-            raise SpecdecError(
-                f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                f"{dims.max_positions} positions; shorten the prompt (e.g. --context-tokens) or generate fewer tokens."
-            )
         gamma = self.gamma if self.drafter is not None else 0
         cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2, reuse=True)
         cache.bounded = True  # every write stays below longest + max_new_tokens + gamma + 1: no host checks
@@ -293,9 +335,9 @@ class SpeculativeEngine:
             generator=gen,
             timer=timer,
         )
-        stats = RunStats(method=self.method, batch_size=B, gamma=gamma, lossless=self.lossless)
-        out: list[list[int]] = [[] for _ in range(B)]
-
+        run = _Run(stats=RunStats(method=self.method, batch_size=B, gamma=gamma, lossless=self.lossless),
+                   out=[[] for _ in range(B)], max_new_tokens=max_new_tokens,
+                   accepted_at=torch.zeros(max(gamma, 1), dtype=torch.float64))
         with timer("prefill"):
             if prefilled is not None:
                 lp = prefilled.k.shape[3]
@@ -306,82 +348,62 @@ class SpeculativeEngine:
                 logits = self._prefill(state, ids)
             check_finite(logits, "prefill")
             first, _ = choose(logits, self.sampling, gen)
-        self._emit(state, out, first, torch.zeros(B, dtype=torch.long, device=dev), None, max_new_tokens, advance=False)
+        self._emit(state, run, first, torch.zeros(B, dtype=torch.long, device=dev), None, advance=False)
         if self.drafter is not None:
             with timer("prefill"):
                 self.drafter.prefill(state)
+                self.verifier.prefill(state)
+        return state, run
 
-        accepted_at = torch.zeros(max(gamma, 1), dtype=torch.float64)
-        trials = 0
-        ctl = self._controller(gamma)
-        stale_plan = False  # dense steps ran since the last verification
-        t_start = time.perf_counter()
-        while bool(state.active.any()):
-            stats.iterations += 1
-            active = state.active.clone()
-            t_iter = time.perf_counter()
-            g = ctl.next_gamma() if ctl is not None else gamma  # γ_t; 0: a dense step (adaptive.py)
-            if self.drafter is None or g == 0:
-                with timer("verify"):
-                    logits = self.model.forward(state.pending.view(B, 1), cache, state.lengths)[:, -1]
-                    if self.sampling.greedy:  # read with the emission below: one host read per step
-                        flags = nonfinite_flags(logits)
-                    else:  # a NaN probability must not reach torch.multinomial
-                        check_finite(logits, "target")
-                with timer("sample"):
-                    nxt, _ = choose(logits, self.sampling, gen)
-                extra = [flags] if self.sampling.greedy else []
-                got = self._emit(state, out, nxt, torch.zeros(B, dtype=torch.long, device=dev), None, max_new_tokens,
-                                 extra=extra)
-                if got:
-                    raise_nonfinite(got[0], "target")
-                if ctl is not None:
-                    ctl.observe_dense(time.perf_counter() - t_iter)
-                    stats.dense_steps += 1
-                    stale_plan = True
-                continue
-            if stale_plan:  # the verification scores predate the dense steps: plan from sinks + recent
-                with timer("select"):
-                    self.drafter.on_verify(state, None)
-                stale_plan = False
-            with timer("draft"):
-                drafts, q = self.drafter.draft(state, g)
-            req = self.drafter.score_request(g)
-            with timer("verify"):
-                rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)
-                logits = self.verifier.verify(state, rows, req)
-                flags = nonfinite_flags(logits)  # read below, with the acceptance (no extra sync)
-            if not self.sampling.greedy:  # sampling from NaN would fail first with a vaguer error
-                raise_nonfinite(flags, "verifier")
-            with timer("sample"):
-                acc = accept(drafts, logits, self.sampling, q, gen)
-                if self.replay is not None:  # benchmarks: acceptance lengths of a recorded real run
-                    acc = self.replay.apply(acc, logits, len(stats.gamma_per_round))
-            pos = torch.arange(g, device=dev).view(1, g)
-            hits = ((pos < acc.n_accepted.view(B, 1)) & active.view(B, 1)).sum(0)
-            # one host read for the emission, the acceptance statistics and the finiteness flags
-            hits_h, flags_h, n_active, n_acc = self._emit(state, out, acc.next_token, acc.n_accepted, drafts,
-                                                          max_new_tokens,
-                                                          extra=[hits, flags, active.sum(), acc.n_accepted])
-            raise_nonfinite(flags_h, "verifier")
-            trials += int(n_active[0])
-            accepted_at[:g] += torch.tensor(hits_h, dtype=torch.float64)
-            stats.gamma_per_round.append(g)
-            if self.record_acceptance:
-                stats.acceptance_trace.append([n if a else -1 for n, a in zip(n_acc, active.tolist())])
-            with timer("select"):
-                self.verifier.on_verify(state)
-                self.drafter.on_verify(state, req)
-            if ctl is not None:
-                ctl.observe_round(g, sum(hits_h) / max(1, int(n_active[0])), time.perf_counter() - t_iter)
-        stats.decode_seconds = time.perf_counter() - t_start
+    def _dense_step(self, state: DecodeState, run: "_Run") -> None:
+        """Plain autoregressive decoding: one target row, one token (the ``dense`` method)."""
+        B = state.lengths.shape[0]
+        with state.timer("verify"):
+            logits = self.model.forward(state.pending.view(B, 1), state.cache, state.lengths)[:, -1]
+            if self.sampling.greedy:  # read with the emission below: one host read per step
+                flags = nonfinite_flags(logits)
+            else:  # a NaN probability must not reach torch.multinomial
+                check_finite(logits, "target")
+        with state.timer("sample"):
+            nxt, _ = choose(logits, self.sampling, state.generator)
+        got = self._emit(state, run, nxt, torch.zeros(B, dtype=torch.long, device=nxt.device), None,
+                         extra=[flags] if self.sampling.greedy else [])
+        if got:
+            raise_nonfinite(got[0], "target")
+
+    def _commit(self, state: DecodeState, run: "_Run", n_accepted: torch.Tensor, next_token: torch.Tensor,
+                drafts: torch.Tensor, flags: torch.Tensor) -> float:
+        """Emit the accepted drafts and the next token, advance the lengths (the rejected drafts' K/V stay
+        past them: rolled back) and count acceptance per draft position — with one host read. Returns the
+        mean accepted drafts per active sequence (the adaptive controller's observation)."""
+        B, gamma = drafts.shape
+        pos = torch.arange(gamma, device=drafts.device).view(1, gamma)
+        hits = ((pos < n_accepted.view(B, 1)) & state.active.view(B, 1)).sum(0)  # (γ,)
+        extra = [hits, flags, state.active.sum()]
+        if self.record_acceptance:  # each sequence's accepted drafts, -1: finished (--record-acceptance)
+            extra.append(torch.where(state.active, n_accepted, -1))
+        hits_h, flags_h, n_active, *trace = self._emit(state, run, next_token, n_accepted, drafts, extra=extra)
+        raise_nonfinite(flags_h, "verifier")
+        run.trials += int(n_active[0])
+        run.accepted_at[:gamma] += torch.tensor(hits_h, dtype=torch.float64)  # γ_t ≤ γ (adaptive)
+        run.stats.gamma_per_round.append(gamma)
+        run.stats.acceptance_trace += trace
+        return sum(hits_h) / max(1, int(n_active[0]))
+
+    def _finish(self, run: "_Run", timer: PhaseTimer, decode_seconds: float) -> GenerationResult:
+        """Statistics (τ = 1 + mean accepted drafts per iteration and sequence) and the decoded text."""
+        stats, out = run.stats, run.out
+        stats.decode_seconds = decode_seconds
         stats.replayed = self.replay is not None
         stats.generated_tokens = sum(len(o) for o in out)
-        stats.tokens_per_second = (stats.generated_tokens - B) / stats.decode_seconds if stats.decode_seconds else 0.0
-        if trials:
-            stats.acceptance_per_position = (accepted_at / trials).tolist()
-            stats.mean_accepted_length = 1.0 + float(accepted_at.sum()) / trials
+        stats.tokens_per_second = (stats.generated_tokens - len(out)) / decode_seconds if decode_seconds else 0.0
+        if run.trials:
+            stats.acceptance_per_position = (run.accepted_at / run.trials).tolist()
+            stats.mean_accepted_length = 1.0 + float(run.accepted_at.sum()) / run.trials
         stats.phase_seconds = dict(timer.seconds)
+        in_draft = getattr(getattr(self.drafter, "selector", None), "draft_select_seconds", None)
+        if in_draft is not None:  # query-aware selection inside the draft forwards (Quest)
+            stats.phase_seconds["select_in_draft"] = float(in_draft)
         tok = self.model.tokenizer
         text = [tok.decode(o, skip_special_tokens=True) if tok is not None else "" for o in out]
         return GenerationResult(tokens=out, text=text, stats=stats)
@@ -403,37 +425,27 @@ class SpeculativeEngine:
     def _emit(
         self,
         state: DecodeState,
-        out: list[list[int]],
+        run: "_Run",
         next_token: torch.Tensor,
         n_accepted: torch.Tensor,
         drafts: torch.Tensor | None,
-        max_new_tokens: int,
         advance: bool = True,
         extra: Sequence[torch.Tensor] = (),
     ) -> list[list[int]]:
         """Append accepted drafts + the next token per active sequence; advance lengths; stop at EOS/limit.
 
-        Everything the host needs comes over in **one** transfer (one synchronisation): the
-        emission's tensors plus ``extra`` device tensors (integers or bools), returned as lists.
+        Everything the host needs comes over in **one** transfer (:func:`read_host`): the emission's
+        tensors plus ``extra`` device tensors (integers or bools), returned as lists.
         """
-        B = len(out)
-        parts = [n_accepted.reshape(-1).long(), next_token.reshape(-1).long(), state.active.reshape(-1).long()]
-        if drafts is not None:
-            parts.append(drafts.reshape(-1).long())
-        parts += [e.reshape(-1).long() for e in extra]
-        host = torch.cat(parts).tolist()
-        n_list, nxt_list = host[:B], host[B : 2 * B]
-        active = [bool(a) for a in host[2 * B : 3 * B]]
-        off = 3 * B
+        out = run.out
+        parts = [n_accepted, next_token, state.active] + ([drafts] if drafts is not None else [])
+        host = read_host(*parts, *extra)
+        n_list, nxt_list, active = host[0], host[1], [bool(a) for a in host[2]]
         drafts_list = None
         if drafts is not None:
             g = drafts.shape[1]
-            drafts_list = [host[off + b * g : off + (b + 1) * g] for b in range(B)]
-            off += B * g
-        extra_host = []
-        for e in extra:
-            extra_host.append(host[off : off + e.numel()])
-            off += e.numel()
+            drafts_list = [host[3][b * g : (b + 1) * g] for b in range(len(out))]
+        extra_host = host[len(parts):]
         adv = [0] * len(out)
         for b in range(len(out)):
             if not active[b]:
@@ -442,7 +454,7 @@ class SpeculativeEngine:
             for t in new:
                 out[b].append(t)
                 state.tokens[b].append(t)
-                if t in self.eos or len(out[b]) >= max_new_tokens:
+                if t in self.eos or len(out[b]) >= run.max_new_tokens:
                     active[b] = False
                     break
             # the pending token and accepted drafts enter the cache; the new token is pending.
@@ -454,3 +466,24 @@ class SpeculativeEngine:
         state.active = torch.tensor(active, dtype=torch.bool).to(dev, non_blocking=True)
         state.pending = torch.where(state.active, next_token, state.pending)
         return extra_host
+
+
+@dataclass
+class _Run:
+    """Host-side bookkeeping of one :meth:`SpeculativeEngine.generate` call."""
+
+    stats: RunStats
+    out: list[list[int]]
+    max_new_tokens: int
+    accepted_at: torch.Tensor  # (γ,) float64: iterations whose draft i was accepted, summed over sequences
+    trials: int = 0  # (iteration, active sequence) pairs
+
+
+def read_host(*tensors: torch.Tensor) -> list[list[int]]:
+    """Small device tensors (integers or bools) → host lists, in **one** transfer (one synchronisation)."""
+    flat = torch.cat([t.reshape(-1).long() for t in tensors]).tolist()
+    out, off = [], 0
+    for t in tensors:
+        out.append(flat[off : off + t.numel()])
+        off += t.numel()
+    return out

@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from specdec.data import PASSKEY_INTRO, passkey_prompt  # noqa: F401 - the prompt lives in the library
 from specdec.errors import SpecdecError
 from specdec.interfaces import ScoreRequest, Verifier
 
@@ -47,6 +48,9 @@ class FidelityProbe(Verifier):
         self.acc = dict(rows=0, rows_agree=0, emitted=0, emitted_agree=0, tv_sum=0.0, tv_max=0.0, arr_passes=0)
         self.arr = {k: torch.zeros(n, dtype=torch.float64) for k in ("draft_only", "target_only", "hybrid", "used")}
         self._pending = None
+
+    def prefill(self, state) -> None:
+        self.inner.prefill(state)
 
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         from specdec.srh import _Recorder, attention_recall
@@ -125,27 +129,6 @@ def sequence_match(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
     first = next((i for i in range(n) if a[i] != b[i]), n)
     return dict(identical=list(a) == list(b), first_divergence=first,
                 position_agreement=sum(x == y for x, y in zip(a, b)) / max(n, 1))
-
-
-# ---------------------------------------------------------------------------------------------------
-# passkey
-# ---------------------------------------------------------------------------------------------------
-PASSKEY_INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
-                 "Find it and memorize it. I will quiz you about it.\n\n")
-
-
-def passkey_prompt(tokenizer, filler: str, context: int, depth: float, key: str) -> list[int]:
-    """``context`` tokens: intro + filler with the key sentence at ``depth`` (0 = start, 1 = end) + question."""
-    enc = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
-    intro, needle = enc(PASSKEY_INTRO), enc(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n")
-    question = enc("\n\nWhat is the pass key? The pass key is")
-    room = context - len(intro) - len(needle) - len(question)
-    body = enc(filler)
-    if room < 16 or len(body) < room:
-        raise SpecdecError(f"passkey context {context} is too short or the filler too small; use >= 256 tokens.")
-    body = body[:room]
-    cut = int(round(depth * room))
-    return intro + body[:cut] + needle + body[cut:] + question
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -296,7 +279,8 @@ def register(app) -> None:
     """Add ``specdec fidelity``."""
     import typer
 
-    from specdec.cli import friendly, load_model
+    from specdec.friendly import friendly
+    from specdec.loading import load_model
 
     @app.command("fidelity")
     @friendly

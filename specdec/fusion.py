@@ -37,6 +37,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specdec.errors import SpecdecError
+from specdec.interfaces import FORWARD_CONTEXT
 
 FAMILIES = {
     "llama": ("LlamaAttention", "LlamaMLP"),
@@ -66,9 +67,7 @@ def _use_kernels(mod: nn.Module, x: torch.Tensor) -> bool:
 
 def _specdec_context():
     """The running specdec forward's context (cache, lengths, ...) or ``None`` outside one."""
-    from specdec.models import _CONTEXT
-
-    return _CONTEXT.get()
+    return FORWARD_CONTEXT.get()
 
 
 # -- decoder layers and norms patched in place (a subclass per HF class, made once) -----------------

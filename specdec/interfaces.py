@@ -17,6 +17,7 @@ A forward of ``T`` rows for sequence ``b`` writes its keys/values at positions
 
 from __future__ import annotations
 
+import contextvars
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Sequence
@@ -137,6 +138,12 @@ class ForwardContext:
     static: bool = False
 
 
+
+#: the running specdec forward's context (``None`` outside one): set by
+#: :meth:`~specdec.models.SpecdecModel.forward`, read by the routed attention and by the fused
+#: modules of :mod:`specdec.fusion` (which write the KV cache themselves)
+FORWARD_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("specdec_ctx", default=None)
+
 class AttentionBackend(ABC):
     """Computes attention over the cache for ``T`` new query rows per sequence.
 
@@ -199,8 +206,6 @@ class KVSelector(ABC):
     """
 
     name: str = "abstract"
-    #: score request the selector wants from the next verification pass (``None`` = none)
-    needs_scores: ScoreRequest | None = None
 
     def reset(self, cache: "KVCache") -> None:
         """Called once before generation with the freshly prefilled cache."""
@@ -251,6 +256,9 @@ class Drafter(ABC):
 
 class Verifier(ABC):
     """Scores ``gamma + 1`` rows (the pending token + the drafts) with the target model."""
+
+    def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
+        """Called once after the target's prefill and the drafter's (reset per-generation state here)."""
 
     @abstractmethod
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:  # noqa: ANN001

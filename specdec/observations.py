@@ -7,7 +7,6 @@
 * :func:`recall_of_future_rows` — how much of the attention mass of the *next* γ rows a set
   selected from past rows captures: from the last row only (``last``), from rows {t-γ, t}
   (``collect2``) or from all of t-γ..t (``all``) (the aggregated-vs-last-token observation).
-* :func:`selection_overhead_share` — selection time as a share of decode time from run stats.
 """
 
 from __future__ import annotations
@@ -96,12 +95,3 @@ def recall_of_future_rows(
         for m, src in srcs.items():
             acc[m].append(((future * _topk_mask(src, k)).sum(-1) / total).mean())
     return {m: float(torch.stack(v).mean()) if v else float("nan") for m, v in acc.items()}
-
-
-def selection_overhead_share(stats, engine=None) -> float:
-    """Selection time / decode time of one run: the ``select`` phase plus, for Quest, the page
-    scoring done inside draft steps (``Quest.draft_select_seconds``)."""
-    sel = stats.phase_seconds.get("select", 0.0)
-    selector = getattr(getattr(engine, "drafter", None), "selector", None)
-    sel += getattr(selector, "draft_select_seconds", 0.0)
-    return sel / stats.decode_seconds if stats.decode_seconds else 0.0

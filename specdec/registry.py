@@ -1,8 +1,10 @@
-"""Registries map a name to ``(class, pydantic config class)``.
+"""Registries map a name to ``(class, pydantic config class)``: selectors, backends and methods.
 
-Unknown names are an error that lists the known ones. Third-party selectors register through the
-entry-point group ``specdec.selectors`` (value ``"package.module:Class"``; the class carries its
-config class as ``Config``), loaded lazily the first time a name is looked up.
+Unknown names are an error that lists the known ones. Plugins register through entry points,
+loaded lazily the first time a name is looked up: ``specdec.selectors`` and ``specdec.backends``
+(value ``"package.module:Class"``; the class carries its config class as ``Config``) and
+``specdec.methods`` (value ``"package.module:builder"``, a function decorated with
+:func:`specdec.presets.register_method`, which carries its options model as ``Config``).
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ class ComponentConfig(BaseModel):
         return value
 
 
-def format_validation_error(where: str, exc: ValidationError) -> str:
-    """One sentence naming the first bad field and what it needs."""
+def format_validation_error(where: str, exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One sentence naming the first bad field and what it needs (an unknown field lists the known ones)."""
     err = exc.errors()[0]
     msg = err.get("msg", "is invalid")
     msg = msg[len("Value error, "):] if msg.startswith("Value error, ") else msg.lower()
     field = ".".join(str(p) for p in err.get("loc", ()))
+    if err.get("type") == "extra_forbidden" and model is not None:
+        known = ", ".join(sorted(model.model_fields)) or "none"
+        return f"{where}: unknown field '{field}'; known: {known}."
     if not field:  # a rule over several fields: the input is the whole config, the message names the fields
         return f"{where}: {msg.rstrip('.')}."
     return f"{where}: field '{field}' {msg} (got {err.get('input')!r})."
@@ -88,6 +93,8 @@ class Registry(Generic[T]):
             if ep.name in self._entries:
                 continue
             cls = ep.load()
+            if ep.name in self._entries:  # the module registered itself on import (a decorator)
+                continue
             cfg = getattr(cls, "Config", None)
             if cfg is None:
                 raise SpecdecError(f"plugin {ep.name!r} ({ep.value}) has no `Config` class attribute; add one.")
@@ -118,7 +125,7 @@ class Registry(Generic[T]):
         try:
             return entry.config_cls(**params)
         except ValidationError as exc:
-            raise SpecdecError(format_validation_error(f"{self.kind} {name!r}", exc)) from None
+            raise SpecdecError(format_validation_error(f"{self.kind} {name!r}", exc, entry.config_cls)) from None
 
     def build(self, name: str, config: ComponentConfig | None = None, **params: Any) -> T:
         """Instantiate ``name`` from a config object or keyword parameters."""
@@ -129,6 +136,9 @@ class Registry(Generic[T]):
 
 SELECTORS: Registry = Registry("selector", "specdec.selectors")
 BACKENDS: Registry = Registry("backend", "specdec.backends")
+#: named pipelines (``--method``): builder functions ``(model, PipelineConfig, options, **engine_kw)``
+#: with their options model; see :func:`specdec.presets.register_method`
+METHODS: Registry = Registry("method", "specdec.methods")
 
 SELECTORS.add_lazy("sliding_window", "specdec.selectors.sliding_window:SlidingWindow")
 SELECTORS.add_lazy("verification_guided", "specdec.selectors.verification_guided:VerificationGuidedSelector")
@@ -139,3 +149,9 @@ BACKENDS.add_lazy("reference", "specdec.attention.reference:ReferenceBackend")
 BACKENDS.add_lazy("torch", "specdec.attention.torch_backend:TorchBackend")
 BACKENDS.add_lazy("numba", "specdec.attention.numba_backend:NumbaBackend")
 BACKENDS.add_lazy("triton", "specdec.cuda.triton_backend:TritonBackend")
+METHODS.add_lazy("dense", "specdec.presets:dense")
+METHODS.add_lazy("magicdec", "specdec.presets:magicdec")
+for _name in ("vegas", "vegas-all", "vegas-last", "quest"):
+    METHODS.add_lazy(_name, "specdec.vegas:build_vegas_engine")
+for _name in ("dustin", "dustin-adaptive"):
+    METHODS.add_lazy(_name, "specdec.dustin:build_dustin")

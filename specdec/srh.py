@@ -23,78 +23,15 @@ mean ARR over all target layers most; stop at ``max_heads`` or when the gain is 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
 
+from specdec.artifacts import FORMAT, load_srh, model_identity, save_srh  # noqa: F401 - the artifact lives in the library
 from specdec.errors import SpecdecError
 from specdec.interfaces import AttentionBackend
-from specdec.outputs import write_text
-
-FORMAT = "specdec-srh/1"
-
-
-# ---------------------------------------------------------------------------------------------------
-# identity and artifact
-# ---------------------------------------------------------------------------------------------------
-def model_identity(model) -> dict[str, Any]:
-    """Geometry + a fingerprint of the embedding weights: enough to tell two models apart.
-
-    The fingerprint hashes the *signs* of 4096 sampled embedding entries: rounding to bf16/fp16 keeps
-    them, so an artifact profiled in float32 on a CPU loads for the same model in bf16 on a GPU.
-    """
-    d = model.dims
-    w = model.hf.get_input_embeddings().weight.detach()
-    flat = w.reshape(-1)
-    step = max(1, flat.numel() // 4096)
-    sample = (flat[::step][:4096] > 0).cpu().numpy().tobytes()
-    return dict(model_type=str(model.hf.config.model_type), n_layers=d.n_layers, n_heads=d.n_heads,
-                n_kv_heads=d.n_kv_heads, head_dim=d.head_dim, vocab_size=d.vocab_size,
-                fingerprint=hashlib.sha1(sample).hexdigest()[:16])
-
-
-def _describe(ident: dict) -> str:
-    ee = f", early exit at {ident['early_exit_layers']}" if "early_exit_layers" in ident else ""
-    return f"{ident.get('model_type')} {ident.get('n_layers')}L/{ident.get('n_heads')}H #{ident.get('fingerprint')}{ee}"
-
-
-def save_srh(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Write an artifact (atomic). ``payload`` needs target, draft, target_heads, draft_heads, layer_map, m_ratio."""
-    missing = {"target", "draft", "target_heads", "draft_heads", "layer_map", "m_ratio"} - set(payload)
-    if missing:
-        raise SpecdecError(f"SRH artifact is missing {', '.join(sorted(missing))}; build it with `specdec profile-srh`.")
-    path = Path(path)
-    write_text(path, json.dumps({"format": FORMAT, **payload}, indent=1), "--output")
-    return path
-
-
-def load_srh(path: str | Path, target=None, drafter=None) -> dict[str, Any]:
-    """Read an artifact; with ``target``/``drafter`` check it was profiled for that exact pair."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecdecError(f"SRH artifact {path} does not exist; run `specdec profile-srh --output {path}` first.")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise SpecdecError(f"SRH artifact {path} is not valid JSON (line {exc.lineno}); re-run `specdec profile-srh`.")
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise SpecdecError(f"{path} is not a {FORMAT} artifact; re-run `specdec profile-srh`.")
-    if target is not None and data["target"] != model_identity(target):
-        raise SpecdecError(
-            f"SRH artifact {path} was profiled for target {_describe(data['target'])}, not "
-            f"{_describe(model_identity(target))}; run `specdec profile-srh` for this model pair."
-        )
-    if drafter is not None and data["draft"] != drafter.identity():
-        raise SpecdecError(
-            f"SRH artifact {path} was profiled for draft {_describe(data['draft'])}, not "
-            f"{_describe(drafter.identity())}; run `specdec profile-srh` for this model pair."
-        )
-    return data
-
 
 # ---------------------------------------------------------------------------------------------------
 # ARR
@@ -250,7 +187,7 @@ def retrieval_calibration(target, drafter, n: int, context: int, gamma: int, fil
     import random
 
     from specdec.data import load_document
-    from specdec.fidelity import passkey_prompt
+    from specdec.data import passkey_prompt
 
     if n < 1:
         raise SpecdecError(f"retrieval calibration needs n >= 1 prompts (got {n}).")
@@ -443,7 +380,8 @@ def register(app) -> None:
     """Add ``specdec profile-srh``."""
     import typer
 
-    from specdec.cli import friendly, load_model
+    from specdec.friendly import friendly
+    from specdec.loading import load_model
 
     @app.command("profile-srh")
     @friendly

@@ -76,7 +76,6 @@ def three_step_search(
 def engine_measure(model, prompts: list[list[int]], method: str, max_new_tokens: int,
                    min_budget: int = 0, sinks: int = 4, recent: int = 16, options: dict | None = None) -> Measure:
     """A :data:`Measure` decoding ``prompts`` greedily with ``method`` after one shared prefill."""
-    from specdec.observations import selection_overhead_share
     from specdec.presets import PipelineConfig, build_engine
 
     dense = build_engine(model, PipelineConfig.make(method="dense"), eos_token_id=-1)
@@ -89,7 +88,7 @@ def engine_measure(model, prompts: list[list[int]], method: str, max_new_tokens:
         eng = build_engine(model, cfg, eos_token_id=-1)
         st = eng.generate(prompts, max_new_tokens=max_new_tokens, prefilled=pre).stats
         return dict(tau=st.mean_accepted_length, tokens_per_second=st.tokens_per_second,
-                    selection_overhead_share=selection_overhead_share(st, eng))
+                    selection_overhead_share=st.selection_overhead_share)
 
     return measure
 
@@ -170,7 +169,8 @@ def register(app) -> None:  # noqa: ANN001 - typer app
     """Add ``specdec tune`` to the CLI (called by :mod:`specdec.cli`)."""
     import typer
 
-    from specdec.cli import friendly, load_model
+    from specdec.friendly import friendly
+    from specdec.loading import load_model
 
     @app.command()
     @friendly

@@ -70,8 +70,7 @@ class SRHScoringBackend(AttentionBackend):
 
     The layer is recognised by which layer of ``cache`` the backend is given (``layer_of`` maps the
     data pointer of ``cache.k[l]`` to ``l``). After the forward, :attr:`scores` is ``(B, L)``
-    (summed over the heads and rows) and :attr:`per_head` ``{(layer, head): (B, L)}`` when
-    ``keep_heads``.
+    (summed over the heads and rows).
 
     CUDA-graph safe (one instance is reused across passes, see :class:`SparseVerifier`): the
     estimation attends over the whole capacity with a visibility mask (no host read of the
@@ -83,15 +82,13 @@ class SRHScoringBackend(AttentionBackend):
 
     name = "srh-scoring"
 
-    def __init__(self, inner: AttentionBackend, cache, heads: dict[int, list[int]], keep_heads: bool = False) -> None:
+    def __init__(self, inner: AttentionBackend, cache, heads: dict[int, list[int]]) -> None:
         self.inner = inner
         self.heads = {int(l): list(h) for l, h in heads.items() if h}
         self.layer_of = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}
         self.scores = torch.zeros(cache.batch, cache.capacity, dtype=torch.float32, device=cache.k.device)
         self._heads_t = {l: torch.tensor(h, dtype=torch.long, device=cache.k.device) for l, h in self.heads.items()}
         self._first = min(self.heads) if self.heads else None
-        self.keep_heads = keep_heads
-        self.per_head: dict[tuple[int, int], torch.Tensor] = {}
         self.seconds = 0.0  # time spent on the SRH estimation
 
     @property
@@ -110,9 +107,6 @@ class SRHScoringBackend(AttentionBackend):
                 self.scores.copy_(a.sum(1))
             else:
                 self.scores.add_(a.sum(1))
-            if self.keep_heads:
-                for i, h in enumerate(self.heads[layer]):
-                    self.per_head[(layer, h)] = a[:, i]
             if not capturing:
                 self.seconds += time.perf_counter() - t0
         return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)
@@ -214,10 +208,13 @@ class SparseVerifier(Verifier):
             return "disagree"
         return None
 
+    def prefill(self, state) -> None:
+        self._reset(state)
+
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         import time
 
-        if self._state is not state:
+        if self._state is not state:  # driven without the engine's prefill hook (a test, a probe)
             self._reset(state)
         self.iteration += 1
         st = self._stats

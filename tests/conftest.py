@@ -7,7 +7,16 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(max(1, os.cpu_count() or 1))
+from specdec.testing.models import tiny_config, tiny_model  # noqa: F401 - the kit's, shared with the tests
+
+# One thread per test process, and the same for the CLI processes the tests start (they inherit the
+# environment). The tests run tiny models, whose steps are too small to gain from more threads, on
+# shared 2-core CI machines where several test runs compete: torch's default of one OpenMP thread per
+# core oversubscribes them (the demo took 117 s instead of 19 s). One thread also fixes the order of
+# floating-point reductions, so results do not depend on the machine's core count.
+TEST_THREADS = 1
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(TEST_THREADS)
+torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(scope="session")
@@ -18,49 +27,12 @@ def smol():
     return SpecdecModel.from_pretrained("smollm2-135m", dtype="float32", device="cpu")
 
 
-def tiny_config(family: str, **over):
-    """A 2-layer random config of a model family (GQA: 4 query heads, 2 KV heads)."""
-    import transformers as tf
-
-    common = dict(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
-    common.update(over)
-    if family == "llama":
-        return tf.LlamaConfig(**common)
-    if family == "qwen2":
-        return tf.Qwen2Config(**common, use_sliding_window=False)
-    if family == "qwen3":
-        return tf.Qwen3Config(**common, head_dim=16, use_sliding_window=False)
-    if family == "mistral":
-        return tf.MistralConfig(**common, sliding_window=None)
-    raise ValueError(family)
-
-
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 
 
 def make_tiny(family: str, seed: int = 0, **over):
-    """A tiny random :class:`SpecdecModel` (no tokenizer) of ``family``."""
-    from transformers import AutoModelForCausalLM
-
-    from specdec import SpecdecModel
-
-    torch.manual_seed(seed)
-    hf = AutoModelForCausalLM.from_config(tiny_config(family, **over), dtype=torch.float32).eval()
-    # sharpen the random model a little so greedy drafts are sometimes accepted
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(4.0)
-    return SpecdecModel(hf)
+    """A tiny random :class:`SpecdecModel` (no tokenizer) of ``family`` (:func:`specdec.testing.tiny_model`)."""
+    return tiny_model(family, seed=seed, **over)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

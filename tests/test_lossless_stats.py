@@ -32,7 +32,6 @@ SETTINGS = {
     "T0.7-top_p0.8": dict(temperature=0.7, top_p=0.8),
     "T1.3-top_k5": dict(temperature=1.3, top_k=5),
 }
-RESULTS: list[tuple] = []  # (method, setting, N, cells, p-value, TV) — printed by the last test
 
 
 def lossless_methods() -> list[str]:
@@ -125,7 +124,6 @@ def test_sampled_continuations_follow_the_target(model, next_logits, prefilled, 
     pval, tv, cells = goodness_of_fit(counts, probs)
     # the first token alone, where the cells are large and TV is tight
     p1, tv1, _ = goodness_of_fit(counts.sum(dim=(1, 2)), probs.sum(dim=(1, 2)))
-    RESULTS.append((method, setting, N, cells, pval, tv, p1, tv1, st.mean_accepted_length))
     print(f"\nSTAT {method:12s} {setting:15s} N={N} cells={cells} p={pval:.3g} TV={tv:.3f} "
           f"first-token p={p1:.3g} TV={tv1:.3f} tau={st.mean_accepted_length:.2f}")
     assert pval > 1e-3 and p1 > 1e-3, (pval, p1)

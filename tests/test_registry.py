@@ -7,7 +7,7 @@ import torch
 
 from specdec import SELECTORS, BudgetSelector
 from specdec.errors import SpecdecError
-from specdec.registry import Registry
+from specdec.registry import ComponentConfig, Registry
 
 
 class KeyNormSelector(BudgetSelector):
@@ -48,3 +48,50 @@ def test_config_errors_name_the_field():
         SELECTORS.build("sliding_window", budget_ratio=1.5)
     with pytest.raises(SpecdecError, match="extra|not permitted|sink"):
         SELECTORS.build("sliding_window", sink=3)
+
+
+class _PlugOptions(ComponentConfig):
+    gamma_bonus: int = 0
+
+
+def plug_method(model, cfg, options, **kw):
+    """self-speculation from a plugin package (a whole method through an entry point)"""
+    from specdec import SparseSelfDrafter, SpeculativeEngine
+
+    selector = SELECTORS.build("sliding_window", cfg.budget_config())
+    return SpeculativeEngine(model, SparseSelfDrafter(model, selector), gamma=cfg.gamma + options.gamma_bonus,
+                             sampling=cfg.sampling, method=cfg.method, **kw)
+
+
+plug_method.Config = _PlugOptions
+
+
+def test_entry_point_method_plugin(monkeypatch):
+    from specdec import PipelineConfig, build_engine
+    from specdec.presets import get_method
+    from specdec.registry import METHODS
+    from specdec.testing import tiny_model
+
+    ep = metadata.EntryPoint(name="plug", value=f"{__name__}:plug_method", group="specdec.methods")
+    real = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points", lambda **kw: [ep] if kw.get("group") == "specdec.methods" else real(**kw))
+    monkeypatch.setattr(METHODS, "_plugins_loaded", False)
+    monkeypatch.setattr(METHODS, "_entries", dict(METHODS._entries))
+    assert "plug" in METHODS.names()
+    assert get_method("plug").description.startswith("self-speculation from a plugin")
+    eng = build_engine(tiny_model(), PipelineConfig.make(method="plug", budget=8, options={"gamma_bonus": 1}))
+    assert eng.gamma == 5 and eng.method == "plug"
+    with pytest.raises(SpecdecError, match="unknown plug option 'bogus'; known: gamma_bonus"):
+        build_engine(tiny_model(), PipelineConfig.make(method="plug", options={"bogus": 1}))
+
+
+def test_method_options_are_validated_once():
+    from specdec import PipelineConfig, build_engine
+    from specdec.testing import tiny_model
+
+    with pytest.raises(SpecdecError, match="unknown vegas option 'rows'; known: per_kv_head, score_kind"):
+        build_engine(tiny_model(), PipelineConfig.make(method="vegas", options={"rows": "all"}))
+    with pytest.raises(SpecdecError, match="unknown magicdec option 'sinks'; known: none"):
+        build_engine(tiny_model(), PipelineConfig.make(method="magicdec", options={"sinks": 2}))
+    with pytest.raises(SpecdecError, match="field 'page_size'"):
+        build_engine(tiny_model(), PipelineConfig.make(method="quest", options={"page_size": 0}))

@@ -77,7 +77,7 @@ def timed(fn, dev, n=15):
 def part_traces(a, res):
     from specdec import PipelineConfig, build_engine
     from specdec.adaptive import save_trace
-    from specdec.cli import load_model
+    from specdec.loading import load_model
     from specdec.data import context_ids, load_document
 
     m = load_model(a.model, a.dtype, a.device, a.backend, a.graphs, False, True)

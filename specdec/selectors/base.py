@@ -22,8 +22,9 @@ from specdec.registry import ComponentConfig
 class BudgetConfig(ComponentConfig):
     """Budget shared by every selector.
 
-    Exactly one of ``budget`` (entries) and ``budget_ratio`` (share of the context) is set;
-    the effective budget is ``max(min_budget, ceil(budget_ratio * length))`` per sequence.
+    Exactly one of ``budget`` (entries) and ``budget_ratio`` (share of the context) is set, and
+    ``budget_ratio`` is 0.05 when neither is given (the one place of both rules); the effective
+    budget is ``max(min_budget, ceil(budget_ratio * length))`` per sequence.
     """
 
     budget: int | None = Field(default=None, gt=0, description="total KV entries one sparse step sees")
@@ -37,7 +38,7 @@ class BudgetConfig(ComponentConfig):
         if self.budget is None and self.budget_ratio is None:
             object.__setattr__(self, "budget_ratio", 0.05)
         if self.budget is not None and self.budget_ratio is not None:
-            raise ValueError("set either budget or budget_ratio, not both")
+            raise ValueError("budget and budget_ratio (--budget, --budget-ratio) were both given; pass only one, budget or budget_ratio")
         return self
 
     def budget_for(self, lengths: torch.Tensor) -> torch.Tensor:
@@ -77,8 +78,6 @@ class BudgetSelector(KVSelector):
     """
 
     Config = BudgetConfig
-    #: one plan for all layers (``True``) or a plan per layer (``False``)
-    shared_across_layers: bool = True
 
     def __init__(self, config: BudgetConfig | None = None) -> None:
         self.config = config or self.Config()

@@ -16,11 +16,8 @@ from the last verification pass (an online ARR proxy on the SRHs; see :meth:`Hyb
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
@@ -36,8 +33,8 @@ class HybridSRHConfig(BudgetConfig):
 
     ``m`` (or ``m_ratio`` of the slots left after sinks and recent) goes to the draft signal.
     ``target_heads`` / ``draft_heads`` are ``[layer, query head]`` pairs; ``layer_map[l]`` is the
-    draft layer that corresponds to target layer ``l``. ``srh`` loads all three (and ``m_ratio``)
-    from a ``specdec profile-srh`` artifact; fields given explicitly win.
+    draft layer that corresponds to target layer ``l``. A ``specdec profile-srh`` artifact holds all
+    three and ``m_ratio`` (:func:`specdec.artifacts.load_srh`; the ``dustin`` method applies it).
     """
 
     m: int | None = Field(default=None, ge=0, description="slots chosen by the draft signal (None = m_ratio)")
@@ -49,22 +46,6 @@ class HybridSRHConfig(BudgetConfig):
     target_heads: Heads | None = Field(default=None, description="target SRHs as [layer, head] pairs")
     draft_heads: Heads | None = Field(default=None, description="draft SRHs as [layer, head] pairs")
     layer_map: list[int] | None = Field(default=None, description="draft layer of each target layer")
-    srh: str | None = Field(default=None, description="path of a `specdec profile-srh` JSON artifact")
-
-    @model_validator(mode="after")
-    def _load_artifact(self):
-        if self.srh is None:
-            return self
-        path = Path(self.srh)
-        if not path.is_file():
-            raise ValueError(f"SRH artifact {self.srh} does not exist; run `specdec profile-srh` first")
-        data = json.loads(path.read_text())
-        for name in ("target_heads", "draft_heads", "layer_map"):
-            if getattr(self, name) is None and data.get(name) is not None:
-                object.__setattr__(self, name, [tuple(x) if isinstance(x, list) else x for x in data[name]])
-        if "m_ratio" not in self.model_fields_set and "m_ratio" in data:
-            object.__setattr__(self, "m_ratio", float(data["m_ratio"]))
-        return self
 
 
 def heads_by_layer(heads: Heads | None) -> dict[int, list[int]]:

@@ -158,8 +158,8 @@ class Quest(BudgetSelector):
 
     Attributes:
         kmin, kmax: ``(N, B, H_kv, P, D)`` float32 page key bounds for the verified positions.
-        draft_select_seconds: time spent scoring pages inside draft steps; the engine's ``select``
-            phase does not see it (it happens inside the draft forwards), so benchmarks add it.
+        draft_select_seconds: time spent scoring pages inside draft steps; the engine reports it as the
+            ``select_in_draft`` phase (it happens inside the draft forwards).
     """
 
     Config = QuestConfig

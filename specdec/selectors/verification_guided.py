@@ -69,7 +69,6 @@ class VerificationGuidedSelector(BudgetSelector):
     """
 
     Config = VerificationGuidedConfig
-    shared_across_layers = False
     capture_plans = True  # the scores live in one persistent buffer (named in plan_state_key)
 
     def __init__(self, config: VerificationGuidedConfig | None = None) -> None:

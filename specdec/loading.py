@@ -1,0 +1,128 @@
+"""Loading a model and merging a pipeline config from command-line style options (no CLI toolkit here).
+
+Library layer: the commands (``bench``, ``tune``, ``profile-srh``, ``fidelity``, ``demo``) and
+:mod:`specdec.cli` call these; they raise :class:`~specdec.errors.SpecdecError` with one clear sentence.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from specdec.errors import SpecdecError
+
+
+def resolve_device(device: str) -> str:
+    from specdec.fastpath import cuda_available
+
+    if device == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if device.startswith("cuda") and not cuda_available():
+        raise SpecdecError(f"--device {device} was requested but no CUDA GPU is available; use --device cpu.")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise SpecdecError(f"unknown device {device!r}; use cpu, cuda or auto.")
+    return device
+
+
+def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False,
+               fuse: bool = False, shape: str | None = None):
+    """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper).
+
+    ``cuda_graphs`` captures decode-sized forwards as CUDA graphs (GPU only; the ``torch`` backend
+    switches to its static mode); ``compile`` applies ``torch.compile`` to them; ``fuse`` fuses the
+    q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`),
+    with the fused Triton kernels on CUDA. ``shape`` (e.g. ``llama-3.1-8b``) builds a random-weight
+    model of that shape on the device instead of loading ``model`` (:mod:`specdec.shapes`).
+    """
+    import torch
+
+    from specdec.models import SpecdecModel, resolve_dtype
+    from specdec.registry import BACKENDS
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    if dev == "cpu" and torch_dtype == torch.float16:
+        raise SpecdecError("float16 is not supported on the CPU here; use --dtype float32 or bfloat16.")
+    if cuda_graphs and dev == "cpu":
+        raise SpecdecError("--cuda-graphs needs a CUDA GPU; drop it or use --device cuda.")
+    be = BACKENDS.build(backend, **({"static": True} if (cuda_graphs and backend == "torch") else {}))
+    reason = be.validate(torch.device(dev), torch_dtype)
+    if reason:
+        raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
+    if shape is not None:
+        from specdec.shapes import random_model
+
+        m = SpecdecModel(random_model(shape, dev, torch_dtype), None, be)
+    else:
+        m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
+    if fuse:
+        m.fuse_projections()
+    if compile:
+        m.enable_compile()
+    if cuda_graphs:
+        m.enable_cuda_graphs()
+    return m
+
+
+def pipeline_config(
+    method: Optional[str],
+    gamma: Optional[int],
+    budget: Optional[int],
+    budget_ratio: Optional[float],
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: Optional[int],
+    config_file: Optional[Path] = None,
+):
+    """Merge ``--config FILE`` (JSON from ``specdec tune``) with the options given explicitly."""
+    from specdec.presets import PipelineConfig, get_method
+    from specdec.sampling import SamplingConfig
+
+    base: dict[str, Any] = {}
+    if config_file is not None:
+        base = read_config(config_file)
+    given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
+    if budget is not None or budget_ratio is not None:  # a budget given here replaces the file's
+        base.pop("budget", None)
+        base.pop("budget_ratio", None)
+    merged = {**base, **{k: v for k, v in given.items() if v is not None}}  # both given: BudgetConfig's rule
+    merged.setdefault("method", PipelineConfig.model_fields["method"].default)
+    get_method(merged["method"])  # unknown names list the known ones
+    merged["sampling"] = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    return PipelineConfig.make(**merged)
+
+
+#: top-level keys of ``--config`` besides the pipeline fields: a ``specdec tune`` report (its ``recommended``
+#: key is read, the rest is the report's record); any other section is refused rather than silently dropped
+CONFIG_SECTIONS_NOT_READ = {
+    "sampling": "the CLI does not read a 'sampling' section; pass --temperature, --top-p, --top-k and --seed instead",
+}
+
+
+def read_config(config_file: Path) -> dict[str, Any]:
+    """The pipeline fields of ``--config FILE``: a JSON object, or a ``specdec tune`` report's ``recommended``."""
+    from specdec.inputs import read_json_object
+
+    base = read_json_object(config_file, "--config")
+    if "recommended" in base:
+        base = base["recommended"]
+        if not isinstance(base, dict):
+            raise SpecdecError(f"config file {config_file} must hold a JSON object of pipeline fields.")
+    for key, why in CONFIG_SECTIONS_NOT_READ.items():
+        if key in base:
+            raise SpecdecError(f"config file {config_file}: {why}.")
+    return dict(base)
+
+
+def check_budget(cfg, context: int) -> None:
+    """The budget fits the context; explicitly given sinks + recent fit the budget and the context."""
+    if cfg.budget is not None and cfg.budget > context:
+        raise SpecdecError(
+            f"--budget {cfg.budget} exceeds the context of {context} tokens; use a budget <= {context} or --budget-ratio."
+        )
+    if {"sinks", "recent"} & cfg.model_fields_set and cfg.sinks + cfg.recent > context:
+        raise SpecdecError(
+            f"sinks {cfg.sinks} + recent {cfg.recent} exceed the context of {context} tokens; "
+            f"use sinks + recent <= {context}."
+        )
