@@ -56,6 +56,27 @@ class SparseSelfDrafter(Drafter):
 # ---------------------------------------------------------------------------------------------------
 
 
+def check_same_tokenizer(target: SpecdecModel, draft: SpecdecModel) -> None:
+    """Refuse a draft whose tokenizer maps tokens to ids differently from the target's (same vocabulary
+    size is not enough: two tokenizers of 49152 entries can disagree on every id)."""
+    from specdec.errors import SpecdecError
+
+    if draft.dims.vocab_size != target.dims.vocab_size:
+        raise SpecdecError(
+            f"the draft model has a vocabulary of {draft.dims.vocab_size}, the target {target.dims.vocab_size}; "
+            "use a draft that shares the target's tokenizer."
+        )
+    if target.tokenizer is None or draft.tokenizer is None:
+        return
+    a, b = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if a != b:
+        diff = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])[0]
+        raise SpecdecError(
+            f"the draft's tokenizer maps tokens to ids differently from the target's (e.g. {diff[0]!r} -> {diff[1]} "
+            "in only one of them); use a draft that shares the target's tokenizer."
+        )
+
+
 def lookahead_request(heads: dict[int, list[int]] | None) -> "ScoreRequest | None":
     """Score request for one draft row restricted to the draft's retrieval heads (softmax weights)."""
     if not heads:
