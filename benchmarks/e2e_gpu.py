@@ -177,8 +177,10 @@ def main() -> None:
                 rep = getattr(getattr(eng, "verifier", None), "report", None)
                 if callable(rep):
                     row["verifier_report"] = {k: v for k, v in rep().items() if isinstance(v, (int, float))}
-                sel = getattr(getattr(eng, "drafter", None), "selector", None)
-                calls = getattr(sel, "_plan_graphs", None)
+                from specdec.planner import _PLANNERS
+
+                graphs = [p.plan_graphs for p in list(_PLANNERS.values()) if p.plan_graphs is not None]
+                calls = graphs[-1] if graphs else None
                 if calls is not None:
                     row["plan_graphs"] = dict(captures=calls.captures, replays=calls.replays,
                                               uncapturable=sorted(set(calls.uncapturable.values())))

@@ -294,7 +294,7 @@ def list_methods() -> None:
 
 
 #: modules that add sub-commands: each defines ``register(app)`` (e.g. ``specdec tune``, ``specdec profile-srh``)
-EXTRA_COMMAND_MODULES = ("specdec.tune", "specdec.srh", "specdec.fidelity", "specdec.train_draft", "specdec.evaluation")
+EXTRA_COMMAND_MODULES = ("specdec.tune", "specdec.srh", "specdec.fidelity", "specdec.train_draft_command", "specdec.evaluation")
 
 
 def _register_extra_commands() -> None:

@@ -8,6 +8,7 @@ import torch
 
 from specdec.interfaces import Drafter, KVSelector, ScoreRequest
 from specdec.models import SpecdecModel
+from specdec.planner import planner_for
 from specdec.sampling import check_finite, choose, nonfinite_flags, raise_nonfinite
 
 
@@ -32,7 +33,7 @@ class SparseSelfDrafter(Drafter):
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         B = state.lengths.shape[0]
         with state.timer("select"):
-            plan = self.selector.plan(state.cache, state.lengths)
+            plan = planner_for(state.cache).plan(self.selector, state.lengths)
         tokens, probs = [], []
         cur = state.pending
         for i in range(gamma):
@@ -292,9 +293,7 @@ class TruncatedModel(SpecdecModel):
         if self._own_graphs is None or self._own_graphs[0] is not src:
             from specdec.graphs import GraphCache
 
-            own = GraphCache(self, plan_bucket=src.plan_bucket, max_graphs=src.max_graphs, max_rows=src.max_rows,
-                             pool=src.pool)
-            self._own_graphs = (src, own)
+            self._own_graphs = (src, GraphCache.for_view(src, self))
         return self._own_graphs[1]
 
     def _follow_parent(self, *a, **kw):
@@ -366,18 +365,13 @@ class EarlyExitDrafter(ModelDrafter):
         return {**model_identity(self.target), "early_exit_layers": self.exit_layers}
 
     def _draft_cache(self, state):
-        """The target cache's first ``exit_layers`` layers; the same view object while the target cache's
-        tensors are the same (CUDA graphs are keyed by the cache object: a new view would recapture)."""
+        """The target cache's first ``exit_layers`` layers (a view; CUDA graphs are keyed on the memory a
+        step writes, so a new view of the same memory replays the same graphs). The engine sized the
+        cache: no host capacity check on the view either."""
         from specdec.cache import KVCache
 
         k, v = state.cache.k, state.cache.v
-        dc = getattr(self, "_dcache", None)
-        if dc is None or dc[0] is not k or dc[1] is not v:
-            dc = (k, v, KVCache._from(k[: self.exit_layers], v[: self.exit_layers]))
-            self._dcache = dc
-        if hasattr(state.cache, "bounded"):  # the engine sized the cache: no host capacity check on the view either
-            dc[2].bounded = state.cache.bounded
-        return dc[2]
+        return KVCache._from(k[: self.exit_layers], v[: self.exit_layers], getattr(state.cache, "bounded", False))
 
     def prefill(self, state) -> None:
         self.draft_len = state.lengths.clone()

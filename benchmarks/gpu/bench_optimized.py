@@ -51,6 +51,7 @@ from bench_kernels import copy_bandwidth, graph_time, rel_err  # noqa: E402
 
 from specdec.cuda.triton_attention import LaunchConfig, splitk_attention  # noqa: E402
 from specdec.cuda.triton_quest import quest_token_scores, quest_update_minmax  # noqa: E402
+from specdec.interfaces import AttentionMetadata  # noqa: E402
 
 # name, H, H_kv, D, B, context
 SPARSE_CASES = [("smollm2", 9, 3, 64, 64, 8192), ("llama8b", 32, 8, 128, 16, 32768), ("llama8b", 32, 8, 128, 1, 131072)]
@@ -126,12 +127,10 @@ def sparse_section(bench: Bench, cases, Ts=(1, 5)):
             q = torch.randn(B, H, T, D, device=dev, dtype=ks[0].dtype, generator=gen)
             nbytes = B * Hkv * (budget + 4 + T) * D * 2 * ks[0].element_size() + idx.numel() * 8
             bb = min(B, 2)
-            o_ref, _ = ReferenceBackend().attend(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], D**-0.5, idx[:bb],
-                                                 dense_from[:bb])
+            o_ref, _ = ReferenceBackend().attend(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], D**-0.5, idx[:bb], dense_from[:bb]))
             for label, cfg in SPARSE_VARIANTS:
-                o = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], D**-0.5, idx[:bb], dense_from[:bb],
-                                     cfg=cfg)[0]
-                fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], lengths, D**-0.5, idx, dense_from, cfg=cfg)
+                o = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], D**-0.5, idx[:bb], dense_from[:bb]), cfg=cfg)[0]
+                fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, D**-0.5, idx, dense_from), cfg=cfg)
                        for i in range(len(ks))]
                 tg, te = bench.time(fns)
                 bench.record("sparse", case, f"T={T} {label}", tg, te, nbytes, rel_err=rel_err(o, o_ref))
@@ -157,17 +156,16 @@ def score_section(bench: Bench, cases, T=5, rows=(0, 4)):
         nbytes = B * Hkv * ctx * D * 2 * ks[0].element_size()
         case = f"{name} B={B} ctx={ctx}"
         bb = min(B, 2)
-        _, s_ref = ReferenceBackend().attend(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], D**-0.5, score_rows=list(rows))
-        s = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], D**-0.5, row_weights=w)[2]
+        _, s_ref = ReferenceBackend().attend(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], D**-0.5, score_rows=list(rows)))
+        s = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], D**-0.5), row_weights=w)[2]
         err = rel_err(s, s_ref)
-        sc = lambda i: splitk_attention(q, ks[i], vs[i], lengths, D**-0.5, row_weights=w)  # noqa: E731
+        sc = lambda i: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, D**-0.5), row_weights=w)  # noqa: E731
         variants = [
-            ("T=5 no scores", lambda i: splitk_attention(q, ks[i], vs[i], lengths, D**-0.5), None),
+            ("T=5 no scores", lambda i: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, D**-0.5)), None),
             ("T=5 +logits", sc, err),
             ("T=5 +logits +fill (old)",
              lambda i: (torch.zeros((B, Hkv, L), dtype=torch.float32, device=dev), sc(i)), None),
-            ("T=5 +logits/row", lambda i: splitk_attention(q, ks[i], vs[i], lengths, D**-0.5, row_queries=rq,
-                                                          row_ids=rid, n_slots=len(rows)), None),
+            ("T=5 +logits/row", lambda i: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, D**-0.5), row_queries=rq, row_ids=rid, n_slots=len(rows)), None),
         ]
         base = None
         for label, fn, e in variants:

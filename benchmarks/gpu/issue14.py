@@ -112,6 +112,7 @@ def part_e2e(a, res):
 def _vegas_costs(model, cache, L, B, budget, gamma, bw, dev):
     """Item 4: score emission share of verify; one layer's sparse attention vs copy bandwidth; gather vs window."""
     from specdec import ScoreRequest
+    from specdec.interfaces import AttentionMetadata
 
     d = model.dims
     x5 = torch.randint(0, d.vocab_size, (B, gamma + 1), device=dev)
@@ -128,7 +129,8 @@ def _vegas_costs(model, cache, L, B, budget, gamma, bw, dev):
     out = {}
     for name, idx in (("gather", rand), ("window", window)):
         idx4 = idx.view(B, 1, budget).expand(B, d.n_kv_heads, budget).contiguous()
-        t = timed(lambda: be.attend(q, kc, vc, L, d.head_dim ** -0.5, plan_indices=idx4, dense_from=L), dev)
+        meta = AttentionMetadata(lengths=L, scale=d.head_dim ** -0.5, plan_indices=idx4, dense_from=L)
+        t = timed(lambda: be.attend(q, kc, vc, meta), dev)
         nbytes = B * budget * d.n_kv_heads * d.head_dim * 2 * kc.element_size()
         out[name] = dict(us=t * 1e6, GBps=nbytes / t / 1e9, share_of_copy_bw=nbytes / t / bw)
     return dict(verify_plain_ms=t_plain * 1e3, verify_with_scores_ms=t_scores * 1e3,

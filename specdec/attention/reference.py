@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
-from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.interfaces import AttentionBackend, AttentionMetadata
 from specdec.registry import BACKENDS, ComponentConfig
 
 
@@ -58,20 +56,11 @@ class ReferenceBackend(AttentionBackend):
     def __init__(self, config: ReferenceConfig | None = None) -> None:
         self.config = config or ReferenceConfig()
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        lengths: torch.Tensor,
-        scale: float,
-        plan_indices: torch.Tensor | None = None,
-        dense_from: torch.Tensor | None = None,
-        score_rows: Sequence[int] | None = None,
-        score_kind: ScoreKind = "logits",
-        score_heads: Sequence[int] | None = None,
-        score_per_row: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        lengths, scale = meta.lengths, meta.scale
+        plan_indices, dense_from = meta.plan_indices, meta.dense_from
+        score_rows, score_kind, score_heads = meta.score_rows, meta.score_kind, meta.score_heads
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         G = H // Hkv
@@ -96,7 +85,7 @@ class ReferenceBackend(AttentionBackend):
                 keep = torch.zeros(H, dtype=torch.bool, device=q.device)
                 keep[torch.as_tensor(list(score_heads), device=q.device, dtype=torch.long)] = True
                 s = s * keep.view(1, Hkv, G, 1, 1)
-            if score_per_row:  # (B, Hkv, R, L): one slice per requested row
+            if meta.score_per_row:  # (B, Hkv, R, L): one slice per requested row
                 scores = torch.zeros(B, Hkv, len(rows), L, dtype=torch.float32, device=q.device)
                 scores[..., :used] = s.sum(dim=2)
             else:
