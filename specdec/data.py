@@ -4,6 +4,7 @@
 * ``stdlib:<module>``: the source of a standard-library module, e.g. ``stdlib:argparse``.
 * ``long:prose`` and ``long:code``: documents of more than 40k tokens for 16k–32k contexts (see
   :data:`LONG_DOCUMENTS` for what each is made of).
+* any path to an existing text file (benchmarks on held-out documents: ``--documents a.cpp,b.md``).
 
 :func:`passkey_prompt` hides a pass key in such a document (the retrieval probe of ``fidelity`` and
 ``profile-srh``).
@@ -30,7 +31,7 @@ LONG_DOCUMENTS = {
 
 
 def load_document(name: str) -> str:
-    """Text of a built-in document (see module docstring)."""
+    """Text of a built-in document (see module docstring) or of any existing text file (a path)."""
     if name in LONG_DOCUMENTS:
         parts = LONG_DOCUMENTS[name]
         if parts == ["pydoc"]:
@@ -46,7 +47,13 @@ def load_document(name: str) -> str:
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             raise SpecdecError(f"no pure-Python standard-library module {mod!r}; try stdlib:argparse.")
         return Path(spec.origin).read_text(encoding="utf-8")
-    raise SpecdecError(f"unknown document {name!r}; use 'pydoc', 'stdlib:<module>' or one of {', '.join(LONG_DOCUMENTS)} "
+    path = Path(name)
+    if path.is_file():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise SpecdecError(f"document file {path} is empty or whitespace only; give it some text.")
+        return text
+    raise SpecdecError(f"unknown document {name!r}: not an existing file, 'pydoc', 'stdlib:<module>' or one of " + ", ".join(LONG_DOCUMENTS) + " "
                        f"(e.g. {', '.join(BENCH_DOCUMENTS)}).")
 
 

@@ -20,6 +20,8 @@ class SparseSelfDrafter(Drafter):
     written into the target's cache and overwritten by the verification pass.
     """
 
+    dense_steps_ok = True
+
     def __init__(self, model: SpecdecModel, selector: KVSelector) -> None:
         self.model = model
         self.selector = selector

@@ -17,6 +17,7 @@ A forward of ``T`` rows for sequence ``b`` writes its keys/values at positions
 
 from __future__ import annotations
 
+import contextvars
 from abc import ABC, abstractmethod
 import dataclasses
 from dataclasses import dataclass, field
@@ -244,6 +245,12 @@ class ForwardContext:
     routed: list | None = None
 
 
+
+#: the running specdec forward's context (``None`` outside one): set by
+#: :meth:`~specdec.models.SpecdecModel.forward`, read by the routed attention and by the fused
+#: modules of :mod:`specdec.fusion` (which write the KV cache themselves)
+FORWARD_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("specdec_ctx", default=None)
+
 class AttentionBackend(ABC):
     """Computes attention over the cache for ``T`` new query rows per sequence.
 
@@ -341,6 +348,10 @@ class KVSelector(ABC):
 
 class Drafter(ABC):
     """Proposes ``gamma`` tokens per sequence from the engine's :class:`specdec.engine.DecodeState`."""
+
+    #: drafts from the target's own cache, so the engine may run plain dense steps between rounds
+    #: (:mod:`specdec.adaptive`); then :meth:`on_verify` is called with ``scores=None`` after each
+    dense_steps_ok: bool = False
 
     def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
         """Called once after the target's prefill (a model drafter prefills its own cache here)."""

@@ -28,7 +28,7 @@ import torch
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.attention.recording import attention_request, layer_metadata, record
-from specdec.interfaces import AttentionBackend, AttentionMetadata, ForwardContext, ScoreRequest, SparsePlan, as_requests
+from specdec.interfaces import FORWARD_CONTEXT, AttentionBackend, AttentionMetadata, ForwardContext, ScoreRequest, SparsePlan, as_requests
 
 IMPL_NAME = "specdec"
 #: name → (package, GGUF file in it; ``None``: the package assembles the file from chunk packages)
@@ -40,7 +40,7 @@ EMBEDDED_MODELS = {
 EMBEDDED_EXTRAS = {"gemma3-270m": "gemma"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("specdec_ctx", default=None)
+_CONTEXT: contextvars.ContextVar[ForwardContext | None] = FORWARD_CONTEXT  # lives in interfaces: specdec.fusion reads it
 _REGISTERED = False
 
 
@@ -78,7 +78,10 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
                                  softcap=softcap, static=ctx.static)
         return _window_attention(ctx, module.layer_idx, query, key, value, k_cache, v_cache, meta), None
     layer = g  # plans and score requests index the global (full-context) layers
-    ctx.cache.write(module.layer_idx, key, value, ctx.lengths, check=not ctx.static)
+    # the route writes the layer's K/V, unless a fused module (specdec.fusion: the RoPE + KV-write kernel)
+    # already did; either way the backend reads them from the cache through the same metadata
+    if not kwargs.pop("kv_written", False):
+        ctx.cache.write(module.layer_idx, key, value, ctx.lengths, check=not ctx.static)
     plan = ctx.plan
     meta = layer_metadata(
         layer, ctx.lengths, scale,
@@ -398,8 +401,12 @@ class SpecdecModel:
         hf, tok = load_hf(model, dtype, device)
         return cls(hf, tok, backend, fuse=fuse)
 
-    def fuse_projections(self) -> "SpecdecModel":
+    def fuse_projections(self, kernels: str = "auto") -> "SpecdecModel":
         """Run q/k/v as one GEMM and gate/up as one per layer: 4 projection launches instead of 7.
+
+        ``kernels``: where the fused Triton kernels (RMSNorm + residual add, SiLU·mul, q/k norm +
+        RoPE + KV-cache write) replace the element-wise torch code: ``"auto"`` on CUDA when triton
+        is installed, ``"triton"`` always, ``"torch"`` never (see :mod:`specdec.fusion`).
 
         Llama, Qwen2, Qwen3 and Mistral only (anything else: :class:`SpecdecError`, nothing
         changed); idempotent. Results equal the unfused model's up to floating-point rounding
@@ -413,7 +420,7 @@ class SpecdecModel:
         if self._compiled is not None or self._graphs is not None:
             raise SpecdecError("fuse_projections() changes the model's modules; call it before enable_compile() "
                                "and enable_cuda_graphs() (or pass fuse=True when building the model).")
-        fuse_projections(self.hf)
+        fuse_projections(self.hf, kernels)
         if self._saved_impl is not None:
             self._check_route()
         return self
@@ -602,8 +609,15 @@ class SpecdecModel:
         Fuses the many small element-wise kernels of the Hugging Face modules (norms, RoPE, MLP
         activations); the attention call stays a specdec backend call. Prefill chunks run eagerly.
         Combine with :meth:`enable_cuda_graphs` on a GPU. Compilation happens on first use of each shape.
+        A fused model (:meth:`fuse_projections`) runs its torch code from now on, not its Triton
+        kernels: inductor fuses the same element-wise work itself. Optional: the fused kernels with
+        CUDA graphs need no compilation.
         """
         import torch._dynamo
+
+        from specdec.fusion import set_kernels
+
+        set_kernels(self.hf, "torch")
 
         # one compile per step shape, for the target and an early-exit view (same code objects)
         for knob in ("recompile_limit", "cache_size_limit"):

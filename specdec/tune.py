@@ -84,8 +84,9 @@ def engine_measure(model, prompts: list[list[int]], method: str, max_new_tokens:
     L = max(len(p) for p in prompts)
 
     def measure(ratio: float, gamma: int) -> dict:
+        # fixed γ: the sweep measures τ and speed at this γ (the adaptive controller would move it)
         cfg = PipelineConfig.make(method=method, gamma=gamma, budget_ratio=ratio, min_budget=min_budget,
-                                  sinks=sinks, recent=recent, options=options or {})
+                                  sinks=sinks, recent=recent, options=options or {}, adaptive=False)
         eng = build_engine(model, cfg, eos_token_id=-1)
         st = eng.generate(prompts, max_new_tokens=max_new_tokens, prefilled=pre).stats
         # bytes a draft step reads over a dense step's: the budget applies to global layers only, a

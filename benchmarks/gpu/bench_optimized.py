@@ -228,7 +228,11 @@ def quest_section(bench: Bench, cases, page_size=16):
             sel.kmin, sel.kmax = kmin, kmax
             budget = sel.config.budget_for(lengths)
             fixed, room = fixed_positions(lengths, budget, sel.config.sinks, sel.config.recent)
-            plan = QuestPlan(fixed.view(1, B, 1, -1), lengths.clone(), sel, lengths.clone(), room)
+            k = int(room.max())
+            k_sel = min(-(-k // sel.config.k_bucket) * sel.config.k_bucket, L) if k else 0
+            plan = QuestPlan(indices=fixed.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
+                             room=room, kmin=kmin, kmax=kmax, width=L, k_sel=k_sel, page_size=sel.config.page_size,
+                             sinks=sel.config.sinks, recent=sel.config.recent, use_triton=kind == "triton")
             tg, te = bench.time([lambda plan=plan: plan.indices_for(0, q)], graph=False)
             bench.record("quest", case, f"indices_for {kind}", tg, te)
         # page min/max after a 5-token append, one layer
