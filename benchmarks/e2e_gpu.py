@@ -3,7 +3,8 @@
 Workload: the embedded SmolLM2-135M (real weights, bf16), a real document (pydoc) cut to
 ``--context`` tokens, the prompt repeated ``B`` times, ``--new`` greedy tokens per sequence.
 Reports per (B, method): tokens/s, τ, per-phase seconds, speedup over our dense and over HF
-``generate``, a dense step against the roofline ``(weights + KV bytes) / copy bandwidth`` measured
+``generate`` (default and static cache, each warmed up, median of 3: :func:`specdec.bench.hf_generate_tps`;
+``specdec bench`` / :func:`specdec.bench.run_bench` is the tool for new tables), a dense step against the roofline ``(weights + KV bytes) / copy bandwidth`` measured
 in the same run, and token agreement with our dense output.
 
     python benchmarks/e2e_gpu.py --gguf /tmp/smol.gguf --context 8192 --batches 1,16,64 \
@@ -41,20 +42,6 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / statistics.median(ts[2:])
 
 
-def hf_tps(model, ids, B, new) -> float:
-    x = torch.tensor([ids] * B, device="cuda")
-    kw = dict(do_sample=False, pad_token_id=0)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    model.hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
-    torch.cuda.synchronize()
-    t1 = time.perf_counter()
-    model.hf.generate(x, max_new_tokens=new, min_new_tokens=new, **kw)
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return B * (new - 1) / ((t2 - t1) - (t1 - t0))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", required=True)
@@ -71,6 +58,7 @@ def main() -> None:
     ap.add_argument("--fuse", type=int, default=0, help="fused q/k/v and gate/up projections (SpecdecModel.fuse_projections)")
     ap.add_argument("--options", default="{}",
                     help='JSON {method: {option: value}}, e.g. \'{"dustin": {"srh": "x_srh.json", "draft_layers": 9}}\'')
+    ap.add_argument("--doc", default="pydoc", help="built-in document (pydoc, long:prose, long:code, stdlib:<module>)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -95,21 +83,31 @@ def main() -> None:
     backend = BACKENDS.build(args.backend, **be_kw)
     model = SpecdecModel(hf, tok, backend)
     d = model.dims
-    kv_bytes_per_token = 2 * d.n_layers * d.n_kv_heads * d.head_dim * 2
+    # bytes a step actually reads: global layers the whole context, sliding-window layers their window
+    kv_bytes_per_token = 2 * d.n_layers * d.n_kv_heads * d.head_dim * 2  # every layer full (the old model)
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
     out["kv_bytes_per_token"] = kv_bytes_per_token
+    out["kv_bytes_per_sequence_at_context"] = d.kv_bytes(args.context)
+    out["windows"] = list(d.windows)
     out["weight_bytes"] = weight_bytes
-    ids = context_ids(tok, load_document("pydoc"), args.context, offset=20000)
-    # the Hugging Face baseline runs the model as loaded (separate projections, its own KV cache),
-    # before our engine's optimisations touch the modules
-    hf_rates: dict[int, float] = {}
+    probe = model.new_cache(1, args.context + args.new + args.gamma + 2)
+    out["kv_cache_bytes_B1"] = probe.nbytes()  # local layers hold window + slack slots only
+    del probe
+    ids = context_ids(tok, load_document(args.doc), args.context, offset=20000)
+    # the Hugging Face baselines run the model as loaded (separate projections, its own KV cache),
+    # before our engine's optimisations touch the modules: default and static-cache generate, each
+    # warmed up at the same shape, median of 3 (specdec.bench.hf_generate_tps, what `specdec bench` reports)
+    from specdec.bench import hf_generate_tps
+
+    hf_rates: dict[int, dict] = {}
     if args.hf:
         for B in [int(b) for b in args.batches.split(",")]:
-            try:
-                hf_rates[B] = hf_tps(model, ids, B, min(args.new, 32))
-            except Exception:
-                out.setdefault("hf_errors", {})[B] = traceback.format_exc(limit=2)
-            torch.cuda.empty_cache()
+            for label, impl in (("hf-generate", None), ("hf-generate-static", "static")):
+                try:
+                    hf_rates.setdefault(B, {})[label] = hf_generate_tps(model, ids, B, min(args.new, 32), impl)
+                except Exception:
+                    out.setdefault("hf_errors", {})[f"{B}/{label}"] = traceback.format_exc(limit=2)
+                torch.cuda.empty_cache()
     if args.fuse:
         model.fuse_projections()
     if args.compile:
@@ -123,6 +121,9 @@ def main() -> None:
             lengths = torch.tensor([args.context - 5, args.context - 300], device="cuda")
             cache.k.normal_()
             cache.v.normal_()
+            if cache.ring_k is not None:
+                cache.ring_k.normal_()
+                cache.ring_v.normal_()
             x = torch.tensor([[11], [12]], device="cuda")
             eager = model.forward(x, cache, lengths)
             model.enable_cuda_graphs()
@@ -143,10 +144,12 @@ def main() -> None:
         pre1 = None
         dense_tokens = None
         dense_tps = None
-        hf_rate = hf_rates.get(B)
-        if hf_rate is not None:
-            out["rows"].append(dict(B=B, method="hf-generate", tokens_per_second=hf_rate))
+        for label, r in hf_rates.get(B, {}).items():
+            out["rows"].append(dict(B=B, method=label, tokens_per_second=r["median"], tokens_per_second_min=r["min"],
+                                    tokens_per_second_max=r["max"]))
             save()
+        # the stronger of the two HF baselines (normally the static cache) is what "× HF" compares with
+        hf_rate = max((r["median"] for r in hf_rates.get(B, {}).values()), default=None)
         for name in args.methods.split(","):
             row = dict(B=B, method=name)
             try:
@@ -159,8 +162,10 @@ def main() -> None:
                 eng = build_engine(model, cfg, eos_token_id=-1)
                 if pre1 is None:
                     pre1 = eng.prefill([ids])
+                rings = {} if pre1.ring_k is None else dict(ring_k=pre1.ring_k.expand(-1, B, -1, -1, -1),
+                                                            ring_v=pre1.ring_v.expand(-1, B, -1, -1, -1))
                 pre = Prefilled(ids=[ids] * B, k=pre1.k.expand(-1, B, -1, -1, -1), v=pre1.v.expand(-1, B, -1, -1, -1),
-                                last_logits=pre1.last_logits.expand(B, -1))
+                                last_logits=pre1.last_logits.expand(B, -1), **rings)
                 if args.graphs:
                     model.enable_cuda_graphs()
                 # warm-up of the same length: every graph capture and compilation (they depend on the cache size) happens here
@@ -184,15 +189,17 @@ def main() -> None:
                 rep = getattr(getattr(eng, "verifier", None), "report", None)
                 if callable(rep):
                     row["verifier_report"] = {k: v for k, v in rep().items() if isinstance(v, (int, float))}
-                sel = getattr(getattr(eng, "drafter", None), "selector", None)
-                calls = getattr(sel, "_plan_graphs", None)
+                from specdec.planner import _PLANNERS
+
+                graphs = [p.plan_graphs for p in list(_PLANNERS.values()) if p.plan_graphs is not None]
+                calls = graphs[-1] if graphs else None
                 if calls is not None:
                     row["plan_graphs"] = dict(captures=calls.captures, replays=calls.replays,
                                               uncapturable=sorted(set(calls.uncapturable.values())))
                 if name == "dense":
                     dense_tokens, dense_tps = res.tokens, s.tokens_per_second
                     step = s.decode_seconds / max(1, s.iterations)
-                    roof = (weight_bytes + B * (args.context + args.new // 2) * kv_bytes_per_token) / bw
+                    roof = (weight_bytes + d.kv_bytes(args.context + args.new // 2, batch=B)) / bw
                     row.update(step_seconds=step, roofline_seconds=roof, step_over_roofline=step / roof)
                 if dense_tokens is not None:
                     agree = [sum(a == b for a, b in zip(x, y)) / len(y) for x, y in zip(res.tokens, dense_tokens)]

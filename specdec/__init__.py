@@ -9,7 +9,15 @@ from specdec.cache import KVCache
 from specdec.drafters import EarlyExitDrafter, ModelDrafter, SparseSelfDrafter
 from specdec.engine import DecodeState, GenerationResult, RunStats, SpeculativeEngine
 from specdec.errors import SpecdecError
-from specdec.interfaces import AttentionBackend, Drafter, KVSelector, ScoreRequest, SparsePlan, Verifier
+from specdec.interfaces import (
+    AttentionBackend,
+    AttentionMetadata,
+    Drafter,
+    KVSelector,
+    ScoreRequest,
+    SparsePlan,
+    Verifier,
+)
 from specdec.models import SpecdecModel
 from specdec.presets import PipelineConfig, build_engine, method_names, register_method
 from specdec.registry import BACKENDS, SELECTORS, ComponentConfig
@@ -22,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionBackend",
+    "AttentionMetadata",
     "BACKENDS",
     "BudgetConfig",
     "BudgetSelector",

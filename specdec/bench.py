@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.fusion import kernels_off
 
 
 def machine_info(device: str) -> dict[str, Any]:
@@ -31,22 +32,64 @@ def machine_info(device: str) -> dict[str, Any]:
     return info
 
 
-def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int) -> float:
-    """Hugging Face ``generate`` (greedy, its own cache, SDPA) tokens/s excluding the prefill."""
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    """``median``, ``min``, ``max`` of timed runs."""
+    v = sorted(values)
+    n = len(v)
+    med = v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+    return dict(median=med, min=v[0], max=v[-1])
+
+
+def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cache_implementation: str | None = None,
+                    repeats: int = 3) -> dict[str, float]:
+    """Hugging Face ``generate`` tokens/s (greedy, its own cache, excluding the prefill): median, min, max.
+
+    Run on the model as loaded (fused projections included, with torch's element-wise code: the fused
+    Triton kernels are specdec's, not Hugging Face's). A warm-up call at the same shape comes first
+    (HF's first call at a shape is much slower: allocations, kernel selection, and with
+    ``cache_implementation="static"`` its automatic ``torch.compile`` on CUDA); then each of
+    ``repeats`` timed runs measures a 1-token and a ``max_new_tokens`` call and keeps the difference.
+    """
     hf = model.hf
     x = torch.tensor([ids] * batch, device=model.device)
     kw = dict(do_sample=False, min_new_tokens=max_new_tokens, max_new_tokens=max_new_tokens, pad_token_id=0)
+    if cache_implementation is not None:
+        kw["cache_implementation"] = cache_implementation
+    one = {**kw, "max_new_tokens": 1, "min_new_tokens": 1}
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    hf.generate(x, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1})
-    sync()
-    t1 = time.perf_counter()
-    hf.generate(x, **kw)
-    sync()
-    t2 = time.perf_counter()
-    decode = (t2 - t1) - (t1 - t0)
-    return batch * (max_new_tokens - 1) / decode if decode > 0 else float("nan")
+    out = []
+    with kernels_off(hf):  # HF runs its own element-wise code (its static cache compiles the model itself)
+        hf.generate(x, **one)  # warm-up, both lengths
+        hf.generate(x, **kw)
+        for _ in range(max(1, repeats)):
+            sync()
+            t0 = time.perf_counter()
+            hf.generate(x, **one)
+            sync()
+            t1 = time.perf_counter()
+            hf.generate(x, **kw)
+            sync()
+            t2 = time.perf_counter()
+            decode = (t2 - t1) - (t1 - t0)
+            out.append(batch * (max_new_tokens - 1) / decode if decode > 0 else float("nan"))
+    return _stats(out)
+
+
+def _prefilled(eng, m, ids: list[int], batch: int, random_cache: bool):
+    """``ids`` prefilled once (or, for a random-weight shape, a random cache: no prefill), as ``batch`` views."""
+    from specdec.engine import Prefilled
+
+    if random_cache:
+        d = m.dims
+        g = torch.Generator(device=m.device).manual_seed(0)
+        shape = (d.n_layers, 1, d.n_kv_heads, len(ids), d.head_dim)
+        k = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)
+        v = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)
+        one = Prefilled(ids=[ids], k=k, v=v, last_logits=torch.zeros(1, d.vocab_size, device=m.device))
+    else:
+        one = eng.prefill([ids])
+    return Prefilled(ids=[ids] * batch, k=one.k.expand(-1, batch, -1, -1, -1), v=one.v.expand(-1, batch, -1, -1, -1),
+                     last_logits=one.last_logits.expand(batch, -1))
 
 
 def run_bench(
@@ -71,12 +114,29 @@ def run_bench(
     compile: bool = False,
     fuse: bool = False,
     warmup: bool = False,
+    repeats: int = 3,
+    shape: str | None = None,
+    acceptance_trace: str | Path | dict[str, str | Path] | None = None,
+    adaptive: bool = True,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
-    ``warmup`` runs each (setting, method) once untimed before the timed run, so CUDA-graph captures
-    and ``torch.compile`` compilations (they depend on the cache size) are not timed. With ``fuse``
-    the model's projections are fused; Hugging Face ``generate`` then runs the fused modules too.
+    Every GPU table of the project comes from here (``benchmarks/`` scripts call this function).
+
+    - Each (setting, method) row is timed ``repeats`` times; tokens/s is the median, with min–max.
+    - ``warmup`` runs each (setting, method) once untimed first, so CUDA-graph captures and
+      ``torch.compile`` compilations (they depend on the cache size) are not timed.
+    - ``hf_baseline``: Hugging Face ``generate`` with its default cache and with
+      ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded
+      (``fuse`` fuses the projections, so HF runs the fused modules too).
+    - ``documents``: file paths or built-in names (:func:`specdec.data.load_document`).
+    - ``shape``: a random-weight model of that shape built on the device (:mod:`specdec.shapes`);
+      its contexts are random token ids and its cache random values (no prefill).
+      ``acceptance_trace`` (one file, or ``{method: file}``): speculative rows replay the accepted
+      lengths a real run of that method recorded (:class:`specdec.adaptive.AcceptanceReplay`) and are
+      labelled ``replayed``; their tokens are not compared with dense.
+    - Every sequence of a batch gets the same context, prefilled once and shared (expanded views).
+    - ``adaptive``: the adaptive γ / dense fall-back of :mod:`specdec.adaptive` (off under replay).
     """
     from rich.progress import Progress
 
@@ -86,14 +146,34 @@ def run_bench(
     from specdec.outputs import check_output_dir, write_text
     from specdec.presets import build_engine
 
+    from specdec.adaptive import AcceptanceReplay
+
     if any(c < 1 for c in contexts) or any(b < 1 for b in batch_sizes):
         raise SpecdecError("contexts and batch sizes must be >= 1.")
+    if repeats < 1:
+        raise SpecdecError(f"--repeats must be >= 1 (got {repeats}); use 3 or more for a median.")
     if not methods or not contexts or not batch_sizes or not documents:
         raise SpecdecError("methods, contexts, batch sizes and documents each need at least one value.")
     check_output_dir(output_dir, "--output-dir")
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
-    m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse)
+    if isinstance(acceptance_trace, dict):
+        replays = {k: AcceptanceReplay.load(v) for k, v in acceptance_trace.items()}
+    elif acceptance_trace is not None:
+        one = AcceptanceReplay.load(acceptance_trace)
+        replays = {name: one for name in methods if name != "dense"}
+    else:
+        replays = {}
+    if shape is not None:
+        from specdec.shapes import shape_config
+
+        shape_config(shape)  # unknown names fail before anything loads
+        if hf_baseline:
+            raise SpecdecError("--hf-baseline needs a real model (a random-weight --shape has no tokenizer); drop one.")
+    else:
+        for doc in documents:
+            load_document(doc)  # a missing file fails before the model loads
+    m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape)
     too_long = [c for c in contexts if c + max_new_tokens > m.dims.max_positions]
     if too_long:
         raise SpecdecError(
@@ -101,48 +181,66 @@ def run_bench(
             f"positions; use contexts <= {m.dims.max_positions - max_new_tokens}."
         )
     meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
-                machine=machine_info(str(m.device)), model=model, backend=backend, dtype=dtype, gamma=gamma,
+                machine=machine_info(str(m.device)), model=shape or model, backend=backend, dtype=dtype, gamma=gamma,
                 budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
-                cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup)
+                cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup, repeats=repeats,
+                shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
+                replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None, adaptive=adaptive)
 
     def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
         write_text(output_dir / f"{tag}.json", json.dumps(dict(meta=meta, rows=rows), indent=2), "--output-dir")
         write_text(output_dir / f"{tag}.md", markdown_table(meta, rows), "--output-dir")
     rows: list[dict[str, Any]] = []
-    total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + int(hf_baseline))
+    if shape is not None:
+        documents = ["random"]
+    total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + 2 * int(hf_baseline))
     with Progress() as progress:
         task = progress.add_task("bench", total=total)
         for doc in documents:
-            text = load_document(doc)
+            text = load_document(doc) if shape is None else None
             for ctx in contexts:
-                ids = context_ids(m.tokenizer, text, ctx, offset=max_new_tokens + 16)
+                if shape is None:
+                    ids = context_ids(m.tokenizer, text, ctx, offset=max_new_tokens + 16)
+                else:
+                    g = torch.Generator().manual_seed(ctx)
+                    ids = torch.randint(0, m.dims.vocab_size, (ctx,), generator=g).tolist()
                 for bs in batch_sizes:
                     check_fits(m, bs, len(ids), max_new_tokens, gamma)
                     dense_tps = None
                     pre = None
                     for name in methods:
                         cfg = pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
-                        if options:
-                            cfg = cfg.model_copy(update={"options": options})
+                        cfg = cfg.model_copy(update={"adaptive": adaptive, **({"options": options} if options else {})})
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} {name}")
-                        eng = build_engine(m, cfg)
-                        if pre is None:
-                            pre = eng.prefill([ids] * bs)  # one prefill shared by every method
+                        eng = build_engine(m, cfg, eos_token_id=-1 if shape is not None else None)
+                        if name in replays:
+                            eng.replay = replays[name]
+                        if pre is None:  # one prefill shared by every method and sequence
+                            pre = _prefilled(eng, m, ids, bs, random_cache=shape is not None)
                         if warmup:  # same length: every capture and compilation happens here
                             eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
-                        res = eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
+                        runs = [eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
+                                for _ in range(repeats)]
+                        tps = _stats([r.stats.tokens_per_second for r in runs])
+                        res = sorted(runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2]
                         s = res.stats
                         if name == "dense":
-                            dense_tps = s.tokens_per_second
+                            dense_tps = tps["median"]
                         rows.append(
                             dict(
                                 document=doc,
                                 context=ctx,
                                 batch=bs,
                                 method=name,
+                                replayed=s.replayed,
                                 tau=s.mean_accepted_length,
-                                tokens_per_second=s.tokens_per_second,
-                                speedup_vs_dense=(s.tokens_per_second / dense_tps) if dense_tps else None,
+                                tokens_per_second=tps["median"],
+                                tokens_per_second_min=tps["min"],
+                                tokens_per_second_max=tps["max"],
+                                repeats=repeats,
+                                speedup_vs_dense=(tps["median"] / dense_tps) if dense_tps else None,
+                                dense_steps=s.dense_steps,
+                                gamma_mean=(sum(s.gamma_per_round) / len(s.gamma_per_round)) if s.gamma_per_round else None,
                                 iterations=s.iterations,
                                 acceptance_per_position=s.acceptance_per_position,
                                 phase_seconds=s.phase_seconds,
@@ -154,17 +252,20 @@ def run_bench(
                         progress.advance(task)
                         save()
                     if hf_baseline:
-                        progress.update(task, description=f"{doc} ctx={ctx} B={bs} hf-generate")
-                        tps = hf_generate_tps(m, ids, bs, max_new_tokens)
-                        rows.append(dict(document=doc, context=ctx, batch=bs, method="hf-generate", tau=1.0,
-                                         tokens_per_second=tps,
-                                         speedup_vs_dense=(tps / dense_tps) if dense_tps else None))
-                        progress.advance(task)
+                        for label, impl in (("hf-generate", None), ("hf-generate-static", "static")):
+                            progress.update(task, description=f"{doc} ctx={ctx} B={bs} {label}")
+                            tps = hf_generate_tps(m, ids, bs, max_new_tokens, impl, repeats)
+                            rows.append(dict(document=doc, context=ctx, batch=bs, method=label, tau=1.0,
+                                             tokens_per_second=tps["median"], tokens_per_second_min=tps["min"],
+                                             tokens_per_second_max=tps["max"], repeats=repeats,
+                                             speedup_vs_dense=(tps["median"] / dense_tps) if dense_tps else None))
+                            progress.advance(task)
+                            save()
     # greedy losslessness check: lossless methods must reproduce dense tokens
     for r in rows:
         dense = next((x for x in rows if x["method"] == "dense" and x["document"] == r["document"]
                       and x["context"] == r["context"] and x["batch"] == r["batch"]), None)
-        if dense is not None and "tokens" in r:
+        if dense is not None and "tokens" in r and not r.get("replayed"):
             r["same_tokens_as_dense"] = r["tokens"] == dense["tokens"]
     save()
     print(markdown_table(meta, rows))
@@ -178,14 +279,22 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"- command: `{meta.get('command')}`",
         f"- machine: {json.dumps(meta.get('machine'))}",
         "",
-        "| document | context | batch | method | τ | tokens/s | speedup vs dense | select share | same tokens as dense |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"- tokens/s: median of {meta.get('repeats', 1)} timed runs (min–max); HF baselines warmed up at the same shape",
+        "",
+        "| document | context | batch | method | τ | tokens/s (min–max) | speedup vs dense | select share "
+        "| dense steps | mean γ | same tokens as dense |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sp = r.get("speedup_vs_dense")
+        rng = (f" ({r['tokens_per_second_min']:.1f}–{r['tokens_per_second_max']:.1f})"
+               if "tokens_per_second_min" in r else "")
+        method = r["method"] + (" (replayed)" if r.get("replayed") else "")
+        gm = r.get("gamma_mean")
         lines.append(
-            f"| {r['document']} | {r['context']} | {r['batch']} | {r['method']} | {r['tau']:.2f} | "
-            f"{r['tokens_per_second']:.2f} | {'' if sp is None else f'{sp:.2f}×'} | "
-            f"{r.get('selection_overhead_share', 0):.1%} | {r.get('same_tokens_as_dense', '')} |"
+            f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | "
+            f"{r['tokens_per_second']:.2f}{rng} | {'' if sp is None else f'{sp:.2f}×'} | "
+            f"{r.get('selection_overhead_share', 0):.1%} | {r.get('dense_steps', '')} | "
+            f"{'' if gm is None else f'{gm:.1f}'} | {r.get('same_tokens_as_dense', '')} |"
         )
     return "\n".join(lines) + "\n"

@@ -94,6 +94,11 @@ def generate(
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=_COMPILE_HELP),
     fuse: Optional[bool] = typer.Option(None, "--fuse/--no-fuse", help=_FUSE_HELP),
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
+    adaptive: Optional[bool] = typer.Option(
+        None, "--adaptive/--no-adaptive",
+        help="adapt γ per iteration and fall back to dense steps when drafting cannot pay (default on; lossless)"),
+    record_acceptance: Optional[Path] = typer.Option(
+        None, "--record-acceptance", help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace)"),
     encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
     allow_special_tokens: bool = typer.Option(
         False, "--allow-special-tokens",
@@ -109,7 +114,7 @@ def generate(
     from specdec.presets import build_engine
     from specdec.prompts import chat_ids, check_positions, encode_text
 
-    check_outputs([(output_json, "--output-json")])
+    check_outputs([(output_json, "--output-json"), (record_acceptance, "--record-acceptance")])
     if batch_size < 1:
         raise SpecdecError(f"--batch-size must be >= 1 (got {batch_size}).")
     if context_tokens is not None and context_tokens < 1:
@@ -134,8 +139,17 @@ def generate(
     check_positions(len(ids), max_new_tokens, m.dims.max_positions, "--context-tokens")
     check_budget(cfg, len(ids))
     check_fits(m, batch_size, len(ids), max_new_tokens, cfg.gamma)
+    if adaptive is not None:
+        cfg = cfg.model_copy(update={"adaptive": adaptive})
     engine = build_engine(m, cfg)
+    engine.record_acceptance = record_acceptance is not None
     res = engine.generate([ids] * batch_size, max_new_tokens=max_new_tokens)
+    if record_acceptance is not None:
+        from specdec.adaptive import trace_json
+
+        write_text(record_acceptance, trace_json(res.stats, model=model, budget=cfg.budget,
+                                                 budget_ratio=cfg.budget_ratio, context_tokens=len(ids),
+                                                 adaptive=cfg.adaptive), "--record-acceptance")
     import torch
 
     payload = {
@@ -190,7 +204,7 @@ def bench(
     methods: str = typer.Option("dense,magicdec", "--methods", help="comma-separated methods to compare"),
     contexts: str = typer.Option("2048", "--contexts", help="comma-separated context lengths"),
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="comma-separated batch sizes"),
-    documents: str = typer.Option("pydoc", "--documents", help="comma-separated: pydoc, stdlib:<module>"),
+    documents: str = typer.Option("pydoc", "--documents", help="comma-separated: file paths, pydoc, stdlib:<module>, long:prose, long:code (>= 40k tokens)"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="tokens to generate per run"),
     budget: Optional[int] = typer.Option(None, "--budget", help="KV entries one sparse step sees"),
     budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio", help="budget as a share of the context"),
@@ -209,6 +223,13 @@ def bench(
              "and compilations would otherwise be timed)"),
     output_dir: Path = typer.Option(Path("bench_out"), "--output-dir", help="folder for <tag>.json and <tag>.md"),
     tag: str = typer.Option("bench", "--tag", help="file name prefix"),
+    repeats: int = typer.Option(3, "--repeats", help="timed runs per row (median, min-max reported)"),
+    shape: Optional[str] = typer.Option(None, "--shape",
+                                        help="random-weight model of this shape on the device: llama-3.1-8b, qwen3-8b, ..."),
+    acceptance_trace: Optional[str] = typer.Option(
+        None, "--acceptance-trace",
+        help="replay accepted lengths recorded by generate --record-acceptance: FILE, or method=FILE,method=FILE"),
+    adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="adaptive γ and dense fall-back"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench
@@ -247,8 +268,25 @@ def bench(
         output_dir=output_dir,
         tag=tag,
         argv=sys.argv,
+        repeats=repeats,
+        shape=shape,
+        acceptance_trace=_traces(acceptance_trace),
+        adaptive=adaptive,
     )
     typer.echo(f"wrote {output_dir / f'{tag}.json'} and {output_dir / f'{tag}.md'}")
+
+
+def _traces(text: Optional[str]):
+    """``--acceptance-trace``: ``FILE`` (every speculative method) or ``method=FILE,method=FILE``."""
+    if text is None or "=" not in text:
+        return text
+    out = {}
+    for part in text.split(","):
+        name, sep, path = part.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise SpecdecError(f"--acceptance-trace takes FILE or method=FILE,method=FILE (got {part!r}).")
+        out[name.strip()] = path.strip()
+    return out
 
 
 @app.command("methods")
@@ -267,7 +305,7 @@ def list_methods() -> None:
 
 
 #: modules that add sub-commands: each defines ``register(app)`` (e.g. ``specdec tune``, ``specdec profile-srh``)
-EXTRA_COMMAND_MODULES = ("specdec.tune", "specdec.srh", "specdec.fidelity")
+EXTRA_COMMAND_MODULES = ("specdec.tune", "specdec.srh", "specdec.fidelity", "specdec.train_draft_command", "specdec.evaluation")
 
 
 def _register_extra_commands() -> None:

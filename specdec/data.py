@@ -2,6 +2,9 @@
 
 * ``pydoc``: Python's own reference documentation (``pydoc_data.topics``, ~113k tokens of English).
 * ``stdlib:<module>``: the source of a standard-library module, e.g. ``stdlib:argparse``.
+* ``long:prose`` and ``long:code``: documents of more than 40k tokens for 16k–32k contexts (see
+  :data:`LONG_DOCUMENTS` for what each is made of).
+* any path to an existing text file (benchmarks on held-out documents: ``--documents a.cpp,b.md``).
 
 :func:`passkey_prompt` hides a pass key in such a document (the retrieval probe of ``fidelity`` and
 ``profile-srh``).
@@ -18,8 +21,22 @@ from specdec.errors import SpecdecError
 BENCH_DOCUMENTS = ["pydoc", "stdlib:argparse", "stdlib:typing", "stdlib:inspect", "stdlib:tarfile"]
 
 
+#: long documents (≥ 40k tokens with the SmolLM2 and Gemma 3 tokenizers) and the parts they concatenate, in order
+LONG_DOCUMENTS = {
+    # every pydoc topic, sorted by key (~113k SmolLM2 tokens): English reference prose
+    "long:prose": ["pydoc"],
+    # four standard-library modules, each headed by ``# ---- <module>.py ----`` (~90k tokens): source code
+    "long:code": ["stdlib:argparse", "stdlib:typing", "stdlib:inspect", "stdlib:tarfile"],
+}
+
+
 def load_document(name: str) -> str:
-    """Text of a built-in document (see module docstring)."""
+    """Text of a built-in document (see module docstring) or of any existing text file (a path)."""
+    if name in LONG_DOCUMENTS:
+        parts = LONG_DOCUMENTS[name]
+        if parts == ["pydoc"]:
+            return load_document("pydoc")
+        return "\n\n".join(f"# ---- {p.split(':', 1)[1]}.py ----\n" + load_document(p) for p in parts)
     if name == "pydoc":
         from pydoc_data.topics import topics
 
@@ -30,7 +47,14 @@ def load_document(name: str) -> str:
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             raise SpecdecError(f"no pure-Python standard-library module {mod!r}; try stdlib:argparse.")
         return Path(spec.origin).read_text(encoding="utf-8")
-    raise SpecdecError(f"unknown document {name!r}; use 'pydoc' or 'stdlib:<module>' (e.g. {', '.join(BENCH_DOCUMENTS)}).")
+    path = Path(name)
+    if path.is_file():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise SpecdecError(f"document file {path} is empty or whitespace only; give it some text.")
+        return text
+    raise SpecdecError(f"unknown document {name!r}: not an existing file, 'pydoc', 'stdlib:<module>' or one of " + ", ".join(LONG_DOCUMENTS) + " "
+                       f"(e.g. {', '.join(BENCH_DOCUMENTS)}).")
 
 
 def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0) -> list[int]:

@@ -8,6 +8,7 @@ import torch
 
 from specdec.interfaces import Drafter, KVSelector, ScoreRequest
 from specdec.models import SpecdecModel
+from specdec.planner import planner_for
 from specdec.sampling import check_finite, choose, nonfinite_flags, raise_nonfinite
 
 
@@ -18,6 +19,8 @@ class SparseSelfDrafter(Drafter):
     tokens drafted in this iteration are always visible (``plan.dense_from``). Draft K/V are
     written into the target's cache and overwritten by the verification pass.
     """
+
+    dense_steps_ok = True
 
     def __init__(self, model: SpecdecModel, selector: KVSelector) -> None:
         self.model = model
@@ -30,7 +33,7 @@ class SparseSelfDrafter(Drafter):
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         B = state.lengths.shape[0]
         with state.timer("select"):
-            plan = self.selector.plan(state.cache, state.lengths)
+            plan = planner_for(state.cache).plan(self.selector, state.lengths)
         tokens, probs = [], []
         cur = state.pending
         for i in range(gamma):
@@ -52,6 +55,27 @@ class SparseSelfDrafter(Drafter):
 # ---------------------------------------------------------------------------------------------------
 # Drafters with their own model (Dustin, docs page *Dustin*): a separate small LM, or the target's first layers.
 # ---------------------------------------------------------------------------------------------------
+
+
+def check_same_tokenizer(target: SpecdecModel, draft: SpecdecModel) -> None:
+    """Refuse a draft whose tokenizer maps tokens to ids differently from the target's (same vocabulary
+    size is not enough: two tokenizers of 49152 entries can disagree on every id)."""
+    from specdec.errors import SpecdecError
+
+    if draft.dims.vocab_size != target.dims.vocab_size:
+        raise SpecdecError(
+            f"the draft model has a vocabulary of {draft.dims.vocab_size}, the target {target.dims.vocab_size}; "
+            "use a draft that shares the target's tokenizer."
+        )
+    if target.tokenizer is None or draft.tokenizer is None:
+        return
+    a, b = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if a != b:
+        diff = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])[0]
+        raise SpecdecError(
+            f"the draft's tokenizer maps tokens to ids differently from the target's (e.g. {diff[0]!r} -> {diff[1]} "
+            "in only one of them); use a draft that shares the target's tokenizer."
+        )
 
 
 def lookahead_request(heads: dict[int, list[int]] | None) -> "ScoreRequest | None":
@@ -89,7 +113,8 @@ class ModelDrafter(Drafter):
 
     @property
     def n_layers(self) -> int:
-        return self.draft_model.dims.n_layers
+        """Draft layers whose attention can be a lookahead signal: the global (full-context) ones."""
+        return self.draft_model.dims.n_global
 
     def set_heads(self, heads: dict[int, list[int]] | None) -> None:
         from specdec.errors import SpecdecError
@@ -269,9 +294,7 @@ class TruncatedModel(SpecdecModel):
         if self._own_graphs is None or self._own_graphs[0] is not src:
             from specdec.graphs import GraphCache
 
-            own = GraphCache(self, plan_bucket=src.plan_bucket, max_graphs=src.max_graphs, max_rows=src.max_rows,
-                             pool=src.pool)
-            self._own_graphs = (src, own)
+            self._own_graphs = (src, GraphCache.for_view(src, self))
         return self._own_graphs[1]
 
     def _follow_parent(self, *a, **kw):
@@ -334,8 +357,14 @@ class EarlyExitDrafter(ModelDrafter):
         self.exit_layers = n_layers
 
     def layer_map(self, n_target_layers: int) -> list[int]:
-        """Identity on the shared layers; deeper target layers map to the last draft layer."""
-        return [min(l, self.exit_layers - 1) for l in range(n_target_layers)]
+        """Identity on the shared layers; deeper target layers map to the last draft layer.
+
+        Indices count global (full-context) layers on both sides: target global layer ``g`` maps to
+        the deepest draft global layer at or above it (the same layer when the draft has it)."""
+        shared = self.target.dims.global_layers
+        n_draft = self.n_layers
+        return [max(0, min(sum(1 for l in shared[: g + 1] if l < self.exit_layers), n_draft) - 1)
+                for g in range(n_target_layers)]
 
     def identity(self) -> dict:
         from specdec.artifacts import model_identity
@@ -343,18 +372,11 @@ class EarlyExitDrafter(ModelDrafter):
         return {**model_identity(self.target), "early_exit_layers": self.exit_layers}
 
     def _draft_cache(self, state):
-        """The target cache's first ``exit_layers`` layers; the same view object while the target cache's
-        tensors are the same (CUDA graphs are keyed by the cache object: a new view would recapture)."""
-        from specdec.cache import KVCache
-
-        k, v = state.cache.k, state.cache.v
-        dc = getattr(self, "_dcache", None)
-        if dc is None or dc[0] is not k or dc[1] is not v:
-            dc = (k, v, KVCache._from(k[: self.exit_layers], v[: self.exit_layers]))
-            self._dcache = dc
-        if hasattr(state.cache, "bounded"):  # the engine sized the cache: no host capacity check on the view either
-            dc[2].bounded = state.cache.bounded
-        return dc[2]
+        """The target cache's first ``exit_layers`` model layers, sliding-window rings included (a view
+        sharing storage; CUDA graphs are keyed on the memory a step writes, so a new view of the same
+        memory replays the same graphs). The engine sized the cache: no host capacity check on the view
+        either (the view keeps the cache's ``bounded``)."""
+        return state.cache.first_layers(self.exit_layers)
 
     def prefill(self, state) -> None:
         self.draft_len = state.lengths.clone()

@@ -11,7 +11,10 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 
 * ``srh``: path of a ``specdec profile-srh`` artifact (heads, layer map, m) for this (target, draft) pair;
 * ``draft_layers``: early-exit depth of the embedded drafter (default ``max(1, round(0.3 N))``);
-* ``draft_model``: a separate draft model (embedded name, directory or hub id) instead of early exit;
+* ``draft``: a ``specdec train-draft`` artifact (layer-skipping draft, :mod:`specdec.skip_drafter`), or
+  ``early-exit``; default: the draft shipped for the target if there is one (the embedded model has one),
+  else early exit;
+* ``draft_model``: a separate draft model (embedded name, directory or hub id) sharing the target's tokenizer;
 * ``m`` / ``m_ratio``: the static split; ``adaptive``: input-aware ``m`` per iteration;
 * ``history_decay``: EMA of the target history; ``dense_every`` / ``disagree``: the safety valve;
 * ``dense_first``: the first verification of a generation is dense (default true; it seeds the target history).
@@ -27,6 +30,7 @@ from specdec.errors import SpecdecError
 from specdec.presets import PipelineConfig, register_method, selector_options
 from specdec.selectors.hybrid_srh import HybridSRHConfig
 
+
 class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
                                       include={"m", "m_ratio", "m_grid", "history_decay", "adaptive"})):
     """Options of ``dustin`` / ``dustin-adaptive``. The split and history fields are
@@ -35,6 +39,8 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
     (``dustin-adaptive``: true)."""
 
     srh: Optional[str] = Field(default=None, description="path of a `specdec profile-srh` artifact for this pair")
+    draft: Optional[str] = Field(default=None, description="a `specdec train-draft` artifact, or early-exit "
+                                 "(default: the draft shipped for the target if any, else early exit)")
     draft_layers: Optional[int] = Field(default=None, ge=1, description="early-exit depth (default max(1, round(0.3 N)))")
     draft_model: Optional[str] = Field(default=None, description="a separate draft model instead of early exit")
     dense_every: int = Field(default=0, ge=0, description="dense verification every N passes (0 = never)")
@@ -47,7 +53,23 @@ def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list,
     the draft's last layer. ``specdec profile-srh`` finds better ones."""
     t_layer = min(n_layers - 1, (2 * n_layers) // 3)
     d_layer = max(0, draft_layers - 1)
-    return [[t_layer, h] for h in range(n_heads)], [[d_layer, h] for h in range(n_heads)]
+    draft = [[d_layer, h] for h in range(n_heads)] if draft_layers else []  # a draft of local layers only: no lookahead
+    target = [[t_layer, h] for h in range(n_heads)] if n_layers else []  # every layer local: nothing to select
+    return target, draft
+
+
+def _skip_draft(model, o: "DustinOptions"):
+    """Path of the layer-skipping draft to use, or ``None`` (early exit / ``draft_model``)."""
+    d = o.draft
+    if d is not None and d != "early-exit":
+        if o.draft_layers is not None:
+            raise SpecdecError("draft and draft_layers exclude each other; draft_layers is for draft=early-exit.")
+        return d
+    if d is None and o.draft_layers is None:
+        from specdec.train_draft import shipped_draft
+
+        return shipped_draft(model)
+    return None
 
 
 @register_method("dustin", "draft model + near-lossless sparse verification on hybrid draft/target SRH signals (Dustin)",
@@ -66,19 +88,22 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
     o = options
     N = model.dims.n_layers
     if o.draft_model:
+        from specdec.drafters import check_same_tokenizer
         from specdec.models import SpecdecModel
 
         draft = SpecdecModel.from_pretrained(o.draft_model, dtype=model.dtype, device=str(model.device))
-        if draft.dims.vocab_size != model.dims.vocab_size:
-            raise SpecdecError(
-                f"draft_model has a vocabulary of {draft.dims.vocab_size}, the target {model.dims.vocab_size}; "
-                "use a draft that shares the target's tokenizer."
-            )
+        check_same_tokenizer(model, draft)
         drafter = ModelDrafter(draft)
+    elif _skip_draft(model, o):
+        from specdec.skip_drafter import SkipLayerDrafter
+
+        drafter = SkipLayerDrafter(model, _skip_draft(model, o))
     else:
+        # by default deep enough to include a global layer (Gemma 3: layer 5), whose attention is the lookahead
+        first_global = model.dims.global_layers[0] + 1 if model.dims.global_layers else 1
         if N < 2:
             raise SpecdecError("dustin's early-exit drafter needs a target with at least 2 layers; pass draft_model.")
-        drafter = EarlyExitDrafter(model, min(max(1, round(0.3 * N)), N - 1) if o.draft_layers is None else o.draft_layers)
+        drafter = EarlyExitDrafter(model, min(max(1, round(0.3 * N), first_global), N - 1) if o.draft_layers is None else o.draft_layers)
     split = {k: getattr(o, k) for k in ("m", "m_ratio", "m_grid", "history_decay") if k in o.model_fields_set}
     sel_kw: dict[str, Any] = dict(cfg.budget_kwargs(), **split)
     sel_kw["adaptive"] = o.adaptive if "adaptive" in o.model_fields_set else cfg.method == "dustin-adaptive"
@@ -88,9 +113,10 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
         sel_kw.update(target_heads=[tuple(x) for x in art["target_heads"]],
                       draft_heads=[tuple(x) for x in art["draft_heads"]], layer_map=art["layer_map"])
     else:
-        t_heads, d_heads = default_heads(N, model.dims.n_heads, drafter.n_layers)
+        Ng = model.dims.n_global  # heads and layer maps index global (full-context) layers
+        t_heads, d_heads = default_heads(Ng, model.dims.n_heads, drafter.n_layers)
         sel_kw.update(target_heads=[tuple(x) for x in t_heads], draft_heads=[tuple(x) for x in d_heads],
-                      layer_map=drafter.layer_map(N))
+                      layer_map=drafter.layer_map(Ng))
     selector = SELECTORS.build("hybrid_srh", **sel_kw)
     selector.check_heads(drafter.n_layers, drafter.draft_model.dims.n_heads, "draft")
     drafter.set_heads(selector.draft_heads)

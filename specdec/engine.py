@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from specdec.adaptive import Pacing
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import Drafter, Verifier
@@ -91,6 +92,11 @@ class RunStats:
             verification, ``select_in_draft`` query-aware selection inside draft steps (Quest), which is
             also part of ``draft``.
         lossless: ``False`` for near-lossless methods (sparse verification).
+        dense_steps: iterations run as plain dense steps by the adaptive controller (:mod:`specdec.adaptive`).
+        gamma_per_round: γ_t of each speculative round (constant γ without adaptation).
+        acceptance_trace: per speculative round, each sequence's accepted drafts (``-1``: finished);
+            filled when the engine's ``record_acceptance`` is set (``generate --record-acceptance``).
+        replayed: the acceptance lengths were replayed from a trace (timings real, tokens not).
     """
 
     method: str
@@ -104,6 +110,10 @@ class RunStats:
     tokens_per_second: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     lossless: bool = True
+    dense_steps: int = 0
+    gamma_per_round: list[int] = field(default_factory=list)
+    acceptance_trace: list[list[int]] = field(default_factory=list)
+    replayed: bool = False
 
     @property
     def selection_overhead_share(self) -> float:
@@ -126,14 +136,17 @@ class Prefilled:
 
     Attributes:
         ids: the prompts' token ids.
-        k, v: ``(N, B, H_kv, L_p, D)`` cache contents for the longest prompt.
+        k, v: ``(N_g, B, H_kv, L_p, D)`` global layers' cache contents for the longest prompt.
         last_logits: ``(B, V)`` target logits after each prompt's last token.
+        ring_k, ring_v: ``(N_l, B, H_kv, C, D)`` sliding-window layers' rings (``None`` without them).
     """
 
     ids: list[list[int]]
     k: torch.Tensor
     v: torch.Tensor
     last_logits: torch.Tensor
+    ring_k: torch.Tensor | None = None
+    ring_v: torch.Tensor | None = None
 
 
 @dataclass
@@ -169,6 +182,7 @@ class SpeculativeEngine:
         prefill_chunk: int = 1024,
         eos_token_id: int | Sequence[int] | None = None,
         sync_timing: bool = True,
+        adaptive: bool = True,
     ) -> None:
         from specdec.verifiers import FullVerifier
 
@@ -182,6 +196,12 @@ class SpeculativeEngine:
         self.method = method or ("dense" if drafter is None else type(drafter).__name__)
         self.prefill_chunk = prefill_chunk
         self.sync_timing = sync_timing
+        #: adaptive γ per iteration and dense fall-back (:mod:`specdec.adaptive`); lossless either way
+        self.adaptive = adaptive
+        #: record each round's accepted lengths in ``RunStats.acceptance_trace``
+        self.record_acceptance = False
+        #: an :class:`~specdec.adaptive.AcceptanceReplay` overriding acceptance lengths (benchmarks only)
+        self.replay = None
         if eos_token_id is None:
             eos_token_id = model.hf.generation_config.eos_token_id if model.hf.generation_config else None
             if eos_token_id is None:
@@ -224,7 +244,7 @@ class SpeculativeEngine:
         state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,
                             PhaseTimer(self.model.device, False))
         logits = self._prefill(state, ids)
-        return Prefilled(ids=ids, k=cache.k, v=cache.v, last_logits=logits)
+        return Prefilled(ids=ids, k=cache.k, v=cache.v, last_logits=logits, ring_k=cache.ring_k, ring_v=cache.ring_v)
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -259,13 +279,19 @@ class SpeculativeEngine:
         longest = max(len(p) for p in ids)
         check_positions(longest, max_new_tokens, dims.max_positions, "context_tokens=")
         state, run = self._start(ids, max_new_tokens, prefilled)
-        gamma, B, timer = run.stats.gamma, len(ids), state.timer  # γ: draft length
+        B, timer = len(ids), state.timer
+        pace = Pacing(self._controller(run.stats.gamma), run.stats.gamma)  # adaptive γ_t (specdec.adaptive)
         t_start = time.perf_counter()
         while bool(state.active.any()):
             run.stats.iterations += 1
-            if self.drafter is None:
+            gamma = pace.next_gamma()  # γ_t ≤ γ, the draft length of this iteration; 0: one dense step
+            if gamma == 0:  # the dense method, or the controller's fall-back (drafting cannot pay)
                 self._dense_step(state, run)
+                pace.dense_done()
                 continue
+            if pace.take_stale_plan():  # dense steps since the last verification: plan from sinks + recent
+                with timer("select"):
+                    self.drafter.on_verify(state, None)
             with timer("draft"):  # γ tokens x̃_1..x̃_γ per sequence, q: their draft distributions (sampling)
                 drafts, q = self.drafter.draft(state, gamma)  # (B, γ), (B, γ, V) or None
             request = self.drafter.score_request(gamma)  # scores the next plan is built from
@@ -277,10 +303,14 @@ class SpeculativeEngine:
                 raise_nonfinite(flags, "verifier")
             with timer("sample"):  # keep x̃_i while it matches (greedy) or u·q(x̃_i) < p(x̃_i); then one more token
                 acc = accept(drafts, p_logits, self.sampling, q, state.generator)
-            self._commit(state, run, acc.n_accepted, acc.next_token, drafts, flags)
+                if self.replay is not None:  # benchmarks: the accepted lengths of a recorded real run
+                    acc = self.replay.apply(acc, p_logits, len(run.stats.gamma_per_round))
+            mean_accepted = self._commit(state, run, acc.n_accepted, acc.next_token, drafts, flags)
             with timer("select"):  # next iteration's plan from this verification's scores
                 self.verifier.on_verify(state)
                 self.drafter.on_verify(state, request)
+            pace.round_done(gamma, mean_accepted)
+        run.stats.dense_steps = pace.dense_steps
         return self._finish(run, timer, time.perf_counter() - t_start)
 
     # -- the steps of generate -----------------------------------------------------------------
@@ -292,6 +322,9 @@ class SpeculativeEngine:
         gamma = self.gamma if self.drafter is not None else 0
         cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2, reuse=True)
         cache.bounded = True  # every write stays below longest + max_new_tokens + gamma + 1: no host checks
+        if cache.ring_k is not None and gamma + 1 > cache.RING_SLACK:
+            raise SpecdecError(f"gamma {gamma} is too large for the sliding-window rings ({cache.RING_SLACK} slots of "
+                               f"slack); use gamma <= {cache.RING_SLACK - 1}.")
         gen = None
         if not self.sampling.greedy:
             gen = torch.Generator(device=dev)
@@ -313,9 +346,7 @@ class SpeculativeEngine:
                    accepted_at=torch.zeros(max(gamma, 1), dtype=torch.float64))
         with timer("prefill"):
             if prefilled is not None:
-                lp = prefilled.k.shape[3]
-                cache.k[:, :, :, :lp].copy_(prefilled.k)
-                cache.v[:, :, :, :lp].copy_(prefilled.v)
+                cache.copy_prefix_from(prefilled.k, prefilled.v, prefilled.ring_k, prefilled.ring_v)
                 logits = prefilled.last_logits.clone()
             else:
                 logits = self._prefill(state, ids)
@@ -345,22 +376,29 @@ class SpeculativeEngine:
             raise_nonfinite(got[0], "target")
 
     def _commit(self, state: DecodeState, run: "_Run", n_accepted: torch.Tensor, next_token: torch.Tensor,
-                drafts: torch.Tensor, flags: torch.Tensor) -> None:
+                drafts: torch.Tensor, flags: torch.Tensor) -> float:
         """Emit the accepted drafts and the next token, advance the lengths (the rejected drafts' K/V stay
-        past them: rolled back) and count acceptance per draft position — with one host read."""
+        past them: rolled back) and count acceptance per draft position — with one host read. Returns the
+        mean accepted drafts per active sequence (the adaptive controller's observation)."""
         B, gamma = drafts.shape
         pos = torch.arange(gamma, device=drafts.device).view(1, gamma)
         hits = ((pos < n_accepted.view(B, 1)) & state.active.view(B, 1)).sum(0)  # (γ,)
-        hits_h, flags_h, n_active = self._emit(state, run, next_token, n_accepted, drafts,
-                                               extra=[hits, flags, state.active.sum()])
+        extra = [hits, flags, state.active.sum()]
+        if self.record_acceptance:  # each sequence's accepted drafts, -1: finished (--record-acceptance)
+            extra.append(torch.where(state.active, n_accepted, -1))
+        hits_h, flags_h, n_active, *trace = self._emit(state, run, next_token, n_accepted, drafts, extra=extra)
         raise_nonfinite(flags_h, "verifier")
         run.trials += int(n_active[0])
-        run.accepted_at += torch.tensor(hits_h, dtype=torch.float64)
+        run.accepted_at[:gamma] += torch.tensor(hits_h, dtype=torch.float64)  # γ_t ≤ γ (adaptive)
+        run.stats.gamma_per_round.append(gamma)
+        run.stats.acceptance_trace += trace
+        return sum(hits_h) / max(1, int(n_active[0]))
 
     def _finish(self, run: "_Run", timer: PhaseTimer, decode_seconds: float) -> GenerationResult:
         """Statistics (τ = 1 + mean accepted drafts per iteration and sequence) and the decoded text."""
         stats, out = run.stats, run.out
         stats.decode_seconds = decode_seconds
+        stats.replayed = self.replay is not None
         stats.generated_tokens = sum(len(o) for o in out)
         stats.tokens_per_second = (stats.generated_tokens - len(out)) / decode_seconds if decode_seconds else 0.0
         if run.trials:
@@ -373,6 +411,23 @@ class SpeculativeEngine:
         tok = self.model.tokenizer
         text = [tok.decode(o, skip_special_tokens=True) if tok is not None else "" for o in out]
         return GenerationResult(tokens=out, text=text, stats=stats)
+
+    def _controller(self, gamma: int):
+        """The :class:`~specdec.adaptive.SpeculationController` of this run, or ``None`` (dense, or not adaptive)."""
+        # near-lossless methods (sparse verification) emit what their γ and batch give: adapting γ to
+        # the batch's acceptance would change a sequence's output with its batch mates; they keep γ
+        if self.drafter is None or not self.adaptive or self.replay is not None or not self.lossless:
+            return None
+        tp = getattr(self.model, "tp", None)
+        if tp is not None and tp.world > 1:  # decisions from each rank's own clock would differ: every rank
+            return None  # must run the same γ and step kinds (the collectives must match), so γ stays fixed
+        from specdec.adaptive import SpeculationController
+        from specdec.verifiers import FullVerifier
+
+        # dense steps write the target's cache only: a drafter with its own cache, or a sparse
+        # verifier with its own state, would miss them; those runs adapt γ only
+        fall_back = bool(getattr(self.drafter, "dense_steps_ok", False)) and type(self.verifier) is FullVerifier
+        return SpeculationController(gamma, fall_back=fall_back)
 
     def _emit(
         self,

@@ -43,7 +43,7 @@ class FidelityProbe(Verifier):
         self.inner = inner
         self.lossless = inner.lossless
         self.model = inner.model
-        n = self.model.dims.n_layers
+        n = self.model.dims.n_global  # scores are recorded on the global (full-context) layers
         self.n_layers = n
         self.acc = dict(rows=0, rows_agree=0, emitted=0, emitted_agree=0, tv_sum=0.0, tv_max=0.0, arr_passes=0)
         self.arr = {k: torch.zeros(n, dtype=torch.float64) for k in ("draft_only", "target_only", "hybrid", "used")}
@@ -53,18 +53,18 @@ class FidelityProbe(Verifier):
         self.inner.prefill(state)
 
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
-        from specdec.srh import _Recorder, attention_recall
+        from specdec.srh import attention_recall
 
         B, T = tokens.shape
-        rec = _Recorder(self.model.backend, state.cache, range(T))
-        with self.model.using_backend(rec):
-            dense = self.model.forward(tokens, state.cache, state.lengths)  # (B, T, V)
+        # every head's dense attention of the T rows over the context: (B, H, L) per layer
+        rec = ScoreRequest(rows=list(range(T)), kind="softmax", heads="each", source="context")
+        dense = self.model.forward(tokens, state.cache, state.lengths, scores=rec)  # (B, T, V)
         sparse = self.inner.verify(state, tokens, scores)
         sel = self.inner.selector
         plan = self.inner.last_plan
         if plan is not None and sel.target_signal is not None:
             H = self.model.dims.n_heads
-            mass = torch.stack([rec.out[l].sum(1) / (H * T) for l in range(self.n_layers)])  # (N, B, L)
+            mass = torch.stack([rec.scores[l].sum(1) / (H * T) for l in range(self.n_layers)])  # (N, B, L)
             lengths = state.lengths
             _, room = _room(sel, lengths)
             act = state.active

@@ -11,6 +11,17 @@ function under :class:`~specdec.models.SpecdecModel`, SDPA/eager otherwise), ``o
 route, ``torch.compile`` and CUDA graphs work unchanged; results equal the unfused model's up to
 floating-point rounding (a GEMM over concatenated weights may sum in another order).
 
+Fused kernels (``kernels=``): besides the projections, each decoder layer's element-wise
+work runs in Triton kernels (:mod:`specdec.cuda.triton_fused`): RMSNorm with the residual add before
+it (one launch instead of ~8), SiLU·mul (one instead of 2), and — inside a specdec forward — Qwen3's
+q/k norms, RoPE of q and k and the KV-cache write in one launch (instead of ~12). ``"auto"`` uses them
+on CUDA tensors when triton is installed and the plain torch code elsewhere (the CPU path is
+unchanged); ``"triton"`` forces them (the CPU runs them under ``TRITON_INTERPRET=1``, for tests);
+``"torch"`` never uses them. Under ``torch.compile`` the torch code runs (inductor fuses it itself):
+:meth:`SpecdecModel.enable_compile` switches the model to ``"torch"``. Results equal the unfused
+model's up to the order of the RMS sums (every intermediate torch rounds to the model dtype is
+rounded alike).
+
 Supported: Llama, Qwen2, Qwen3 and Mistral decoder layers. Fusing is one-way: the separate
 projections are dropped (their memory is freed), and neither :meth:`SpecdecModel.detach` nor anything
 else restores them; reload the model to get the original modules back.
@@ -19,12 +30,14 @@ else restores them; reload the model to get the original modules back.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specdec.errors import SpecdecError
+from specdec.interfaces import FORWARD_CONTEXT
 
 FAMILIES = {
     "llama": ("LlamaAttention", "LlamaMLP"),
@@ -33,6 +46,113 @@ FAMILIES = {
     "mistral": ("MistralAttention", "MistralMLP"),
 }
 _SUPPORTED = "supported: Llama, Qwen2, Qwen3 and Mistral decoder layers"
+KERNELS = ("auto", "triton", "torch")
+_KERNELS_ATTR = "_specdec_kernels"
+
+
+def _triton_fused():
+    """:mod:`specdec.cuda.triton_fused`, or ``None`` when triton is not installed."""
+    try:
+        from specdec.cuda import triton_fused
+    except ImportError:  # triton is an optional extra
+        return None
+    return triton_fused
+
+
+def _use_kernels(mod: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``mod`` runs its Triton kernels for input ``x`` (its ``kernels`` setting and ``x``'s device)."""
+    k = getattr(mod, _KERNELS_ATTR, "torch")
+    return k == "triton" or (k == "auto" and x.is_cuda)
+
+
+def _specdec_context():
+    """The running specdec forward's context (cache, lengths, ...) or ``None`` outside one."""
+    return FORWARD_CONTEXT.get()
+
+
+# -- decoder layers and norms patched in place (a subclass per HF class, made once) -----------------
+_SUBCLASSES: dict = {}
+
+
+def _patched(obj: nn.Module, forward) -> None:
+    """Give ``obj`` a subclass of its class whose ``forward`` is ``forward(base_forward, self, ...)``.
+
+    Keeps the module object, its parameters, attributes and ``isinstance`` checks (the model's own
+    loops read e.g. ``decoder_layer.attention_type``); the subclass is marked so fusing twice is a no-op.
+    """
+    cls = type(obj)
+    if getattr(cls, "_specdec_fused", False):
+        return
+    key = (cls, forward)
+    if key not in _SUBCLASSES:
+        base = cls.forward
+
+        def fwd(self, *args, **kwargs):
+            return forward(base, self, *args, **kwargs)
+
+        _SUBCLASSES[key] = type(f"Fused{cls.__name__}", (cls,), {"forward": fwd, "_specdec_fused": True,
+                                                                  "__module__": cls.__module__})
+    obj.__class__ = _SUBCLASSES[key]
+
+
+def _norm_forward(base, self, hidden_states):
+    if _use_kernels(self, hidden_states):
+        return _triton_fused().rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    return base(self, hidden_states)
+
+
+def _layer_forward(base, self, hidden_states, *args, **kwargs):
+    """The Llama-family decoder layer with the residual add fused into the post-attention RMSNorm."""
+    if args or not _use_kernels(self, hidden_states):
+        return base(self, hidden_states, *args, **kwargs)
+    tf = _triton_fused()
+    ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+    h = tf.rms_norm(hidden_states, ln1.weight, ln1.variance_epsilon)
+    h, _ = self.self_attn(hidden_states=h, **kwargs)
+    h, residual = tf.rms_norm(h, ln2.weight, ln2.variance_epsilon, residual=hidden_states)  # residual + h, norm
+    return residual + self.mlp(h)
+
+
+def _is_llama_norm(mod) -> bool:
+    """An RMSNorm computing ``weight * (x / rms(x))`` (the Llama family's; not Gemma's ``1 + weight``)."""
+    return (type(mod).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
+            and getattr(mod, "weight", None) is not None and mod.weight.dim() == 1 and hasattr(mod, "variance_epsilon"))
+
+
+def get_kernels(hf_model) -> str | None:
+    """The fused-kernel setting of ``hf_model``'s fused modules (``None`` when it is not fused)."""
+    for mod in hf_model.modules():
+        if isinstance(mod, FusedMLP):
+            return getattr(mod, _KERNELS_ATTR, "torch")
+    return None
+
+
+@contextmanager
+def kernels_off(hf_model):
+    """Run ``hf_model``'s fused modules with their torch code inside the block (e.g. for HF ``generate``,
+    whose static cache compiles the model itself)."""
+    old = get_kernels(hf_model)
+    if old is not None:
+        set_kernels(hf_model, "torch")
+    try:
+        yield
+    finally:
+        if old is not None:
+            set_kernels(hf_model, old)
+
+
+def set_kernels(hf_model, kernels: str) -> None:
+    """Switch the fused modules of ``hf_model`` between ``"auto"``, ``"triton"`` and ``"torch"`` (see module doc)."""
+    if kernels not in KERNELS:
+        raise SpecdecError(f"unknown fused-kernel setting {kernels!r}; choose one of {', '.join(KERNELS)}.")
+    if kernels == "triton" and _triton_fused() is None:
+        raise SpecdecError("fused kernels 'triton' need the 'triton' package; pip install 'specdec[triton]' "
+                           "or use kernels='auto'.")
+    if kernels == "auto" and _triton_fused() is None:
+        kernels = "torch"
+    for mod in hf_model.modules():
+        if getattr(type(mod), "_specdec_fused", False) or isinstance(mod, (FusedAttention, FusedMLP)):
+            setattr(mod, _KERNELS_ATTR, kernels)
 
 
 def _cat_linear(parts: list[nn.Linear]) -> nn.Linear:
@@ -105,10 +225,27 @@ class FusedAttention(nn.Module):
         hidden_shape = (*input_shape, -1, self.head_dim)
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
+        cos, sin = position_embeddings
+        attend = _attention_function(self.config._attn_implementation, self._eager)
+        ctx = _specdec_context() if _use_kernels(self, q) else None
+        slot = ctx.cache.layer(self.layer_idx) if ctx is not None else None  # (k, v, window, global index)
+        if (ctx is not None and slot[2] is None and hf_cache is None and past is None
+                and self.config._attn_implementation == "specdec"):  # sliding-window rings: the route writes them
+            # one launch: (Qwen3's q/k norms,) RoPE of q and k, rotated keys and values into the cache
+            if not ctx.static:
+                ctx.cache.check_capacity(ctx.lengths, q.shape[1])
+            B = q.shape[0]
+            norms = [(n.weight, n.variance_epsilon) if n is not None else None for n in (self.q_norm, self.k_norm)]
+            q = _triton_fused().rope_qkv_write(q, k, v, cos.expand(B, -1, -1), sin.expand(B, -1, -1),
+                                               slot[0], slot[1],
+                                               ctx.lengths, *norms)
+            out, weights = attend(self, q, None, None, attention_mask, dropout=0.0, scaling=self.scaling,
+                                  kv_written=True, **kwargs)
+            out = out.reshape(*input_shape, -1).contiguous()
+            return self.o_proj(out), weights
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        cos, sin = position_embeddings
         q, k = self._rope(q, k, cos, sin)
         if hf_cache is not None:  # the call transformers >= 5.2x modules make
             k, v = hf_cache.update(k, v, self.layer_idx, kwargs=kwargs)
@@ -117,7 +254,6 @@ class FusedAttention(nn.Module):
                                {"sin": sin, "cos": cos, "cache_position": kwargs.get("cache_position")})
         if self.sliding_window is not None:
             kwargs["sliding_window"] = self.sliding_window
-        attend = _attention_function(self.config._attn_implementation, self._eager)
         out, weights = attend(self, q, k, v, attention_mask,
                               dropout=0.0 if not self.training else self.attention_dropout,
                               scaling=self.scaling, **kwargs)
@@ -134,8 +270,11 @@ class FusedMLP(nn.Module):
         self.gate_up_proj = _cat_linear([mlp.gate_proj, mlp.up_proj])
         self.down_proj = mlp.down_proj
         self.act_fn = mlp.act_fn
+        self.silu = type(mlp.act_fn).__name__ in ("SiLU", "SiLUActivation")  # the fused kernel's activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.silu and _use_kernels(self, x):
+            return self.down_proj(_triton_fused().silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
 
@@ -146,12 +285,16 @@ def _decoder_layers(hf_model) -> list:
     return list(layers) if layers is not None else []
 
 
-def fuse_projections(hf_model) -> int:
+def fuse_projections(hf_model, kernels: str = "auto") -> int:
     """Fuse q/k/v and gate/up of every decoder layer of ``hf_model`` in place (idempotent).
 
-    Returns the number of layers fused now (0 when already fused). Raises :class:`SpecdecError`
-    (before changing anything) for an architecture other than Llama, Qwen2, Qwen3 or Mistral.
+    ``kernels`` (``"auto" | "triton" | "torch"``) says where the fused Triton kernels run (module
+    doc); calling again with another setting switches it. Returns the number of layers fused now
+    (0 when already fused). Raises :class:`SpecdecError` (before changing anything) for an
+    architecture other than Llama, Qwen2, Qwen3 or Mistral, or an unknown ``kernels``.
     """
+    if kernels not in KERNELS:
+        raise SpecdecError(f"unknown fused-kernel setting {kernels!r}; choose one of {', '.join(KERNELS)}.")
     kind = getattr(hf_model.config, "model_type", type(hf_model).__name__)
     if kind not in FAMILIES:
         raise SpecdecError(f"fuse_projections cannot fuse model type {kind!r}; {_SUPPORTED}: run this model unfused.")
@@ -178,4 +321,12 @@ def fuse_projections(hf_model) -> int:
                 fused += 1
             if not isinstance(layer.mlp, FusedMLP):
                 layer.mlp = FusedMLP(layer.mlp)
+            _patched(layer, _layer_forward)
+            for mod in layer.modules():
+                if _is_llama_norm(mod):
+                    _patched(mod, _norm_forward)
+        final = getattr(hf_model.model, "norm", None)
+        if _is_llama_norm(final):
+            _patched(final, _norm_forward)
+    set_kernels(hf_model, kernels)
     return fused

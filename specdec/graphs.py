@@ -1,15 +1,24 @@
-"""CUDA-graph capture of whole model forwards (draft steps, verify passes, dense steps).
+"""All CUDA-graph capture of specdec: whole model forwards and plan construction, in one module.
 
 On a GPU, one decode step of a small model is a few hundred kernel launches: the launch and
 Python overhead, not the memory traffic, sets its time (docs page *Optimized backends*). :class:`GraphCache`
-captures :meth:`SpecdecModel.forward` once per *step shape* — ``(cache, active backend, B, T, plan
-entries bucket, logits_to_keep, score request)`` (:func:`step_key`) — into a CUDA graph with static input buffers and
-replays it: each call copies ``input_ids``, ``lengths`` and the plan into the buffers and runs the
-whole forward with one launch. Plans are padded with ``-1`` to a multiple of ``plan_bucket`` so a
-growing ratio budget does not trigger a capture every few tokens. A query-aware plan (Quest's)
-is captured through the plan protocol: ``graph_key()`` (what the step depends on besides tensor
-values), ``static_copy()`` (the buffers the captured step reads) and ``copy_into(static)`` (load a
-live plan before a replay); a plan with ``capturable = False`` runs eagerly.
+captures :meth:`SpecdecModel.forward` once per **step description** (:class:`Step`, built by
+:func:`describe_step` from the forward's arguments: rows, batch, the cache memory it writes, the
+plan's kind and shapes, the score requests, ``logits_to_keep`` and the backend's kind and options —
+values, not object identities) into a CUDA graph and replays it: each call copies ``input_ids``
+and ``lengths`` into the captured buffers and runs the whole forward with one launch.
+
+Plans are data: a plan loaded by the cache's :class:`~specdec.planner.Planner` lives in buffers
+whose addresses do not change, so the captured step reads them directly and a replay copies
+nothing; any other plan's tensor fields are copied into the captured step's own buffers (generic
+over the plan's dataclass fields, whatever its kind). Plans are padded with ``-1`` to a multiple of
+``plan_bucket`` (unless their size is fixed per cache) so a growing ratio budget does not trigger a
+capture every few tokens.
+
+:class:`PlanGraphs` replays the construction of a :class:`~specdec.selectors.base.BudgetSelector`
+plan as one CUDA graph: the selector's tensor attributes are inputs of the graph (copied into
+captured buffers before each replay), so a selector written with no knowledge of capture — the
+plugin guide's ``KeyNorm`` — is captured as is.
 
 Before capturing, a step is warmed up once normally and once with host synchronisation forbidden
 (``torch.cuda.set_sync_debug_mode("error")``): a step that syncs is refused (``uncapturable``,
@@ -24,31 +33,80 @@ Enable with :meth:`SpecdecModel.enable_cuda_graphs`.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from specdec.cache import KVCache
-from specdec.interfaces import ScoreRequest, SparsePlan
+from specdec.interfaces import ScoreRequest, SparsePlan, plan_tensors
 
 
-def step_key(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePlan | None, scores: ScoreRequest | None,
-             logits_to_keep: int) -> tuple:
-    """Key of one captured step shape. It includes the model's *active backend* (a wrapper such as
-    Dustin's :class:`~specdec.verifiers.SRHScoringBackend` swapped in with ``using_backend`` runs
-    other kernels than the plain backend: a graph captured with one must not replay for the other).
-    ``plan`` is already padded."""
-    return (id(cache), id(model.backend), tuple(input_ids.shape), None if plan is None else plan.graph_key(),
-            logits_to_keep, _score_key(scores))
+@dataclass(frozen=True)
+class Step:
+    """What a captured forward depends on besides tensor values: two forwards with equal steps run
+    the same kernels on the same buffers, so one graph serves both."""
+
+    rows: int
+    batch: int
+    cache: tuple  # the memory the forward writes: data pointers, shape and dtype of k and v, rings and layer layout
+    plan: tuple | None  # the plan's kind, tensor shapes and settings (None: dense)
+    scores: tuple  # the score requests
+    logits_to_keep: int
+    backend: tuple  # the backend's kind and options
 
 
-def _score_key(req: ScoreRequest | None) -> Any:
-    if req is None:
+def plan_description(plan: SparsePlan | None) -> tuple | None:
+    """A plan's kind, the shapes and dtypes of its tensor fields and its other settings."""
+    if plan is None:
         return None
+    parts = [type(plan).__qualname__]
+    for f in dataclasses.fields(plan):
+        v = getattr(plan, f.name)
+        if isinstance(v, torch.Tensor):
+            parts.append((f.name, tuple(v.shape), str(v.dtype)))
+        elif isinstance(v, (int, float, bool, str, type(None))):
+            parts.append((f.name, v))
+    return tuple(parts)
+
+
+def backend_description(backend) -> tuple:
+    config = getattr(backend, "config", None)
+    return (type(backend).__module__, type(backend).__qualname__, repr(config))
+
+
+def describe_step(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePlan | None,
+                  scores: tuple[ScoreRequest, ...], logits_to_keep: int) -> Step:
+    """The :class:`Step` of one forward (``plan`` already padded)."""
+    memory = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape), str(cache.k.dtype),
+              _ring_memory(cache))
+    return Step(rows=int(input_ids.shape[1]), batch=int(input_ids.shape[0]), cache=memory,
+                plan=plan_description(plan), scores=tuple(_score_key(r) for r in scores),
+                logits_to_keep=int(logits_to_keep), backend=backend_description(model.backend))
+
+
+def _ring_memory(cache: KVCache) -> tuple | None:
+    """The sliding-window rings a forward writes (pointers, shape) and the layer layout: two views
+    with the same global buffers but other rings (or another split of the layers) are other steps."""
+    rk = getattr(cache, "ring_k", None)
+    if rk is None:
+        return None
+    return (rk.data_ptr(), cache.ring_v.data_ptr(), tuple(rk.shape), tuple(cache.windows))
+
+
+def _score_key(req: ScoreRequest) -> Any:
     qh = None if req.query_heads is None else tuple(sorted((k, tuple(v)) for k, v in req.query_heads.items()))
     layers = None if req.layers is None else tuple(req.layers)
-    return (tuple(req.rows), req.kind, req.heads, layers, qh, req.per_row)
+    return (tuple(req.rows), req.kind, req.heads, layers, qh, req.per_row, req.source)
+
+
+def _blank(req: ScoreRequest) -> ScoreRequest:
+    """A request like ``req`` with its own (empty) result dictionary, for a captured step to fill."""
+    return ScoreRequest(rows=list(req.rows), kind=req.kind, heads=req.heads, layers=req.layers,
+                        query_heads=req.query_heads, per_row=req.per_row, source=req.source)
 
 
 def _reason(exc: BaseException) -> str:
@@ -82,13 +140,13 @@ class _Graph:
     ids: torch.Tensor
     lengths: torch.Tensor
     plan: SparsePlan | None
-    req: ScoreRequest | None
+    reqs: tuple[ScoreRequest, ...]
     logits: torch.Tensor = field(default=None)  # type: ignore[assignment]
-    backend: Any = None  # the backend captured (kept alive so its id in the key is not reused)
+    backend: Any = None  # the backend captured (kept alive: the graph may read buffers it owns)
 
 
 class GraphCache:
-    """Captured forwards of one :class:`~specdec.models.SpecdecModel`, keyed by step shape."""
+    """Captured forwards of one :class:`~specdec.models.SpecdecModel`, keyed by :class:`Step`."""
 
     def __init__(self, model, plan_bucket: int = 128, max_graphs: int = 32, max_rows: int = 16, pool=None) -> None:
         self.model = model
@@ -102,6 +160,13 @@ class GraphCache:
         self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
         self.captures = 0
         self.replays = 0
+
+    @classmethod
+    def for_view(cls, parent: "GraphCache", view) -> "GraphCache":
+        """The graphs of a view of ``parent``'s model (an early-exit draft): its own captures, bound to
+        the view, with the parent's settings and memory pool (graphs never run concurrently)."""
+        return cls(view, plan_bucket=parent.plan_bucket, max_graphs=parent.max_graphs, max_rows=parent.max_rows,
+                   pool=parent.pool)
 
     def _pad_plan(self, plan: SparsePlan) -> SparsePlan:
         if type(plan) is not SparsePlan or plan.static_size:
@@ -121,19 +186,18 @@ class GraphCache:
         cache: KVCache,
         lengths: torch.Tensor,
         plan: SparsePlan | None,
-        scores: ScoreRequest | None,
+        scores: tuple[ScoreRequest, ...],
         logits_to_keep: int,
     ) -> torch.Tensor:
         """Replay (capturing first if needed) the forward of this step shape; returns fresh logits."""
-        if input_ids.shape[1] > self.max_rows or (plan is not None and not getattr(plan, "capturable", True)):
-            # prefill chunks are few and large (nothing to gain from a graph); a plan that declares
-            # itself not capturable (host-side choices inside the forward) runs eagerly
-            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
+        if input_ids.shape[1] > self.max_rows:
+            # prefill chunks are few and large (nothing to gain from a graph)
+            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
         if plan is not None:
             plan = self._pad_plan(plan)
-        key = step_key(self.model, input_ids, cache, plan, scores, logits_to_keep)
+        key = describe_step(self.model, input_ids, cache, plan, scores, logits_to_keep)
         if key in self.uncapturable:  # this step shape runs eagerly (e.g. a score path that syncs)
-            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
+            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
         g = self.graphs.get(key)
         if g is None:
             if len(self.graphs) >= self.max_graphs:  # bound memory: drop the oldest shape
@@ -143,47 +207,83 @@ class GraphCache:
             except RuntimeError as exc:
                 self.uncapturable[key] = _reason(exc)
                 torch.cuda.synchronize()
-                return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, None)
+                return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
         else:
             g.ids.copy_(input_ids)
             g.lengths.copy_(lengths)
             if plan is not None:
-                plan.copy_into(g.plan)
+                _load_plan(plan, g.plan)
             g.graph.replay()
             self.replays += 1
-        if scores is not None and g.req is not None and g.req.scores:
+        for live, captured in zip(scores, g.reqs):
+            if not captured.scores:
+                continue
             # one copy of all layers (views of one tensor) instead of a clone per layer
-            layers = list(g.req.scores)
-            vals = [g.req.scores[layer] for layer in layers]
+            layers = list(captured.scores)
+            vals = [captured.scores[layer] for layer in layers]
             if all(v.shape == vals[0].shape for v in vals):
-                stacked = torch.stack(vals)
-                scores.scores = dict(zip(layers, stacked.unbind(0)))
-                scores.stacked = (layers, stacked)
+                live.scores = dict(zip(layers, torch.stack(vals).unbind(0)))
             else:
-                scores.scores = {layer: v.clone() for layer, v in zip(layers, vals)}
+                live.scores = {layer: v.clone() for layer, v in zip(layers, vals)}
         return g.logits.clone()
 
     def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
         ids = input_ids.clone()
         lens = lengths.clone()
-        splan = None if plan is None else plan.static_copy()
-        req = None
-        if scores is not None:
-            req = ScoreRequest(rows=list(scores.rows), kind=scores.kind, heads=scores.heads, layers=scores.layers,
-                               query_heads=scores.query_heads, per_row=scores.per_row)
+        splan = None if plan is None else _own_plan(plan)
+        reqs = tuple(_blank(r) for r in scores)
 
         def step():
-            return self.model._eager_forward(ids, cache, lens, splan, req, logits_to_keep, None, static=True)
+            return self.model._eager_forward(ids, cache, lens, splan, reqs, logits_to_keep, static=True)
 
         _warm_up(step)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = step()
         graph.replay()  # the captured run leaves outputs unset until the first replay
-        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, req=req, logits=logits, backend=self.model.backend)
+        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=self.model.backend)
         self.graphs[key] = g
         self.captures += 1
         return g
+
+
+#: buffers whose address never changes while they are in use (a planner's buffers,
+#: :mod:`specdec.planner` registers them): a captured step reads them in place
+_STABLE: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def keep_address(t: torch.Tensor) -> torch.Tensor:
+    """Register ``t`` as a buffer a captured step may read in place (its owner keeps its address); returns ``t``."""
+    _STABLE[id(t)] = t
+    return t
+
+
+def forget_address(t: torch.Tensor) -> None:
+    """Undo :func:`keep_address` (the owner replaced the buffer)."""
+    if _STABLE.get(id(t)) is t:
+        del _STABLE[id(t)]
+
+
+def has_stable_address(t: torch.Tensor) -> bool:
+    """Whether ``t`` was registered with :func:`keep_address` (a planner's buffer)."""
+    return _STABLE.get(id(t)) is t
+
+
+def _own_plan(plan: SparsePlan) -> SparsePlan:
+    """The plan a captured step reads: ``plan`` itself when its tensors are a planner's buffers (their
+    addresses never change), else a copy with its own buffers."""
+    tensors = plan_tensors(plan)
+    if all(has_stable_address(t) for t in tensors.values()):
+        return plan
+    return dataclasses.replace(plan, **{n: t.clone() for n, t in tensors.items() if not has_stable_address(t)})
+
+
+def _load_plan(live: SparsePlan, static: SparsePlan) -> None:
+    """Before a replay: copy each tensor field of ``live`` that is not already the captured buffer."""
+    st = plan_tensors(static)
+    for name, t in plan_tensors(live).items():
+        if t.data_ptr() != st[name].data_ptr():
+            st[name].copy_(t)
 
 
 class CapturedCall:
@@ -235,3 +335,63 @@ class CapturedCall:
         self.graphs[full] = (graph, statics, outs, keep)
         self.captures += 1
         return outs
+
+
+class PlanGraphs:
+    """Plan construction of :class:`~specdec.selectors.base.BudgetSelector` selectors replayed as CUDA
+    graphs (an eager build is ~30 small launches the GPU waits on between the acceptance and the next
+    draft).
+
+    The graph's inputs are ``lengths`` and every tensor attribute of the selector (Vegas' scores, a
+    plugin's statistics): they are copied into captured buffers before each replay, and during the
+    capture the selector's attributes point at those buffers. The key is the selector's type, the
+    cache memory and capacity, and the shapes of the inputs, so a selector needs no capture code; a
+    build that synchronises with the host is refused at its warm-up and runs eagerly from then on.
+    Plan construction must not modify the selector (``score`` is a function of the cache, the
+    lengths and the selector's state).
+    """
+
+    def __init__(self, max_graphs: int = 4) -> None:
+        self.calls = CapturedCall(max_graphs=max_graphs)
+
+    @staticmethod
+    def applies(selector, lengths: torch.Tensor) -> bool:
+        """Whether ``selector``'s plans are built through a graph: a :class:`BudgetSelector` that keeps
+        the base ``plan`` (a selector overriding it, e.g. Quest or Dustin's hybrid, runs eagerly), on a GPU."""
+        from specdec.selectors.base import BudgetSelector
+
+        return (lengths.is_cuda and isinstance(selector, BudgetSelector)
+                and type(selector).plan is BudgetSelector.plan and not torch.cuda.is_current_stream_capturing())
+
+    @property
+    def captures(self) -> int:
+        return self.calls.captures
+
+    @property
+    def replays(self) -> int:
+        return self.calls.replays
+
+    @property
+    def uncapturable(self) -> dict:
+        return self.calls.uncapturable
+
+    def __call__(self, selector, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+        names = sorted(n for n, v in vars(selector).items() if isinstance(v, torch.Tensor))
+        state = [getattr(selector, n) for n in names]
+        absent = tuple(sorted(n for n, v in vars(selector).items() if v is None))
+        key = (type(selector), cache.k.data_ptr(), cache.capacity, tuple(names), absent)
+
+        def build(lens, *tensors):
+            saved = [getattr(selector, n) for n in names]
+            for n, t in zip(names, tensors):
+                setattr(selector, n, t)
+            try:
+                return selector.plan(cache, lens)
+            finally:
+                for n, t in zip(names, saved):
+                    setattr(selector, n, t)
+
+        # no keep=cache: these graphs belong to the cache's planner, which lives as long as the cache
+        out = self.calls(key, build, lengths, *state)
+        # the graph's output buffers are rewritten by the next replay: hand out a plan object of its own
+        return copy.copy(out)

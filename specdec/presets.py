@@ -35,6 +35,7 @@ class PipelineConfig(BudgetConfig):
     method: str = "magicdec"
     gamma: int = Field(default=4, ge=1, le=64, description="draft length γ")
     sampling: SamplingConfig = SamplingConfig()
+    adaptive: bool = Field(default=True, description="adaptive γ per iteration and dense fall-back (specdec.adaptive)")
     options: dict[str, Any] = Field(default_factory=dict, description="method-specific options")
 
     @model_validator(mode="after")
@@ -139,7 +140,10 @@ def method_options(cfg: PipelineConfig) -> ComponentConfig:
 def build_engine(model, config: PipelineConfig, **engine_kw: Any):
     """Build the :class:`~specdec.engine.SpeculativeEngine` of ``config.method`` on ``model``."""
     spec = get_method(config.method)
-    return spec.build(model, config, method_options(config), **engine_kw)
+    engine = spec.build(model, config, method_options(config), **engine_kw)
+    if "adaptive" not in engine_kw:  # the pipeline's setting, for every method (a plugin's builder too)
+        engine.adaptive = config.adaptive
+    return engine
 
 
 @register_method("dense", "plain autoregressive decoding on the specdec engine")

@@ -31,7 +31,7 @@ import torch
 
 from specdec.artifacts import FORMAT, load_srh, model_identity, save_srh  # noqa: F401 - the artifact lives in the library
 from specdec.errors import SpecdecError
-from specdec.interfaces import AttentionBackend
+from specdec.interfaces import ScoreRequest
 
 # ---------------------------------------------------------------------------------------------------
 # ARR
@@ -64,23 +64,10 @@ def attention_recall(indices: torch.Tensor, mass: torch.Tensor, lengths: torch.T
 # ---------------------------------------------------------------------------------------------------
 # calibration
 # ---------------------------------------------------------------------------------------------------
-class _Recorder(AttentionBackend):
-    """Delegates attention and records every head's dense softmax attention of a block of rows."""
-
-    name = "srh-recorder"
-
-    def __init__(self, inner: AttentionBackend, cache, rows: Sequence[int]) -> None:
-        from specdec.verifiers import head_attention
-
-        self.inner, self.rows, self.head_attention = inner, list(rows), head_attention
-        self.layer_of = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}
-        self.out: dict[int, torch.Tensor] = {}  # layer -> (B, H, L) summed over rows
-
-    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-        layer = self.layer_of.get(k_cache.data_ptr())
-        if layer is not None:
-            self.out[layer] = self.head_attention(q, k_cache, lengths, range(q.shape[1]), scale, rows=self.rows)
-        return self.inner.attend(q, k_cache, v_cache, lengths, scale, **kw)
+def head_request(rows: Sequence[int]) -> ScoreRequest:
+    """Record every query head's dense softmax attention of ``rows`` over the context, summed over the
+    rows: ``scores[layer]`` ``(B, H, L)``."""
+    return ScoreRequest(rows=list(rows), kind="softmax", heads="each", source="context")
 
 
 @dataclass
@@ -128,11 +115,18 @@ def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefille
         raise SpecdecError(f"calibration needs a context of at least {4 * (gamma + 2)} tokens and points >= 1 (got {C}, {points}).")
     if probes is not None and any(not gamma + 1 <= p <= C - gamma - 1 for p in probes):
         raise SpecdecError(f"probe points must lie in [{gamma + 1}, {C - gamma - 1}] for {C} tokens and gamma {gamma}.")
-    pre = prefilled or SpeculativeEngine(target, eos_token_id=-1).prefill([ids])
     dev = target.device
-    cache = target.new_cache(1, C)
-    cache.k.copy_(pre.k[..., :C, :])
-    cache.v.copy_(pre.v[..., :C, :])
+    if target.dims.n_global < target.dims.n_layers:
+        # sliding-window layers: the probes re-run earlier positions, so their rings must not wrap
+        cache = target.new_cache(1, C, slack=C)
+        x = torch.tensor([ids], device=dev)
+        for s in range(0, C, 1024):
+            target.forward(x[:, s : s + 1024], cache, torch.tensor([s], device=dev), logits_to_keep=1)
+    else:
+        pre = prefilled or SpeculativeEngine(target, eos_token_id=-1).prefill([ids])
+        cache = target.new_cache(1, C)
+        cache.k.copy_(pre.k[..., :C, :])
+        cache.v.copy_(pre.v[..., :C, :])
     lo, hi = C // 2, C - gamma - 1
     probe = list(probes) if probes is not None else torch.linspace(lo, hi, points).round().long().tolist()
     truths, hists, looks, lens = [], [], [], []
@@ -140,16 +134,13 @@ def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefille
     for p in probe:
         # target: rows p-γ-1 .. p+γ (the previous pass's rows, then this pass's rows), dense
         start = p - gamma - 1
-        rec = _Recorder(target.backend, cache, range(gamma + 1))
-        rec2 = _Recorder(target.backend, cache, range(gamma + 1))
+        rec, rec2 = head_request(range(gamma + 1)), head_request(range(gamma + 1))
         x = torch.tensor([ids[start : p + gamma + 1]], device=dev)
-        with target.using_backend(rec):
-            target.forward(x[:, : gamma + 1], cache, torch.tensor([start], device=dev), logits_to_keep=1)
-        with target.using_backend(rec2):
-            target.forward(x[:, gamma + 1 :], cache, torch.tensor([p], device=dev), logits_to_keep=1)
-        N = target.dims.n_layers
-        hists.append(torch.stack([rec.out[l][0] for l in range(N)]))  # (N, H, L)
-        t = torch.stack([rec2.out[l][0] for l in range(N)])  # (N, H, L)
+        target.forward(x[:, : gamma + 1], cache, torch.tensor([start], device=dev), scores=rec, logits_to_keep=1)
+        target.forward(x[:, gamma + 1 :], cache, torch.tensor([p], device=dev), scores=rec2, logits_to_keep=1)
+        N = target.dims.n_global  # signals live on the global (full-context) layers
+        hists.append(torch.stack([rec.scores[l][0] for l in range(N)]))  # (N, H, L)
+        t = torch.stack([rec2.scores[l][0] for l in range(N)])  # (N, H, L)
         truths.append(t.sum(1) / (t.shape[1] * (gamma + 1)))
         # draft: γ rows from position p, fed its *own* greedy tokens as online (not the true text: a weak
         # drafter's attention over a wrong continuation is what the selector really gets); its cache is the
@@ -158,10 +149,9 @@ def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefille
         saved = (dcache.k[:, :, :, p : p + gamma].clone(), dcache.v[:, :, :, p : p + gamma].clone())
         tok, look = x[:, gamma + 1 : gamma + 2], 0
         for j in range(gamma):
-            rec3 = _Recorder(draft_model.backend, dcache, [0])
-            with draft_model.using_backend(rec3):
-                logits = draft_model.forward(tok, dcache, torch.tensor([p + j], device=dev), logits_to_keep=1)
-            look = look + torch.stack([rec3.out[l][0] for l in range(draft_model.dims.n_layers)])
+            rec3 = head_request([0])
+            logits = draft_model.forward(tok, dcache, torch.tensor([p + j], device=dev), scores=rec3, logits_to_keep=1)
+            look = look + torch.stack([rec3.scores[l][0] for l in range(draft_model.dims.n_global)])
             tok = logits[:, -1].argmax(-1, keepdim=True)
         dcache.k[:, :, :, p : p + gamma] = saved[0]
         dcache.v[:, :, :, p : p + gamma] = saved[1]
@@ -209,13 +199,11 @@ def retrieval_calibration(target, drafter, n: int, context: int, gamma: int, fil
 
 
 def _draft_cache_for(drafter, cache, ids, p):
-    from specdec.cache import KVCache
-
     n = drafter.draft_model.dims.n_layers
     if hasattr(drafter, "exit_layers"):
-        return KVCache._from(cache.k[:n], cache.v[:n])
+        return cache.first_layers(n)
     if getattr(drafter, "_calib_cache", None) is None or drafter._calib_ids != ids:
-        dc = drafter.draft_model.new_cache(1, len(ids))
+        dc = drafter.draft_model.new_cache(1, len(ids), slack=len(ids))
         x = torch.tensor([ids], device=cache.k.device)
         for s in range(0, len(ids), 1024):
             drafter.draft_model.forward(x[:, s : s + 1024], dc, torch.tensor([s], device=cache.k.device), logits_to_keep=1)
@@ -359,7 +347,7 @@ def profile_srh(target, drafter, documents: Sequence[str], context: int, budget:
     cal = Calibration.cat(parts)
     res = greedy_search(cal, budget, sinks, recent, max_heads, pool,
                         progress=(lambda f: progress("search", f)) if progress else None)
-    layer_map = drafter.layer_map(target.dims.n_layers)
+    layer_map = drafter.layer_map(target.dims.n_global)
     return dict(
         target=model_identity(target), draft=drafter.identity(),
         target_heads=res["target_heads"], draft_heads=res["draft_heads"], layer_map=layer_map,

@@ -80,14 +80,22 @@ def engine_measure(model, prompts: list[list[int]], method: str, max_new_tokens:
 
     dense = build_engine(model, PipelineConfig.make(method="dense"), eos_token_id=-1)
     pre = dense.prefill(prompts)
+    d = model.dims
+    L = max(len(p) for p in prompts)
 
     def measure(ratio: float, gamma: int) -> dict:
+        # fixed γ: the sweep measures τ and speed at this γ (the adaptive controller would move it)
         cfg = PipelineConfig.make(method=method, gamma=gamma, budget_ratio=ratio, min_budget=min_budget,
-                                  sinks=sinks, recent=recent, options=options or {})
+                                  sinks=sinks, recent=recent, options=options or {}, adaptive=False)
         eng = build_engine(model, cfg, eos_token_id=-1)
         st = eng.generate(prompts, max_new_tokens=max_new_tokens, prefilled=pre).stats
+        # bytes a draft step reads over a dense step's: the budget applies to global layers only, a
+        # sliding-window layer reads its window either way (DESIGN.md §6, per-layer attention types)
+        budget = cfg.budget_kwargs().get("budget") or max(min_budget, int(ratio * L + 0.999999))
+        local = sum(min(w, L) for w in d.windows if w is not None)
         return dict(tau=st.mean_accepted_length, tokens_per_second=st.tokens_per_second,
-                    selection_overhead_share=st.selection_overhead_share)
+                    selection_overhead_share=st.selection_overhead_share,
+                    draft_kv_share=(d.n_global * min(budget, L) + local) / (d.n_global * L + local))
 
     return measure
 
@@ -213,7 +221,9 @@ def register(app) -> None:  # noqa: ANN001 - typer app
         measure = engine_measure(m, [ids], method, max_new_tokens, min_budget=min_budget)
         report = three_step_search(measure, sp, gm, gamma, plateau_tol, ff)
         report.update(method=method, model=model, context_tokens=len(ids), max_new_tokens=max_new_tokens,
-                      source=str(prompt_file) if prompt_file else document)
+                      source=str(prompt_file) if prompt_file else document,
+                      layout=dict(layers=m.dims.n_layers, global_layers=m.dims.global_layers,
+                                  windows=sorted({w for w in m.dims.windows if w is not None})))
         report["recommended"] = dict(method=method, **report["recommended"], min_budget=min_budget)
         path = write_report(report, output_dir)
         r = report["recommended"]

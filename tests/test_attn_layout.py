@@ -23,6 +23,7 @@ pytest.importorskip("pydantic", reason="backend configs need pydantic")
 
 from specdec.cuda.triton_attention import LaunchConfig, splitk_attention  # noqa: E402
 from specdec.cuda.triton_backend import TritonBackend, TritonConfig  # noqa: E402
+from specdec.interfaces import AttentionMetadata  # noqa: E402
 
 if _DEVICE == "cuda" and not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("SPECDEC_TEST_DEVICE=cuda but no CUDA device", allow_module_level=True)
@@ -46,17 +47,17 @@ def _case(B, Hkv, G, T, D, L, dtype, lengths, seed=0):
 def test_bthd_output_is_bit_identical(dtype, T, sparse, splits, scores):
     lengths = [29, 0, 41]
     q, k, v, lens = _case(3, 2, 3, T, 16, 48, dtype, lengths, seed=T + 5 * splits)
-    extra = {}
+    extra, plan = {}, {}
     if sparse:
         g = torch.Generator().manual_seed(9)
         idx = torch.stack([torch.stack([torch.randperm(40, generator=g)[:10] for _ in range(2)]) for _ in range(3)])
-        extra = dict(plan_indices=idx.to(DEV), dense_from=torch.tensor([20, 0, 35], device=DEV))
+        plan = dict(plan_indices=idx.to(DEV), dense_from=torch.tensor([20, 0, 35], device=DEV))
     if scores:
         extra["row_weights"] = torch.ones(6, T, device=DEV)
     res = {}
     for bthd in (False, True):
         cfg = LaunchConfig(block_n=16, num_splits=splits, out_bthd=bthd)
-        res[bthd] = splitk_attention(q, k, v, lens, 0.25, cfg=cfg, **extra)
+        res[bthd] = splitk_attention(q, k, v, AttentionMetadata(lens, 0.25, **plan), cfg=cfg, **extra)
     old, new = res[False], res[True]
     assert old[0].is_contiguous() and new[0].transpose(1, 2).is_contiguous()
     assert new[0].shape == old[0].shape == q.shape
@@ -78,11 +79,12 @@ def test_attention_function_gets_bthd_without_a_copy():
         be._launch = dataclasses.replace(be._launch, out_bthd=bthd)
         cache = m.new_cache(2, 16)
         lens = torch.tensor([0, 3], device=DEV)
-        m.forward(ids[:, :3], cache, lens, backend=be)
-        logits[bthd] = m.forward(ids, cache, lens + 3, backend=be)
+        with m.using_backend(be):
+            m.forward(ids[:, :3], cache, lens)
+            logits[bthd] = m.forward(ids, cache, lens + 3)
     assert torch.equal(logits[False], logits[True])
     # the T = 5 output of the kernel is already (B, T, H, D): contiguous() returns it unchanged
     q, k, v, lens = _case(2, 2, 2, 5, 16, 16, torch.float32, [0, 3])
-    out, _ = be.attend(q, k, v, lens, 0.25)
+    out, _ = be.attend(q, k, v, AttentionMetadata(lens, 0.25))
     flat = out.transpose(1, 2)
     assert flat.contiguous().data_ptr() == flat.data_ptr()

@@ -18,7 +18,8 @@ if _DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("SPECDEC_TEST_DEVICE=cuda but no CUDA device", allow_module_level=True)
 
 from specdec import BACKENDS, PipelineConfig, build_engine  # noqa: E402
-from specdec.verifiers import SRHScoringBackend, head_attention  # noqa: E402
+from specdec.attention.recording import head_attention  # noqa: E402
+from specdec.verifiers import srh_request, srh_scores  # noqa: E402
 
 from conftest import make_tiny  # noqa: E402
 
@@ -44,8 +45,8 @@ def test_dustin_compiled_with_graphs_full_budget_equals_dense_and_replays():
         assert view._graphs is not None and view._graphs is not m._graphs
         assert view._graphs.replays > 0, view._graphs.uncapturable
         assert not m._graphs.uncapturable and not view._graphs.uncapturable
-        srh_used = eng.verifier._srh
-        assert any(k[1] == id(srh_used) for k in m._graphs.graphs)  # verify passes captured with SRH scoring
+        # verify passes captured with the SRH context request
+        assert any(any(sk[-1] == "context" for sk in k.scores) for k in m._graphs.graphs)
 
         # the SRH target signal of a captured (then replayed) verify pass == the eager computation
         v = eng.verifier
@@ -54,31 +55,29 @@ def test_dustin_compiled_with_graphs_full_budget_equals_dense_and_replays():
         cache.k.normal_()
         cache.v.normal_()
         L = torch.tensor([40, 70], device="cuda")
-        srh = v.scoring_backend(cache)
         g = torch.Generator(device="cuda").manual_seed(0)
         before = m._graphs.replays
         for _ in range(3):  # capture, then replays with new tokens
             x = torch.randint(0, m.dims.vocab_size, (2, 4), device="cuda", generator=g)
-            with m.using_backend(srh):
-                logits = m.forward(x, cache, L)
-            got = srh.scores.clone()
-            ref_be = SRHScoringBackend(be, cache, heads)
-            ref_logits = m._eager_forward(x, cache, L, None, None, 0, ref_be)
+            req = srh_request(heads, 4)
+            logits = m.forward(x, cache, L, scores=req)
+            got = srh_scores(req, L)
+            ref_req = srh_request(heads, 4)
+            ref_logits = m._eager_forward(x, cache, L, None, ref_req, 0)
             assert float(got.sum()) > 0
-            torch.testing.assert_close(got, ref_be.scores, rtol=1e-3, atol=1e-4)
+            torch.testing.assert_close(got, srh_scores(ref_req, L), rtol=1e-3, atol=1e-4)
             torch.testing.assert_close(logits, ref_logits, rtol=1e-3, atol=1e-3)
-            # and the sliced (host-synchronising) computation of the old backend agrees
+            # and the sliced (host-synchronising) computation by hand agrees
             rec = {}
 
-            def attend(q, k_cache, v_cache, lengths, scale, _inner=be.attend, **kw):
-                layer = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}.get(k_cache.data_ptr())
-                if layer in heads:
-                    rec[layer] = head_attention(q, k_cache, lengths, heads[layer], scale).sum(1)
-                return _inner(q, k_cache, v_cache, lengths, scale, **kw)
+            class Spy(type(be)):
+                def attend(self, q, k_cache, v_cache, meta):
+                    if meta.layer in heads:
+                        rec[meta.layer] = head_attention(q, k_cache, meta.lengths, heads[meta.layer], meta.scale).sum(1)
+                    return be.attend(q, k_cache, v_cache, meta)
 
-            spy = SRHScoringBackend(be, cache, {})
-            spy.attend = attend
-            m._eager_forward(x, cache, L, None, None, 0, spy)
+            with m.using_backend(Spy()):
+                m._eager_forward(x, cache, L, None, None, 0)
             torch.testing.assert_close(got, sum(rec.values()), rtol=1e-3, atol=1e-4)
         assert m._graphs.replays >= before + 2
     finally:

@@ -1,6 +1,6 @@
 """Dustin under compile / CUDA graphs, checked on the CPU: the early-exit view never runs the target's
-compiled module and follows its compile/graph state, the draft cache view is stable, the persistent SRH
-scoring backend gives the per-pass signal, and the graph key includes the active backend."""
+compiled module and follows its compile/graph state, the draft cache view is stable, the SRH score
+request gives the per-pass signal, and the graph key includes the active backend."""
 
 from types import SimpleNamespace
 
@@ -11,8 +11,9 @@ from specdec import PipelineConfig, build_engine
 from specdec.attention.reference import ReferenceBackend
 from specdec.drafters import EarlyExitDrafter, TruncatedModel, truncated_model
 from specdec.errors import SpecdecError
-from specdec.graphs import GraphCache, step_key
-from specdec.verifiers import SRHScoringBackend, head_attention
+from specdec.graphs import GraphCache, describe_step
+from specdec.attention.recording import head_attention
+from specdec.verifiers import srh_request, srh_scores
 
 from conftest import make_tiny
 
@@ -108,31 +109,35 @@ def test_view_graphs_follow_the_parent(target, monkeypatch):
         view.enable_cuda_graphs()
 
 
-def test_early_exit_draft_cache_view_is_stable(target):
+def test_early_exit_draft_cache_view_has_one_step_description(target):
+    """A new view of the same memory each iteration: the same captured steps replay (no memoised view)."""
     d = EarlyExitDrafter(target, 2)
     c1 = target.new_cache(1, 32)
     s1 = SimpleNamespace(cache=c1)
     v1 = d._draft_cache(s1)
-    assert d._draft_cache(s1) is v1 and v1.n_layers == 2
-    assert v1.k.data_ptr() == c1.k.data_ptr()
+    assert v1.n_layers == 2 and v1.k.data_ptr() == c1.k.data_ptr()
+    x = torch.zeros(1, 1, dtype=torch.long)
+    view = d.draft_model
+    assert describe_step(view, x, d._draft_cache(s1), None, (), 0) == describe_step(view, x, v1, None, (), 0)
     c2 = target.new_cache(1, 32)
     v2 = d._draft_cache(SimpleNamespace(cache=c2))
-    assert v2 is not v1 and v2.k.data_ptr() == c2.k.data_ptr()
+    assert v2.k.data_ptr() == c2.k.data_ptr()
+    assert describe_step(view, x, v2, None, (), 0) != describe_step(view, x, v1, None, (), 0)
 
 
-def test_dustin_drafts_into_one_cache_object_and_reuses_one_srh_backend(target):
+def test_dustin_drafts_into_one_cache_memory_and_records_srh_in_the_verify_pass(target):
     cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4, options={"draft_layers": 1})
     eng = build_engine(target, cfg, eos_token_id=-1)
     view = eng.drafter.draft_model
-    seen, backends = [], []
+    seen, requests = [], []
     fwd, tfwd = view.forward, target.forward
 
     def rec(ids, cache, *a, **k):
-        seen.append(id(cache))
+        seen.append((cache.k.data_ptr(), tuple(cache.k.shape)))
         return fwd(ids, cache, *a, **k)
 
     def trec(*a, **k):
-        backends.append(target.backend)
+        requests.append(k.get("scores"))
         return tfwd(*a, **k)
 
     view.forward = rec
@@ -142,8 +147,12 @@ def test_dustin_drafts_into_one_cache_object_and_reuses_one_srh_backend(target):
     finally:
         del view.forward, target.forward
     assert len(seen) >= 6 and len(set(seen)) == 1
-    srh = [b for b in backends if isinstance(b, SRHScoringBackend)]
-    assert len(srh) >= 2 and all(b is srh[0] for b in srh)
+    # each verify pass carries one context request for the target's retrieval heads (no wrapper backend)
+    verify = [r for r in requests if r]
+    assert len(verify) >= 2
+    for reqs in verify:
+        ctx = [r for r in reqs if r.source == "context"]
+        assert len(ctx) == 1 and ctx[0].kind == "softmax" and ctx[0].scores
 
 
 def test_head_attention_full_equals_sliced():
@@ -158,61 +167,52 @@ def test_head_attention_full_equals_sliced():
         torch.testing.assert_close(a, b)
 
 
-def test_persistent_srh_backend_gives_each_passs_signal(target):
+def test_srh_request_gives_each_passs_signal(target):
     heads = {1: [0, 3], 2: [2]}
     cache = target.new_cache(2, 40)
     torch.manual_seed(0)
     cache.k.normal_()
     cache.v.normal_()
-    srh = SRHScoringBackend(target.backend, cache, heads)
 
-    class Reference(ReferenceBackend):  # the old per-pass computation: sliced to the used length, summed
+    class Reference(ReferenceBackend):  # the per-pass computation by hand: sliced to the used length, summed
         def __init__(self):
             super().__init__()
-            self.layer_of = {cache.k[l].data_ptr(): l for l in range(cache.n_layers)}
             self.scores = torch.zeros(cache.batch, cache.capacity)
 
-        def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-            layer = self.layer_of.get(k_cache.data_ptr())
-            if layer in heads:
-                self.scores += head_attention(q, k_cache, lengths, heads[layer], scale).sum(1)
-            return super().attend(q, k_cache, v_cache, lengths, scale, **kw)
+        def attend(self, q, k_cache, v_cache, meta):
+            if meta.layer in heads:
+                self.scores += head_attention(q, k_cache, meta.lengths, heads[meta.layer], meta.scale).sum(1)
+            return super().attend(q, k_cache, v_cache, meta)
 
     for L, x in ((torch.tensor([10, 20]), [[1, 2, 3, 4], [5, 6, 7, 8]]), (torch.tensor([12, 7]), [[9, 8, 7, 6], [5, 4, 3, 2]])):
         x = torch.tensor(x)
         ref = Reference()
-        want = target.forward(x, cache, L, backend=ref)
-        with target.using_backend(srh):
-            got = target.forward(x, cache, L)
+        with target.using_backend(ref):
+            want = target.forward(x, cache, L)
+        req = srh_request(heads, x.shape[1])
+        got = target.forward(x, cache, L, scores=req)
         torch.testing.assert_close(got, want)
-        assert float(ref.scores.sum()) > 0
-        torch.testing.assert_close(srh.scores, ref.scores)  # this pass only: the first SRH layer resets
+        assert float(ref.scores.sum()) > 0 and sorted(req.scores) == [1, 2]
+        torch.testing.assert_close(srh_scores(req, ref.scores), ref.scores)
 
 
-def test_verifier_keeps_one_srh_backend_per_cache_and_backend(target):
-    cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4)
-    v = build_engine(target, cfg, eos_token_id=-1).verifier
-    c1, c2 = target.new_cache(1, 16), target.new_cache(1, 16)
-    b1 = v.scoring_backend(c1)
-    assert v.scoring_backend(c1) is b1 and b1.inner is target.backend
-    assert v.scoring_backend(c2) is not b1
-    b2 = v.scoring_backend(c2)
-    other = ReferenceBackend()
-    with target.using_backend(other):
-        b3 = v.scoring_backend(c2)
-    assert b3 is not b2 and b3.inner is other
+def test_step_description_names_values_not_objects(target):
+    """Graphs are keyed on a step description: the backend's kind and options and the cache memory, not
+    object identities (a second equal backend or a new view of the same memory replays the same graph)."""
+    from specdec import BACKENDS
+    from specdec.cache import KVCache
 
-
-def test_graph_key_includes_the_active_backend(target):
     cache = target.new_cache(1, 16)
     x = torch.zeros(1, 4, dtype=torch.long)
-    k1 = step_key(target, x, cache, None, None, 0)
-    assert step_key(target, x, cache, None, None, 0) == k1
-    srh = SRHScoringBackend(target.backend, cache, {1: [0]})
-    with target.using_backend(srh):
-        k2 = step_key(target, x, cache, None, None, 0)
-    assert k2 != k1 and id(srh) in k2
-    assert step_key(target, torch.zeros(1, 5, dtype=torch.long), cache, None, None, 0) != k1
+    k1 = describe_step(target, x, cache, None, (), 0)
+    assert describe_step(target, x, cache, None, (), 0) == k1
+    with target.using_backend(ReferenceBackend()):  # another object, same kind and options
+        assert describe_step(target, x, cache, None, (), 0) == k1
+    with target.using_backend(BACKENDS.build("torch", static=True)):
+        assert describe_step(target, x, cache, None, (), 0) != k1
+    assert describe_step(target, x, KVCache._from(cache.k, cache.v), None, (), 0) == k1  # same memory
+    assert describe_step(target, x, target.new_cache(1, 16), None, (), 0) != k1  # other memory
+    assert describe_step(target, torch.zeros(1, 5, dtype=torch.long), cache, None, (), 0) != k1
 
 
 def test_view_follows_the_parents_backend(target):

@@ -34,6 +34,7 @@ from specdec.attention.reference import ReferenceBackend  # noqa: E402
 from specdec.cuda import triton_backend as tb  # noqa: E402
 from specdec.cuda.triton_backend import TritonBackend, TritonConfig  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
+from specdec.interfaces import AttentionMetadata  # noqa: E402
 
 REF = ReferenceBackend()
 
@@ -103,9 +104,12 @@ def test_flash_dense_equals_reference(fake_flash, T, G):
     dense attention (ragged lengths, GQA)."""
     q, k, v, lengths = _case(3, 2, G, T, 40, 16, seed=T + G)
     out = tb._flash_dense(q, k, v, lengths, 0.3)
-    ref, _ = REF.attend(q, k, v, lengths, 0.3)
+    ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert fake_flash == [dict(B=3, T=T, H=2 * G, Hkv=2, cache_seqlens=(lengths + T).tolist())]
+
+
+DENSE = AttentionMetadata(torch.zeros(1, dtype=torch.long), 1.0)  # a dense call without scores
 
 
 def test_dispatch_only_when_every_condition_holds(fake_flash):
@@ -115,30 +119,30 @@ def test_dispatch_only_when_every_condition_holds(fake_flash):
         return types.SimpleNamespace(dtype=dtype, device=device)
 
     auto = TritonBackend(TritonConfig())
-    assert auto.uses_flash_attn(call(), None, None)
-    assert auto.uses_flash_attn(call(torch.float16), None, None)
-    assert not auto.uses_flash_attn(call(), torch.zeros(1, 1, 4, dtype=torch.long), None)  # sparse plan
-    assert not auto.uses_flash_attn(call(), None, [0])  # score request
-    assert not auto.uses_flash_attn(call(torch.float32), None, None)  # flash-attn is fp16/bf16 only
-    assert not auto.uses_flash_attn(call(device=torch.device("cpu")), None, None)
-    assert not TritonBackend(TritonConfig(flash_attn="off")).uses_flash_attn(call(), None, None)
-    assert TritonBackend(TritonConfig(flash_attn="on")).uses_flash_attn(call(), None, None)
+    assert auto.uses_flash_attn(call(), DENSE)
+    assert auto.uses_flash_attn(call(torch.float16), DENSE)
+    assert not auto.uses_flash_attn(call(), DENSE.replace(plan_indices=torch.zeros(1, 1, 4, dtype=torch.long)))  # sparse plan
+    assert not auto.uses_flash_attn(call(), DENSE.replace(score_rows=[0]))  # score request
+    assert not auto.uses_flash_attn(call(torch.float32), DENSE)  # flash-attn is fp16/bf16 only
+    assert not auto.uses_flash_attn(call(device=torch.device("cpu")), DENSE)
+    assert not TritonBackend(TritonConfig(flash_attn="off")).uses_flash_attn(call(), DENSE)
+    assert TritonBackend(TritonConfig(flash_attn="on")).uses_flash_attn(call(), DENSE)
 
 
 def test_attend_routes_dense_calls_to_flash_attn(fake_flash, monkeypatch):
     """Through ``attend`` (the CUDA condition relaxed to the CPU for this test): dense calls reach the
     fake and give the reference's answer; a sparse plan still runs our kernel (interpreter)."""
     monkeypatch.setattr(TritonBackend, "uses_flash_attn",
-                        lambda self, q, plan, rows: self._flash and plan is None and rows is None)
+                        lambda self, q, meta: self._flash and not meta.sparse and not meta.wants_scores)
     be = TritonBackend(TritonConfig(block_n=16))
     q, k, v, lengths = _case(2, 2, 3, 5, 48, 16, seed=7)
-    out, s = be.attend(q, k, v, lengths, 0.25)
+    out, s = be.attend(q, k, v, AttentionMetadata(lengths, 0.25))
     assert s is None and len(fake_flash) == 1
-    torch.testing.assert_close(out, REF.attend(q, k, v, lengths, 0.25)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.25))[0], rtol=1e-5, atol=1e-5)
     idx = torch.arange(8).view(1, 1, 8).expand(2, 2, 8).contiguous()
-    out, _ = be.attend(q, k, v, lengths, 0.25, idx, lengths - 2)
+    out, _ = be.attend(q, k, v, AttentionMetadata(lengths, 0.25, idx, lengths - 2))
     assert len(fake_flash) == 1
-    torch.testing.assert_close(out, REF.attend(q, k, v, lengths, 0.25, idx, lengths - 2)[0], rtol=1e-4, atol=2e-5)
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.25, idx, lengths - 2))[0], rtol=1e-4, atol=2e-5)
 
 
 def test_on_without_flash_attn_is_one_clear_error(no_flash):
@@ -152,10 +156,10 @@ def test_auto_without_flash_attn_falls_back_silently(no_flash, monkeypatch):
 
     monkeypatch.setattr(tb, "_flash_dense", boom)
     be = TritonBackend(TritonConfig(block_n=16))
-    assert not be.uses_flash_attn(types.SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cuda")), None, None)
+    assert not be.uses_flash_attn(types.SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cuda")), DENSE)
     q, k, v, lengths = _case(2, 1, 2, 1, 32, 16, seed=1)
-    out, _ = be.attend(q, k, v, lengths, 0.25)  # our kernel (interpreter on the CPU)
-    torch.testing.assert_close(out, REF.attend(q, k, v, lengths, 0.25)[0], rtol=1e-4, atol=2e-5)
+    out, _ = be.attend(q, k, v, AttentionMetadata(lengths, 0.25))  # our kernel (interpreter on the CPU)
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.25))[0], rtol=1e-4, atol=2e-5)
 
 
 def test_off_never_looks_for_flash_attn(fake_flash):

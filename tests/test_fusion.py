@@ -84,8 +84,9 @@ def test_fused_with_triton_backend_and_triton_cache_writes():
         c = m.new_cache(2, 16)
         c.write_impl = impl
         lens = torch.tensor([0, 4])
-        m.forward(ids[:, :4], c, lens, backend=be)
-        outs.append(m.forward(ids, c, lens + 4, backend=be))
+        with m.using_backend(be):
+            m.forward(ids[:, :4], c, lens)
+            outs.append(m.forward(ids, c, lens + 4))
         caches.append(c)
     torch.testing.assert_close(outs[1], outs[0], atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(caches[1].k, caches[0].k, atol=1e-5, rtol=1e-5)

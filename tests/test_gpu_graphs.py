@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specdec import BACKENDS, PipelineConfig, SparsePlan, build_engine
+from specdec.planner import _PLANNERS, planner_for
 
 from conftest import make_tiny
 
@@ -103,7 +104,7 @@ def test_quest_draft_steps_are_captured(backend):
     m.disable_cuda_graphs()
     assert out == dense
     assert not g.uncapturable, g.uncapturable
-    assert any(isinstance(k[3], tuple) and k[3][:1] == ("quest",) for k in g.graphs) and g.replays > 0
+    assert any(k.plan is not None and k.plan[0] == "QuestPlan" for k in g.graphs) and g.replays > 0
 
 
 @pytest.mark.parametrize("method", ["magicdec", "vegas"])
@@ -118,12 +119,51 @@ def test_plans_are_built_in_captured_graphs(method):
     eng = build_engine(m, cfg, eos_token_id=-1)
     out = eng.generate(prompts, 24).tokens
     assert out == dense
-    calls = eng.drafter.selector._plan_graphs
+    sel = eng.drafter.selector
+    caches = [c for c in list(_PLANNERS) if _PLANNERS[c].plan_graphs is not None]
+    assert caches
+    calls = _PLANNERS[caches[-1]].plan_graphs
     assert calls.captures >= 1 and calls.replays >= 3 and not calls.uncapturable
     # the eager construction gives the same plan as the replayed one
-    sel = eng.drafter.selector
-    cache = m._reusable_cache
+    cache = caches[-1]
     L = torch.tensor([50, 45], device="cuda")
-    eager = sel.build_plan(cache, L)
-    replayed = sel.plan(cache, L)
+    eager = sel.plan(cache, L)
+    replayed = planner_for(cache).plan(sel, L)
     assert torch.equal(eager.indices, replayed.indices) and torch.equal(eager.dense_from, replayed.dense_from)
+
+
+def _tutorial_keynorm():
+    """The KeyNorm selector of tutorial 02, exactly as the tutorial writes it (no capture code)."""
+    import json
+    import types
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).parent.parent / "tutorials" / "02_selector_plugin.ipynb").read_text())
+    src = next("".join(c["source"]) for c in nb["cells"] if "class KeyNormSelector" in "".join(c["source"]))
+    mod = types.ModuleType("knorm_plugin_test")
+    exec(src.split("\n", 1)[1], mod.__dict__)  # drop the %%writefile line
+    return mod.KeyNormSelector
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_plugin_selector_without_capture_code_runs_under_cuda_graphs(backend):
+    """A plugin written with no knowledge of capture (tutorial 02's KeyNorm, unchanged): its draft steps
+    replay captured graphs reading the planner's buffers, and greedy output equals dense decoding."""
+    from specdec import SparseSelfDrafter, SpeculativeEngine
+
+    KeyNorm = _tutorial_keynorm()
+    be = BACKENDS.build(backend, **({"static": True} if backend == "torch" else {}))
+    m = _cuda_tiny(be)
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 24).tokens
+    m.enable_cuda_graphs()
+    try:
+        sel = KeyNorm(KeyNorm.Config(budget=16, sinks=2, recent=4))
+        out = SpeculativeEngine(m, SparseSelfDrafter(m, sel), gamma=3, eos_token_id=-1).generate(prompts, 24)
+        g = m._graphs
+        assert out.tokens == dense
+        assert not g.uncapturable, g.uncapturable
+        sparse_steps = [k for k in g.graphs if k.plan is not None and k.rows == 1]
+        assert sparse_steps and g.replays > 3
+    finally:
+        m.disable_cuda_graphs()

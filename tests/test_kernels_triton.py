@@ -22,6 +22,7 @@ pytest.importorskip("pydantic", reason="backend configs need pydantic")
 from specdec.attention.reference import ReferenceBackend  # noqa: E402
 from specdec.cuda.triton_attention import LaunchConfig, choose_splits, reduce_scores, splitk_attention  # noqa: E402
 from specdec.cuda.triton_backend import TritonBackend, TritonConfig  # noqa: E402
+from specdec.interfaces import AttentionMetadata  # noqa: E402
 
 if _DEVICE == "cuda" and not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("SPECDEC_TEST_DEVICE=cuda but no CUDA device", allow_module_level=True)
@@ -70,8 +71,8 @@ def make_plan(B, Hkv, K, lengths, T, seed=1, pad=2, dense_back=3):
 def check(cfg, q, k, v, lens, **kw):
     dtype = q.dtype
     scale = q.shape[-1] ** -0.5
-    o_ref, s_ref = REF.attend(q, k, v, lens, scale, **kw)
-    o, s = TritonBackend(cfg).attend(q, k, v, lens, scale, **kw)
+    o_ref, s_ref = REF.attend(q, k, v, AttentionMetadata(lens, scale, **kw))
+    o, s = TritonBackend(cfg).attend(q, k, v, AttentionMetadata(lens, scale, **kw))
     assert o.shape == o_ref.shape and o.dtype == dtype
     assert torch.isfinite(o.float()).all()
     atol, rtol = TOL_OUT[dtype]
@@ -235,7 +236,7 @@ def test_sparse_auto_single_split_and_forced_old_path():
     idx, df = make_plan(3, 2, 24, lengths, 1)
     outs = []
     for c in (LaunchConfig(block_n=16), LaunchConfig(block_n=16, sparse_single_split_at=None)):
-        outs.append(splitk_attention(q, k, v, lens, 0.25, idx, df, cfg=c)[:2])
+        outs.append(splitk_attention(q, k, v, AttentionMetadata(lens, 0.25, idx, df), cfg=c)[:2])
     check(TritonConfig(block_n=16), q, k, v, lens, plan_indices=idx, dense_from=df)
     torch.testing.assert_close(outs[0][0].float(), outs[1][0].float(), atol=1.6e-2, rtol=1.6e-2)
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
@@ -270,7 +271,7 @@ def test_many_rows_prefill_chunks(kw):
 
 def test_launcher_returns_lse():
     q, k, v, lens = make_case(2, 1, 2, 2, 16, 40, torch.float32, [10, 30], seed=2)
-    out, lse, s, raw = splitk_attention(q, k, v, lens, 0.25, cfg=LaunchConfig(block_n=16, num_splits=2))
+    out, lse, s, raw = splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), cfg=LaunchConfig(block_n=16, num_splits=2))
     assert s is None and raw is None
     pos = torch.arange(40, device=DEV)
     for b in range(2):
@@ -326,18 +327,18 @@ def test_cuda_graph_capture_matches_eager(kind):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # compile the kernels outside the capture; score tables stay uncached
-        TritonBackend().attend(q, k, v, lens, 0.125, **kw)
-        TritonBackend().attend(q, k, v, lens, 0.125, plan_indices=idx, dense_from=df)
+        TritonBackend().attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
+        TritonBackend().attend(q, k, v, AttentionMetadata(lens, 0.125, plan_indices=idx, dense_from=df))
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        o1, s1 = be.attend(q, k, v, lens, 0.125, **kw)
-        o2, _ = be.attend(q, k, v, lens, 0.125, plan_indices=idx, dense_from=df)
+        o1, s1 = be.attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
+        o2, _ = be.attend(q, k, v, AttentionMetadata(lens, 0.125, plan_indices=idx, dense_from=df))
     q.copy_(torch.randn_like(q))  # replay must see the new inputs
     g.replay()
     torch.cuda.synchronize()
-    r1, rs1 = TritonBackend().attend(q, k, v, lens, 0.125, **kw)
-    r2, _ = TritonBackend().attend(q, k, v, lens, 0.125, plan_indices=idx, dense_from=df)
+    r1, rs1 = TritonBackend().attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
+    r2, _ = TritonBackend().attend(q, k, v, AttentionMetadata(lens, 0.125, plan_indices=idx, dense_from=df))
     torch.testing.assert_close(o1, r1)
     torch.testing.assert_close(s1, rs1)
     torch.testing.assert_close(o2, r2)

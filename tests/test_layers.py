@@ -17,7 +17,8 @@ import specdec
 ROOT = Path(specdec.__file__).parent
 
 #: the layers (docs/architecture.md): every module not named here is library
-COMMANDS = {"specdec.bench", "specdec.demo", "specdec.tune", "specdec.srh", "specdec.fidelity", "specdec.friendly"}
+COMMANDS = {"specdec.bench", "specdec.demo", "specdec.tune", "specdec.srh", "specdec.fidelity", "specdec.friendly",
+            "specdec.evaluation", "specdec.train_draft_command"}
 CLI = {"specdec.cli", "specdec.__main__"}
 _RANK = {"library": 0, "commands": 1, "cli": 2}
 

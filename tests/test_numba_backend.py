@@ -12,6 +12,7 @@ from specdec.attention.numba_backend import NumbaBackend  # noqa: E402
 from specdec.attention.reference import ReferenceBackend  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from specdec.registry import BACKENDS  # noqa: E402
+from specdec.interfaces import AttentionMetadata  # noqa: E402
 
 from conftest import make_tiny  # noqa: E402
 
@@ -49,8 +50,8 @@ def test_sparse_matches_reference(D, G, T, dtype):
     B, Hkv, L, K = 3, 2, 150, 24
     q, k, v, lengths, dense_from, idx = _case(B, Hkv, G, T, L, D, K, dtype, seed=D + 10 * G + T)
     scale = D**-0.5
-    ref, _ = REF.attend(q, k, v, lengths, scale, idx, dense_from)
-    out, s = NB.attend(q, k, v, lengths, scale, idx, dense_from)
+    ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, scale, idx, dense_from))
+    out, s = NB.attend(q, k, v, AttentionMetadata(lengths, scale, idx, dense_from))
     assert s is None and out.dtype == dtype and out.shape == q.shape
     _close(out, ref, dtype)
 
@@ -59,7 +60,7 @@ def test_sparse_matches_reference(D, G, T, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dense_kernel_matches_reference(T, dtype):
     q, k, v, lengths, _, _ = _case(3, 3, 3, T, 120, 64, 8, dtype, seed=T)
-    ref, _ = REF.attend(q, k, v, lengths, 0.125)
+    ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, 0.125))
     out = NB.numba_attend(q, k, v, lengths, 0.125)
     _close(out, ref, dtype)
 
@@ -70,8 +71,8 @@ def test_shared_plan_no_dense_from_and_plan_reaching_the_new_rows():
     q, k, v, lengths, dense_from, idx = _case(2, 3, 2, 5, 90, 64, 12, torch.float32, seed=3, shared=True)
     idx[:, :, -1] = lengths.view(2, 1) + 2  # the third new row's own position
     for df in (dense_from, None, torch.full_like(lengths, -5), lengths + 100):
-        ref, _ = REF.attend(q, k, v, lengths, 0.2, idx, df)
-        out, _ = NB.attend(q, k, v, lengths, 0.2, idx, df)
+        ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, 0.2, idx, df))
+        out, _ = NB.attend(q, k, v, AttentionMetadata(lengths, 0.2, idx, df))
         _close(out, ref, torch.float32)
 
 
@@ -79,16 +80,16 @@ def test_duplicates_and_out_of_range_entries_count_once_like_the_reference():
     q, k, v, lengths, dense_from, idx = _case(2, 2, 3, 5, 80, 64, 10, torch.float32, seed=9)
     idx[..., 5:] = idx[..., :5]  # every selected position twice
     idx[..., 0] = 10_000  # past the cache: ignored, like padding
-    ref, _ = REF.attend(q, k, v, lengths, 0.3, idx, dense_from)
-    out, _ = NB.attend(q, k, v, lengths, 0.3, idx, dense_from)
+    ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, 0.3, idx, dense_from))
+    out, _ = NB.attend(q, k, v, AttentionMetadata(lengths, 0.3, idx, dense_from))
     _close(out, ref, torch.float32)
 
 
 def test_rows_that_see_nothing_give_zero():
     q, k, v, lengths, _, idx = _case(2, 2, 2, 1, 60, 64, 6, torch.float32, seed=1)
     idx.fill_(-1)
-    ref, _ = REF.attend(q, k, v, lengths, 0.3, idx, None)
-    out, _ = NB.attend(q, k, v, lengths, 0.3, idx, None)
+    ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, 0.3, idx, None))
+    out, _ = NB.attend(q, k, v, AttentionMetadata(lengths, 0.3, idx, None))
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(ref, torch.zeros_like(ref))
 
 
@@ -97,8 +98,8 @@ def test_thread_pool_path_matches_serial():
     par = NumbaBackend(NumbaBackend.Config(threads=2, min_chunk=8, dense="on"))
     q, k, v, lengths, dense_from, idx = _case(1, 2, 3, 5, 200, 64, 40, torch.float32, seed=4)
     for kw in ({}, dict(plan_indices=idx, dense_from=dense_from)):
-        ref, _ = REF.attend(q, k, v, lengths, 0.125, **kw)
-        out, _ = par.attend(q, k, v, lengths, 0.125, **kw)
+        ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, 0.125, **kw))
+        out, _ = par.attend(q, k, v, AttentionMetadata(lengths, 0.125, **kw))
         _close(out, ref, torch.float32)
 
 
@@ -109,26 +110,26 @@ def test_delegation_scores_dense_prefill_and_other_dtypes():
     assert not default.handles(q, k, None, None)  # dense with T > 1 goes to torch's SDPA by default
     assert default.handles(q[:, :, :1], k, None, None)  # a dense decode row stays in the numba kernel
     assert not BACKENDS.build("numba", dense="off").handles(q[:, :, :1], k, None, None)
-    out, _ = default.attend(q[:, :, :1], k, v, lengths, 0.3)
-    _close(out, REF.attend(q[:, :, :1], k, v, lengths, 0.3)[0], torch.float32)
+    out, _ = default.attend(q[:, :, :1], k, v, AttentionMetadata(lengths, 0.3))
+    _close(out, REF.attend(q[:, :, :1], k, v, AttentionMetadata(lengths, 0.3))[0], torch.float32)
     assert default.handles(q, k, idx, None) and not default.handles(q, k, idx, [0])
-    out, _ = default.attend(q, k, v, lengths, 0.3)
-    _close(out, REF.attend(q, k, v, lengths, 0.3)[0], torch.float32)
+    out, _ = default.attend(q, k, v, AttentionMetadata(lengths, 0.3))
+    _close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))[0], torch.float32)
     # scores: computed by the reference (the definition)
-    out, s = default.attend(q, k, v, lengths, 0.3, idx, dense_from, score_rows=[0, 4])
-    ref, s_ref = REF.attend(q, k, v, lengths, 0.3, idx, dense_from, score_rows=[0, 4])
+    out, s = default.attend(q, k, v, AttentionMetadata(lengths, 0.3, idx, dense_from, score_rows=[0, 4]))
+    ref, s_ref = REF.attend(q, k, v, AttentionMetadata(lengths, 0.3, idx, dense_from, score_rows=[0, 4]))
     torch.testing.assert_close(s, s_ref)
     _close(out, ref, torch.float32)
     # more rows than max_rows (prefill) and float64 go to the torch backend
     small = NumbaBackend(NumbaBackend.Config(max_rows=2))
     assert not small.handles(q, k, idx, None)
-    _close(small.attend(q, k, v, lengths, 0.3, idx, dense_from)[0], REF.attend(q, k, v, lengths, 0.3, idx, dense_from)[0],
+    _close(small.attend(q, k, v, AttentionMetadata(lengths, 0.3, idx, dense_from))[0], REF.attend(q, k, v, AttentionMetadata(lengths, 0.3, idx, dense_from))[0],
            torch.float32)
     q64, k64, v64 = q.double(), k.double(), v.double()
     assert not default.handles(q64, k64, idx, None)
-    out, _ = default.attend(q64, k64, v64, lengths, 0.3, idx, dense_from)
+    out, _ = default.attend(q64, k64, v64, AttentionMetadata(lengths, 0.3, idx, dense_from))
     assert out.dtype == torch.float64
-    _close(out, REF.attend(q64, k64, v64, lengths, 0.3, idx, dense_from)[0], torch.float32)  # the reference computes in fp32
+    _close(out, REF.attend(q64, k64, v64, AttentionMetadata(lengths, 0.3, idx, dense_from))[0], torch.float32)  # the reference computes in fp32
 
 
 def test_registered_and_validates_everywhere():

@@ -13,6 +13,7 @@ import torch
 from specdec import BACKENDS, PipelineConfig, SpeculativeEngine, build_engine, method_names
 from specdec.attention.reference import ReferenceBackend
 from specdec.sampling import SamplingConfig, accept, check_finite, choose, warp
+from specdec.interfaces import AttentionMetadata
 
 from conftest import make_tiny
 
@@ -55,8 +56,7 @@ def test_fully_masked_row_gives_zeros_not_nan(name):
     lengths = torch.tensor([10, 20])
     plan = torch.full((B, Hkv, 4), -1, dtype=torch.long)
     plan[1] = torch.tensor([0, 1, 2, 3])  # sequence 1 sees four entries; sequence 0 nothing at all
-    out, scores = be.attend(q, k, v, lengths, D ** -0.5, plan_indices=plan, dense_from=torch.tensor([L, L]),
-                            score_rows=[0])
+    out, scores = be.attend(q, k, v, AttentionMetadata(lengths, D ** -0.5, plan_indices=plan, dense_from=torch.tensor([L, L]), score_rows=[0]))
     assert torch.isfinite(out).all(), f"{name}: NaN/inf for a fully masked row"
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert torch.isfinite(scores).all() and float(scores[0].abs().sum()) == 0.0
@@ -79,7 +79,7 @@ def test_scores_beyond_the_dtype_range_do_not_overflow(dtype):
     for name in names:
         if name == "triton" and not os.environ.get("TRITON_INTERPRET"):
             continue
-        out, scores = BACKENDS.build(name).attend(q, k, v, lengths, 1.0, score_rows=[0, T - 1], score_kind="logits")
+        out, scores = BACKENDS.build(name).attend(q, k, v, AttentionMetadata(lengths, 1.0, score_rows=[0, T - 1], score_kind="logits"))
         assert out.dtype == dtype
         assert torch.isfinite(out).all(), f"{name}: overflow in {dtype}"
         torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2, msg=f"{name} in {dtype}")
@@ -180,5 +180,5 @@ def test_reference_backend_large_magnitude_softmax_scores_are_probabilities():
     q = torch.randn(1, 2, 2, 8, generator=g) * 1e4
     k = torch.randn(1, 1, 10, 8, generator=g) * 1e4
     v = torch.randn(1, 1, 10, 8, generator=g)
-    _, s = ReferenceBackend().attend(q, k, v, torch.tensor([8]), 1.0, score_rows=[0], score_kind="softmax")
+    _, s = ReferenceBackend().attend(q, k, v, AttentionMetadata(torch.tensor([8]), 1.0, score_rows=[0], score_kind="softmax"))
     assert torch.isfinite(s).all() and float(s.min()) >= 0 and float(s.sum()) == pytest.approx(2.0, abs=1e-4)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from specdec import SELECTORS, KVCache
 from specdec.attention.reference import ReferenceBackend
 from specdec.sampling import SamplingConfig, accept, warp
+from specdec.interfaces import AttentionMetadata
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -53,8 +54,7 @@ def feed_scores(selector, cache: KVCache, lengths: torch.Tensor, gamma: int, see
         q = torch.randn(B, H_KV * G, T, D, generator=g)
         heads = req.query_heads.get(layer, ()) if req.query_heads is not None else None
         start = (lengths - T).clamp(min=0)  # the verify rows end at the verified length
-        _, s = be.attend(q, cache.k[layer], cache.v[layer], start, D ** -0.5, score_rows=req.rows,
-                         score_kind=req.kind, score_heads=heads, **extra)
+        _, s = be.attend(q, cache.k[layer], cache.v[layer], AttentionMetadata(start, D ** -0.5, score_rows=req.rows, score_kind=req.kind, score_heads=heads, **extra))
         if req.heads == "all":
             s = s.sum(dim=1, keepdim=True).expand_as(s).contiguous()
         req.scores[layer] = s

@@ -6,6 +6,8 @@ import random
 import pytest
 import torch
 
+from specdec.planner import plan_tensors
+
 from specdec import SELECTORS, SparseSelfDrafter, SpeculativeEngine
 from specdec.cache import KVCache
 from specdec.selectors.quest import Quest, QuestConfig, page_minmax
@@ -111,22 +113,27 @@ def test_quest_lossless_ragged_tiny():
     assert res.tokens == ref
 
 
-def test_plan_static_copy_replays_the_live_choice():
-    """CUDA-graph protocol: a captured step reads a static copy; loading a later plan with the same key
-    into it must give exactly that plan's choice (same tensors the kernels read, no host-side state)."""
+def test_planner_loads_a_later_plan_into_the_same_buffers():
+    """Plan once, run pure: the cache's planner writes each plan into buffers it owns, so a captured step
+    reads the same addresses every iteration and gets exactly the later plan's choice."""
+    from specdec.planner import planner_for
+
     g = torch.Generator().manual_seed(3)
     cache = KVCache(2, 2, 1, 96, 4)
     cache.k.normal_(generator=g)
     sel = Quest(QuestConfig(budget_ratio=0.3, sinks=2, recent=4, page_size=4, k_bucket=16))
     sel.reset(cache)
-    first = sel.plan(cache, torch.tensor([60, 50]))
-    static = first.static_copy()
-    later = sel.plan(cache, torch.tensor([63, 52]))
-    assert later.graph_key() == first.graph_key()  # bucketed k: the same captured step serves both
-    later.copy_into(static)
+    planner = planner_for(cache)
+    first = planner.plan(sel, torch.tensor([60, 50]))
+    ptrs = {n: t.data_ptr() for n, t in plan_tensors(first).items()}
+    later_live = sel.plan(cache, torch.tensor([63, 52]))
+    later = planner.plan(sel, torch.tensor([63, 52]))
+    assert {n: t.data_ptr() for n, t in plan_tensors(later).items()} == ptrs  # same buffers
+    assert later.k_sel == first.k_sel  # bucketed k: the same captured step serves both
     q = torch.randn(2, 2, 1, 4, generator=g)
     for layer in range(2):
-        assert torch.equal(static.indices_for(layer, q), later.indices_for(layer, q))
+        assert torch.equal(later.indices_for(layer, q), later_live.indices_for(layer, q))
+    assert planner.owns(sel.kmin) and later.kmin is sel.kmin  # page bounds: the planner's buffers
     kmin = sel.kmin
-    sel.reset(cache)  # a new generation keeps the buffers a captured step reads
-    assert sel.kmin is kmin
+    sel.reset(cache)  # a new generation on the same cache keeps the planner's buffers
+    assert sel.kmin is kmin and float(kmin.abs().sum()) == 0

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specdec.attention.reference import ReferenceBackend, visibility_mask
+from specdec.interfaces import AttentionMetadata
 
 BE = ReferenceBackend()
 
@@ -38,7 +39,7 @@ def _naive(q, k, v, lengths, allowed=None):
 
 def test_dense_matches_naive_loop_and_scores():
     q, k, v, lengths = _setup()
-    out, scores = BE.attend(q, k, v, lengths, q.shape[-1] ** -0.5, score_rows=range(q.shape[2]))
+    out, scores = BE.attend(q, k, v, AttentionMetadata(lengths, q.shape[-1] ** -0.5, score_rows=range(q.shape[2])))
     ref, ref_scores = _naive(q, k, v, lengths)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(scores, ref_scores, rtol=1e-4, atol=1e-4)
@@ -48,8 +49,8 @@ def test_sparse_with_full_index_list_equals_dense():
     q, k, v, lengths = _setup()
     B, Hkv, L = k.shape[0], k.shape[1], k.shape[2]
     full = torch.arange(L).view(1, 1, L).expand(B, Hkv, L).clone()
-    dense, _ = BE.attend(q, k, v, lengths, 0.3)
-    sparse, _ = BE.attend(q, k, v, lengths, 0.3, plan_indices=full, dense_from=lengths.clone())
+    dense, _ = BE.attend(q, k, v, AttentionMetadata(lengths, 0.3))
+    sparse, _ = BE.attend(q, k, v, AttentionMetadata(lengths, 0.3, plan_indices=full, dense_from=lengths.clone()))
     torch.testing.assert_close(sparse, dense)
 
 
@@ -66,7 +67,7 @@ def test_sparse_matches_naive_visible_sets():
             idx[b, h, : len(sel)] = sel
             per.append(sorted(set(sel.tolist()) | set(range(int(lengths[b]), 64))))
         allowed.append(per)
-    out, _ = BE.attend(q, k, v, lengths, q.shape[-1] ** -0.5, plan_indices=idx, dense_from=lengths.clone())
+    out, _ = BE.attend(q, k, v, AttentionMetadata(lengths, q.shape[-1] ** -0.5, plan_indices=idx, dense_from=lengths.clone()))
     ref, _ = _naive(q, k, v, lengths, allowed)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -79,7 +80,7 @@ def test_collected_rows_scores_equal_einsum(kind):
     G = H // Hkv
     rows = [0, T - 1]
     heads = [0, 4]
-    _, s = BE.attend(q, k, v, lengths, D**-0.5, score_rows=rows, score_kind=kind, score_heads=heads)
+    _, s = BE.attend(q, k, v, AttentionMetadata(lengths, D**-0.5, score_rows=rows, score_kind=kind, score_heads=heads))
     kk = k.repeat_interleave(G, dim=1)
     lg = torch.einsum("bhtd,bhld->bhtl", q, kk) * D**-0.5
     mask = visibility_mask(lengths, T, L)  # (B,1,T,L)
@@ -94,7 +95,7 @@ def test_collected_rows_scores_equal_einsum(kind):
 
 def test_bf16_close_to_fp32():
     q, k, v, lengths = _setup(seed=4)
-    out32, _ = BE.attend(q, k, v, lengths, 0.35)
-    out16, _ = BE.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), lengths, 0.35)
+    out32, _ = BE.attend(q, k, v, AttentionMetadata(lengths, 0.35))
+    out16, _ = BE.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), AttentionMetadata(lengths, 0.35))
     assert out16.dtype == torch.bfloat16
     torch.testing.assert_close(out16.float(), out32, rtol=3e-2, atol=3e-2)

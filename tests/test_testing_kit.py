@@ -14,14 +14,14 @@ def test_backend_parity(name):
 
 
 class _OffByALittle(ReferenceBackend):
-    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-        out, scores = super().attend(q, k_cache, v_cache, lengths, scale, **kw)
+    def attend(self, q, k_cache, v_cache, meta):
+        out, scores = super().attend(q, k_cache, v_cache, meta)
         return out + 1e-2, scores
 
 
 class _WrongScores(ReferenceBackend):
-    def attend(self, q, k_cache, v_cache, lengths, scale, **kw):
-        out, scores = super().attend(q, k_cache, v_cache, lengths, scale, **kw)
+    def attend(self, q, k_cache, v_cache, meta):
+        out, scores = super().attend(q, k_cache, v_cache, meta)
         return out, None if scores is None else scores * 1.01
 
 

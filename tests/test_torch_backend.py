@@ -6,6 +6,7 @@ import torch
 from specdec import SELECTORS, SparseSelfDrafter, SpeculativeEngine
 from specdec.attention.reference import ReferenceBackend
 from specdec.attention.torch_backend import TorchBackend
+from specdec.interfaces import AttentionMetadata
 
 from conftest import make_tiny
 
@@ -33,15 +34,15 @@ def test_sparse_and_dense_match_reference(B, Hkv, G, T, L, D, K, dtype, tol):
     q, k, v, lengths, dense_from, idx = _case(B, Hkv, G, T, L, D, K, dtype, seed=B * 7 + T)
     scale = D**-0.5
     for kw in ({}, dict(plan_indices=idx, dense_from=dense_from)):
-        ref, _ = REF.attend(q, k, v, lengths, scale, **kw)
-        out, _ = FAST.attend(q, k, v, lengths, scale, **kw)
+        ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, scale, **kw))
+        out, _ = FAST.attend(q, k, v, AttentionMetadata(lengths, scale, **kw))
         torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
 
 
 def test_scores_equal_reference():
     q, k, v, lengths, dense_from, idx = _case(2, 2, 2, 4, 60, 8, 6, torch.float32, seed=5)
-    _, s_ref = REF.attend(q, k, v, lengths, 0.3, score_rows=[0, 3])
-    _, s = FAST.attend(q, k, v, lengths, 0.3, score_rows=[0, 3])
+    _, s_ref = REF.attend(q, k, v, AttentionMetadata(lengths, 0.3, score_rows=[0, 3]))
+    _, s = FAST.attend(q, k, v, AttentionMetadata(lengths, 0.3, score_rows=[0, 3]))
     torch.testing.assert_close(s, s_ref)
 
 
@@ -63,8 +64,8 @@ def test_static_mode_matches_reference(T):
     assert static.capture_safe and not FAST.capture_safe
     q, k, v, lengths, dense_from, idx = _case(2, 2, 3, T, 90, 16, 10, torch.float32, seed=T)
     for kw in ({}, dict(plan_indices=idx, dense_from=dense_from)):
-        ref, _ = REF.attend(q, k, v, lengths, 0.25, **kw)
-        out, _ = static.attend(q, k, v, lengths, 0.25, **kw)
+        ref, _ = REF.attend(q, k, v, AttentionMetadata(lengths, 0.25, **kw))
+        out, _ = static.attend(q, k, v, AttentionMetadata(lengths, 0.25, **kw))
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from specdec import BACKENDS, SELECTORS, PipelineConfig, SpecdecModel, SpeculativeEngine, build_engine, method_names
 from specdec.errors import SpecdecError
+from specdec.interfaces import AttentionMetadata
 from specdec.presets import get_method
 from specdec.sampling import SamplingConfig
 
@@ -280,9 +281,9 @@ def check_backend_runs(be, dtype: torch.dtype) -> None:
     for T, sparse in ((3, False), (1, False), (2, True)):
         q = torch.randn(B, H, T, D, generator=g).to(dtype)
         if sparse:
-            out, _ = be.attend(q, k, v, lengths, D ** -0.5, plan_indices=plan, dense_from=dense_from)
+            out, _ = be.attend(q, k, v, AttentionMetadata(lengths, D ** -0.5, plan_indices=plan, dense_from=dense_from))
         else:
-            out, _ = be.attend(q, k, v, lengths, D ** -0.5)
+            out, _ = be.attend(q, k, v, AttentionMetadata(lengths, D ** -0.5))
         pos = torch.arange(L).view(1, 1, 1, L)
         row = lengths.view(B, 1, 1, 1) + torch.arange(T).view(1, 1, T, 1)
         seen = pos <= row  # (B, 1, T, L) causal

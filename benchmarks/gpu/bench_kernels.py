@@ -36,6 +36,7 @@ import triton
 import triton.testing
 
 from specdec.cuda.triton_attention import LaunchConfig, splitk_attention
+from specdec.interfaces import AttentionMetadata
 
 CASES = [
     # name, H, H_kv, D, B, context
@@ -110,8 +111,7 @@ def ref_attention(q, k, v, lengths, scale, idx=None, dense_from=None, rows=None)
     """fp32 reference on (sub-sampled) data for a quick correctness check at benchmark shapes."""
     from specdec.attention.reference import ReferenceBackend
 
-    return ReferenceBackend().attend(q, k, v, lengths, scale, plan_indices=idx, dense_from=dense_from,
-                                     score_rows=rows)
+    return ReferenceBackend().attend(q, k, v, AttentionMetadata(lengths, scale, plan_indices=idx, dense_from=dense_from, score_rows=rows))
 
 
 def rel_err(a, b) -> float:
@@ -159,8 +159,7 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log, scores_only=False):
         nbytes = kv_bytes_dense + 2 * q.numel() * 2
         # correctness at this shape (sub-batch of 2 sequences for memory)
         bb = min(B, 2)
-        o, _, s, _ = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], scale,
-                                      row_weights=torch.ones(H, T, device="cuda") * (torch.arange(T, device="cuda") % 4 == 0))
+        o, _, s, _ = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], scale), row_weights=torch.ones(H, T, device="cuda") * (torch.arange(T, device="cuda") % 4 == 0))
         o_ref, s_ref = ref_attention(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], scale, rows=[0, 4] if T == 5 else [0])
         err = max(rel_err(o, o_ref), rel_err(s, s_ref))
         # ours, dense
@@ -176,14 +175,13 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log, scores_only=False):
                 if kw == "logits":
                     w = torch.zeros(H, T, device="cuda")
                     w[:, rows] = 1
-                    fns = [lambda i=i, cfg=cfg, w=w: splitk_attention(q, ks[i], vs[i], lengths, scale, row_weights=w, cfg=cfg)
+                    fns = [lambda i=i, cfg=cfg, w=w: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, scale), row_weights=w, cfg=cfg)
                            for i in range(copies)]
                 elif kw == "logits_row":
                     from specdec.cuda.triton_backend import TritonBackend
 
                     rq, rid = TritonBackend()._row_queries(H, Hkv, T, rows, None, q.device)
-                    fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], lengths, scale, row_queries=rq,
-                                                                 row_ids=rid, n_slots=len(rows), cfg=cfg)
+                    fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, scale), row_queries=rq, row_ids=rid, n_slots=len(rows), cfg=cfg)
                            for i in range(copies)]
                 elif kw == "softmax":
                     from specdec.cuda.triton_backend import TritonBackend, TritonConfig
@@ -191,11 +189,10 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log, scores_only=False):
                     be = TritonBackend(TritonConfig(block_n=cfg.block_n, num_warps=cfg.num_warps,
                                                     num_stages=cfg.num_stages, ctas_per_sm=cfg.ctas_per_sm))
                     kind = "softmax" if kw == "softmax" else "logits"
-                    fns = [lambda i=i, be=be, kind=kind: be.attend(q, ks[i], vs[i], lengths, scale, score_rows=rows,
-                                                                   score_kind=kind, score_per_row=kw == "logits_row")
+                    fns = [lambda i=i, be=be, kind=kind: be.attend(q, ks[i], vs[i], AttentionMetadata(lengths, scale, score_rows=rows, score_kind=kind, score_per_row=kw == "logits_row"))
                            for i in range(copies)]
                 else:
-                    fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], lengths, scale, cfg=cfg)
+                    fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, scale), cfg=cfg)
                            for i in range(copies)]
                 try:
                     tg = graph_time(fns)
@@ -231,12 +228,12 @@ def run_case(name, H, Hkv, D, B, ctx, bw, sweep, log, scores_only=False):
         seen = budget + 4 + T
         sbytes = B * Hkv * seen * D * 2 * 2 + idx.numel() * 8
         bb = min(B, 2)
-        o, _, _, _ = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], scale, idx[:bb], dense_from[:bb])
+        o, _, _, _ = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], scale, idx[:bb], dense_from[:bb]))
         o_ref, _ = ref_attention(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], scale, idx[:bb], dense_from[:bb])
         serr = rel_err(o, o_ref)
         best = None
         for ci, cfg in enumerate(sweep):
-            fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], lengths, scale, idx, dense_from, cfg=cfg)
+            fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, scale, idx, dense_from), cfg=cfg)
                    for i in range(copies)]
             try:
                 tg = graph_time(fns)

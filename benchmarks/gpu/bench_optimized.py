@@ -51,6 +51,7 @@ from bench_kernels import copy_bandwidth, graph_time, rel_err  # noqa: E402
 
 from specdec.cuda.triton_attention import LaunchConfig, splitk_attention  # noqa: E402
 from specdec.cuda.triton_quest import quest_token_scores, quest_update_minmax  # noqa: E402
+from specdec.interfaces import AttentionMetadata  # noqa: E402
 
 # name, H, H_kv, D, B, context
 SPARSE_CASES = [("smollm2", 9, 3, 64, 64, 8192), ("llama8b", 32, 8, 128, 16, 32768), ("llama8b", 32, 8, 128, 1, 131072)]
@@ -126,12 +127,10 @@ def sparse_section(bench: Bench, cases, Ts=(1, 5)):
             q = torch.randn(B, H, T, D, device=dev, dtype=ks[0].dtype, generator=gen)
             nbytes = B * Hkv * (budget + 4 + T) * D * 2 * ks[0].element_size() + idx.numel() * 8
             bb = min(B, 2)
-            o_ref, _ = ReferenceBackend().attend(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], D**-0.5, idx[:bb],
-                                                 dense_from[:bb])
+            o_ref, _ = ReferenceBackend().attend(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], D**-0.5, idx[:bb], dense_from[:bb]))
             for label, cfg in SPARSE_VARIANTS:
-                o = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], D**-0.5, idx[:bb], dense_from[:bb],
-                                     cfg=cfg)[0]
-                fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], lengths, D**-0.5, idx, dense_from, cfg=cfg)
+                o = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], D**-0.5, idx[:bb], dense_from[:bb]), cfg=cfg)[0]
+                fns = [lambda i=i, cfg=cfg: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, D**-0.5, idx, dense_from), cfg=cfg)
                        for i in range(len(ks))]
                 tg, te = bench.time(fns)
                 bench.record("sparse", case, f"T={T} {label}", tg, te, nbytes, rel_err=rel_err(o, o_ref))
@@ -157,17 +156,16 @@ def score_section(bench: Bench, cases, T=5, rows=(0, 4)):
         nbytes = B * Hkv * ctx * D * 2 * ks[0].element_size()
         case = f"{name} B={B} ctx={ctx}"
         bb = min(B, 2)
-        _, s_ref = ReferenceBackend().attend(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], D**-0.5, score_rows=list(rows))
-        s = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], lengths[:bb], D**-0.5, row_weights=w)[2]
+        _, s_ref = ReferenceBackend().attend(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], D**-0.5, score_rows=list(rows)))
+        s = splitk_attention(q[:bb], ks[0][:bb], vs[0][:bb], AttentionMetadata(lengths[:bb], D**-0.5), row_weights=w)[2]
         err = rel_err(s, s_ref)
-        sc = lambda i: splitk_attention(q, ks[i], vs[i], lengths, D**-0.5, row_weights=w)  # noqa: E731
+        sc = lambda i: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, D**-0.5), row_weights=w)  # noqa: E731
         variants = [
-            ("T=5 no scores", lambda i: splitk_attention(q, ks[i], vs[i], lengths, D**-0.5), None),
+            ("T=5 no scores", lambda i: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, D**-0.5)), None),
             ("T=5 +logits", sc, err),
             ("T=5 +logits +fill (old)",
              lambda i: (torch.zeros((B, Hkv, L), dtype=torch.float32, device=dev), sc(i)), None),
-            ("T=5 +logits/row", lambda i: splitk_attention(q, ks[i], vs[i], lengths, D**-0.5, row_queries=rq,
-                                                          row_ids=rid, n_slots=len(rows)), None),
+            ("T=5 +logits/row", lambda i: splitk_attention(q, ks[i], vs[i], AttentionMetadata(lengths, D**-0.5), row_queries=rq, row_ids=rid, n_slots=len(rows)), None),
         ]
         base = None
         for label, fn, e in variants:
@@ -230,7 +228,11 @@ def quest_section(bench: Bench, cases, page_size=16):
             sel.kmin, sel.kmax = kmin, kmax
             budget = sel.config.budget_for(lengths)
             fixed, room = fixed_positions(lengths, budget, sel.config.sinks, sel.config.recent)
-            plan = QuestPlan(fixed.view(1, B, 1, -1), lengths.clone(), sel, lengths.clone(), room)
+            k = int(room.max())
+            k_sel = min(-(-k // sel.config.k_bucket) * sel.config.k_bucket, L) if k else 0
+            plan = QuestPlan(indices=fixed.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
+                             room=room, kmin=kmin, kmax=kmax, width=L, k_sel=k_sel, page_size=sel.config.page_size,
+                             sinks=sel.config.sinks, recent=sel.config.recent, use_triton=kind == "triton")
             tg, te = bench.time([lambda plan=plan: plan.indices_for(0, q)], graph=False)
             bench.record("quest", case, f"indices_for {kind}", tg, te)
         # page min/max after a 5-token append, one layer

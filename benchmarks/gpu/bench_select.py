@@ -6,10 +6,11 @@ Selectors: ``sliding_window`` (MagicDec, one plan for all layers) and ``collect2
 layer from the last verification's scores, random here). Per batch size it reports, median of
 ``--reps`` calls, host wall time with a synchronisation after each call (what an iteration waits for):
 
-* ``plan eager``: ``build_plan`` (the plan construction run kernel by kernel);
-* ``plan captured``: ``plan`` with ``capture_plans`` (one CUDA-graph replay + two small clones);
+* ``plan eager``: ``selector.plan`` (the plan construction run kernel by kernel);
+* ``plan captured``: ``planner_for(cache).plan(selector, lengths)`` (one CUDA-graph replay + loading
+  the plan into the planner's buffers);
 * ``topk``: ``torch.topk`` alone on the scores a plan ranks (the part a custom top-k kernel could speed up);
-* ``on_verify``: Vegas' score bookkeeping after a verification (all layers as one stacked tensor → its buffer).
+* ``on_verify``: Vegas' score bookkeeping after a verification (all layers as views of one tensor).
 
     python benchmarks/gpu/bench_select.py --out select.json
 """
@@ -53,6 +54,7 @@ def main() -> None:
     from specdec.cache import KVCache
     from specdec.interfaces import ScoreRequest
     from specdec.registry import SELECTORS
+    from specdec.planner import planner_for
 
     N, Hkv, D = 30, 3, 64
     out = {"args": vars(args), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -71,14 +73,12 @@ def main() -> None:
                 stacked = torch.rand(N, B, Hkv, cap, device="cuda", generator=g)
                 req = ScoreRequest(rows=[0, 4], kind="softmax")
                 req.scores = dict(zip(range(N), stacked.unbind(0)))
-                req.stacked = (list(range(N)), stacked)
                 sel.on_verify(req, lengths)
                 row["on_verify_ms"] = 1e3 * timed(lambda: sel.on_verify(req, lengths), args.reps)
-            sel.capture_plans = False
-            row["plan_eager_ms"] = 1e3 * timed(lambda: sel.build_plan(cache, lengths), args.reps)
-            sel.capture_plans = True
-            row["plan_captured_ms"] = 1e3 * timed(lambda: sel.plan(cache, lengths), args.reps)
-            eager, captured = sel.build_plan(cache, lengths), sel.plan(cache, lengths)
+            planner = planner_for(cache)
+            row["plan_eager_ms"] = 1e3 * timed(lambda: sel.plan(cache, lengths), args.reps)
+            row["plan_captured_ms"] = 1e3 * timed(lambda: planner.plan(sel, lengths), args.reps)
+            eager, captured = sel.plan(cache, lengths), planner.plan(sel, lengths)
             row["captured_equals_eager"] = bool(torch.equal(eager.indices, captured.indices))
             row["plan_shape"] = list(captured.indices.shape)
             s = sel.score(cache, lengths).float().contiguous()

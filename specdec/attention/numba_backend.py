@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from pydantic import Field
 from specdec.attention.reference import ReferenceBackend
 from specdec.attention.torch_backend import TorchBackend
 from specdec.errors import SpecdecError
-from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.interfaces import AttentionBackend, AttentionMetadata
 from specdec.registry import BACKENDS, ComponentConfig
 
 _MISSING = "the numba backend needs the 'numba' package; pip install 'specdec[cpu]'."
@@ -87,6 +87,9 @@ class NumbaBackend(AttentionBackend):
 
     name = "numba"
     Config = NumbaConfig
+    #: sliding-window and soft-capped calls are delegated to the torch backend (the kernel takes neither)
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, config: NumbaConfig | None = None) -> None:
         _require_numba()
@@ -111,28 +114,15 @@ class NumbaBackend(AttentionBackend):
             and q.shape[2] <= self.config.max_rows
         )
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        lengths: torch.Tensor,
-        scale: float,
-        plan_indices: torch.Tensor | None = None,
-        dense_from: torch.Tensor | None = None,
-        score_rows: Sequence[int] | None = None,
-        score_kind: ScoreKind = "logits",
-        score_heads: Sequence[int] | None = None,
-        **options,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if score_rows is not None:  # scores need the full logits: the definition computes them
-            return self._ref.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                    score_rows, score_kind, score_heads, **options)
-        if options:
-            raise TypeError(f"the numba backend does not support the options {sorted(options)} without scores.")
-        if not self.handles(q, k_cache, plan_indices, score_rows) or v_cache.dtype != k_cache.dtype:
-            return self._torch.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from)
-        return self.numba_attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from), None
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if meta.wants_scores:  # scores need the full logits: the definition computes them
+            return self._ref.attend(q, k_cache, v_cache, meta)
+        if meta.window is not None or meta.softcap is not None:
+            return self._torch.attend(q, k_cache, v_cache, meta)
+        if not self.handles(q, k_cache, meta.plan_indices, meta.score_rows) or v_cache.dtype != k_cache.dtype:
+            return self._torch.attend(q, k_cache, v_cache, meta)
+        return self.numba_attend(q, k_cache, v_cache, meta.lengths, meta.scale, meta.plan_indices, meta.dense_from), None
 
     def numba_attend(self, q, k_cache, v_cache, lengths, scale, plan_indices=None, dense_from=None) -> torch.Tensor:
         """The kernel itself (CPU, float32/bfloat16, no scores); ``plan_indices=None`` is dense."""

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
-from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.interfaces import AttentionBackend, AttentionMetadata
 from specdec.registry import BACKENDS, ComponentConfig
 
 
@@ -41,6 +39,29 @@ def visibility_mask(
     return mask & sel.unsqueeze(2)
 
 
+def ring_positions(lengths: torch.Tensor, T: int, C: int) -> torch.Tensor:
+    """Position held by each slot of a sliding-window ring of ``C`` slots after writing ``T`` rows.
+
+    Returns:
+        ``(B, C)`` int64: slot ``s`` of sequence ``b`` holds the newest position ``p <= lengths[b] + T - 1``
+        with ``p % C == s`` (negative: never written). Without wrap-around (``C`` larger than every
+        position) this is ``s`` itself, so a ring that never wraps reads like a linear cache.
+    """
+    B = lengths.shape[0]
+    s = torch.arange(C, device=lengths.device).view(1, C)
+    newest = (lengths + T - 1).view(B, 1)
+    return s + C * torch.div(newest - s, C, rounding_mode="floor")
+
+
+def window_mask(lengths: torch.Tensor, T: int, C: int, window: int) -> torch.Tensor:
+    """``(B, 1, T, C)`` boolean: ring slots row ``t`` sees (``row - window < position <= row``, Hugging
+    Face's ``kv_idx > q_idx - sliding_window``)."""
+    B = lengths.shape[0]
+    pos = ring_positions(lengths, T, C).view(B, 1, 1, C)
+    row = (lengths.view(B, 1) + torch.arange(T, device=lengths.device)).view(B, 1, T, 1)
+    return (pos <= row) & (pos > row - window) & (pos >= 0)
+
+
 class ReferenceConfig(ComponentConfig):
     """The reference backend takes no options."""
 
@@ -54,33 +75,38 @@ class ReferenceBackend(AttentionBackend):
 
     name = "reference"
     Config = ReferenceConfig
+    #: a sliding-window layer's ring (``meta.window``, see :func:`window_mask`) and soft-capping
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, config: ReferenceConfig | None = None) -> None:
         self.config = config or ReferenceConfig()
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        lengths: torch.Tensor,
-        scale: float,
-        plan_indices: torch.Tensor | None = None,
-        dense_from: torch.Tensor | None = None,
-        score_rows: Sequence[int] | None = None,
-        score_kind: ScoreKind = "logits",
-        score_heads: Sequence[int] | None = None,
-        score_per_row: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        lengths, scale = meta.lengths, meta.scale
+        plan_indices, dense_from = meta.plan_indices, meta.dense_from
+        score_rows, score_kind, score_heads = meta.score_rows, meta.score_kind, meta.score_heads
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         G = H // Hkv
-        used = min(L, int(lengths.max()) + T)  # positions anyone can see
+        window = meta.window
+        if window is not None:
+            if plan_indices is not None or score_rows is not None:
+                raise ValueError("a sliding-window layer takes no sparse plan and emits no scores.")
+            used = L  # a ring: every slot may hold a visible position
+        else:
+            used = min(L, int(lengths.max()) + T)  # positions anyone can see
         k = k_cache[:, :, :used].float()
         v = v_cache[:, :, :used].float()
         qg = q.float().view(B, Hkv, G, T, D)
         logits = torch.einsum("bhgtd,bhld->bhgtl", qg, k) * scale  # (B, Hkv, G, T, used)
-        mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
+        if meta.softcap is not None:
+            logits = torch.tanh(logits / meta.softcap) * meta.softcap
+        if window is not None:
+            mask = window_mask(lengths, T, L, window).unsqueeze(2)  # (B, 1, 1, T, L)
+        else:
+            mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
         logits = logits.masked_fill(~mask, float("-inf"))
         # a row that sees no position (fully masked) attends to nothing: output 0, not NaN
         probs = torch.softmax(logits, dim=-1).masked_fill(~mask, 0.0)
@@ -96,7 +122,7 @@ class ReferenceBackend(AttentionBackend):
                 keep = torch.zeros(H, dtype=torch.bool, device=q.device)
                 keep[torch.as_tensor(list(score_heads), device=q.device, dtype=torch.long)] = True
                 s = s * keep.view(1, Hkv, G, 1, 1)
-            if score_per_row:  # (B, Hkv, R, L): one slice per requested row
+            if meta.score_per_row:  # (B, Hkv, R, L): one slice per requested row
                 scores = torch.zeros(B, Hkv, len(rows), L, dtype=torch.float32, device=q.device)
                 scores[..., :used] = s.sum(dim=2)
             else:

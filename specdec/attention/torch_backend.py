@@ -9,13 +9,11 @@ Checked against :class:`~specdec.attention.reference.ReferenceBackend` in ``test
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 import torch.nn.functional as F
 
-from specdec.attention.reference import ReferenceBackend, visibility_mask
-from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.attention.reference import ReferenceBackend, visibility_mask, window_mask
+from specdec.interfaces import AttentionBackend, AttentionMetadata
 from pydantic import Field
 
 from specdec.registry import BACKENDS, ComponentConfig
@@ -40,36 +38,28 @@ class TorchBackend(AttentionBackend):
 
     name = "torch"
     Config = TorchConfig
+    #: sliding-window rings: SDPA over the ring's ``C`` slots with a window mask (no host sync);
+    #: a soft-capped call goes to the reference backend (SDPA has no soft-capping)
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, config: TorchConfig | None = None) -> None:
         self.config = config or TorchConfig()
         self._ref = ReferenceBackend()
+        #: only in static mode (no host synchronisation) can a forward be captured as a CUDA graph
+        self.capture_safe = self.config.static
 
-    @property
-    def capture_safe(self) -> bool:
-        """Whether a forward through this backend can be captured as a CUDA graph."""
-        return self.config.static
-
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        lengths: torch.Tensor,
-        scale: float,
-        plan_indices: torch.Tensor | None = None,
-        dense_from: torch.Tensor | None = None,
-        score_rows: Sequence[int] | None = None,
-        score_kind: ScoreKind = "logits",
-        score_heads: Sequence[int] | None = None,
-        **score_options,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if score_rows is not None:  # scores need the full logits: same computation as the oracle
-            return self._ref.attend(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                    score_rows, score_kind, score_heads, **score_options)
-        if plan_indices is None:
-            return self._dense(q, k_cache, v_cache, lengths, scale), None
-        return self._sparse(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from), None
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if meta.wants_scores or meta.softcap is not None:  # the oracle computes these
+            return self._ref.attend(q, k_cache, v_cache, meta)
+        if meta.window is not None:
+            if meta.sparse:
+                raise ValueError("a sliding-window layer takes no sparse plan.")
+            return self._window(q, k_cache, v_cache, meta.lengths, meta.scale, meta.window), None
+        if meta.plan_indices is None:
+            return self._dense(q, k_cache, v_cache, meta.lengths, meta.scale), None
+        return self._sparse(q, k_cache, v_cache, meta.lengths, meta.scale, meta.plan_indices, meta.dense_from), None
 
     def _dense(self, q, k_cache, v_cache, lengths, scale) -> torch.Tensor:
         B, H, T, D = q.shape
@@ -79,6 +69,13 @@ class TorchBackend(AttentionBackend):
         k = k_cache[:, :, :used].to(q.dtype)
         v = v_cache[:, :, :used].to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=H != Hkv)
+
+    def _window(self, q, k_cache, v_cache, lengths, scale, window) -> torch.Tensor:
+        """Dense attention over a sliding-window ring ``(B, H_kv, C, D)`` (every slot, masked: no host sync)."""
+        H, Hkv = q.shape[1], k_cache.shape[1]
+        mask = window_mask(lengths, q.shape[2], k_cache.shape[2], window)  # (B, 1, T, C)
+        return F.scaled_dot_product_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
+                                              scale=scale, enable_gqa=H != Hkv)
 
     def _sparse(self, q, k_cache, v_cache, lengths, scale, plan_indices, dense_from) -> torch.Tensor:
         """``plan_indices`` ``(B, H_kv, K)`` + tail ``dense_from[b] .. lengths[b] + T - 1``."""

@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.interfaces import AttentionMetadata
+
 LOG2E = 1.4426950408889634
 
 
@@ -368,10 +370,7 @@ def splitk_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    lengths: torch.Tensor,
-    scale: float,
-    plan_indices: torch.Tensor | None = None,
-    dense_from: torch.Tensor | None = None,
+    meta: AttentionMetadata,
     row_weights: torch.Tensor | None = None,
     row_slots: torch.Tensor | None = None,
     n_slots: int = 0,
@@ -383,17 +382,15 @@ def splitk_attention(
 
     Args:
         q: ``(B, H, T, D)`` (last dim contiguous); k_cache/v_cache ``(B, H_kv, L, D)``.
-        lengths: ``(B,)`` integer tokens cached before the new rows.
-        plan_indices: sparse plan ``(B, H_kv or 1, K)`` (1: one list shared by the KV heads),
-            or ``None`` (dense).
-        dense_from: ``(B,)`` with ``plan_indices``: the position from which every token is
-            visible, or ``None`` (dense).
+        meta: lengths ``(B,)``, scale and sparse plan (``plan_indices`` ``(B, H_kv or 1, K)``, 1: one
+            list shared by the KV heads, and ``dense_from`` ``(B,)``; ``None``: dense) of the call;
+            its score fields are read by the backend, which encodes them in the arguments below.
         row_weights: ``(H, T)`` fp32 weight of each (head, row) in the fused logits sum, or ``None``.
         row_slots: ``(H, T)`` int32 slot of each (head, row) whose raw logits to keep (-1: none),
             with ``n_slots`` slots per KV head; exclusive with ``row_weights``.
-        row_queries: per-row logits in the kernel: ``(H_kv, 16, G * T)`` fp32 weights combining
-            the packed query rows into (at most 16) output rows, with ``n_slots = R``; scores
-            come back ``(B, H_kv, R, L)``.
+        row_queries: per-row logits in the kernel: ``(H_kv, 16, G * T)`` fp32 weights
+            combining the packed query rows into (at most 16) output rows, with ``n_slots = R``;
+            scores come back ``(B, H_kv, R, L)``.
         row_ids: with ``row_queries``: ``(16,)`` int32 row index of each output (-1 = unused).
 
     Returns:
@@ -401,6 +398,7 @@ def splitk_attention(
         ``(B, T, H, D)`` buffer), lse (B, H, T) fp32, scores (B, H_kv, L) fp32 or None,
         raw logits (B, H_kv, n_slots, L) fp32 or None)``.
     """
+    lengths, scale, plan_indices, dense_from = meta.lengths, meta.scale, meta.plan_indices, meta.dense_from
     B, H, T, D = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv

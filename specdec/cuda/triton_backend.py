@@ -14,7 +14,7 @@ from typing import Literal, Sequence
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.interfaces import AttentionBackend, ScoreKind
+from specdec.interfaces import AttentionBackend, AttentionMetadata
 from specdec.registry import BACKENDS, ComponentConfig
 
 try:  # triton is an optional extra
@@ -130,6 +130,10 @@ class TritonBackend(AttentionBackend):
 
     name = "triton"
     Config = TritonConfig
+    #: sliding-window rings and soft-capping are delegated to the torch backend (static, i.e. capture-safe,
+    #: when this backend is): a local layer reads only its window, so SDPA over the ring is cheap
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, config: TritonConfig | None = None) -> None:
         self.config = config or TritonConfig()
@@ -144,20 +148,17 @@ class TritonBackend(AttentionBackend):
         )
         self._row_cache: dict[tuple, tuple] = {}
         self._flash = _resolve_flash_attn(c.flash_attn)  # resolved once, when the backend is built
+        # decode- and verify-sized forwards launch one or two kernels sized by tensor shapes only: no
+        # host synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``,
+        # which syncs; prefill-sized forwards sync too and are never captured)
+        self.capture_safe = not c.sdpa_decode
 
-    def uses_flash_attn(self, q: torch.Tensor, plan_indices: torch.Tensor | None, score_rows) -> bool:
+    def uses_flash_attn(self, q: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether this call goes to flash-attn: dense, no scores, CUDA, fp16/bf16, flash-attn in use."""
         return (
-            self._flash and plan_indices is None and score_rows is None
+            self._flash and not meta.sparse and not meta.wants_scores
             and q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
         )
-
-    @property
-    def capture_safe(self) -> bool:
-        """Decode- and verify-sized forwards launch one or two kernels sized by tensor shapes only: no host
-        synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``, which
-        syncs; prefill-sized forwards sync too and are never captured)."""
-        return not self.config.sdpa_decode
 
     def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
         if _TRITON_ERROR is not None:
@@ -228,73 +229,60 @@ class TritonBackend(AttentionBackend):
         (slots_d, _), n, (to_rows_d, _), (flat_d, _) = self._row_cache[key]
         return slots_d, n, to_rows_d, flat_d
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        lengths: torch.Tensor,
-        scale: float,
-        plan_indices: torch.Tensor | None = None,
-        dense_from: torch.Tensor | None = None,
-        score_rows: Sequence[int] | None = None,
-        score_kind: ScoreKind = "logits",
-        score_heads: Sequence[int] | None = None,
-        score_per_row: bool = False,
-        **options,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if options:
-            raise TypeError(f"the triton backend does not support the options {sorted(options)}.")
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         if splitk_attention is None:  # pragma: no cover
             raise RuntimeError(self.validate(q.device, q.dtype))
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         dev = q.device
+        rows, kind, heads, per_row = meta.score_rows, meta.score_kind, meta.score_heads, meta.score_per_row
+        if meta.window is not None or meta.softcap is not None:
+            return self._window_delegate().attend(q, k_cache, v_cache, meta)
 
-        if self.uses_flash_attn(q, plan_indices, score_rows):
-            return _flash_dense(q, k_cache, v_cache, lengths, scale), None
-        if (
-            self.config.sdpa_decode and T == 1 and plan_indices is None and score_rows is None
-            and dev.type == "cuda"
-        ):
-            return self._sdpa_decode(q, k_cache, v_cache, lengths, scale), None
+        if self.uses_flash_attn(q, meta):
+            return _flash_dense(q, k_cache, v_cache, meta.lengths, meta.scale), None
+        if self.config.sdpa_decode and T == 1 and not meta.sparse and rows is None and dev.type == "cuda":
+            return self._sdpa_decode(q, k_cache, v_cache, meta.lengths, meta.scale), None
 
         if T * (H // Hkv) > self.config.max_packed_rows:
-            return self._many_rows(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                   score_rows, score_kind, score_heads, score_per_row)
-        if score_rows is None:
-            out, _, _, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                            cfg=self._launch)
+            return self._many_rows(q, k_cache, v_cache, meta)
+        if rows is None:
+            out, _, _, _ = splitk_attention(q, k_cache, v_cache, meta, cfg=self._launch)
             return out, None
-        if score_kind not in ("logits", "softmax"):
-            raise ValueError(f"unknown score kind {score_kind!r}; use 'logits' or 'softmax'.")
-        R = len(score_rows)
-        if R == 0 or (score_heads is not None and len(score_heads) == 0):
-            out, _, _, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                            cfg=self._launch)
-            shape = (B, Hkv, R, L) if score_per_row else (B, Hkv, L)
+        if kind not in ("logits", "softmax"):
+            raise ValueError(f"unknown score kind {kind!r}; use 'logits' or 'softmax'.")
+        R = len(rows)
+        if R == 0 or (heads is not None and len(heads) == 0):
+            out, _, _, _ = splitk_attention(q, k_cache, v_cache, meta, cfg=self._launch)
+            shape = (B, Hkv, R, L) if per_row else (B, Hkv, L)
             return out, torch.zeros(shape, dtype=torch.float32, device=dev)
-        if score_kind == "logits" and not score_per_row:  # fused: reduced in registers
-            w = self._row_weights(H, T, score_rows, score_heads, dev)
-            out, _, scores, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                                 row_weights=w, cfg=self._launch)
+        if kind == "logits" and not per_row:  # fused: reduced in registers
+            w = self._row_weights(H, T, rows, heads, dev)
+            out, _, scores, _ = splitk_attention(q, k_cache, v_cache, meta, row_weights=w, cfg=self._launch)
             return out, scores
-        if score_kind == "logits" and R <= 16:  # per-row logits, in the kernel
-            rq, rid = self._row_queries(H, Hkv, T, score_rows, score_heads, dev)
-            out, _, scores, _ = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                                 row_queries=rq, row_ids=rid, n_slots=R, cfg=self._launch)
+        if kind == "logits" and R <= 16:  # per-row logits, in the kernel
+            rq, rid = self._row_queries(H, Hkv, T, rows, heads, dev)
+            out, _, scores, _ = splitk_attention(q, k_cache, v_cache, meta, row_queries=rq, row_ids=rid, n_slots=R,
+                                                 cfg=self._launch)
             return out, scores
         # raw logits of each requested (head, row), reduced after the combine (softmax needs the
         # final log-sum-exp; per-row output keeps the rows apart)
-        slots, n, to_rows, flat = self._row_slots(H, Hkv, T, score_rows, score_heads, dev)
-        out, lse, _, raw = splitk_attention(q, k_cache, v_cache, lengths, scale, plan_indices, dense_from,
-                                            row_slots=slots, n_slots=n, cfg=self._launch)
-        scores = reduce_scores(raw, lse, flat[:, :n].contiguous(), to_rows[:, :n].contiguous(), lengths, T,
-                               dense=plan_indices is None, softmax=score_kind == "softmax")
-        return out, (scores if score_per_row else scores.sum(dim=2))
+        slots, n, to_rows, flat = self._row_slots(H, Hkv, T, rows, heads, dev)
+        out, lse, _, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n, cfg=self._launch)
+        scores = reduce_scores(raw, lse, flat[:, :n].contiguous(), to_rows[:, :n].contiguous(), meta.lengths, T,
+                               dense=not meta.sparse, softmax=kind == "softmax")
+        return out, (scores if per_row else scores.sum(dim=2))
 
-    def _many_rows(self, q, k_cache, v_cache, lengths, scale, plan_indices, dense_from, score_rows,
-                   score_kind, score_heads, score_per_row=False):
+    def _window_delegate(self):
+        """The torch backend that computes sliding-window / soft-capped calls (built once)."""
+        if getattr(self, "_torch_delegate", None) is None:
+            from specdec.attention.torch_backend import TorchBackend, TorchConfig
+
+            self._torch_delegate = TorchBackend(TorchConfig(static=self.capture_safe))
+        return self._torch_delegate
+
+    def _many_rows(self, q, k_cache, v_cache, meta: AttentionMetadata):
         """Prefill-sized forwards (more rows than one packed tile holds).
 
         Dense without scores on a GPU: PyTorch SDPA with a causal mask (one host sync to size the
@@ -303,12 +291,13 @@ class TritonBackend(AttentionBackend):
         """
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
-        if plan_indices is None and score_rows is None and q.device.type == "cuda":
+        lengths, score_rows = meta.lengths, meta.score_rows
+        if not meta.sparse and score_rows is None and q.device.type == "cuda":
             n = min(L, int(lengths.max()) + T)
             pos = torch.arange(n, device=q.device).view(1, 1, 1, n)
             rowpos = lengths.view(B, 1, 1, 1) + torch.arange(T, device=q.device).view(1, 1, T, 1)
             return torch.nn.functional.scaled_dot_product_attention(
-                q, k_cache[:, :, :n], v_cache[:, :, :n], attn_mask=pos <= rowpos, scale=scale, enable_gqa=True
+                q, k_cache[:, :, :n], v_cache[:, :, :n], attn_mask=pos <= rowpos, scale=meta.scale, enable_gqa=True
             ), None
         chunk = max(1, self.config.max_packed_rows // (H // Hkv))
         outs = []
@@ -318,12 +307,12 @@ class TritonBackend(AttentionBackend):
             t1 = min(T, t0 + chunk)
             picked = [] if score_rows is None else [i for i, r in enumerate(score_rows) if t0 <= r < t1]
             rows = [score_rows[i] - t0 for i in picked] if picked else None
-            o, s = self.attend(q[:, :, t0:t1], k_cache, v_cache, lengths + t0, scale, plan_indices, dense_from,
-                               rows, score_kind, score_heads, score_per_row=True)
+            o, s = self.attend(q[:, :, t0:t1], k_cache, v_cache,
+                               meta.replace(lengths=lengths + t0, score_rows=rows, score_per_row=rows is not None))
             outs.append(o)
             if s is not None:
                 total[:, :, picked] += s
-        if total is not None and not score_per_row:
+        if total is not None and not meta.score_per_row:
             total = total.sum(dim=2)
         return torch.cat(outs, dim=2), total
 

@@ -74,18 +74,14 @@ class BudgetSelector(KVSelector):
     """Sinks + recent window + top-k of :meth:`score` within the budget.
 
     Subclasses implement :meth:`score`; see :class:`specdec.selectors.sliding_window.SlidingWindow`
-    for the smallest example.
+    for the smallest example. :meth:`score` reads the cache, the lengths and the selector's own
+    attributes and changes nothing (it may run inside a CUDA graph; nothing else is asked of it).
     """
 
     Config = BudgetConfig
 
     def __init__(self, config: BudgetConfig | None = None) -> None:
         self.config = config or self.Config()
-
-    #: build plans inside a CUDA graph on a GPU (see :meth:`plan`). Only for selectors whose
-    #: :meth:`score` reads nothing but ``lengths``, the cache and buffers named by
-    #: :meth:`plan_state_key`, and never synchronises with the host; set it per instance to opt out.
-    capture_plans: bool = False
 
     def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
         """Importance of each cached position: ``(N or 1, B, H_kv or 1, L)``; higher is kept first.
@@ -109,29 +105,13 @@ class BudgetSelector(KVSelector):
             b = min(max(c.min_budget, math.ceil(capacity * c.budget_ratio)), capacity)
         return max(0, b - c.sinks - c.recent)
 
-    def plan_state_key(self) -> tuple:
-        """What a captured plan depends on besides ``lengths`` and the cache (buffer identities, modes)."""
-        return ()
-
-    def plan(self, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+    def plan(self, cache: KVCache | None, lengths: torch.Tensor) -> SparsePlan:
         """Sinks + recent window + the top-:meth:`max_selected` positions of :meth:`score`.
 
-        On a GPU with :attr:`capture_plans`, the whole construction (a few dozen small kernels)
-        replays as one CUDA graph per cache and :meth:`plan_state_key`.
+        Only computes indices: the cache's :class:`~specdec.planner.Planner` loads them into its
+        buffers (and on a GPU replays this construction as one CUDA graph). ``cache`` may be ``None``
+        when :meth:`score` does not need it; the plan then spans the score's positions.
         """
-        if self.capture_plans and cache is not None and lengths.is_cuda:
-            from specdec.graphs import CapturedCall
-
-            if getattr(self, "_plan_graphs", None) is None:
-                self._plan_graphs = CapturedCall(max_graphs=2)
-            key = (id(cache), cache.capacity, self.plan_state_key())
-            out = self._plan_graphs(key, lambda lens: self.build_plan(cache, lens), lengths, keep=cache)
-            return SparsePlan(indices=out.indices.clone(), dense_from=out.dense_from.clone(), static_size=True)
-        return self.build_plan(cache, lengths)
-
-    def build_plan(self, cache: KVCache | None, lengths: torch.Tensor) -> SparsePlan:
-        """The plan, eagerly (what :meth:`plan` captures). ``cache`` may be ``None`` when
-        :meth:`score` does not need it; the plan then spans the score's positions."""
         c = self.config
         budget = c.budget_for(lengths)
         fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)

@@ -19,6 +19,7 @@ uses them when the cache is on a CUDA device and triton is installed, ``"triton"
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -26,6 +27,7 @@ from pydantic import Field
 
 from specdec.cache import KVCache
 from specdec.interfaces import SparsePlan
+from specdec.planner import planner_for
 from specdec.registry import SELECTORS
 from specdec.selectors.base import BudgetConfig, BudgetSelector, fixed_positions
 
@@ -81,74 +83,88 @@ def page_minmax(k: torch.Tensor, length: int, page_size: int, first_page: int = 
     return kmin, kmax
 
 
+def _quest_token_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, lengths: torch.Tensor, L: int,
+                        page_size: int, sinks: int, recent: int, use_triton: bool) -> torch.Tensor:
+    """``(B, H_kv, L)`` token scores: each page's upper bound expanded to its tokens, ``-inf`` where
+    the query-aware part may not pick (uncached, sinks, recent window)."""
+    if use_triton:  # page bounds, expanded to tokens and masked, in one launch
+        return _triton_quest().quest_token_scores(q, kmin, kmax, lengths, L, page_size, sinks, recent)
+    B = q.shape[0]
+    page = page_scores_torch(q, kmin, kmax)  # (B, H_kv, P)
+    tok = page.repeat_interleave(page_size, dim=-1)  # (B, H_kv, P * page)
+    tok = tok[..., :L] if tok.shape[-1] >= L else torch.nn.functional.pad(tok, (0, L - tok.shape[-1]))
+    return tok.masked_fill(blocked_positions(lengths, L, sinks, recent).view(B, 1, L), float("-inf"))
+
+
+def page_scores_torch(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
+    """``(B, H_kv, P)`` page upper bounds for queries ``q`` ``(B, H, T, D)``, summed over each KV
+    group's heads and rows: ``Σ_d max(q_d kmax_d, q_d kmin_d) = q⁺·kmax + q⁻·kmin``."""
+    B, H, T, D = q.shape
+    Hkv = kmin.shape[1]
+    qg = q.float().reshape(B, Hkv, H // Hkv * T, D)
+    return (torch.einsum("bhgd,bhpd->bhp", qg.clamp(min=0), kmax)
+            + torch.einsum("bhgd,bhpd->bhp", qg.clamp(max=0), kmin))
+
+
+def blocked_positions(lengths: torch.Tensor, L: int, sinks: int, recent: int) -> torch.Tensor:
+    """``(B, L)`` positions the query-aware part may not pick: uncached, sinks, recent window."""
+    pos = torch.arange(L, device=lengths.device).view(1, L)
+    return (pos >= lengths.view(-1, 1)) | (pos < sinks) | (pos >= (lengths - recent).view(-1, 1))
+
+
+@dataclass
 class QuestPlan(SparsePlan):
-    """A plan whose selected entries depend on each draft step's queries (see :meth:`indices_for`).
+    """A plan kind whose selected entries depend on each draft step's queries: the backend executes it
+    (:meth:`AttentionBackend.plan_indices` → :meth:`indices_for`) from the plan's own fields.
 
     ``indices`` holds the fixed part ``(1, B, 1, F)`` (sinks + recent); the query-aware part
-    (``room`` entries per sequence) is chosen per layer and step from the page metadata.
+    (``room`` entries per sequence) is the top of the page bounds ``kmin``/``kmax`` per layer and step.
+
+    Attributes:
+        lengths, room: ``(B,)`` verified lengths and query-aware slots per sequence.
+        kmin, kmax: ``(N, B, H_kv, P, D)`` page key bounds (buffers of the cache's planner).
+        width: positions scored per layer (the cache capacity: a static shape).
+        k_sel: top-k size, the largest ``room`` rounded up to ``k_bucket`` (slots past a sequence's
+            room are -1), so a growing budget reuses a captured step.
+        page_size, sinks, recent: the selector's settings; ``use_triton``: score pages with the Triton kernel.
+        clock: one-element list the host time of the selection is added to (eager steps only).
     """
 
-    #: query-aware but capturable: every shape is fixed when the plan is built (see :meth:`graph_key`)
-    capturable = True
-
-    def __init__(self, fixed: torch.Tensor, dense_from: torch.Tensor, selector: "Quest", lengths: torch.Tensor,
-                 room: torch.Tensor, width: int | None = None, k_bucket: int = 1) -> None:
-        super().__init__(indices=fixed, dense_from=dense_from)
-        self.selector, self.lengths, self.room = selector, lengths, room
-        #: positions scored per layer: the cache capacity when given (a static shape), else the longest length
-        self.width = int(width) if width is not None else (int(lengths.max()) if lengths.numel() else 0)
-        k = int(room.max()) if room.numel() else 0
-        # top-k size rounded up to a bucket, so a growing budget reuses a captured step; slots past
-        # each sequence's room are dropped (-1), so the selection is the same as with k = room
-        self.k_sel = min(-(-k // k_bucket) * k_bucket, self.width) if k else 0
-        self.k_room = k
+    lengths: torch.Tensor = None  # type: ignore[assignment]
+    room: torch.Tensor = None  # type: ignore[assignment]
+    kmin: torch.Tensor = None  # type: ignore[assignment]
+    kmax: torch.Tensor = None  # type: ignore[assignment]
+    width: int = 0
+    k_sel: int = 0
+    page_size: int = 16
+    sinks: int = 0
+    recent: int = 0
+    use_triton: bool = False
+    clock: list = field(default_factory=lambda: [0.0], repr=False, compare=False)
 
     @property
     def budget(self) -> int:
         """Entries per (sequence, KV head) the plan selects at most (without the top-k padding)."""
-        return int(self.indices.shape[-1]) + self.k_room
+        return int(self.indices.shape[-1]) + (int(self.room.max()) if self.room.numel() else 0)
 
     def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """``(B, H_kv, F + k_sel)``: fixed entries + the top pages for queries ``q`` ``(B, H, T, D)``."""
         t0 = time.perf_counter()
-        sel = self.selector
         fixed = self.indices[0]  # (B, 1, F)
         B = q.shape[0]
-        kmin, kmax = sel.kmin[layer], sel.kmax[layer]  # (B, H_kv, P, D)
+        kmin, kmax = self.kmin[layer], self.kmax[layer]  # (B, H_kv, P, D)
         Hkv = kmin.shape[1]
         if self.k_sel == 0:
             out = fixed.expand(B, Hkv, -1)
         else:
-            L = self.width
-            c = sel.config
-            if sel.use_triton(q.device):  # page bounds, expanded to tokens and masked, in one launch
-                tok = _triton_quest().quest_token_scores(q, kmin, kmax, self.lengths, L, c.page_size, c.sinks, c.recent)
-            else:
-                page = sel.page_scores(q, kmin, kmax)  # (B, H_kv, P)
-                tok = page.repeat_interleave(c.page_size, dim=-1)  # (B, H_kv, P * page)
-                tok = tok[..., :L] if tok.shape[-1] >= L else torch.nn.functional.pad(tok, (0, L - tok.shape[-1]))
-                tok = tok.masked_fill(sel.blocked(self.lengths, L).view(B, 1, L), float("-inf"))
+            tok = _quest_token_scores(q, kmin, kmax, self.lengths, self.width, self.page_size, self.sinks,
+                                      self.recent, self.use_triton)
             top = torch.topk(tok, self.k_sel, dim=-1).indices  # (B, H_kv, k_sel)
             slot = torch.arange(self.k_sel, device=q.device).view(1, 1, -1)
             top = torch.where(slot < self.room.view(B, 1, 1), top, torch.full_like(top, -1))
             out = torch.cat([fixed.expand(B, Hkv, -1), top], dim=-1)
-        sel.draft_select_seconds += time.perf_counter() - t0
+        self.clock[0] += time.perf_counter() - t0
         return out
-
-    def graph_key(self) -> tuple:
-        return ("quest", id(self.selector), tuple(self.indices.shape), self.k_sel, self.width)
-
-    def static_copy(self) -> "QuestPlan":
-        p = QuestPlan.__new__(QuestPlan)
-        SparsePlan.__init__(p, indices=self.indices.clone(), dense_from=self.dense_from.clone())
-        p.selector, p.lengths, p.room = self.selector, self.lengths.clone(), self.room.clone()
-        p.width, p.k_sel, p.k_room = self.width, self.k_sel, self.k_room
-        return p
-
-    def copy_into(self, static: "QuestPlan") -> None:
-        super().copy_into(static)
-        static.lengths.copy_(self.lengths)
-        static.room.copy_(self.room)
 
 
 @SELECTORS.register("quest", QuestConfig)
@@ -169,7 +185,11 @@ class Quest(BudgetSelector):
         self.kmin: torch.Tensor | None = None
         self.kmax: torch.Tensor | None = None
         self._valid: torch.Tensor | None = None  # (B,) positions whose metadata matches the cache
-        self.draft_select_seconds = 0.0
+        self._clock = [0.0]  # host time of the query-aware selection inside draft steps
+
+    @property
+    def draft_select_seconds(self) -> float:
+        return self._clock[0]
 
     def use_triton(self, device: torch.device) -> bool:
         """Whether the Triton kernels score pages and update the bounds for tensors on ``device``."""
@@ -187,24 +207,17 @@ class Quest(BudgetSelector):
         group's heads and rows: ``Σ_d max(q_d kmax_d, q_d kmin_d) = q⁺·kmax + q⁻·kmin``."""
         if self.use_triton(q.device):
             return _triton_quest().quest_page_scores(q, kmin, kmax)
-        B, H, T, D = q.shape
-        Hkv = kmin.shape[1]
-        qg = q.float().reshape(B, Hkv, H // Hkv * T, D)
-        return (torch.einsum("bhgd,bhpd->bhp", qg.clamp(min=0), kmax)
-                + torch.einsum("bhgd,bhpd->bhp", qg.clamp(max=0), kmin))
+        return page_scores_torch(q, kmin, kmax)
 
     def reset(self, cache: KVCache) -> None:
         N, B, H, L, D = cache.k.shape
         P = -(-L // self.config.page_size)
-        shape = (N, B, H, P, D)
-        if getattr(self, "kmin", None) is not None and tuple(self.kmin.shape) == shape and self.kmin.device == cache.k.device:
-            self.kmin.zero_()  # in place: captured draft steps keep reading these buffers
-            self.kmax.zero_()
-        else:
-            self.kmin = torch.zeros(shape, dtype=torch.float32, device=cache.k.device)
-            self.kmax = torch.zeros_like(self.kmin)
+        # the page bounds are per-cache state the draft steps read: buffers of the cache's planner
+        planner = planner_for(cache)
+        self.kmin = planner.buffer("quest.kmin", (N, B, H, P, D), zero=True)
+        self.kmax = planner.buffer("quest.kmax", (N, B, H, P, D), zero=True)
         self._valid = torch.zeros(B, dtype=torch.long, device=cache.k.device)
-        self.draft_select_seconds = 0.0
+        self._clock[0] = 0.0
 
     def update(self, cache: KVCache, lengths: torch.Tensor) -> None:
         """Bring the page bounds up to date with ``cache`` for positions ``< lengths`` ``(B,)``.
@@ -239,14 +252,19 @@ class Quest(BudgetSelector):
 
     def blocked(self, lengths: torch.Tensor, L: int) -> torch.Tensor:
         """``(B, L)`` positions the query-aware part may not pick: uncached, sinks, recent window."""
-        c = self.config
-        pos = torch.arange(L, device=lengths.device).view(1, L)
-        return (pos >= lengths.view(-1, 1)) | (pos < c.sinks) | (pos >= (lengths - c.recent).view(-1, 1))
+        return blocked_positions(lengths, L, self.config.sinks, self.config.recent)
 
     def plan(self, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
         c = self.config
         self.update(cache, lengths)
         budget = c.budget_for(lengths)
         fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)
-        return QuestPlan(fixed.view(1, lengths.shape[0], 1, -1), lengths.clone(), self, lengths.clone(), room,
-                         width=cache.capacity, k_bucket=c.k_bucket)
+        width = cache.capacity
+        k = int(room.max()) if room.numel() else 0
+        # top-k size rounded up to a bucket, so a growing budget reuses a captured step; slots past
+        # each sequence's room are dropped (-1), so the selection is the same as with k = room
+        k_sel = min(-(-k // c.k_bucket) * c.k_bucket, width) if k else 0
+        return QuestPlan(indices=fixed.view(1, lengths.shape[0], 1, -1), dense_from=lengths.clone(),
+                         lengths=lengths.clone(), room=room, kmin=self.kmin, kmax=self.kmax, width=width,
+                         k_sel=k_sel, page_size=c.page_size, sinks=c.sinks, recent=c.recent,
+                         use_triton=self.use_triton(cache.k.device), clock=self._clock)

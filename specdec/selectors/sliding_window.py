@@ -20,7 +20,6 @@ class SlidingWindow(BudgetSelector):
     """
 
     Config = SlidingWindowConfig
-    capture_plans = True
 
     def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
         return recency(cache, lengths)

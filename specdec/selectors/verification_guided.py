@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from specdec.attention.recording import stack_layers
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import ScoreRequest
@@ -69,14 +70,12 @@ class VerificationGuidedSelector(BudgetSelector):
     """
 
     Config = VerificationGuidedConfig
-    capture_plans = True  # the scores live in one persistent buffer (named in plan_state_key)
 
     def __init__(self, config: VerificationGuidedConfig | None = None) -> None:
         super().__init__(config)
         self._scores: torch.Tensor | None = None  # (N, B, H_kv or 1, L)
         self._lengths: torch.Tensor | None = None  # (B,) lengths when the last request was made
         self._gamma: int | None = None
-        self._buffer: torch.Tensor | None = None  # persistent home of the scores
 
     # -- the contract -------------------------------------------------------------------------
     def reset(self, cache: KVCache) -> None:
@@ -93,28 +92,11 @@ class VerificationGuidedSelector(BudgetSelector):
             self._scores = None
         else:
             layers = sorted(scores.scores)
-            st = scores.stacked
-            if st is not None and list(st[0]) == layers:  # already one tensor (a replayed verify)
-                s = st[1]
-            else:
-                s = torch.stack([scores.scores[layer] for layer in layers])  # (N, B, H_kv, [R,] L)
+            s = stack_layers([scores.scores[layer] for layer in layers])  # (N, B, H_kv, [R,] L)
             if scores.per_row:
                 s = self._last_accepted_row(s, lengths)
-            shape = s.shape if self.config.per_kv_head else (*s.shape[:2], 1, *s.shape[3:])
-            # one persistent buffer (a captured plan reads it by address; see plan_state_key)
-            if self._buffer is None or self._buffer.shape != shape or self._buffer.device != s.device:
-                self._buffer = torch.empty(shape, dtype=torch.float32, device=s.device)
-            if self.config.per_kv_head:
-                self._buffer.copy_(s)
-            else:
-                torch.sum(s.float(), dim=2, keepdim=True, out=self._buffer)
-            self._scores = self._buffer
+            self._scores = s.float() if self.config.per_kv_head else s.float().sum(dim=2, keepdim=True)
         self._lengths = lengths.clone()
-
-    def plan_state_key(self) -> tuple:
-        if self._scores is None:
-            return ("recency",)
-        return ("scores", self._scores.data_ptr(), tuple(self._scores.shape))
 
     def _last_accepted_row(self, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``(N, B, H_kv, R, L)`` → ``(N, B, H_kv, L)``: row ``n_accepted[b]`` of each sequence."""

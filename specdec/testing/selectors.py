@@ -111,7 +111,7 @@ def check_selector(make: Callable[[int], KVSelector] | str, model=None, budgets=
         eng = SpeculativeEngine(model, SparseSelfDrafter(model, selector), gamma=GAMMA, eos_token_id=-1)
         res = eng.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
         assert res.tokens == dense, f"budget {budget}: greedy speculative output differs from dense decoding"
-        check_recorded(selector, seen, d.n_layers, d.n_kv_heads)
+        check_recorded(selector, seen, d.n_global, d.n_kv_heads)
         if budget >= max(map(len, PROMPTS)) + NEW_TOKENS:  # the draft sees everything: it is the dense model
             acc = res.stats.acceptance_per_position
             assert acc == [1.0] * GAMMA, f"budget {budget} covers the context but drafts were rejected: {acc}"
@@ -129,6 +129,6 @@ def check_selector(make: Callable[[int], KVSelector] | str, model=None, budgets=
     selector.on_verify(None, lengths)
     plan = selector.plan(cache, lengths)
     q = torch.randn(2, d.n_heads, 1, d.head_dim, generator=torch.Generator().manual_seed(0)).to(model.device)
-    for layer in range(d.n_layers):
+    for layer in range(d.n_global):
         plan.indices_for(layer, q)
-    check_recorded(selector, seen, d.n_layers, d.n_kv_heads)
+    check_recorded(selector, seen, d.n_global, d.n_kv_heads)

@@ -1,0 +1,496 @@
+"""``specdec eval``: task quality of any method against dense decoding, offline.
+
+Two kinds of evidence, both paired with dense decoding on the same engine and prompts:
+
+* **RULER-style synthetic tasks** built with the model's own tokenizer from text that ships with Python
+  (haystack: ``pydoc_data`` prose; key words: words of that prose): ``passkey``, ``niah_single``,
+  ``niah_multikey``, ``niah_multivalue``, ``variable_tracking``, ``common_words``. A sample scores the
+  share of expected answers found in the greedy output (RULER's ``string_match_all``).
+* **Real documents**: greedy token agreement with dense decoding (share of equal positions, first
+  divergence) and the total-variation distance ``½ Σ_v |p(v) − p_dense(v)|`` between the method's verify
+  distribution and a dense pass on the same rows, averaged over the emitted rows.
+
+Per task and method: mean score, the paired difference to dense with a sign test (exact two-sided
+binomial p) and a bootstrap 95 % interval. Lossless methods score exactly dense (equal outputs).
+Any registered method runs, plugins included (:func:`specdec.presets.build_engine` by name).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.interfaces import ScoreRequest, Verifier
+
+TASKS = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "variable_tracking", "common_words")
+#: held-out documents for agreement (never trained on by ``specdec train-draft``): prose and code
+DOCUMENTS = ("pydoc", "stdlib:argparse", "stdlib:typing", "stdlib:inspect", "stdlib:tarfile")
+INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
+         "Find it and memorize it. I will quiz you about it.\n\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+# synthetic tasks
+# ---------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _words() -> tuple[str, ...]:
+    """Distinct lower-case words (5-10 letters) of the pydoc prose: needle keys and the word lists."""
+    from specdec.data import load_document
+
+    return tuple(sorted(set(re.findall(r"\b[a-z]{5,10}\b", load_document("pydoc")))))
+
+
+def _haystack_insert(enc, room: int, needles: list[list[int]], rng: random.Random) -> list[int]:
+    """``room`` tokens of pydoc prose from a random offset with the needles inserted at spread depths."""
+    from specdec.data import load_document
+
+    body_len = room - sum(len(n) for n in needles)
+    if body_len < 16:
+        raise SpecdecError(f"the context is too short for this task's needles; use --context-tokens >= 256.")
+    ids = _pydoc_ids(enc)
+    start = rng.randrange(0, len(ids) - body_len)
+    body = ids[start : start + body_len]
+    cuts = sorted(int(body_len * (i + rng.random()) / len(needles)) for i in range(len(needles)))
+    out, prev = [], 0
+    for c, n in zip(cuts, needles):
+        out += body[prev:c] + n
+        prev = c
+    return out + body[prev:]
+
+
+_IDS_CACHE: dict[int, list[int]] = {}
+
+
+def _pydoc_ids(enc) -> list[int]:
+    from specdec.data import load_document
+
+    key = id(enc.__self__) if hasattr(enc, "__self__") else 0
+    if key not in _IDS_CACHE:
+        _IDS_CACHE[key] = enc(load_document("pydoc"))
+    return _IDS_CACHE[key]
+
+
+def make_sample(task: str, tokenizer, context: int, seed: int) -> dict[str, Any]:
+    """One sample of ``task``: ``prompt`` (exactly ``context`` token ids), ``answers`` (strings) and
+    ``max_new_tokens``."""
+    if task not in TASKS:
+        raise SpecdecError(f"unknown task {task!r}; known: {', '.join(TASKS)}.")
+    rng = random.Random(f"{task}:{seed}")
+    tok_fn = tokenizer.__call__
+
+    def enc(s: str) -> list[int]:
+        return tok_fn(s, add_special_tokens=False).input_ids
+
+    enc.__self__ = tokenizer  # cache key of the pydoc token ids
+    words = _words()
+    num = lambda n: str(rng.randint(10 ** (n - 1), 10**n - 1))  # noqa: E731
+    if task == "common_words":
+        common = rng.sample(words, 10)
+        rare = [w for w in rng.sample(words, 400) if w not in common]
+        q = enc("\nWhat are the 10 most common words in the above list? Answer: The top 10 words that appear "
+                "most often in the list are:")
+        room = context - len(q)
+        items, n_tok, i = [], 0, 0
+        pool = [w for w in common for _ in range(6)] + rare
+        while True:
+            rng.shuffle(pool)
+            for w in pool:
+                piece = enc(f" {i + 1}. {w}")
+                if n_tok + len(piece) > room:
+                    break
+                items.append(piece)
+                n_tok += len(piece)
+                i += 1
+            else:
+                continue
+            break
+        body = [t for p in items for t in p]
+        body += enc(" ") * (room - len(body)) if room > len(body) else []
+        return dict(prompt=(body + q)[-context:], answers=common, max_new_tokens=48)
+    if task == "passkey":
+        key = num(5)
+        needles = [f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n"]
+        question, answers, new = "\n\nWhat is the pass key? The pass key is", [key], 8
+    elif task == "niah_single":
+        w, v = rng.choice(words), num(7)
+        needles = [f"\nOne of the special magic numbers for {w} is: {v}.\n"]
+        question = (f"\n\nWhat is the special magic number for {w} mentioned in the provided text? "
+                    f"The special magic number for {w} mentioned in the provided text is")
+        answers, new = [v], 12
+    elif task == "niah_multikey":
+        keys = rng.sample(words, 4)
+        vals = [num(7) for _ in keys]
+        needles = [f"\nOne of the special magic numbers for {w} is: {v}.\n" for w, v in zip(keys, vals)]
+        rng.shuffle(needles)
+        w, v = keys[0], vals[0]
+        question = (f"\n\nWhat is the special magic number for {w} mentioned in the provided text? "
+                    f"The special magic number for {w} mentioned in the provided text is")
+        answers, new = [v], 12
+    elif task == "niah_multivalue":
+        w = rng.choice(words)
+        vals = [num(7) for _ in range(4)]
+        needles = [f"\nOne of the special magic numbers for {w} is: {v}.\n" for v in vals]
+        question = (f"\n\nWhat are all the special magic numbers for {w} mentioned in the provided text? "
+                    f"The special magic numbers for {w} mentioned in the provided text are")
+        answers, new = vals, 48
+    else:  # variable_tracking
+        names = ["".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)) for _ in range(5)]
+        v = num(5)
+        needles = [f"\nVAR {names[0]} = {v}.\n"] + [f"\nVAR {b} = VAR {a}.\n" for a, b in zip(names, names[1:])]
+        question = (f"\n\nFind all variables that are assigned the value {v} in the text above. Answer: According to "
+                    f"the chain(s) of variable assignment in the text above, 5 variables are assigned the value {v}, "
+                    "they are:")
+        answers, new = names, 32
+    intro, q = enc(INTRO), enc(question)
+    hay = _haystack_insert(enc, context - len(intro) - len(q), [enc(n) for n in needles], rng)
+    return dict(prompt=intro + hay + q, answers=answers, max_new_tokens=new)
+
+
+def score(text: str, answers: Sequence[str]) -> float:
+    """Share of ``answers`` found in ``text`` (case-insensitive)."""
+    t = text.lower()
+    return sum(a.lower() in t for a in answers) / len(answers)
+
+
+# ---------------------------------------------------------------------------------------------------
+# paired statistics
+# ---------------------------------------------------------------------------------------------------
+def sign_test(diffs: Sequence[float]) -> float:
+    """Exact two-sided sign-test p-value of paired differences (ties dropped; 1.0 when all tie)."""
+    pos = sum(d > 0 for d in diffs)
+    neg = sum(d < 0 for d in diffs)
+    n = pos + neg
+    if n == 0:
+        return 1.0
+    k = min(pos, neg)
+    p = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * p)
+
+
+def bootstrap_ci(diffs: Sequence[float], n: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``diffs``."""
+    if not diffs:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(diffs) for _ in diffs) / len(diffs) for _ in range(n))
+    lo = means[int((1 - level) / 2 * n)]
+    hi = means[min(n - 1, int((1 + level) / 2 * n))]
+    return (lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------------
+# TV distance of verify distributions against a dense twin pass (any verifier)
+# ---------------------------------------------------------------------------------------------------
+class DenseTwin(Verifier):
+    """Wraps any verifier: a dense pass on the same rows before each verification, then the TV distance
+    between the two distributions on the emitted rows. The dense pass writes the rows' K/V first and the
+    wrapped pass overwrites them, so the run itself is the method's own run."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.lossless = inner.lossless
+        self.model = inner.model
+        self.tv_sum, self.tv_max, self.rows = 0.0, 0.0, 0
+        self._pending = None
+
+    def __getattr__(self, name: str):  # stats/report/last_plan ... of the wrapped verifier
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
+        dense = self.model.forward(tokens, state.cache, state.lengths)  # (B, T, V)
+        out = self.inner.verify(state, tokens, scores)
+        tv = 0.5 * (torch.softmax(out.float(), -1) - torch.softmax(dense.float(), -1)).abs().sum(-1)  # (B, T)
+        self._pending = (state.lengths.clone(), state.active.clone(), tv)
+        return out
+
+    def on_verify(self, state) -> None:
+        self.inner.on_verify(state)
+        old, act, tv = self._pending
+        n_emit = (state.lengths - old).clamp(min=1, max=tv.shape[1])
+        for b in range(tv.shape[0]):
+            if bool(act[b]):
+                k = int(n_emit[b])
+                self.tv_sum += float(tv[b, :k].sum())
+                self.tv_max = max(self.tv_max, float(tv[b, :k].max()))
+                self.rows += k
+
+    def summary(self) -> dict[str, float]:
+        return dict(tv_mean=self.tv_sum / max(self.rows, 1), tv_max=self.tv_max, tv_rows=self.rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------------
+def parse_methods(spec: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """``"vegas,dustin:draft=early-exit:dense_every=8"`` → ``{label: (method, options)}`` (checked names)."""
+    from specdec.presets import get_method
+
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        name, *opts = item.split(":")
+        get_method(name)  # unknown names list the known ones
+        options: dict[str, Any] = {}
+        for o in opts:
+            if "=" not in o:
+                raise SpecdecError(f"method option {o!r} in {item!r} must look like key=value (e.g. dustin:dense_every=8).")
+            k, v = o.split("=", 1)
+            try:
+                options[k] = json.loads(v)
+            except json.JSONDecodeError:
+                options[k] = v
+        out[item] = (name, options)
+    if not out:
+        raise SpecdecError("--methods is empty; name at least one method, e.g. --methods dustin.")
+    return out
+
+
+def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Sequence[str] = TASKS, context: int = 1024,
+             samples: int = 2, budget: int | None = None, budget_ratio: float | None = None, gamma: int = 4,
+             documents: Sequence[str] = DOCUMENTS[:2], doc_context: int | None = None, doc_tokens: int = 64,
+             seed: int = 0, tokenizer=None, log=print, max_new_tokens: int | None = None) -> dict[str, Any]:
+    """Every method (and dense, the reference) on ``samples`` samples per task and on the documents.
+
+    ``max_new_tokens`` caps every task's answer length (``None``: each task's own, 8–48 tokens).
+
+    Returns ``{"tasks": [...per sample...], "documents": [...], "summary": {...}}``.
+    """
+    from specdec.data import context_ids, load_document
+    from specdec.engine import SpeculativeEngine
+    from specdec.presets import PipelineConfig, build_engine
+
+    tok = tokenizer or model.tokenizer
+    if tok is None:
+        raise SpecdecError("specdec eval needs a tokenizer (the model has none); pass tokenizer=.")
+    for t in tasks:
+        if t not in TASKS:
+            raise SpecdecError(f"unknown task {t!r}; known: {', '.join(TASKS)}.")
+    if samples < 1 or context < 256:
+        raise SpecdecError(f"need samples >= 1 and context >= 256 (got {samples}, {context}).")
+    if budget is not None and budget > context:
+        raise SpecdecError(f"budget {budget} exceeds the context of {context} tokens; use a budget <= {context}.")
+
+    dense = SpeculativeEngine(model, method="dense", eos_token_id=-1)
+
+    def engine(method, opts):
+        kw = dict(method=method, gamma=gamma, options=dict(opts))
+        if budget is not None:
+            kw["budget"] = budget
+        elif budget_ratio is not None:
+            kw["budget_ratio"] = budget_ratio
+        eng = build_engine(model, PipelineConfig.make(**kw), eos_token_id=-1)
+        if getattr(eng, "verifier", None) is not None:
+            eng.verifier = DenseTwin(eng.verifier)
+        return eng
+
+    task_rows = []
+    for task in tasks:
+        for i in range(samples):
+            s = make_sample(task, tok, context, seed * 1000 + i)
+            if max_new_tokens is not None:
+                s["max_new_tokens"] = min(s["max_new_tokens"], max_new_tokens)
+            pre = dense.prefill([s["prompt"]])
+            ref = dense.generate([s["prompt"]], s["max_new_tokens"], prefilled=pre)
+            ref_text = tok.decode(ref.tokens[0])
+            row = dict(task=task, sample=i, answers=s["answers"], dense=score(ref_text, s["answers"]),
+                       dense_text=ref_text, methods={})
+            for label, (method, opts) in methods.items():
+                res = engine(method, opts).generate([s["prompt"]], s["max_new_tokens"], prefilled=pre)
+                text = tok.decode(res.tokens[0])
+                row["methods"][label] = dict(score=score(text, s["answers"]), text=text,
+                                             identical=res.tokens[0] == ref.tokens[0], tau=res.stats.mean_accepted_length)
+            task_rows.append(row)
+            log(f"{task} #{i}: dense {row['dense']:.2f} " + " ".join(f"{k} {v['score']:.2f}" for k, v in row["methods"].items()))
+    doc_rows = []
+    dctx = doc_context or context
+    for doc in documents:
+        ids = context_ids(tok, load_document(doc), dctx, offset=doc_tokens + 16)
+        pre = dense.prefill([ids])
+        ref = dense.generate([ids], doc_tokens, prefilled=pre)
+        row = dict(document=doc, context=dctx, new_tokens=doc_tokens, methods={})
+        for label, (method, opts) in methods.items():
+            eng = engine(method, opts)
+            res = eng.generate([ids], doc_tokens, prefilled=pre)
+            a, b = res.tokens[0], ref.tokens[0]
+            n = min(len(a), len(b))
+            first = next((j for j in range(n) if a[j] != b[j]), n)
+            tv = eng.verifier.summary() if isinstance(getattr(eng, "verifier", None), DenseTwin) else dict(tv_mean=0.0, tv_max=0.0, tv_rows=0)
+            row["methods"][label] = dict(agreement=sum(x == y for x, y in zip(a, b)) / max(n, 1), first_divergence=first,
+                                         identical=a == b, tau=res.stats.mean_accepted_length,
+                                         tokens_per_second=res.stats.tokens_per_second, **tv)
+        doc_rows.append(row)
+        log(f"{doc}: " + " ".join(f"{k} agreement {v['agreement']:.3f} TV {v['tv_mean']:.4f}" for k, v in row["methods"].items()))
+    result = dict(tasks=task_rows, documents=doc_rows)
+    result["summary"] = summarize(result, list(methods))
+    return result
+
+
+def summarize(result: dict[str, Any], labels: Sequence[str]) -> dict[str, Any]:
+    """Per method: per task mean score vs dense, paired sign test and bootstrap interval; document agreement."""
+    out: dict[str, Any] = {}
+    tasks = sorted({r["task"] for r in result["tasks"]}, key=lambda t: TASKS.index(t))
+    for label in labels:
+        per_task = {}
+        all_diffs = []
+        for t in tasks:
+            rows = [r for r in result["tasks"] if r["task"] == t]
+            diffs = [r["methods"][label]["score"] - r["dense"] for r in rows]
+            all_diffs += diffs
+            per_task[t] = dict(n=len(rows), score=sum(r["methods"][label]["score"] for r in rows) / len(rows),
+                               dense=sum(r["dense"] for r in rows) / len(rows), diff=sum(diffs) / len(diffs),
+                               sign_p=sign_test(diffs), ci95=bootstrap_ci(diffs),
+                               identical=sum(r["methods"][label]["identical"] for r in rows))
+        docs = [r["methods"][label] for r in result["documents"]]
+        out[label] = dict(
+            tasks=per_task,
+            all_tasks=dict(n=len(all_diffs), diff=sum(all_diffs) / max(len(all_diffs), 1), sign_p=sign_test(all_diffs),
+                           ci95=bootstrap_ci(all_diffs)),
+            agreement=sum(d["agreement"] for d in docs) / max(len(docs), 1) if docs else None,
+            tv_mean=sum(d["tv_mean"] for d in docs) / max(len(docs), 1) if docs else None,
+            tau=sum(d["tau"] for d in docs) / max(len(docs), 1) if docs else None,
+        )
+    return out
+
+
+def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The eval table (tasks × methods, dense alongside) and the per-document agreement table."""
+    summ = result["summary"]
+    labels = list(summ)
+    tasks = list(next(iter(summ.values()))["tasks"]) if summ else []
+    lines = [f"# specdec eval — {meta.get('date', '')}", "", f"- command: `{meta.get('command', '')}`",
+             f"- settings: {json.dumps({k: v for k, v in meta.items() if k not in ('date', 'command')})}", "",
+             "## Synthetic tasks (score = share of answers found; Δ = method − dense, sign-test p, bootstrap 95 % CI)", "",
+             "| task | n | dense | " + " | ".join(f"{l} | Δ {l} (p; CI)" for l in labels) + " |",
+             "|---|---|---|" + "---|---|" * len(labels)]
+    for t in tasks:
+        first = summ[labels[0]]["tasks"][t]
+        cells = []
+        for l in labels:
+            s = summ[l]["tasks"][t]
+            cells += [f"{s['score']:.2f}", f"{s['diff']:+.2f} (p={s['sign_p']:.2f}; [{s['ci95'][0]:+.2f}, {s['ci95'][1]:+.2f}])"]
+        lines.append(f"| {t} | {first['n']} | {first['dense']:.2f} | " + " | ".join(cells) + " |")
+    if tasks:
+        cells = []
+        for l in labels:
+            a = summ[l]["all_tasks"]
+            cells += ["", f"{a['diff']:+.3f} (p={a['sign_p']:.2f}; [{a['ci95'][0]:+.3f}, {a['ci95'][1]:+.3f}])"]
+        lines.append(f"| **all** | {summ[labels[0]]['all_tasks']['n']} | | " + " | ".join(cells) + " |")
+    if result["documents"]:
+        lines += ["", "## Real documents (greedy token agreement with dense, TV distance of verify distributions)", "",
+                  "| document | method | agreement | first divergence | TV mean | TV max | τ |", "|---|---|---|---|---|---|---|"]
+        for r in result["documents"]:
+            for l, m in r["methods"].items():
+                lines.append(f"| {r['document']} | {l} | {m['agreement']:.2%} | {m['first_divergence']} | "
+                             f"{m['tv_mean']:.4f} | {m['tv_max']:.4f} | {m['tau']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: str | Path) -> Path:
+    """Bars: per task, dense and each method's mean score; last group: document agreement."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summ = result["summary"]
+    labels = list(summ)
+    tasks = list(next(iter(summ.values()))["tasks"]) if summ else []
+    groups = tasks + (["doc agreement"] if result["documents"] else [])
+    series = {"dense": [summ[labels[0]]["tasks"][t]["dense"] for t in tasks] + ([1.0] if result["documents"] else [])}
+    for l in labels:
+        series[l] = [summ[l]["tasks"][t]["score"] for t in tasks] + ([summ[l]["agreement"]] if result["documents"] else [])
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups) * (len(series) / 2 + 0.5)), 3.6))
+    w = 0.8 / len(series)
+    for i, (name, vals) in enumerate(series.items()):
+        bars = ax.bar([g + i * w for g in range(len(groups))], vals, w, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)  # a zero score is a label, not an invisible bar
+    ax.set_xticks([g + 0.4 - w / 2 for g in range(len(groups))], groups, rotation=20, ha="right")
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("score / agreement")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def register(app) -> None:
+    """Add ``specdec eval``."""
+    import typer
+
+    from specdec.friendly import friendly
+    from specdec.loading import load_model
+
+    @app.command("eval")
+    @friendly
+    def eval_cmd(
+        methods: str = typer.Option("dustin", "--methods", help="comma-separated methods, options as name:key=value:..."),
+        output_json: Path = typer.Option(..., "--output-json", help="where to write the full results as JSON"),
+        output_md: Optional[Path] = typer.Option(None, "--output-md", help="also write the Markdown tables here"),
+        output_plot: Optional[Path] = typer.Option(None, "--output-plot", help="also write a PNG bar chart here"),
+        model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
+        tasks: str = typer.Option(",".join(TASKS), "--tasks", help="comma-separated synthetic tasks"),
+        context: int = typer.Option(1024, "--context-tokens", help="prompt length of every task and document, in tokens"),
+        samples: int = typer.Option(2, "--samples", help="samples per task"),
+        budget: Optional[int] = typer.Option(None, "--budget", help="KV entries a sparse step sees (default: the method's)"),
+        budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio", help="the budget as a share of the context"),
+        gamma: int = typer.Option(4, "--gamma", min=1, help="draft length γ"),
+        documents: str = typer.Option(",".join(DOCUMENTS[:2]), "--documents", help="documents for agreement ('' = none)"),
+        doc_tokens: int = typer.Option(64, "--doc-tokens", min=1, help="tokens generated per document"),
+        seed: int = typer.Option(0, "--seed", help="seed of the task generator"),
+        device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
+    ) -> None:
+        """Quality of methods vs dense decoding: RULER-style tasks + agreement and TV distance on documents."""
+        import datetime as dt
+        import shlex
+        import sys
+
+        from specdec.outputs import check_outputs, write_bytes, write_text
+
+        if budget is not None and budget_ratio is not None:
+            raise SpecdecError(f"--budget {budget} and --budget-ratio {budget_ratio} were both given; pass only one.")
+        if budget_ratio is not None and not 0 < budget_ratio <= 1:
+            raise SpecdecError(f"--budget-ratio must be in (0, 1] (got {budget_ratio}).")
+        if budget is not None and budget < 1:
+            raise SpecdecError(f"--budget must be >= 1 (got {budget}).")
+        mspec = parse_methods(methods)
+        tl = [t.strip() for t in tasks.split(",") if t.strip()]
+        for t in tl:
+            if t not in TASKS:
+                raise SpecdecError(f"unknown task {t!r}; known: {', '.join(TASKS)}.")
+        if context < 256 or samples < 1:
+            raise SpecdecError(f"--context-tokens must be >= 256 and --samples >= 1 (got {context}, {samples}).")
+        if budget is not None and budget > context:
+            raise SpecdecError(f"--budget {budget} exceeds --context-tokens {context}; use a budget <= {context}.")
+        check_outputs([(output_json, "--output-json"), (output_md, "--output-md"), (output_plot, "--output-plot")])
+        m = load_model(model, "float32", device, "reference")
+        res = run_eval(m, mspec, tl, context, samples, budget, budget_ratio, gamma,
+                       [d.strip() for d in documents.split(",") if d.strip()], None, doc_tokens, seed,
+                       log=lambda s: typer.echo(s, err=True))
+        meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                    command=" ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]]), model=model, context=context,
+                    samples=samples, budget=budget, budget_ratio=budget_ratio, gamma=gamma)
+        write_text(output_json, json.dumps(dict(meta=meta, **res), indent=1), "--output-json")
+        md = markdown(res, meta)
+        if output_md is not None:
+            write_text(output_md, md, "--output-md")
+        if output_plot is not None:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                png = plot(res, Path(tmp) / "plot.png")
+                write_bytes(output_plot, png.read_bytes(), "--output-plot")
+        typer.echo(md)

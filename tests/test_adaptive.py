@@ -1,0 +1,219 @@
+"""Speculation that never loses: adaptive γ, dense fall-back, acceptance traces, ``bench --shape``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specdec import PipelineConfig, build_engine
+from specdec.adaptive import AcceptanceReplay, SpeculationController, save_trace
+from specdec.errors import SpecdecError
+
+from conftest import make_tiny
+
+PROMPTS = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+
+
+def _engine(model, method, adaptive=True, gamma=3, **kw):
+    cfg = PipelineConfig.make(method=method, gamma=gamma, budget=12, sinks=2, recent=4, adaptive=adaptive, **kw)
+    return build_engine(model, cfg, eos_token_id=-1)
+
+
+# -- the controller on synthetic observations (deterministic) ---------------------------------------
+def test_gamma_grows_while_saturated_and_shrinks_when_acceptance_collapses():
+    c = SpeculationController(6, fall_back=False)
+    assert c.next_gamma() == 6
+    c.observe_round(6, 1.0, 1.0)  # collapse: 1 of 6 accepted
+    assert c.next_gamma() == 2
+    c.observe_round(2, 2.0, 1.0)  # saturated
+    assert c.next_gamma() == 3
+    c.observe_round(3, 1.6, 1.0)  # neither: stays
+    assert c.next_gamma() == 3
+    for _ in range(5):
+        c.observe_round(c.gamma, float(c.gamma), 1.0)
+    assert c.next_gamma() == 6  # never above the configured γ
+    fixed = SpeculationController(6, adapt_gamma=False, fall_back=False)
+    fixed.observe_round(6, 0.0, 1.0)
+    assert fixed.next_gamma() == 6
+
+
+def _drive(c, t_round, t_dense, accepted, n=80):
+    kinds = []
+    for _ in range(n):
+        g = c.next_gamma()
+        kinds.append(g)
+        if g == 0:
+            c.observe_dense(t_dense)
+        else:
+            c.observe_round(g, min(g, accepted), t_round(g))
+    return kinds
+
+
+def test_falls_back_to_dense_when_drafting_cannot_pay_and_probes_back():
+    # B = 1 on a tiny model: a draft step costs a dense step, so a round of γ = 4 costs 5 dense steps
+    c = SpeculationController(4)
+    kinds = _drive(c, lambda g: (g + 1) * 1.0, 1.0, accepted=2.0)
+    assert c.dense_mode and kinds[-40:].count(0) >= 36  # dense from then on ...
+    assert 0 < kinds[-40:].count(0) < 40  # ... with a speculative probe now and then
+
+
+def test_keeps_speculating_when_it_pays_with_rare_dense_probes():
+    c = SpeculationController(4)
+    kinds = _drive(c, lambda g: 1.0 + 0.1 * g, 1.0, accepted=3.5, n=200)
+    assert not c.dense_mode
+    assert kinds.count(0) <= 2 + 200 // 64  # the first measurement + one probe per 4·probe_every rounds
+
+
+# -- the engine: greedy output unchanged, fall-back only where it may run ---------------------------
+@pytest.mark.parametrize("method", ["magicdec", "vegas", "quest"])
+def test_adaptive_greedy_output_equals_dense(method):
+    m = make_tiny("llama")
+    want = _engine(m, "dense").generate(PROMPTS, max_new_tokens=24).tokens
+    res = _engine(m, method, adaptive=True).generate(PROMPTS, max_new_tokens=24)
+    assert res.tokens == want
+    assert len(res.stats.gamma_per_round) + res.stats.dense_steps == res.stats.iterations
+
+
+class _Script:
+    """A controller that follows a fixed script of γ_t (0 = dense) and records what it saw."""
+
+    def __init__(self, script):
+        self.script, self.i, self.seen = script, 0, []
+
+    def next_gamma(self):
+        g = self.script[self.i % len(self.script)]
+        self.i += 1
+        return g
+
+    def observe_round(self, g, a, t):
+        self.seen.append(("round", g))
+
+    def observe_dense(self, t):
+        self.seen.append(("dense", 0))
+
+
+@pytest.mark.parametrize("method", ["magicdec", "vegas"])
+def test_dense_steps_and_varying_gamma_keep_greedy_output(monkeypatch, method):
+    m = make_tiny("qwen3")
+    want = _engine(m, "dense").generate(PROMPTS, max_new_tokens=20).tokens
+    eng = _engine(m, method, gamma=4)
+    script = _Script([0, 0, 4, 1, 0, 3, 2])
+    monkeypatch.setattr(eng, "_controller", lambda gamma: script)
+    res = eng.generate(PROMPTS, max_new_tokens=20)
+    assert res.tokens == want
+    assert res.stats.dense_steps == sum(1 for k, _ in script.seen if k == "dense") > 0
+    assert set(res.stats.gamma_per_round) == {1, 2, 3, 4}
+
+
+def test_fall_back_only_for_drafters_on_the_targets_cache():
+    m = make_tiny("llama")
+    assert _engine(m, "vegas")._controller(3).fall_back
+    assert _engine(m, "vegas", adaptive=False)._controller(3) is None
+    assert _engine(m, "dense")._controller(3) is None
+    dustin = _engine(m, "vegas")
+    dustin.lossless = False  # near-lossless (sparse verification): its output depends on γ, which must not follow the batch
+    assert dustin._controller(3) is None
+    from specdec.drafters import ModelDrafter, SparseSelfDrafter
+
+    assert SparseSelfDrafter.dense_steps_ok
+    assert not ModelDrafter.dense_steps_ok  # a draft model keeps its own cache: no dense steps
+
+
+def test_dense_steps_when_sampling_are_the_dense_engines_samples():
+    """A self-speculative engine that only takes dense steps samples exactly what the dense engine samples."""
+    m = make_tiny("llama")
+    sampling = dict(temperature=1.0, seed=3)
+    want = _engine(m, "dense", sampling=sampling).generate(PROMPTS, max_new_tokens=10).tokens
+    eng = _engine(m, "magicdec", gamma=4, sampling=sampling)
+    eng._controller = lambda gamma: _Script([0])
+    res = eng.generate(PROMPTS, max_new_tokens=10)
+    assert res.tokens == want and res.stats.dense_steps == res.stats.iterations
+
+
+# -- acceptance traces ----------------------------------------------------------------------------
+def test_record_and_replay_acceptance(tmp_path):
+    m = make_tiny("llama")
+    eng = _engine(m, "vegas", adaptive=False)
+    eng.record_acceptance = True
+    res = eng.generate(PROMPTS, max_new_tokens=16)
+    trace = res.stats.acceptance_trace
+    assert len(trace) == len(res.stats.gamma_per_round) and all(len(r) == 2 for r in trace)
+    kept = [n for r in trace for n in r if n >= 0]
+    assert res.stats.mean_accepted_length == pytest.approx(1 + sum(kept) / len(kept))
+    path = tmp_path / "trace.json"
+    save_trace(path, res.stats, model="tiny")
+    assert json.loads(path.read_text())["method"] == "vegas"
+    # another model (its own drafts would be accepted differently) replays the recorded lengths exactly
+    other = _engine(make_tiny("llama", seed=5), "vegas", adaptive=False)
+    other.replay = AcceptanceReplay.load(path)
+    other.record_acceptance = True
+    got = other.generate(PROMPTS, max_new_tokens=16)
+    assert got.stats.replayed and not res.stats.replayed
+    assert got.stats.acceptance_trace == trace
+    assert [len(t) for t in got.tokens] == [16, 16]
+
+
+def test_a_bad_trace_is_one_clear_error(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text("{}")
+    with pytest.raises(SpecdecError, match="cannot read acceptance trace .*--record-acceptance"):
+        AcceptanceReplay.load(bad)
+    with pytest.raises(ValueError, match="no rounds"):
+        AcceptanceReplay([[-1, -1]])
+
+
+# -- bench: shapes, repeats, documents as files ---------------------------------------------------------
+def test_bench_shape_replay_repeats_and_files(tmp_path):
+    from specdec.bench import run_bench
+
+    m = make_tiny("llama")
+    eng = _engine(m, "vegas", adaptive=False)
+    eng.record_acceptance = True
+    save_trace(tmp_path / "tr.json", eng.generate(PROMPTS, max_new_tokens=12).stats)
+    rows = run_bench(["dense", "vegas"], [48], [2], ["ignored"], 8, 16, None, 3, "x", "reference", "float32", "cpu",
+                     False, tmp_path, "s", repeats=3, shape="tiny", acceptance_trace=tmp_path / "tr.json")
+    dense, vegas = rows
+    assert dense["repeats"] == 3 and dense["tokens_per_second_min"] <= dense["tokens_per_second"] <= dense["tokens_per_second_max"]
+    assert vegas["replayed"] and not dense["replayed"] and "same_tokens_as_dense" not in vegas
+    md = (tmp_path / "s.md").read_text()
+    assert "vegas (replayed)" in md and "median of 3" in md
+    with pytest.raises(SpecdecError, match="unknown model shape 'llama-9b'; known: llama-3.1-8b"):
+        run_bench(["dense"], [48], [1], ["x"], 4, 16, None, 3, "x", "reference", "float32", "cpu", False, tmp_path, "s",
+                  shape="llama-9b")
+    with pytest.raises(SpecdecError, match="unknown document .*no/such.txt.*not an existing file"):
+        run_bench(["dense"], [48], [1], [str(tmp_path / "no/such.txt")], 4, 16, None, 3, "x", "reference",
+                  "float32", "cpu", False, tmp_path, "s")
+
+
+def test_random_shape_configs_match_the_published_sizes():
+    from transformers import AutoModelForCausalLM
+
+    from specdec.shapes import shape_config
+
+    with torch.device("meta"):
+        n = {s: sum(p.numel() for p in AutoModelForCausalLM.from_config(shape_config(s)).parameters())
+             for s in ("llama-3.1-8b", "qwen3-8b", "smollm2-135m")}
+    assert round(n["llama-3.1-8b"] / 1e9, 2) == 8.03
+    assert round(n["qwen3-8b"] / 1e9, 2) == 8.19
+    assert round(n["smollm2-135m"] / 1e6) == 135
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--shape", "llama-9b"], "unknown model shape 'llama-9b'; known: llama-3.1-8b"),
+    (["--acceptance-trace", "vegas="], "--acceptance-trace takes FILE or method=FILE"),
+    (["--acceptance-trace", "{missing}"], "cannot read acceptance trace"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--documents", "{missing}"], "not an existing file"),
+])
+def test_bench_cli_bad_input_is_one_error_line(tmp_path, args, expect):
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+
+    args = [a.format(missing=tmp_path / "nope.json") for a in args]
+    res = CliRunner().invoke(app, ["bench", "--device", "cpu", "--output-dir", str(tmp_path / "o"), *args])
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], res.stderr
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,115 @@
+"""`specdec eval`: task generation, paired statistics, lossless methods score exactly dense, plugins run, CLI."""
+
+import json
+
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.evaluation import (TASKS, bootstrap_ci, make_sample, markdown, parse_methods, plot, run_eval, score,
+                                sign_test)
+
+from conftest import make_tiny
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from specdec.models import _cache_dir, embedded_model_path, load_hf
+
+    g = embedded_model_path("smollm2-135m")
+    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
+    if not (cached / "tokenizer_config.json").is_file():
+        load_hf("smollm2-135m")
+    return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab():
+    """A tiny random Llama with the embedded model's vocabulary (its tokenizer makes the tasks)."""
+    return make_tiny("llama", seed=5, vocab_size=49152, num_hidden_layers=2)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_samples_fill_the_context_and_hold_their_answers(tok, task):
+    s = make_sample(task, tok, 512, seed=3)
+    assert len(s["prompt"]) == 512
+    text = tok.decode(s["prompt"])
+    assert s["answers"] and all(a in text for a in s["answers"])
+    assert make_sample(task, tok, 512, seed=3)["prompt"] == s["prompt"]  # seeded
+    assert make_sample(task, tok, 512, seed=4)["prompt"] != s["prompt"]
+
+
+def test_score_and_paired_statistics():
+    assert score("The pass key is 12345.", ["12345"]) == 1.0
+    assert score("a B c", ["b", "d"]) == 0.5
+    assert sign_test([1, 1, 1, 1, 1, 1]) == pytest.approx(2 / 64)
+    assert sign_test([0, 0, 0]) == 1.0
+    assert sign_test([1, -1, 0]) == 1.0
+    lo, hi = bootstrap_ci([0.0] * 10)
+    assert lo == hi == 0.0
+    lo, hi = bootstrap_ci([1.0, 0.0] * 20)
+    assert 0.3 < lo < 0.5 < hi < 0.7
+
+
+def test_parse_methods():
+    m = parse_methods("vegas,dustin:draft=early-exit:dense_every=8")
+    assert m["dustin:draft=early-exit:dense_every=8"] == ("dustin", {"draft": "early-exit", "dense_every": 8})
+    with pytest.raises(SpecdecError, match="unknown method"):
+        parse_methods("nope")
+    with pytest.raises(SpecdecError, match="key=value"):
+        parse_methods("dustin:oops")
+
+
+def test_lossless_methods_score_exactly_dense_and_plugins_run(tok, tiny_vocab, tmp_path):
+    from specdec import presets
+    from specdec.dustin import DustinOptions, build_dustin
+    from specdec.registry import METHODS
+
+    @presets.register_method("eval-test-plugin", "a lossy plugin method (Dustin under another name)", lossless=False,
+                             options=DustinOptions)
+    def _plugin(model, cfg, options, **kw):
+        return build_dustin(model, cfg, options, **kw)
+
+    try:
+        methods = parse_methods("vegas,eval-test-plugin:draft=early-exit")
+        res = run_eval(tiny_vocab, methods, TASKS, context=256, samples=1, budget=48, gamma=3,
+                       documents=["pydoc"], doc_tokens=8, tokenizer=tok, log=lambda s: None, max_new_tokens=4)
+    finally:
+        METHODS._entries.pop("eval-test-plugin", None)  # do not leak into other tests' method matrices
+    for label in ("vegas",):
+        for r in res["tasks"]:
+            assert r["methods"][label]["identical"], (label, r["task"])
+            assert r["methods"][label]["score"] == r["dense"]
+        s = res["summary"][label]
+        assert s["agreement"] == 1.0 and s["tv_mean"] == 0.0
+        assert all(t["diff"] == 0 and t["sign_p"] == 1.0 for t in s["tasks"].values())
+    assert "eval-test-plugin:draft=early-exit" in res["summary"]
+    md = markdown(res, dict(date="today", command="specdec eval"))
+    assert "| passkey |" in md and "| pydoc | vegas | 100.00% |" in md
+    png = plot(res, tmp_path / "e.png")
+    assert png.stat().st_size > 1000
+    json.dumps(res)  # JSON-serialisable
+
+
+def test_sparse_verification_shows_tv(tok, tiny_vocab):
+    """The TV probe can fail: a tiny-budget Dustin verifies sparsely, so its distributions differ from dense."""
+    res = run_eval(tiny_vocab, parse_methods("dustin:draft=early-exit"), ["passkey"], context=256, samples=1,
+                   budget=24, gamma=3, documents=["pydoc"], doc_tokens=12, tokenizer=tok, log=lambda s: None,
+                   max_new_tokens=4)
+    s = res["summary"]["dustin:draft=early-exit"]
+    assert s["tv_mean"] > 0
+
+
+def test_cli_bad_input_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+
+    r = CliRunner().invoke(app, ["eval", "--output-json", str(tmp_path / "o.json"), "--tasks", "bogus"])
+    assert r.exit_code == 2 and "unknown task 'bogus'" in r.output
+    r = CliRunner().invoke(app, ["eval", "--output-json", str(tmp_path / "o.json"), "--methods", "nope"])
+    assert r.exit_code == 2 and "unknown method" in r.output
+    r = CliRunner().invoke(app, ["eval", "--output-json", str(tmp_path / "o.json"), "--budget", "9999"])
+    assert r.exit_code == 2 and "exceeds --context-tokens" in r.output
