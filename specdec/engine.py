@@ -182,7 +182,7 @@ class SpeculativeEngine:
         prefill_chunk: int = 1024,
         eos_token_id: int | Sequence[int] | None = None,
         sync_timing: bool = True,
-        adaptive: bool = True,
+        adaptive: bool = False,
     ) -> None:
         from specdec.verifiers import FullVerifier
 

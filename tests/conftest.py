@@ -19,6 +19,15 @@ os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(TEST_THREADS
 torch.set_num_threads(TEST_THREADS)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """A CLI command run in-process (``main_options`` picks threads from the CPU affinity) must not
+    leave the rest of the session on more threads."""
+    yield
+    if torch.get_num_threads() != TEST_THREADS:
+        torch.set_num_threads(TEST_THREADS)
+
+
 @pytest.fixture(scope="session")
 def smol():
     """SmolLM2-135M-Instruct in float32 through the reference backend."""

@@ -308,7 +308,7 @@ def fake_cuda(monkeypatch):
     seen: dict = {}
     monkeypatch.setattr(specdec.fastpath, "cuda_available", lambda: True)
 
-    def load(model, dtype, device, backend, cuda_graphs=False, compile=False, fuse=False):
+    def load(model, dtype, device, backend, cuda_graphs=False, compile=False, fuse=False, **_):
         seen.update(dtype=dtype, backend=backend, cuda_graphs=cuda_graphs, compile=compile, fuse=fuse)
         raise Stop
 
