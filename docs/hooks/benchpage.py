@@ -216,6 +216,13 @@ def summary_plot(results: Path) -> str | None:
         ax.set_title(machine, fontsize=9)
         ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
+    return svg_of(fig)
+
+
+def svg_of(fig) -> str:
+    """A matplotlib figure as an inline ``<svg>`` element (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
     buf = io.StringIO()
     fig.savefig(buf, format="svg")
     plt.close(fig)

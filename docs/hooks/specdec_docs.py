@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import html as html_lib
-import io
 import json
 import logging
 import pkgutil
@@ -208,11 +207,7 @@ def _plot_rows(rows: list[dict], title: str, context: object = "") -> str | None
     axes[1].set_title("tokens / s (log scale)", fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg")
-    plt.close(fig)
-    svg = buf.getvalue()
-    return svg[svg.index("<svg") :]
+    return benchpage.svg_of(fig)
 
 
 def _benchmarks_markdown() -> str:
