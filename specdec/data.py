@@ -1,6 +1,8 @@
 """Long real documents that ship with Python: no downloads needed.
 
 * ``pydoc``: Python's own reference documentation (``pydoc_data.topics``, ~113k tokens of English).
+* ``pydoc:<i>/<n>``: part ``i`` of ``n`` of that documentation (topics in order, split into ``n`` runs of
+  about equal length): prose held out from the built-in ``pydoc``, which is the end of the last part.
 * ``stdlib:<module>``: the source of a standard-library module, e.g. ``stdlib:argparse``.
 * ``long:prose`` and ``long:code``: documents of more than 40k tokens for 16k–32k contexts (see
   :data:`LONG_DOCUMENTS` for what each is made of).
@@ -41,6 +43,8 @@ def load_document(name: str) -> str:
         from pydoc_data.topics import topics
 
         return "\n\n".join(topics[k] for k in sorted(topics))
+    if name.startswith("pydoc:"):
+        return _pydoc_part(name)
     if name.startswith("stdlib:"):
         mod = name.split(":", 1)[1]
         spec = importlib.util.find_spec(mod)
@@ -55,6 +59,26 @@ def load_document(name: str) -> str:
         return text
     raise SpecdecError(f"unknown document {name!r}: not an existing file, 'pydoc', 'stdlib:<module>' or one of " + ", ".join(LONG_DOCUMENTS) + " "
                        f"(e.g. {', '.join(BENCH_DOCUMENTS)}).")
+
+
+def _pydoc_part(name: str) -> str:
+    """``pydoc:<i>/<n>``: the ``i``-th of ``n`` runs of consecutive pydoc topics of about equal length."""
+    import re
+
+    from pydoc_data.topics import topics
+
+    m = re.fullmatch(r"pydoc:(\d+)/(\d+)", name)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise SpecdecError(f"unknown document {name!r}: a pydoc part is written pydoc:<i>/<n> with 1 <= i <= n, e.g. pydoc:1/4.")
+    i, n = int(m.group(1)), int(m.group(2))
+    keys = sorted(topics)
+    total = sum(len(topics[k]) for k in keys)
+    out, acc = [], 0
+    for k in keys:  # a topic belongs to the part where it starts
+        if (i - 1) * total <= acc * n < i * total:
+            out.append(topics[k])
+        acc += len(topics[k])
+    return "\n\n".join(out)
 
 
 def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0) -> list[int]:

@@ -6,8 +6,10 @@ Two kinds of evidence, both paired with dense decoding on the same engine and pr
   (haystack: ``pydoc_data`` prose; key words: words of that prose): ``passkey``, ``niah_single``,
   ``niah_multikey``, ``niah_multivalue``, ``variable_tracking``, ``common_words``. A sample scores the
   share of expected answers found in the greedy output (RULER's ``string_match_all``).
-* **Real documents**: greedy token agreement with dense decoding (share of equal positions, first
-  divergence) and the total-variation distance ``½ Σ_v |p(v) − p_dense(v)|`` between the method's verify
+* **Real documents**: greedy token agreement with dense decoding, two ways: *teacher-forced* (the method
+  runs on dense's trajectory; share of positions where its greedy token equals dense's given the same
+  prefix: :class:`DenseTwin` with ``forced``) and *free-running* (share of equal positions of the two
+  outputs, and the first divergence) and the total-variation distance ``½ Σ_v |p(v) − p_dense(v)|`` between the method's verify
   distribution and a dense pass on the same rows, averaged over the emitted rows.
 
 Per task and method: mean score, the paired difference to dense with a sign test (exact two-sided
@@ -192,13 +194,23 @@ def bootstrap_ci(diffs: Sequence[float], n: int = 2000, seed: int = 0, level: fl
 class DenseTwin(Verifier):
     """Wraps any verifier: a dense pass on the same rows before each verification, then the TV distance
     between the two distributions on the emitted rows. The dense pass writes the rows' K/V first and the
-    wrapped pass overwrites them, so the run itself is the method's own run."""
+    wrapped pass overwrites them, so the run itself is the method's own run.
 
-    def __init__(self, inner) -> None:
+    With ``forced`` (per sequence: the prompt followed by dense decoding's greedy tokens) the run is
+    **teacher-forced on the dense trajectory**: the engine is handed logits whose greedy choice is dense's
+    next token, so it accepts exactly the drafts that match dense and then emits dense's token. Every
+    emitted row was thus computed by the wrapped verifier (its own sparse plan, its own K/V and history
+    signals) on dense's prefix, and :meth:`summary` reports the share of those rows whose greedy token
+    equals dense's (``tf_agreement``): the per-position fidelity, which one early divergence cannot
+    sink as it sinks the free-running comparison."""
+
+    def __init__(self, inner, forced: list[list[int]] | None = None) -> None:
         self.inner = inner
         self.lossless = inner.lossless
         self.model = inner.model
+        self.forced = forced
         self.tv_sum, self.tv_max, self.rows = 0.0, 0.0, 0
+        self.tf_equal, self.tf_rows = 0, 0
         self._pending = None
 
     def __getattr__(self, name: str):  # stats/report/last_plan ... of the wrapped verifier
@@ -210,22 +222,42 @@ class DenseTwin(Verifier):
         dense = self.model.forward(tokens, state.cache, state.lengths)  # (B, T, V)
         out = self.inner.verify(state, tokens, scores)
         tv = 0.5 * (torch.softmax(out.float(), -1) - torch.softmax(dense.float(), -1)).abs().sum(-1)  # (B, T)
-        self._pending = (state.lengths.clone(), state.active.clone(), tv)
-        return out
+        B, T, V = out.shape
+        want = None
+        if self.forced is not None:
+            # row j predicts the token after the pending one (the last of state.tokens) + j; -1 past dense's end
+            want = torch.full((B, T), -1, dtype=torch.long)
+            for b in range(B):
+                start = len(state.tokens[b])
+                ref = self.forced[b][start : start + T]
+                want[b, : len(ref)] = torch.tensor(ref, dtype=torch.long)
+            want = want.to(out.device)
+        self._pending = ([len(t) for t in state.tokens], state.active.clone(), tv, out.argmax(-1), want)
+        if want is None:
+            return out
+        # dense's token wins every row (the sparse choice where dense has ended): the trajectory is dense's
+        choice = torch.where(want >= 0, want, out.argmax(-1))
+        return torch.zeros_like(out).scatter_(-1, choice.unsqueeze(-1), 1.0)
 
     def on_verify(self, state) -> None:
         self.inner.on_verify(state)
-        old, act, tv = self._pending
-        n_emit = (state.lengths - old).clamp(min=1, max=tv.shape[1])
+        old, act, tv, mine, want = self._pending
         for b in range(tv.shape[0]):
             if bool(act[b]):
-                k = int(n_emit[b])
+                k = min(max(len(state.tokens[b]) - old[b], 1), tv.shape[1])  # rows whose token was emitted
                 self.tv_sum += float(tv[b, :k].sum())
                 self.tv_max = max(self.tv_max, float(tv[b, :k].max()))
                 self.rows += k
+                if want is not None:
+                    ok = want[b, :k] >= 0
+                    self.tf_rows += int(ok.sum())
+                    self.tf_equal += int(((mine[b, :k] == want[b, :k]) & ok).sum())
 
     def summary(self) -> dict[str, float]:
-        return dict(tv_mean=self.tv_sum / max(self.rows, 1), tv_max=self.tv_max, tv_rows=self.rows)
+        out = dict(tv_mean=self.tv_sum / max(self.rows, 1), tv_max=self.tv_max, tv_rows=self.rows)
+        if self.forced is not None:
+            out.update(tf_agreement=self.tf_equal / max(self.tf_rows, 1), tf_rows=self.tf_rows)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -325,12 +357,23 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
             a, b = res.tokens[0], ref.tokens[0]
             n = min(len(a), len(b))
             first = next((j for j in range(n) if a[j] != b[j]), n)
-            tv = eng.verifier.summary() if isinstance(getattr(eng, "verifier", None), DenseTwin) else dict(tv_mean=0.0, tv_max=0.0, tv_rows=0)
+            twin = isinstance(getattr(eng, "verifier", None), DenseTwin)
+            tv = eng.verifier.summary() if twin else dict(tv_mean=0.0, tv_max=0.0, tv_rows=0)
+            tf = dict(tf_agreement=1.0 if a == b else float("nan"), tf_rows=0, tf_tv_mean=0.0)
+            if twin:  # teacher-forced on dense's trajectory: the per-position fidelity
+                forced = engine(method, opts)
+                forced.verifier.forced = [list(ids) + list(b)]
+                got = forced.generate([ids], doc_tokens, prefilled=pre).tokens[0]
+                if got != b:
+                    raise SpecdecError(f"the teacher-forced run of {label} left dense's trajectory; this is a bug in specdec eval.")
+                fs = forced.verifier.summary()
+                tf = dict(tf_agreement=fs["tf_agreement"], tf_rows=fs["tf_rows"], tf_tv_mean=fs["tv_mean"])
             row["methods"][label] = dict(agreement=sum(x == y for x, y in zip(a, b)) / max(n, 1), first_divergence=first,
                                          identical=a == b, tau=res.stats.mean_accepted_length,
-                                         tokens_per_second=res.stats.tokens_per_second, **tv)
+                                         tokens_per_second=res.stats.tokens_per_second, **tv, **tf)
         doc_rows.append(row)
-        log(f"{doc}: " + " ".join(f"{k} agreement {v['agreement']:.3f} TV {v['tv_mean']:.4f}" for k, v in row["methods"].items()))
+        log(f"{doc}: " + " ".join(f"{k} agreement teacher-forced {v['tf_agreement']:.3f} free-running {v['agreement']:.3f} "
+                                  f"TV {v['tv_mean']:.4f}" for k, v in row["methods"].items()))
     result = dict(tasks=task_rows, documents=doc_rows)
     result["summary"] = summarize(result, list(methods))
     return result
@@ -357,6 +400,9 @@ def summarize(result: dict[str, Any], labels: Sequence[str]) -> dict[str, Any]:
             all_tasks=dict(n=len(all_diffs), diff=sum(all_diffs) / max(len(all_diffs), 1), sign_p=sign_test(all_diffs),
                            ci95=bootstrap_ci(all_diffs)),
             agreement=sum(d["agreement"] for d in docs) / max(len(docs), 1) if docs else None,
+            tf_agreement=(sum(d["tf_agreement"] * d["tf_rows"] for d in docs) / max(sum(d["tf_rows"] for d in docs), 1)
+                          if docs and all(d["tf_rows"] for d in docs) else
+                          (sum(d["tf_agreement"] for d in docs) / len(docs) if docs else None)),
             tv_mean=sum(d["tv_mean"] for d in docs) / max(len(docs), 1) if docs else None,
             tau=sum(d["tau"] for d in docs) / max(len(docs), 1) if docs else None,
         )
@@ -388,16 +434,23 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
         lines.append(f"| **all** | {summ[labels[0]]['all_tasks']['n']} | | " + " | ".join(cells) + " |")
     if result["documents"]:
         lines += ["", "## Real documents (greedy token agreement with dense, TV distance of verify distributions)", "",
-                  "| document | method | agreement | first divergence | TV mean | TV max | τ |", "|---|---|---|---|---|---|---|"]
+                  "*Teacher-forced*: share of positions where the method's greedy token equals dense's given dense's "
+                  "prefix (the method runs on dense's trajectory; rows = positions scored). *Free-running*: share of "
+                  "equal positions when the method follows its own output (one early divergence shifts the rest).", "",
+                  "| document | method | agreement, teacher-forced (rows) | agreement, free-running | first divergence | "
+                  "TV mean | TV max | τ |", "|---|---|---|---|---|---|---|---|"]
         for r in result["documents"]:
             for l, m in r["methods"].items():
-                lines.append(f"| {r['document']} | {l} | {m['agreement']:.2%} | {m['first_divergence']} | "
-                             f"{m['tv_mean']:.4f} | {m['tv_max']:.4f} | {m['tau']:.2f} |")
+                lines.append(f"| {r['document']} | {l} | {m['tf_agreement']:.2%} ({m['tf_rows']}) | {m['agreement']:.2%} | "
+                             f"{m['first_divergence']} | {m['tv_mean']:.4f} | {m['tv_max']:.4f} | {m['tau']:.2f} |")
+        lines += ["", "| method | agreement, teacher-forced (all rows) | agreement, free-running (mean) |", "|---|---|---|"]
+        for l in labels:
+            lines.append(f"| {l} | {summ[l]['tf_agreement']:.2%} | {summ[l]['agreement']:.2%} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
-    """Bars: per task, dense and each method's mean score; last group: document agreement."""
+    """Bars: per task, dense and each method's mean score; last group: teacher-forced document agreement."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -406,10 +459,10 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     summ = result["summary"]
     labels = list(summ)
     tasks = list(next(iter(summ.values()))["tasks"]) if summ else []
-    groups = tasks + (["doc agreement"] if result["documents"] else [])
+    groups = tasks + (["agreement\n(teacher-forced)"] if result["documents"] else [])
     series = {"dense": [summ[labels[0]]["tasks"][t]["dense"] for t in tasks] + ([1.0] if result["documents"] else [])}
     for l in labels:
-        series[l] = [summ[l]["tasks"][t]["score"] for t in tasks] + ([summ[l]["agreement"]] if result["documents"] else [])
+        series[l] = [summ[l]["tasks"][t]["score"] for t in tasks] + ([summ[l]["tf_agreement"]] if result["documents"] else [])
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups) * (len(series) / 2 + 0.5)), 3.6))
     w = 0.8 / len(series)
     for i, (name, vals) in enumerate(series.items()):

@@ -83,11 +83,11 @@ def test_lossless_methods_score_exactly_dense_and_plugins_run(tok, tiny_vocab, t
             assert r["methods"][label]["identical"], (label, r["task"])
             assert r["methods"][label]["score"] == r["dense"]
         s = res["summary"][label]
-        assert s["agreement"] == 1.0 and s["tv_mean"] == 0.0
+        assert s["agreement"] == 1.0 and s["tf_agreement"] == 1.0 and s["tv_mean"] == 0.0
         assert all(t["diff"] == 0 and t["sign_p"] == 1.0 for t in s["tasks"].values())
     assert "eval-test-plugin:draft=early-exit" in res["summary"]
     md = markdown(res, dict(date="today", command="specdec eval"))
-    assert "| passkey |" in md and "| pydoc | vegas | 100.00% |" in md
+    assert "| passkey |" in md and "| pydoc | vegas | 100.00% (7) | 100.00% |" in md
     png = plot(res, tmp_path / "e.png")
     assert png.stat().st_size > 1000
     json.dumps(res)  # JSON-serialisable
@@ -113,3 +113,38 @@ def test_cli_bad_input_one_line(tmp_path):
     assert r.exit_code == 2 and "unknown method" in r.output
     r = CliRunner().invoke(app, ["eval", "--output-json", str(tmp_path / "o.json"), "--budget", "9999"])
     assert r.exit_code == 2 and "exceeds --context-tokens" in r.output
+
+
+def test_teacher_forced_agreement_counts_each_position(tiny_vocab):
+    """Forced onto a trajectory, the run emits exactly it, and each position whose greedy token differs
+    from the trajectory's is counted once: a lossless verifier on a trajectory with its last token changed
+    agrees everywhere but there."""
+    from specdec.engine import SpeculativeEngine
+    from specdec.evaluation import DenseTwin
+    from specdec.presets import PipelineConfig, build_engine
+
+    prompt = [int(t) for t in torch.randint(5, 1000, (40,), generator=torch.Generator().manual_seed(3))]
+    dense = SpeculativeEngine(tiny_vocab, method="dense", eos_token_id=-1)
+    ref = dense.generate([prompt], 12).tokens[0]
+    planted = ref[:-1] + [(ref[-1] + 1) % 1000]
+    for traj, misses in ((ref, 0), (planted, 1)):
+        eng = build_engine(tiny_vocab, PipelineConfig.make(method="vegas", gamma=3), eos_token_id=-1)
+        eng.verifier = DenseTwin(eng.verifier, forced=[prompt + traj])
+        out = eng.generate([prompt], 12).tokens[0]
+        assert out == traj
+        s = eng.verifier.summary()
+        assert s["tf_rows"] == 11  # every position after the prefill's token, scored once
+        assert s["tf_agreement"] == (11 - misses) / 11
+
+
+def test_teacher_forced_agreement_is_reported_for_documents(tok, tiny_vocab):
+    """Both agreements per document: a full budget is exactly dense, a tiny one is not (teacher-forced < 1)."""
+    res = run_eval(tiny_vocab, parse_methods("dustin:draft=early-exit"), [], context=256, samples=1,
+                   budget_ratio=1.0, gamma=3, documents=["pydoc"], doc_tokens=10, tokenizer=tok, log=lambda s: None)
+    d = res["documents"][0]["methods"]["dustin:draft=early-exit"]
+    assert d["tf_agreement"] == 1.0 and d["agreement"] == 1.0 and d["tf_rows"] == 9
+    res = run_eval(tiny_vocab, parse_methods("dustin:draft=early-exit"), [], context=256, samples=1,
+                   budget=12, gamma=3, documents=["pydoc"], doc_tokens=10, tokenizer=tok, log=lambda s: None)
+    s = res["summary"]["dustin:draft=early-exit"]
+    assert s["tf_agreement"] < 1.0
+    assert "agreement, teacher-forced" in markdown(res, {})
