@@ -96,7 +96,7 @@ class Runner:
         self.out_dir = Path(args.out)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "gemma_long.json"
-        self.device = "cpu" if args.smoke else "cuda"
+        self.device = "cpu" if args.smoke else args.device
         self.budget = Budget(args.budget_s)
         import transformers
 
@@ -140,8 +140,8 @@ class Runner:
         return context_ids(model.tokenizer, text, context, offset=20000)
 
     def ctx(self, full: int) -> int:
-        """The context of a part: as given on the GPU, scaled down 32× for ``--smoke``."""
-        return full // 32 if self.a.smoke else full
+        """The context of a part: as given on the GPU, divided by ``--scale`` (32 for ``--smoke``)."""
+        return full // self.a.scale
 
     def part(self, name: str, fn, min_left: float) -> None:
         left = self.budget.left()
@@ -172,7 +172,7 @@ class Runner:
         lay.update(model_type=m.hf.config.model_type, windows=list(d.windows), n_layers=d.n_layers,
                    n_global=d.n_global, n_kv_heads=d.n_kv_heads, head_dim=d.head_dim, vocab=d.vocab_size,
                    weight_bytes_bf16=sum(p.numel() * p.element_size() for p in m.hf.parameters()))
-        lay["copy_bandwidth_GBps"] = copy_bandwidth(self.device, (64 << 20) if self.a.smoke else (2 << 30)) / 1e9
+        lay["copy_bandwidth_GBps"] = copy_bandwidth(self.device, (64 << 20) if self.device == "cpu" else (2 << 30)) / 1e9
         ctx = self.ctx(32768)
         per_pos = 2 * d.n_kv_heads * d.head_dim * 2
         for B in (1, 32):
@@ -235,7 +235,7 @@ class Runner:
                 free(self.device)
 
     def budget_tokens(self, ctx: int) -> int:
-        return max(64, min(self.a.tau_budget, ctx // 4)) if self.a.smoke else self.a.tau_budget
+        return max(64, min(self.a.tau_budget, ctx // 4)) if self.a.scale > 1 else self.a.tau_budget
 
     # ---------------------------------------------------------------- 3. τ vs context
     def tau(self) -> None:
@@ -350,6 +350,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=330.0, help="hard budget for all parts (seconds)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny random Gemma 3, contexts / 32")
     ap.add_argument("--parts", default="layout,equality,tau,speed")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu for a dry run of the real model with --scale")
+    ap.add_argument("--scale", type=int, default=1, help="divide every context by this (dry runs)")
     ap.add_argument("--backend", default="triton", help="backend of the bfloat16 parts (equality: torch, float32)")
     ap.add_argument("--graphs", type=int, default=1)
     ap.add_argument("--gamma", type=int, default=4)
@@ -362,11 +364,11 @@ def main() -> None:
     ap.add_argument("--eq-new", type=int, default=16)
     a = ap.parse_args()
     if a.smoke:
-        a.backend = "torch"
+        a.backend, a.device, a.scale = "torch", "cpu", 32
         a.graphs = 0
         a.eq_new, a.tau_new, a.new, a.reps = min(a.eq_new, 8), min(a.tau_new, 16), min(a.new, 8), min(a.reps, 2)
         a.batches = "1,4"
-    elif not torch.cuda.is_available():
+    elif a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gemma_long.py: no CUDA device; run on the GPU machine or pass --smoke.")
     elif not Path(a.gguf).is_file():
         sys.exit(f"gemma_long.py: {a.gguf} does not exist; join the parts first (see benchmarks/gpu/gemma_long.sh).")
