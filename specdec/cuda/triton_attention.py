@@ -60,6 +60,7 @@ def _splitk_attn_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPARSE: tl.constexpr, SCORE_MODE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
     NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
+    V_EARLY: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -129,6 +130,10 @@ def _splitk_attn_kernel(
             pos = offs_n
             valid = in_rng
         kt = tl.load(k_base + pos[None, :] * stride_kl + offs_d[:, None], mask=valid[None, :], other=0.0)
+        if V_EARLY:
+            # the V rows of the same positions are gathered right after the K rows: both requests are in
+            # flight together instead of the V gather waiting for the softmax of the tile
+            vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=DOT_PREC) * sm_scale
@@ -155,7 +160,8 @@ def _splitk_attn_kernel(
         alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
         p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
+        if not V_EARLY:
+            vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
         pv = p.to(vt.dtype)
         if UPCAST:
             pv = pv.to(tl.float32)
@@ -286,14 +292,44 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
     return out
 
 
+#: Launch table: the first row whose key matches picks the tunables that a ``LaunchConfig`` leaves at
+#: ``None``. Key: ``(sparse, largest head dim, raw_scores)`` (``raw_scores`` ``None`` matches both);
+#: value: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``.
+#:
+#: * sparse plans: the K/V gathers depend on an index load in the same iteration, and Triton's
+#:   pipeliner divides ``num_stages - 1`` stages of latency among the levels of such a chain
+#:   (index load -> gather): with 2 stages each level gets 0, i.e. the gathers are not pipelined at
+#:   all. 3 stages give the index load and the gathers one stage each; 64-position tiles keep the
+#:   buffers (2 x 16 KB per stage at head dim 128) small enough for several programs per SM, and
+#:   ``v_early`` puts the V gather in flight next to the K gather. ``min_tiles``: at least this
+#:   many tiles per split, so that a split is long enough for the pipeline to fill.
+#:   ``benchmarks/gpu/sparse_attn.py`` measures this row against the previous default
+#:   ``(128, 4, 2, 4, False, 1)`` and sweeps the neighbours; its report prints the best row per shape.
+#: * dense (measured on an H200, ``benchmarks/results/gpu_kernels_2026-11-29.md``): head dim <= 64:
+#:   3 stages and 8 programs per SM; head dim 128: 64-position tiles, 2 stages, 2 programs per SM;
+#:   softmax scores at head dim 128: 737 us vs 944 us with the plain default.
+LAUNCH_TABLE: tuple[tuple[tuple[bool, int, bool | None], tuple[int, int, int, int, bool, int]], ...] = (
+    ((True, 64, None), (64, 4, 3, 4, True, 2)),
+    ((True, 1 << 30, None), (64, 4, 3, 4, True, 2)),
+    ((False, 64, None), (128, 4, 3, 8, False, 1)),
+    ((False, 1 << 30, True), (128, 4, 2, 4, False, 1)),
+    ((False, 1 << 30, None), (64, 4, 2, 2, False, 1)),
+)
+#: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
+SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
+
+
+def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False) -> tuple[int, int, int, int, bool, int]:
+    """The ``LAUNCH_TABLE`` row for a launch: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``."""
+    for (sp, dmax, raw), entry in LAUNCH_TABLE:
+        if sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores):
+            return entry
+    raise LookupError(f"no launch table row for sparse={sparse}, head_dim={head_dim}")  # pragma: no cover
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tunables of the split-K launch; ``None`` picks the default measured best on an H200.
-
-    Defaults (``benchmarks/results/gpu_kernels_*.md`` has the sweep): sparse: 128-position
-    tiles, 4 warps, 2 stages, 4 programs per SM; dense with head dim <= 64: 3 stages and 8
-    programs per SM; dense with head dim 128: 64-position tiles, 2 stages, 2 programs per SM.
-    """
+    """Tunables of the split-K launch; ``None`` picks the row of ``LAUNCH_TABLE`` for the call."""
 
     block_n: int | None = None
     num_warps: int | None = None
@@ -313,23 +349,21 @@ class LaunchConfig:
     # dense step 3.88 ms in one split vs 4.04-4.16 ms with 3-6 splits + combine, verify T = 5 4.13 vs
     # 4.50 ms; benchmarks/results/gpu_launch_reductions_2026-11-29.md), never at head dim 128 (not measured)
     dense_single_split_at: float | str | None = "auto"
+    # gather V right after K in each tile (True) or after the tile's softmax (False); None: table
+    v_early: bool | None = None
+    # at least this many tiles per split when the split count is chosen automatically; None: table
+    min_tiles: int | None = None
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False) -> "LaunchConfig":
-        if sparse:
-            auto = (128, 4, 2, 4)
-        elif head_dim <= 64:
-            auto = (128, 4, 3, 8)
-        elif raw_scores:  # softmax scores at head dim 128: 737 us vs 944 us with the plain default
-            auto = (128, 4, 2, 4)
-        else:
-            auto = (64, 4, 2, 2)
+        auto = table_entry(sparse, head_dim, raw_scores)
         pick = lambda v, a: a if v is None else v  # noqa: E731
         dense_one = self.dense_single_split_at
         if dense_one == "auto":
             dense_one = 1.0 if head_dim <= 64 else None
         return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
                             pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
-                            self.combine_warps, self.sparse_single_split_at, self.out_bthd, dense_one)
+                            self.combine_warps, self.sparse_single_split_at, self.out_bthd, dense_one,
+                            pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]))
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -345,7 +379,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchConfig, sparse: bool = False) -> int:
-    """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, at least one tile each.
+    """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, ``min_tiles`` tiles each.
 
     A sparse plan reads only a few tiles per (sequence, KV head); once ``bh`` programs alone give
     ``cfg.sparse_single_split_at`` programs per SM it runs in one split, whose program writes the
@@ -363,7 +397,8 @@ def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchCo
         return 1
     target = sms * (cfg.ctas_per_sm or 4)
     s = max(1, math.ceil(target / max(bh, 1)))
-    return max(1, min(s, math.ceil(max(virtual_len, 1) / (cfg.block_n or 128))))
+    tiles = math.ceil(max(virtual_len, 1) / (cfg.block_n or 128))
+    return max(1, min(s, math.ceil(tiles / max(1, cfg.min_tiles or 1))))
 
 
 def splitk_attention(
@@ -470,7 +505,7 @@ def splitk_attention(
         L, S, kplan, max(n_slots, 1),
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast, NOUT=max(1, n_slots),
-        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and score_mode in (1, 3),
+        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and score_mode in (1, 3), V_EARLY=bool(cfg.v_early),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if direct:
