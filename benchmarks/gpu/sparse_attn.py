@@ -30,6 +30,7 @@ Everything is written to ``<out>/sparse_attn.json`` and ``.md`` after each shape
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -65,14 +66,16 @@ def mk(bn, w, s, c, e, m, single=1.0) -> LaunchConfig:
 
 def name_of(c: LaunchConfig) -> str:
     one = "" if c.sparse_single_split_at == 1.0 else f"_one{c.sparse_single_split_at}"
-    return f"bn{c.block_n}w{c.num_warps}s{c.num_stages}c{c.ctas_per_sm}{'e' if c.v_early else 'l'}m{c.min_tiles}{one}"
+    fc = "_fc" if c.fused_combine else ""
+    return f"bn{c.block_n}w{c.num_warps}s{c.num_stages}c{c.ctas_per_sm}{'e' if c.v_early else 'l'}m{c.min_tiles}{one}{fc}"
 
 
 def sweep_for(head_dim: int, smoke: bool) -> list[tuple[str, LaunchConfig]]:
     legacy = ("legacy", mk(*SPARSE_LEGACY))
     table = ("table", mk(*table_entry(True, head_dim)))
     if smoke:
-        return [legacy, table, ("bn32w4s3c4em2", mk(32, 4, 3, 4, True, 2))]
+        return [legacy, table, ("bn32w4s3c4em2", mk(32, 4, 3, 4, True, 2)),
+            ("table_fused_combine", dataclasses.replace(mk(*table_entry(True, head_dim)), fused_combine=True))]
     rows = [(64, 4, 3, 4, False, 2), (64, 4, 2, 4, True, 1), (64, 4, 4, 4, True, 2), (64, 4, 5, 4, True, 2),
             (32, 4, 3, 4, True, 2), (32, 4, 5, 8, True, 2), (128, 4, 3, 4, True, 1), (128, 8, 3, 4, True, 1),
             (64, 8, 3, 4, True, 2), (64, 4, 3, 2, True, 2), (64, 4, 3, 8, True, 2), (64, 4, 3, 4, True, 4)]
@@ -80,6 +83,8 @@ def sweep_for(head_dim: int, smoke: bool) -> list[tuple[str, LaunchConfig]]:
     t = table_entry(True, head_dim)
     out.append(("table_one_split_at_0.5", mk(*t, single=0.5)))  # one split already at half a program per SM
     out.append(("table_never_one_split", mk(*t, single=None)))
+    out.append(("table_fused_combine", dataclasses.replace(mk(*t), fused_combine=True)))
+    out.append(("table_never_one_split_fused_combine", dataclasses.replace(mk(*t, single=None), fused_combine=True)))
     return out
 
 

@@ -52,6 +52,9 @@ class TritonConfig(ComponentConfig):
             (``False``); ``None``: table (on for sparse plans, off for dense).
         min_tiles: at least this many tiles per split when the split count is automatic
             (``None``: table).
+        fused_combine: with more than one split, the last program of each (sequence, KV head)
+            merges the splits (one atomic counter per pair) instead of a second launch. Off by
+            default: checked under the interpreter, not yet measured or tested on a GPU.
         flash_attn: dense attention without scores on CUDA in fp16/bf16 through flash-attn's
             ``flash_attn_with_kvcache``: ``"auto"`` when flash-attn is installed (else our kernel,
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
@@ -69,6 +72,7 @@ class TritonConfig(ComponentConfig):
     sparse_single_split_at: float | None = 1.0
     v_early: bool | None = None
     min_tiles: int | None = Field(default=None, ge=1)
+    fused_combine: bool = False
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
 
@@ -151,7 +155,7 @@ class TritonBackend(AttentionBackend):
                          num_splits=c.num_splits, ctas_per_sm=c.ctas_per_sm,
                          sparse_single_split_at=c.sparse_single_split_at,
                          dense_single_split_at=c.dense_single_split_at, v_early=c.v_early,
-                         min_tiles=c.min_tiles)
+                         min_tiles=c.min_tiles, fused_combine=c.fused_combine)
             if LaunchConfig is not None
             else None
         )
