@@ -18,9 +18,9 @@ if [ "${1:-}" = "--smoke" ]; then
     --no-vegas-costs --out "$OUT/steps"
   exit 0
 fi
-timeout 105 python3 benchmarks/gpu/sparse_attn.py --out "$OUT" --budget-s 85 2>&1 | tail -n 60
-echo "sparse_attn.py exit $?"
-timeout 70 python3 benchmarks/gpu/issue14.py --parts steps --step-shapes llama-3.1-8b \
+timeout 120 python3 benchmarks/gpu/sparse_attn.py --out "$OUT" --budget-s 100 2>&1 | tail -n 60
+echo "sparse_attn.py exit ${PIPESTATUS[0]}"
+timeout 65 python3 benchmarks/gpu/issue14.py --parts steps --step-shapes llama-3.1-8b \
   --variants fused_kernels,fused_kernels_legacy_sparse --no-vegas-costs --budget-s 45 --out "$OUT/steps" \
   > "$OUT/steps.log" 2>&1
 echo "issue14.py steps exit $?"
