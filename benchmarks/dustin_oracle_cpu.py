@@ -6,6 +6,7 @@ Every verification pass first runs densely with every layer's attention recorded
 head; ``+n`` keeps the first n layers dense. Teacher-forced on dense's trajectory (:class:`DenseTwin`).
 
     python benchmarks/dustin_oracle_cpu.py 512 64 stdlib:difflib shared,per,shared+2 0.25
+    DEVICE=cuda MODEL=/tmp/m/smol.gguf python benchmarks/dustin_oracle_cpu.py 4096 64 stdlib:calendar shared,per 0.25
 """
 import sys, json, time, torch
 from specdec.loading import load_model
@@ -19,7 +20,8 @@ from specdec.selectors.base import fixed_positions
 torch.set_num_threads(1)
 ctx, new, docs, modes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4].split(",")
 ratio = float(sys.argv[5]) if len(sys.argv) > 5 else 0.25
-m = load_model("smollm2-135m", "float32", "cpu", "reference"); tok = m.tokenizer
+import os
+m = load_model(os.environ.get("MODEL", "smollm2-135m"), "float32", os.environ.get("DEVICE", "cpu"), "reference"); tok = m.tokenizer
 N = m.dims.n_global; H = m.dims.n_heads
 dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
 
@@ -47,7 +49,7 @@ class Oracle:
                 per.append(torch.stack(hs, 1))
             ind = torch.stack(per, 0)
         if self.dl:
-            full = torch.arange(L).view(1, 1, 1, L).expand(1, B, ind.shape[2], L)
+            full = torch.arange(L, device=ind.device).view(1, 1, 1, L).expand(1, B, ind.shape[2], L)
             if ind.shape[0] == 1: ind = ind.expand(N, -1, -1, -1)
             K = max(L, ind.shape[-1])
             pad = lambda t: torch.nn.functional.pad(t, (0, K - t.shape[-1]), value=-1)
