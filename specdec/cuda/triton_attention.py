@@ -342,15 +342,15 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #: * dense (measured on an H200, ``benchmarks/results/gpu_kernels_2026-11-29.md``): head dim <= 64:
 #:   3 stages and 8 programs per SM; head dim 128: 64-position tiles, 2 stages, 2 programs per SM;
 #:   softmax scores at head dim 128: 737 us vs 944 us with the plain default.
+#: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
+SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
 LAUNCH_TABLE: tuple[tuple[tuple[bool, int, bool | None], tuple[int, int, int, int, bool, int]], ...] = (
-    ((True, 64, None), (64, 4, 3, 4, True, 2)),
-    ((True, 1 << 30, None), (64, 4, 3, 4, True, 2)),
+    ((True, 64, None), (128, 4, 3, 4, True, 1)),
+    ((True, 1 << 30, None), SPARSE_LEGACY),
     ((False, 64, None), (128, 4, 3, 8, False, 1)),
     ((False, 1 << 30, True), (128, 4, 2, 4, False, 1)),
     ((False, 1 << 30, None), (64, 4, 2, 2, False, 1)),
 )
-#: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
-SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
 
 
 def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False) -> tuple[int, int, int, int, bool, int]:
