@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.adaptive import ADAPTIVE_DEFAULT
 from specdec.fusion import kernels_off
 
 
@@ -125,7 +126,7 @@ def run_bench(
     repeats: int = 3,
     shape: str | None = None,
     acceptance_trace: str | Path | dict[str, str | Path] | None = None,
-    adaptive: bool = True,
+    adaptive: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
@@ -135,7 +136,8 @@ def run_bench(
     - ``warmup`` runs each (setting, method) once untimed first, so CUDA-graph captures and
       ``torch.compile`` compilations (they depend on the cache size) are not timed.
     - ``hf_baseline``: Hugging Face ``generate`` with its default cache and with
-      ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded
+      ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded but
+      detached from specdec's attention route (HF's own SDPA, :meth:`SpecdecModel.detached`)
       (``fuse`` fuses the projections, so HF runs the fused modules too).
     - ``documents``: file paths or built-in names (:func:`specdec.data.load_document`).
     - ``shape``: a random-weight model of that shape built on the device (:mod:`specdec.shapes`);
@@ -193,7 +195,8 @@ def run_bench(
                 budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
                 cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup, repeats=repeats,
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
-                replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None, adaptive=adaptive)
+                replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None,
+                adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive)
 
     def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
         write_text(output_dir / f"{tag}.json", json.dumps(dict(meta=meta, rows=rows), indent=2), "--output-dir")
@@ -218,7 +221,9 @@ def run_bench(
                     pre = None
                     for name in methods:
                         cfg = pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
-                        cfg = cfg.model_copy(update={"adaptive": adaptive, **({"options": options} if options else {})})
+                        upd = {**({"adaptive": adaptive} if adaptive is not None else {}),
+                               **({"options": options} if options else {})}
+                        cfg = cfg.model_copy(update=upd)
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} {name}")
                         eng = build_engine(m, cfg, eos_token_id=-1 if shape is not None else None)
                         if name in replays:

@@ -45,6 +45,15 @@ from specdec.cache import KVCache
 from specdec.interfaces import ScoreRequest, SparsePlan, plan_tensors
 
 
+_EVENTS = [0]
+
+
+def capture_events() -> int:
+    """How many captures (and refused warm-ups) happened so far in this process: an iteration during
+    which this grew paid for one, and its wall time is not a steady-state cost (:mod:`specdec.adaptive`)."""
+    return _EVENTS[0]
+
+
 @dataclass(frozen=True)
 class Step:
     """What a captured forward depends on besides tensor values: two forwards with equal steps run
@@ -205,6 +214,7 @@ class GraphCache:
             try:
                 g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep)
             except RuntimeError as exc:
+                _EVENTS[0] += 1
                 self.uncapturable[key] = _reason(exc)
                 torch.cuda.synchronize()
                 return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
@@ -244,6 +254,7 @@ class GraphCache:
         g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=self.model.backend)
         self.graphs[key] = g
         self.captures += 1
+        _EVENTS[0] += 1
         return g
 
 
@@ -330,6 +341,7 @@ class CapturedCall:
         try:
             _warm_up(lambda: fn(*statics))
         except RuntimeError as exc:
+            _EVENTS[0] += 1
             torch.cuda.synchronize()
             self.uncapturable[full] = _reason(exc)
             return fn(*inputs)
@@ -339,6 +351,7 @@ class CapturedCall:
         graph.replay()  # the capture itself computes nothing
         self.graphs[full] = (graph, statics, outs, keep)
         self.captures += 1
+        _EVENTS[0] += 1
         return outs
 
 
