@@ -202,8 +202,9 @@ class TritonBackend(AttentionBackend):
     def _row_slots(self, H: int, Hkv: int, T: int, rows: Sequence[int], heads: Sequence[int] | None, dev):
         """Slots for raw per-(head, row) logits and the ``(H_kv, n_slots, R)`` map back to rows.
 
-        Returns ``(slots (H, T) int32, n_slots, to_rows (H_kv, n, R) fp32, flat (H_kv, n) long)``
-        where ``flat`` indexes the slot's (head, row) in ``lse.view(B, H * T)``.
+        Returns ``(slots (H, T) int32, n_slots, to_rows (H_kv, n, R) fp32, flat (H_kv, n) long,
+        to_one (H_kv, n, 1) fp32)`` where ``flat`` indexes the slot's (head, row) in ``lse.view(B, H * T)``
+        and ``to_one`` sums the rows (the output when the rows are not kept apart).
         """
         key = ("s", H, Hkv, T, tuple(rows), None if heads is None else tuple(heads), str(dev))
         if key not in self._row_cache:
@@ -225,9 +226,13 @@ class TritonBackend(AttentionBackend):
                     for r_i, r in enumerate(rows):
                         if int(r) == t:
                             to_rows[kv, i, r_i] = 1.0
-            self._row_cache[key] = (_to_device(slots, dev), n, _to_device(to_rows, dev), _to_device(flat, dev))
-        (slots_d, _), n, (to_rows_d, _), (flat_d, _) = self._row_cache[key]
-        return slots_d, n, to_rows_d, flat_d
+            # the rows summed (one output row): the reduction writes (B, H_kv, L) at once, no per-row
+            # buffer and no separate sum over the rows
+            to_one = to_rows[:, :max(n, 1)].sum(-1, keepdim=True).contiguous()
+            self._row_cache[key] = (_to_device(slots, dev), n, _to_device(to_rows[:, :max(n, 1)].contiguous(), dev),
+                                    _to_device(flat[:, :max(n, 1)].contiguous(), dev), _to_device(to_one, dev))
+        (slots_d, _), n, (to_rows_d, _), (flat_d, _), (to_one_d, _) = self._row_cache[key]
+        return slots_d, n, to_rows_d, flat_d, to_one_d
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -268,11 +273,11 @@ class TritonBackend(AttentionBackend):
             return out, scores
         # raw logits of each requested (head, row), reduced after the combine (softmax needs the
         # final log-sum-exp; per-row output keeps the rows apart)
-        slots, n, to_rows, flat = self._row_slots(H, Hkv, T, rows, heads, dev)
+        slots, n, to_rows, flat, to_one = self._row_slots(H, Hkv, T, rows, heads, dev)
         out, lse, _, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n, cfg=self._launch)
-        scores = reduce_scores(raw, lse, flat[:, :n].contiguous(), to_rows[:, :n].contiguous(), meta.lengths, T,
-                               dense=not meta.sparse, softmax=kind == "softmax")
-        return out, (scores if per_row else scores.sum(dim=2))
+        scores = reduce_scores(raw, lse, flat, to_rows if per_row else to_one, meta.lengths, T,
+                               dense=not meta.sparse, softmax=kind == "softmax")  # (B, H_kv, R or 1, L)
+        return out, (scores if per_row else scores.view(B, Hkv, L))
 
     def _window_delegate(self):
         """The torch backend that computes sliding-window / soft-capped calls (built once)."""
