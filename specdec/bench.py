@@ -110,7 +110,7 @@ def run_bench(
     budget: int | None,
     budget_ratio: float | None,
     gamma: int,
-    model: str,
+    model: Any,
     backend: str,
     dtype: str,
     device: str,
@@ -132,6 +132,8 @@ def run_bench(
 
     Every GPU table of the project comes from here (``benchmarks/`` scripts call this function).
 
+    - ``model``: a name/path to load, or a :class:`~specdec.models.SpecdecModel` already loaded (scripts that
+      call this several times load once).
     - Each (setting, method) row is timed ``repeats`` times; tokens/s is the median, with min–max.
     - ``warmup`` runs each (setting, method) once untimed first, so CUDA-graph captures and
       ``torch.compile`` compilations (they depend on the cache size) are not timed.
@@ -183,7 +185,10 @@ def run_bench(
     else:
         for doc in documents:
             load_document(doc)  # a missing file fails before the model loads
-    m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape)
+    if isinstance(model, str):
+        m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape)
+    else:  # a SpecdecModel loaded by the caller (benchmark scripts reuse one across calls)
+        m, model = model, getattr(model, "name", None) or type(model.hf).__name__
     too_long = [c for c in contexts if c + max_new_tokens > m.dims.max_positions]
     if too_long:
         raise SpecdecError(
