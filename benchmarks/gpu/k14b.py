@@ -14,7 +14,7 @@ part records its traceback and the next one runs):
 2. ``adaptive`` the same with the adaptive controller on (dense again: the run-to-run noise).
 3. ``costs``    one layer's verify attention (γ+1 rows, CUDA graph replays, median of CUDA events)
                 without scores, with Collect-2-Query softmax scores and with logits: the score
-                emission share (target <= 3 %), at the embedded shape (B = 64 and 16, 8k) and the
+                emission share (target <= 3 %; also the unfused raw + reduce path of 2026-12-01), at the embedded shape (B = 64 and 16, 8k) and the
                 Llama-3.1-8B attention shape (B = 16, 32k, 32/8 heads, d 128). Vegas' selection
                 (``on_verify`` + the plan graph, 30 layers, B = 64, 8k) against a vegas iteration of
                 part 1 (target <= 2 %).
@@ -140,7 +140,7 @@ def part_adaptive(a, res, m):
     res["adaptive_never_loses"] = bool(ok) and all(ok)
 
 
-def _attention_costs(B, H, Hkv, D, L, gamma, dtype, dev, backend):
+def _attention_costs(B, H, Hkv, D, L, gamma, dtype, dev, backend, unfused):
     from specdec.interfaces import AttentionMetadata
 
     g = torch.Generator(device=dev).manual_seed(0)
@@ -151,14 +151,16 @@ def _attention_costs(B, H, Hkv, D, L, gamma, dtype, dev, backend):
     lengths = torch.full((B,), L, dtype=torch.long, device=dev)
     base = AttentionMetadata(lengths=lengths, scale=D ** -0.5, static=True)
     out = {}
-    for label, meta in (("plain", base),
-                        ("softmax_collect2", base.replace(score_rows=[0, gamma], score_kind="softmax")),
-                        ("logits_collect2", base.replace(score_rows=[0, gamma], score_kind="logits"))):
-        out[label + "_us"] = graph_time(lambda: backend.attend(q, k, v, meta), dev) * 1e6
+    soft = base.replace(score_rows=[0, gamma], score_kind="softmax")
+    for label, meta, be in (("plain", base, backend),
+                            ("softmax_collect2", soft, backend),
+                            ("softmax_collect2_unfused", soft, unfused),  # the 2026-12-01 path: raw + reduce kernel
+                            ("logits_collect2", base.replace(score_rows=[0, gamma], score_kind="logits"), backend)):
+        out[label + "_us"] = graph_time(lambda: be.attend(q, k, v, meta), dev) * 1e6
     kv_bytes = 2 * B * Hkv * (L + T) * D * k.element_size()
     out["plain_share_of_copy_bw"] = None  # filled by the caller (needs the copy bandwidth)
     out["kv_bytes"] = kv_bytes
-    for label in ("softmax_collect2", "logits_collect2"):
+    for label in ("softmax_collect2", "softmax_collect2_unfused", "logits_collect2"):
         out[label + "_emission_share"] = out[label + "_us"] / out["plain_us"] - 1.0
     del q, k, v
     return out
@@ -196,14 +198,16 @@ def part_costs(a, res, m, bw):
     dev = torch.device(a.device)
     out = {}
     dtype = getattr(torch, a.dtype)
-    be = m.backend if a.smoke is False else None
-    if be is None:
-        from specdec.registry import BACKENDS
+    from specdec.registry import BACKENDS
 
-        be = BACKENDS.build("triton")
+    be = m.backend if not a.smoke else BACKENDS.build("triton")
+    unfused = BACKENDS.build("triton", fused_softmax_scores=False)
+    if a.smoke:  # the interpreter: one split, so the fused path runs
+        be = BACKENDS.build("triton", num_splits=1)
+        unfused = BACKENDS.build("triton", num_splits=1, fused_softmax_scores=False)
     for label, (B, H, Hkv, D, L) in a.attn_shapes.items():
         try:
-            r = _attention_costs(B, H, Hkv, D, L, a.gamma, dtype, dev, be)
+            r = _attention_costs(B, H, Hkv, D, L, a.gamma, dtype, dev, be, unfused)
             r["plain_share_of_copy_bw"] = r["kv_bytes"] / (r["plain_us"] * 1e-6) / bw
             out[label] = r
         except Exception:

@@ -51,6 +51,10 @@ class TritonConfig(ComponentConfig):
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
             never. Sparse plans and score requests always use our kernels. Untested against the
             real library (it cannot be installed on the machines here): see docs/backends.md.
+        fused_softmax_scores: softmax scores summed over the rows (Vegas' request) of a dense call
+            that runs in one split are normalised by the attention kernel itself, once it knows each
+            row's log-sum-exp, instead of by a second kernel over the raw logits (``False``: always
+            the second kernel; for measuring the difference).
     """
 
     block_n: int | None = None
@@ -63,6 +67,7 @@ class TritonConfig(ComponentConfig):
     sparse_single_split_at: float | None = 1.0
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
+    fused_softmax_scores: bool = True
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -274,7 +279,13 @@ class TritonBackend(AttentionBackend):
         # raw logits of each requested (head, row), reduced after the combine (softmax needs the
         # final log-sum-exp; per-row output keeps the rows apart)
         slots, n, to_rows, flat, to_one = self._row_slots(H, Hkv, T, rows, heads, dev)
-        out, lse, _, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n, cfg=self._launch)
+        # summed softmax scores of a dense one-split call come out of the attention kernel itself
+        fuse = (self._row_weights(H, T, rows, heads, dev)
+                if kind == "softmax" and not per_row and self.config.fused_softmax_scores else None)
+        out, lse, fused, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n,
+                                                cfg=self._launch, softmax_weights=fuse)
+        if fused is not None:
+            return out, fused
         scores = reduce_scores(raw, lse, flat, to_rows if per_row else to_one, meta.lengths, T,
                                dense=not meta.sparse, softmax=kind == "softmax")  # (B, H_kv, R or 1, L)
         return out, (scores if per_row else scores.view(B, Hkv, L))
