@@ -18,8 +18,9 @@ to a few) — or ``0``: one plain dense step instead of a draft/verify round.
   three such in a row are a real change and restart the estimate. Acceptance of a round right after
   dense steps (its plan predates them) does not count. A dense step is probed once speculation has
   two samples and again every ``4·probe_every`` rounds; while dense wins, every ``probe_every``
-  dense steps two speculative rounds probe back. Hysteresis: dense is chosen when speculation is
-  ``hysteresis`` below it, speculation again when it is ``hysteresis`` above it — no flapping.
+  dense steps two speculative rounds probe back (the gap doubles, up to 8×, while probes confirm
+  dense). Hysteresis: dense is chosen when speculation is 2 % slower, speculation again when it is
+  3 % faster — no flapping.
 - **Steady state across calls.** The engine keeps its controller between ``generate`` calls of the
   same batch size and context scale (:meth:`SpeculationController.start_run`), so a warmed-up
   engine decides from its first iteration.
@@ -106,13 +107,15 @@ class SpeculationController:
             dense probes).
         warmup_rounds: steady-state speculative samples before the first dense probe.
         window: samples per cost kept for its median.
-        hysteresis: relative margin to switch mode (dense when ``rate_spec < (1 − h)·rate_dense``,
-            back when ``rate_spec > (1 + h)·rate_dense``).
+        enter_margin / exit_margin: hysteresis: dense when ``rate_spec < (1 − enter)·rate_dense``,
+            speculation again when ``rate_spec > (1 + exit)·rate_dense`` (a 5 % band: no flapping; the
+            small enter margin keeps a losing speculation above 0.98× dense).
         outlier: a sample this many times its kind's median is a warm-up, not a cost.
     """
 
     def __init__(self, gamma_max: int, adapt_gamma: bool = True, fall_back: bool = True, probe_every: int = 16,
-                 warmup_rounds: int = 2, window: int = 8, hysteresis: float = 0.05, outlier: float = 4.0) -> None:
+                 warmup_rounds: int = 2, window: int = 8, enter_margin: float = 0.02, exit_margin: float = 0.03,
+                 outlier: float = 4.0) -> None:
         if gamma_max < 1:
             raise ValueError(f"gamma_max must be >= 1 (got {gamma_max})")
         self.gamma_max = gamma_max
@@ -122,7 +125,8 @@ class SpeculationController:
         self.probe_every = probe_every
         self.warmup_rounds = warmup_rounds
         self.window = window
-        self.hysteresis = hysteresis
+        self.enter_margin = enter_margin
+        self.exit_margin = exit_margin
         self.outlier = outlier
         self._run_key = None
         self.reset()
@@ -139,6 +143,7 @@ class SpeculationController:
         self._since_dense = 0  # rounds since the last dense step
         self._since_probe = 0  # dense steps since the last speculative probe (dense mode)
         self._probe_left = 0  # speculative probe rounds still to run (dense mode)
+        self._probe_gap = self.probe_every  # dense steps between probes; doubles while probes confirm dense
         self._last_dense = False
         self._low = 0  # consecutive rounds of collapsed acceptance
 
@@ -178,7 +183,7 @@ class SpeculationController:
         if self.dense_mode:
             if self._probe_left > 0:
                 return self.gamma
-            if self._since_probe >= self.probe_every:
+            if self._since_probe >= self._probe_gap:
                 self._probe_left = 2  # the first round drafts from a stale plan: its acceptance does not count
                 return self.gamma
             return 0
@@ -198,16 +203,19 @@ class SpeculationController:
         self._since_dense += 1
         stale = self._last_dense
         self._last_dense = False
+        probe_done = False
         if self._probe_left > 0:
             self._probe_left -= 1
             if self._probe_left == 0:
-                self._since_probe = 0
+                self._since_probe, probe_done = 0, True
         self._sample(gamma, seconds)
         if not stale:
             self._acc.setdefault(gamma, deque(maxlen=self.window)).append(float(mean_accepted))
             if self.adapt_gamma:
                 self._adapt(gamma, mean_accepted)
         self._decide()
+        if probe_done and self.dense_mode:  # the probe confirmed dense: probe less often (at most 8x)
+            self._probe_gap = min(8 * self.probe_every, 2 * self._probe_gap)
 
     def observe_dense(self, seconds: float | None) -> None:
         """A dense step took ``seconds`` (``None``: a warm-up, not a cost)."""
@@ -247,11 +255,10 @@ class SpeculationController:
         rd, rs = self.dense_rate(), self.rate_spec()
         if rd is None or rs is None:
             return
-        h = self.hysteresis
-        if not self.dense_mode and rs < (1.0 - h) * rd:
+        if not self.dense_mode and rs < (1.0 - self.enter_margin) * rd:
             self.dense_mode, self._since_probe = True, 0
-        elif self.dense_mode and self._probe_left == 0 and rs > (1.0 + h) * rd:
-            self.dense_mode = False
+        elif self.dense_mode and self._probe_left == 0 and rs > (1.0 + self.exit_margin) * rd:
+            self.dense_mode, self._probe_gap = False, self.probe_every
 
 
 class Pacing:
