@@ -316,3 +316,10 @@ def test_probes_back_off_while_dense_keeps_winning():
     kinds = _drive(c, lambda g: (g + 1) / 0.93, 1.0, accepted=4.0, n=600)
     spec = sum(1 for k in kinds[100:] if k)
     assert c.dense_mode and spec <= 2 * (500 // 128 + 2)
+
+
+def test_a_small_loss_is_enough_to_fall_back():
+    """The B = 1 target is >= 0.97x dense: speculation at 0.965x dense must go dense."""
+    c = SpeculationController(4)
+    _drive(c, lambda g: (g + 1) / 0.965, 1.0, accepted=4.0, n=300)
+    assert c.dense_mode
