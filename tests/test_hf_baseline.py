@@ -39,7 +39,7 @@ def test_hf_generate_runs_detached_from_the_specdec_route(monkeypatch):
         del m.hf.generate
         AttentionInterface.register("specdec", torch.compiler.disable(real))  # as register_attention() does
     assert len(seen) == 4 and all(impl != "specdec" and n == 0 for impl, n in seen), seen
-    assert r["attn_implementation"] != "specdec" and r["median"] > 0
+    assert r["attn_implementation"] != "specdec" and {"median", "min", "max"} <= set(r)  # (timing: not tested)
     assert m.hf.config._attn_implementation == "specdec"  # attached again: specdec forwards still route
     out = m.forward(torch.tensor([[3, 4]]), m.new_cache(1, 8), torch.zeros(1, dtype=torch.long))
     assert out.shape[-1] == m.dims.vocab_size
