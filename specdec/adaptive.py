@@ -107,9 +107,10 @@ class SpeculationController:
             dense probes).
         warmup_rounds: steady-state speculative samples before the first dense probe.
         window: samples per cost kept for its median.
-        enter_margin / exit_margin: hysteresis: dense when ``rate_spec < (1 − enter)·rate_dense``,
-            speculation again when ``rate_spec > (1 + exit)·rate_dense`` (a 5 % band: no flapping; the
-            small enter margin keeps a losing speculation above 0.98× dense).
+        enter_margin: hysteresis, lower side: dense when ``rate_spec < (1 − enter_margin)·rate_dense``
+            (small: a losing speculation stays above 0.98× dense).
+        exit_margin: hysteresis, upper side: speculation again when ``rate_spec > (1 + exit_margin)·rate_dense``
+            (with ``enter_margin`` a 5 % band: no flapping).
         outlier: a sample this many times its kind's median is a warm-up, not a cost.
     """
 
