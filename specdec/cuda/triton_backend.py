@@ -60,6 +60,10 @@ class TritonConfig(ComponentConfig):
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
             never. Sparse plans and score requests always use our kernels. Untested against the
             real library (it cannot be installed on the machines here): see docs/backends.md.
+        fused_softmax_scores: softmax scores summed over the rows (Vegas' request) of a dense call
+            that runs in one split are normalised by the attention kernel itself, once it knows each
+            row's log-sum-exp, instead of by a second kernel over the raw logits (``False``: always
+            the second kernel; for measuring the difference).
     """
 
     block_n: int | None = None
@@ -75,6 +79,7 @@ class TritonConfig(ComponentConfig):
     fused_combine: bool = False
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
+    fused_softmax_scores: bool = True
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -215,8 +220,9 @@ class TritonBackend(AttentionBackend):
     def _row_slots(self, H: int, Hkv: int, T: int, rows: Sequence[int], heads: Sequence[int] | None, dev):
         """Slots for raw per-(head, row) logits and the ``(H_kv, n_slots, R)`` map back to rows.
 
-        Returns ``(slots (H, T) int32, n_slots, to_rows (H_kv, n, R) fp32, flat (H_kv, n) long)``
-        where ``flat`` indexes the slot's (head, row) in ``lse.view(B, H * T)``.
+        Returns ``(slots (H, T) int32, n_slots, to_rows (H_kv, n, R) fp32, flat (H_kv, n) long,
+        to_one (H_kv, n, 1) fp32)`` where ``flat`` indexes the slot's (head, row) in ``lse.view(B, H * T)``
+        and ``to_one`` sums the rows (the output when the rows are not kept apart).
         """
         key = ("s", H, Hkv, T, tuple(rows), None if heads is None else tuple(heads), str(dev))
         if key not in self._row_cache:
@@ -238,9 +244,13 @@ class TritonBackend(AttentionBackend):
                     for r_i, r in enumerate(rows):
                         if int(r) == t:
                             to_rows[kv, i, r_i] = 1.0
-            self._row_cache[key] = (_to_device(slots, dev), n, _to_device(to_rows, dev), _to_device(flat, dev))
-        (slots_d, _), n, (to_rows_d, _), (flat_d, _) = self._row_cache[key]
-        return slots_d, n, to_rows_d, flat_d
+            # the rows summed (one output row): the reduction writes (B, H_kv, L) at once, no per-row
+            # buffer and no separate sum over the rows
+            to_one = to_rows[:, :max(n, 1)].sum(-1, keepdim=True).contiguous()
+            self._row_cache[key] = (_to_device(slots, dev), n, _to_device(to_rows[:, :max(n, 1)].contiguous(), dev),
+                                    _to_device(flat[:, :max(n, 1)].contiguous(), dev), _to_device(to_one, dev))
+        (slots_d, _), n, (to_rows_d, _), (flat_d, _), (to_one_d, _) = self._row_cache[key]
+        return slots_d, n, to_rows_d, flat_d, to_one_d
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -281,11 +291,17 @@ class TritonBackend(AttentionBackend):
             return out, scores
         # raw logits of each requested (head, row), reduced after the combine (softmax needs the
         # final log-sum-exp; per-row output keeps the rows apart)
-        slots, n, to_rows, flat = self._row_slots(H, Hkv, T, rows, heads, dev)
-        out, lse, _, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n, cfg=self._launch)
-        scores = reduce_scores(raw, lse, flat[:, :n].contiguous(), to_rows[:, :n].contiguous(), meta.lengths, T,
-                               dense=not meta.sparse, softmax=kind == "softmax")
-        return out, (scores if per_row else scores.sum(dim=2))
+        slots, n, to_rows, flat, to_one = self._row_slots(H, Hkv, T, rows, heads, dev)
+        # summed softmax scores of a dense one-split call come out of the attention kernel itself
+        fuse = (self._row_weights(H, T, rows, heads, dev)
+                if kind == "softmax" and not per_row and self.config.fused_softmax_scores else None)
+        out, lse, fused, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n,
+                                                cfg=self._launch, softmax_weights=fuse)
+        if fused is not None:
+            return out, fused
+        scores = reduce_scores(raw, lse, flat, to_rows if per_row else to_one, meta.lengths, T,
+                               dense=not meta.sparse, softmax=kind == "softmax")  # (B, H_kv, R or 1, L)
+        return out, (scores if per_row else scores.view(B, Hkv, L))
 
     def _window_delegate(self):
         """The torch backend that computes sliding-window / soft-capped calls (built once)."""
