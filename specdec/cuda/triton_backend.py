@@ -7,12 +7,12 @@ which is how the parity tests exercise it in CI.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Literal, Sequence
 
 import torch
 
+from specdec.cuda import peers
 from specdec.errors import SpecdecError
 from specdec.interfaces import AttentionBackend, AttentionMetadata
 from specdec.registry import BACKENDS, ComponentConfig
@@ -51,6 +51,12 @@ class TritonConfig(ComponentConfig):
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
             never. Sparse plans and score requests always use our kernels. Untested against the
             real library (it cannot be installed on the machines here): see docs/backends.md.
+        peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
+            ``"auto"`` the installed ones where the measured table ``peers.PICKS`` says they are the
+            fastest (ours elsewhere; an empty table keeps every call ours), ``"off"`` never,
+            ``"fa4"`` / ``"flashinfer"`` that peer for every call it can serve (benchmarks, parity
+            tests; building the backend fails when it is not installed). Never for score requests,
+            fp32, the CPU or calls under CUDA-graph capture.
     """
 
     block_n: int | None = None
@@ -63,6 +69,7 @@ class TritonConfig(ComponentConfig):
     sparse_single_split_at: float | None = 1.0
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
+    peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -84,11 +91,10 @@ def _interpreting() -> bool:
 
 
 def _flash_attn_installed() -> bool:
-    """Whether ``flash_attn`` can be imported (looked up, not imported: importing it loads CUDA code)."""
-    try:
-        return importlib.util.find_spec("flash_attn") is not None
-    except (ImportError, ValueError):
-        return False
+    """Whether flash-attn 2 can be imported (looked up, not imported: importing it loads CUDA code).
+
+    A ``flash_attn`` package holding only FlashAttention-4's ``cute`` is not flash-attn 2."""
+    return peers.fa2_installed()
 
 
 def _resolve_flash_attn(mode: str) -> bool:
@@ -148,6 +154,9 @@ class TritonBackend(AttentionBackend):
         )
         self._row_cache: dict[tuple, tuple] = {}
         self._flash = _resolve_flash_attn(c.flash_attn)  # resolved once, when the backend is built
+        self._peers = peers.resolve(c.peers)
+        self._peer_table: dict | None = None  # None: peers.PICKS (tests and benchmarks pass their own)
+        self._flashinfer: peers.FlashInferRunner | None = None
         # decode- and verify-sized forwards launch one or two kernels sized by tensor shapes only: no
         # host synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``,
         # which syncs; prefill-sized forwards sync too and are never captured)
@@ -159,6 +168,37 @@ class TritonBackend(AttentionBackend):
             self._flash and not meta.sparse and not meta.wants_scores
             and q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
         )
+
+    def peer_for(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> str:
+        """The kernel this call runs on: ``"triton"`` (ours), ``"fa4"`` or ``"flashinfer"``.
+
+        A peer needs: no scores, no capture, CUDA, fp16/bf16, a call kind it serves, and (``"auto"``)
+        the measured table naming it for this kind, head dim and ``B · L``."""
+        if not self._peers or meta.wants_scores or meta.static:
+            return "triton"
+        if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+            return "triton"
+        B, _, T, D = q.shape
+        if meta.sparse and not k_cache.is_contiguous():
+            return "triton"
+        if self.config.peers == "auto":
+            kind = "sparse" if meta.sparse else ("decode" if T == 1 else "verify")
+            want = peers.pick(kind, D, B * k_cache.shape[2], self._peer_table)
+        else:
+            want = self.config.peers
+        if want in self._peers and peers.can_serve(want, T, meta.sparse):
+            return want
+        return "triton"
+
+    def _run_peer(self, peer: str, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if peer == "fa4":
+            return peers.fa4_dense(q, k_cache, v_cache, meta.lengths, meta.scale)
+        if self._flashinfer is None:
+            self._flashinfer = peers.FlashInferRunner()
+        if meta.sparse:
+            return self._flashinfer.sparse(q, k_cache, v_cache, meta.lengths, meta.scale, meta.plan_indices,
+                                           meta.dense_from)
+        return self._flashinfer.dense(q, k_cache, v_cache, meta.lengths, meta.scale)
 
     def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
         if _TRITON_ERROR is not None:
@@ -240,6 +280,9 @@ class TritonBackend(AttentionBackend):
         if meta.window is not None or meta.softcap is not None:
             return self._window_delegate().attend(q, k_cache, v_cache, meta)
 
+        peer = self.peer_for(q, k_cache, meta)
+        if peer != "triton":
+            return self._run_peer(peer, q, k_cache, v_cache, meta), None
         if self.uses_flash_attn(q, meta):
             return _flash_dense(q, k_cache, v_cache, meta.lengths, meta.scale), None
         if self.config.sdpa_decode and T == 1 and not meta.sparse and rows is None and dev.type == "cuda":
