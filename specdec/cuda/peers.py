@@ -172,9 +172,9 @@ class FlashInferRunner:
                 self._wrappers[key] = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "HND")
         return self._wrappers[key]
 
-    def dense(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-              scale: float) -> torch.Tensor:
-        """Dense causal attention, q ``(B, H, T, D)`` → ``(B, H, T, D)``."""
+    def plan_dense(self, q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor, scale: float):
+        """Plan dense causal attention for q ``(B, H, T, D)`` over caches shaped like ``k_cache``;
+        returns ``run(q, k_cache, v_cache) -> (B, H, T, D)`` (pure GPU work, reusable for every layer)."""
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         dev = q.device
@@ -186,17 +186,22 @@ class FlashInferRunner:
         if T == 1:
             w = self._wrapper("decode", dev)
             w.plan(kv_indptr, kv_indices, last, H, Hkv, D, L, **types)
-            out = w.run(q.view(B, H, D) if q.is_contiguous() else q.reshape(B, H, D), (k_cache, v_cache))
-            return out.view(B, H, 1, D)
+            return lambda q, k, v: w.run(q.reshape(B, H, D), (k, v)).view(B, H, 1, D)
         w = self._wrapper("prefill", dev)
         qo_indptr = torch.arange(B + 1, **i32) * T
         w.plan(qo_indptr, kv_indptr, kv_indices, last, H, Hkv, D, L, causal=True, **types)
-        out = w.run(q.transpose(1, 2).reshape(B * T, H, D), (k_cache, v_cache))  # ragged (B·T, H, D)
-        return out.view(B, T, H, D).transpose(1, 2)
+        # ragged (B·T, H, D) rows in, (B, H, T, D) out
+        return lambda q, k, v: w.run(q.transpose(1, 2).reshape(B * T, H, D), (k, v)).view(B, T, H, D).transpose(1, 2)
 
-    def sparse(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-               scale: float, plan_indices: torch.Tensor, dense_from: torch.Tensor | None) -> torch.Tensor:
-        """One sparse row per sequence (a draft step): q ``(B, H, 1, D)`` → ``(B, H, 1, D)``."""
+    def dense(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+              scale: float) -> torch.Tensor:
+        """Dense causal attention, q ``(B, H, T, D)`` → ``(B, H, T, D)`` (plan, then run)."""
+        return self.plan_dense(q, k_cache, lengths, scale)(q, k_cache, v_cache)
+
+    def plan_sparse(self, q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor, scale: float,
+                    plan_indices: torch.Tensor, dense_from: torch.Tensor | None):
+        """Plan one sparse row per sequence (a draft step); returns ``run(q, k_cache, v_cache)``
+        (``(B, H, 1, D)`` → ``(B, H, 1, D)``; caches contiguous ``(B, H_kv, L, D)``)."""
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         G = H // Hkv
@@ -206,10 +211,18 @@ class FlashInferRunner:
         w = self._wrapper("decode", q.device)
         w.plan(indptr, indices, torch.ones(n_req, dtype=torch.int32, device=q.device), G, 1, D, 1,
                q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale)
-        kc = k_cache.reshape(B * Hkv * L, 1, 1, D)  # pages of one token, one KV head (a view of our cache)
-        vc = v_cache.reshape(B * Hkv * L, 1, 1, D)
-        out = w.run(q.reshape(n_req, G, D), (kc, vc))
-        return out.view(B, H, 1, D)
+
+        def run(q, k, v):
+            kc = k.view(B * Hkv * L, 1, 1, D)  # pages of one token, one KV head (a view of our cache)
+            vc = v.view(B * Hkv * L, 1, 1, D)
+            return w.run(q.reshape(n_req, G, D), (kc, vc)).view(B, H, 1, D)
+
+        return run
+
+    def sparse(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+               scale: float, plan_indices: torch.Tensor, dense_from: torch.Tensor | None) -> torch.Tensor:
+        """One sparse row per sequence: q ``(B, H, 1, D)`` → ``(B, H, 1, D)`` (plan, then run)."""
+        return self.plan_sparse(q, k_cache, lengths, scale, plan_indices, dense_from)(q, k_cache, v_cache)
 
 
 def token_lists(plan_indices: torch.Tensor, dense_from: torch.Tensor | None, lengths: torch.Tensor,
