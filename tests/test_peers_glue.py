@@ -172,12 +172,13 @@ def test_fa4_dense_equals_reference(fakes, T, G):
 
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("G", [1, 3])
-def test_flashinfer_dense_equals_reference(fakes, T, G):
-    """One page of ``L`` tokens per sequence (the cache itself), ``last_page_len = lengths + T``."""
-    q, k, v, lengths = _case(3, 2, G, T, 40, 16, seed=10 + T + G)
-    out = peers.FlashInferRunner(workspace_mb=1).dense(q, k, v, lengths, 0.3)
+@pytest.mark.parametrize("L,P", [(40, 8), (40, 16)])  # 16 does not divide 40: one page of L per sequence
+def test_flashinfer_dense_equals_reference(fakes, T, G, L, P):
+    """Pages of ``P`` tokens as strided views of the cache (ragged page counts, partial last pages)."""
+    q, k, v, lengths = _case(3, 2, G, T, L, 16, seed=10 + T + G)
+    out = peers.FlashInferRunner(workspace_mb=1, page_size=P).dense(q, k, v, lengths, 0.3)
     torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))[0], rtol=1e-5, atol=1e-5)
-    assert fakes == [dict(fn="decode" if T == 1 else "prefill", n_req=3, H=2 * G, Hkv=2, P=40)]
+    assert fakes == [dict(fn="decode" if T == 1 else "prefill", n_req=3, H=2 * G, Hkv=2, P=P if L % P == 0 else L)]
 
 
 @pytest.mark.parametrize("shared", [False, True])

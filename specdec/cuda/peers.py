@@ -11,7 +11,7 @@ What each peer can serve here (read from their sources: FA4 4.0.0b36, FlashInfer
 call kind     FlashAttention-4                             FlashInfer
 ============  ===========================================  ==============================================
 decode (1)    ``flash_attn_varlen_func``, ``seqused_k``    ``BatchDecodeWithPagedKVCacheWrapper``, HND,
-                                                           one page of ``L`` tokens per sequence
+                                                           16-token pages = strided views of our cache
 verify (T)    same, ``causal=True`` (bottom-right)         ``BatchPrefillWithPagedKVCacheWrapper``, causal
 sparse (1)    no: its top-k gather needs ``qv`` (MLA,      page size 1, heads folded into the batch:
               SM100) and block sparsity is per tile        page ``(b·H_kv + h)·L + pos`` = our token gather
@@ -126,8 +126,8 @@ def fa4_dense(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, len
               scale: float) -> torch.Tensor:
     """Dense causal attention of the ``T`` new rows through ``flash_attn.cute.flash_attn_varlen_func``.
 
-    q ``(B, H, T, D)``, caches ``(B, H_kv, L, D)`` go in as ``(B, T, H, D)`` / ``(B, L, H_kv, D)``
-    transposed views (FA4 needs only the last dimension contiguous); ``seqused_k = lengths + T``
+    q ``(B, H, T, D)`` goes in as a ``(B, T, H, D)`` copy (small), the caches ``(B, H_kv, L, D)`` as
+    ``(B, L, H_kv, D)`` transposed views (FA4 needs only the last dimension contiguous); ``seqused_k = lengths + T``
     (int32) covers the new rows, already written; ``causal=True`` aligns the mask to the bottom
     right, so row ``t`` sees positions ``<= lengths + t``. GQA is native. Returns ``(B, H, T, D)``.
     """
@@ -135,7 +135,7 @@ def fa4_dense(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, len
 
     T = q.shape[2]
     res = flash_attn_varlen_func(
-        q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+        q.transpose(1, 2).contiguous(), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
         seqused_k=(lengths + T).to(torch.int32), softmax_scale=scale, causal=True,
     )
     out = res[0] if isinstance(res, tuple) else res
@@ -147,14 +147,15 @@ def fa4_dense(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, len
 class FlashInferRunner:
     """FlashInfer wrappers over our cache, planned per call (one host read of the lengths).
 
-    Dense: HND layout, one page of ``L`` tokens per sequence — the ``(B, H_kv, L, D)`` cache *is*
-    FlashInfer's ``(num_pages, H_kv, page_size, D)`` paged cache, no copy. Sparse (one row): the
+    Dense: HND layout, pages of ``page_size`` tokens that are strided views of the ``(B, H_kv, L, D)``
+    cache (no copy; see :meth:`plan_dense`). Sparse (one row): the
     cache viewed as ``B · H_kv · L`` pages of one token and one KV head, each (sequence, KV head)
     a request of ``G`` query heads whose page list is its plan plus the dense tail.
     """
 
-    def __init__(self, workspace_mb: int = 128) -> None:
+    def __init__(self, workspace_mb: int = 128, page_size: int = 16) -> None:
         self.workspace_mb = workspace_mb
+        self.page_size = page_size
         self._ws: dict[str, torch.Tensor] = {}
         self._wrappers: dict[tuple, object] = {}
 
@@ -174,24 +175,45 @@ class FlashInferRunner:
 
     def plan_dense(self, q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor, scale: float):
         """Plan dense causal attention for q ``(B, H, T, D)`` over caches shaped like ``k_cache``;
-        returns ``run(q, k_cache, v_cache) -> (B, H, T, D)`` (pure GPU work, reusable for every layer)."""
+        returns ``run(q, k_cache, v_cache) -> (B, H, T, D)`` (pure GPU work, reusable for every layer).
+
+        Pages of ``P = page_size`` tokens are strided views of our cache: page ``b·H_kv·(L/P) + j``
+        holds tokens ``j·P ..`` of sequence ``b`` (page stride ``P·D``, head stride ``L·D``), so
+        FlashInfer can split a long sequence across CTAs. A non-contiguous cache, or ``L`` not a
+        multiple of ``P``, falls back to one page of ``L`` tokens per sequence (no split inside it).
+        """
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         dev = q.device
         i32 = dict(dtype=torch.int32, device=dev)
-        kv_indptr = torch.arange(B + 1, **i32)
-        kv_indices = torch.arange(B, **i32)
-        last = (lengths + T).to(torch.int32)  # one page of L tokens per sequence, `last` of them used
+        P = self.page_size if (L % self.page_size == 0 and k_cache.is_contiguous()) else L
+        nb = L // P
+        n = lengths + T  # visible tokens per sequence (the new rows are already written)
+        counts = (n + P - 1) // P
+        kv_indptr = torch.zeros(B + 1, **i32)
+        kv_indptr[1:] = counts.cumsum(0).to(torch.int32)
+        j = torch.arange(nb, device=dev).view(1, nb)
+        stride_b = Hkv * nb if P < L else 1
+        kv_indices = (torch.arange(B, device=dev).view(B, 1) * stride_b + j)[j < counts.view(B, 1)].to(torch.int32)
+        last = (n - (counts - 1) * P).to(torch.int32)
+        n_pages = (B - 1) * stride_b + nb
+
+        def pages(c):
+            if P == L:
+                return c  # (B, H_kv, L, D) is already (num_pages, H_kv, page_size, D)
+            return c.as_strided((n_pages, Hkv, P, D), (P * D, L * D, D, 1))
+
         types = dict(q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale)
         if T == 1:
             w = self._wrapper("decode", dev)
-            w.plan(kv_indptr, kv_indices, last, H, Hkv, D, L, **types)
-            return lambda q, k, v: w.run(q.reshape(B, H, D), (k, v)).view(B, H, 1, D)
+            w.plan(kv_indptr, kv_indices, last, H, Hkv, D, P, **types)
+            return lambda q, k, v: w.run(q.reshape(B, H, D), (pages(k), pages(v))).view(B, H, 1, D)
         w = self._wrapper("prefill", dev)
         qo_indptr = torch.arange(B + 1, **i32) * T
-        w.plan(qo_indptr, kv_indptr, kv_indices, last, H, Hkv, D, L, causal=True, **types)
+        w.plan(qo_indptr, kv_indptr, kv_indices, last, H, Hkv, D, P, causal=True, **types)
         # ragged (B·T, H, D) rows in, (B, H, T, D) out
-        return lambda q, k, v: w.run(q.transpose(1, 2).reshape(B * T, H, D), (k, v)).view(B, T, H, D).transpose(1, 2)
+        return lambda q, k, v: (w.run(q.transpose(1, 2).reshape(B * T, H, D), (pages(k), pages(v)))
+                                .view(B, T, H, D).transpose(1, 2))
 
     def dense(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
               scale: float) -> torch.Tensor:
