@@ -289,7 +289,7 @@ def test_attend_routes_to_the_peer(fakes, monkeypatch):
 def test_forced_peer_missing_is_one_clear_error(no_peers):
     with pytest.raises(SpecdecError, match=r"peers='fa4' needs fa4.*pip install 'specdec\[flash\]'"):
         TritonBackend(TritonConfig(peers="fa4"))
-    with pytest.raises(SpecdecError, match=r"pip install flashinfer-python"):
+    with pytest.raises(SpecdecError, match=r"pip install .specdec\[flashinfer\]. \(flashinfer-python\)"):
         TritonBackend(TritonConfig(peers="flashinfer"))
     assert TritonBackend(TritonConfig()).peer_for(_call(), _kc(), DENSE) == "triton"  # auto: silently ours
 

@@ -91,7 +91,7 @@ def flashinfer_installed() -> bool:
 INSTALLED = {"fa4": fa4_installed, "flashinfer": flashinfer_installed}
 HOW_TO_INSTALL = {
     "fa4": "pip install 'specdec[flash]' (flash-attn-4)",
-    "flashinfer": "pip install flashinfer-python",
+    "flashinfer": "pip install 'specdec[flashinfer]' (flashinfer-python)",
 }
 
 

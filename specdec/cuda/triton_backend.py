@@ -104,8 +104,9 @@ def _resolve_flash_attn(mode: str) -> bool:
     if _flash_attn_installed():
         return True
     if mode == "on":
-        raise SpecdecError("flash_attn='on' needs the flash-attn package, which is not installed; "
-                           "pip install 'specdec[flash]' (or use flash_attn='auto' or 'off').")
+        raise SpecdecError("flash_attn='on' needs flash-attn 2 (flash_attn_with_kvcache), which is not installed; "
+                           "pip install 'flash-attn>=2.6' (or use flash_attn='auto' or 'off'; FlashAttention-4 "
+                           "is peers='fa4').")
     return False
 
 
