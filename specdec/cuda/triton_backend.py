@@ -11,6 +11,7 @@ import os
 from typing import Literal, Sequence
 
 import torch
+from pydantic import Field
 
 from specdec.cuda import peers
 from specdec.errors import SpecdecError
@@ -32,8 +33,9 @@ class TritonConfig(ComponentConfig):
     """Launch tunables of the Triton backend.
 
     Attributes:
-        block_n: KV positions per tile (``None``: measured default, see ``LaunchConfig``).
-        num_warps / num_stages: Triton launch options of the split-K kernel (``None``: default).
+        block_n: KV positions per tile (``None``: the row of ``triton_attention.LAUNCH_TABLE`` for
+            the call: sparse or dense, head dim).
+        num_warps / num_stages: Triton launch options of the split-K kernel (``None``: table).
         num_splits: fixed chunks per (sequence, KV head); ``None`` picks enough to fill the GPU.
         ctas_per_sm: programs per SM the automatic split count aims for (``None``: default).
         sdpa_decode: use ``torch.nn.functional.scaled_dot_product_attention`` for a dense single
@@ -46,6 +48,13 @@ class TritonConfig(ComponentConfig):
             (measured faster on an H200), never at head dim 128; ``None``: always split.
         sparse_single_split_at: sparse plans run in one split (no combine launch) once the
             (sequence, KV head) programs reach this many per SM; ``None``: always split.
+        v_early: gather a tile's V rows right after its K rows (``True``) or after its softmax
+            (``False``); ``None``: table (on for sparse plans, off for dense).
+        min_tiles: at least this many tiles per split when the split count is automatic
+            (``None``: table).
+        fused_combine: with more than one split, the last program of each (sequence, KV head)
+            merges the splits (one atomic counter per pair) instead of a second launch. Off by
+            default: checked under the interpreter, not yet measured or tested on a GPU.
         flash_attn: dense attention without scores on CUDA in fp16/bf16 through flash-attn's
             ``flash_attn_with_kvcache``: ``"auto"`` when flash-attn is installed (else our kernel,
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
@@ -67,6 +76,9 @@ class TritonConfig(ComponentConfig):
     sdpa_decode: bool = False
     max_packed_rows: int = 64
     sparse_single_split_at: float | None = 1.0
+    v_early: bool | None = None
+    min_tiles: int | None = Field(default=None, ge=1)
+    fused_combine: bool = False
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
@@ -149,7 +161,8 @@ class TritonBackend(AttentionBackend):
             LaunchConfig(block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages,
                          num_splits=c.num_splits, ctas_per_sm=c.ctas_per_sm,
                          sparse_single_split_at=c.sparse_single_split_at,
-                         dense_single_split_at=c.dense_single_split_at)
+                         dense_single_split_at=c.dense_single_split_at, v_early=c.v_early,
+                         min_tiles=c.min_tiles, fused_combine=c.fused_combine)
             if LaunchConfig is not None
             else None
         )
