@@ -142,7 +142,7 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
     dtype = torch.bfloat16 if cuda else torch.float32
     gen = torch.Generator(device=dev).manual_seed(0)
     kv_bytes = B * Hkv * L * D * 2 * (2 if cuda else 4)
-    copies = max(1, min(8, math.ceil(copies_bytes / kv_bytes)))
+    copies = max(1, min(64, math.ceil(copies_bytes / kv_bytes)))
     ks = [torch.randn(B, Hkv, L, D, generator=gen, device=dev, dtype=dtype) for _ in range(copies)]
     vs = [torch.randn(B, Hkv, L, D, generator=gen, device=dev, dtype=dtype) for _ in range(copies)]
     scale = D**-0.5
