@@ -12,11 +12,11 @@
 #         its Python files + data/{include,cutlass,cccl,spdlog} + the top-level csrc files (what the
 #         decode / prefill JIT reads). Not carried: cudnn-frontend, nccl4py (imported only inside
 #         functions we do not call). Unpacked with Python's lzma/tarfile (no xz binary needed).
-# Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 200).
+# Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 180).
 set -uo pipefail
 SITE=${SITE:-/tmp/site}
 OUT=${OUT:-/tmp/out}
-BUDGET=${BUDGET:-200}
+BUDGET=${BUDGET:-180}
 IR=$SITE/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 RT=$SITE/nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so
 unxz() { python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'), 1<<24)" "$1" "$2"; }
