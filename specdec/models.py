@@ -523,6 +523,23 @@ class SpecdecModel:
         if _attached_owner(self.hf)[0] is self:
             self.hf.__dict__.pop(_OWNER_ATTR, None)
 
+    @contextmanager
+    def detached(self):
+        """Inside the block the Hugging Face model runs with the attention implementation it had before
+        :meth:`attach` (e.g. ``"sdpa"``), as a plain transformers user would run it; re-attached after.
+
+        Hugging Face ``generate`` baselines run here: through specdec's route, every layer's attention
+        call is a ``torch.compiler.disable`` boundary (a graph break per layer in HF's static-cache
+        ``torch.compile``) plus a context lookup, which made those baselines up to 10× slower than HF.
+        """
+        was = self._saved_impl is not None
+        self.detach()
+        try:
+            yield self
+        finally:
+            if was:
+                self.attach()
+
     def __enter__(self) -> "SpecdecModel":
         return self
 

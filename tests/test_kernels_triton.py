@@ -368,6 +368,27 @@ def test_dense_single_split_rule(monkeypatch):
     assert ta.choose_splits(16 * 3, 8000, gpu, ta.LaunchConfig(dense_single_split_at=0.25).resolve(False, 64)) == 1
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_softmax_scores_of_one_dense_split_need_no_second_kernel(monkeypatch, fused):
+    """Dense, one split, softmax scores summed over the rows (Vegas' request): the attention kernel
+    normalises them itself (no reduce launch); ``fused_softmax_scores=False`` keeps the reduce kernel.
+    Same values as the reference either way (``check``)."""
+    import specdec.cuda.triton_backend as tb
+
+    calls = []
+    real = tb.reduce_scores
+    monkeypatch.setattr(tb, "reduce_scores", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    q, k, v, lens = make_case(3, 2, 2, 3, 16, 48, torch.bfloat16, [29, 0, 41], seed=5)
+    for rows in ([0, 2], [2, 0, 2]):  # a row listed twice counts twice (its weight)
+        check(TritonConfig(block_n=16, num_splits=1, fused_softmax_scores=fused), q, k, v, lens,
+              score_rows=rows, score_kind="softmax", score_heads=[0, 1, 3])
+    assert (len(calls) == 0) == fused
+    calls.clear()  # more splits, or kept rows: the reduce kernel
+    check(TritonConfig(block_n=16, num_splits=3, fused_softmax_scores=fused), q, k, v, lens,
+          score_rows=[0, 2], score_kind="softmax")
+    assert len(calls) == 1
+
+
 # sparse launch variants: the table's sparse row (V gathered next to K, >= 2 tiles per split), the
 # previous default (V after the softmax), forced splits and wider tiles; tiles of 16/32 on the CPU so
 # that short plans span several tiles, budgets that are odd and not a multiple of the tile

@@ -61,6 +61,7 @@ def _splitk_attn_kernel(
     SPARSE: tl.constexpr, SCORE_MODE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
     NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
+    FUSED_SOFTMAX: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -176,6 +177,22 @@ def _splitk_attn_kernel(
         o_ptrs = Out + b64 * stride_ob + (h * G + g)[:, None] * stride_oh + t[:, None] * stride_ot + offs_d[None, :]
         tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_valid[:, None])
         tl.store(OutLse + (b64 * (HKV * G) + h * G + g) * T + t, lse, mask=row_valid)
+        if FUSED_SOFTMAX:
+            # softmax scores without a second launch (dense, one split): this program now knows each
+            # row's final log-sum-exp, so it re-reads the raw logits it just wrote (mostly still in L2)
+            # and stores sum_m w_m exp(raw_m - lse_m) per position: (B, H_kv, L), no reduce kernel
+            tl.debug_barrier()  # the raw stores of other threads of this program are visible
+            wf = tl.load(RowW + h * (G * T) + offs_m, mask=row_valid, other=0.0)
+            use = (slot >= 0) & has
+            lse_u = tl.where(use, lse, 0.0)
+            for j0 in range(start, end, BLOCK_N):
+                pos_e = j0 + tl.arange(0, BLOCK_N)
+                ok = pos_e < end
+                raw = tl.load(RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos_e[None, :],
+                              mask=use[:, None] & ok[None, :], other=float("-inf"))
+                pe = tl.where(raw == float("-inf"), 0.0, tl.exp(raw - lse_u[:, None]))
+                sc = tl.sum(tl.where(use[:, None], wf[:, None] * pe, 0.0), axis=0)
+                tl.store(Scores + pid_bh.to(tl.int64) * L + pos_e, sc, mask=ok)
     else:
         part = pid_bh.to(tl.int64) * NUM_SPLITS + pid_s
         tl.store(PartO + (part * BLOCK_M + offs_m)[:, None] * D + offs_d[None, :], o)
@@ -342,15 +359,15 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #: * dense (measured on an H200, ``benchmarks/results/gpu_kernels_2026-11-29.md``): head dim <= 64:
 #:   3 stages and 8 programs per SM; head dim 128: 64-position tiles, 2 stages, 2 programs per SM;
 #:   softmax scores at head dim 128: 737 us vs 944 us with the plain default.
+#: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
+SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
 LAUNCH_TABLE: tuple[tuple[tuple[bool, int, bool | None], tuple[int, int, int, int, bool, int]], ...] = (
-    ((True, 64, None), (64, 4, 3, 4, True, 2)),
-    ((True, 1 << 30, None), (64, 4, 3, 4, True, 2)),
+    ((True, 64, None), (128, 4, 3, 4, True, 1)),
+    ((True, 1 << 30, None), SPARSE_LEGACY),
     ((False, 64, None), (128, 4, 3, 8, False, 1)),
     ((False, 1 << 30, True), (128, 4, 2, 4, False, 1)),
     ((False, 1 << 30, None), (64, 4, 2, 2, False, 1)),
 )
-#: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
-SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
 
 
 def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False) -> tuple[int, int, int, int, bool, int]:
@@ -466,6 +483,7 @@ def splitk_attention(
     row_queries: torch.Tensor | None = None,
     row_ids: torch.Tensor | None = None,
     cfg: LaunchConfig = LaunchConfig(),
+    softmax_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -481,6 +499,10 @@ def splitk_attention(
             combining the packed query rows into (at most 16) output rows, with ``n_slots = R``;
             scores come back ``(B, H_kv, R, L)``.
         row_ids: with ``row_queries``: ``(16,)`` int32 row index of each output (-1 = unused).
+        softmax_weights: with ``row_slots``: ``(H, T)`` fp32 weight of each (head, row) in a softmax
+            score sum. When the call is dense and runs in one split, the kernel itself then returns
+            ``scores`` ``(B, H_kv, L)`` = ``sum w · exp(logit − lse)`` (no reduce launch); otherwise
+            ``scores`` is ``None`` and the caller reduces ``raw`` (``reduce_scores``).
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -546,6 +568,10 @@ def splitk_attention(
         else:  # the kernel writes every position < lengths + T; the reader masks the rest
             raw = torch.empty((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
         rs = row_slots
+    fused_softmax = score_mode == 2 and direct and not sparse and softmax_weights is not None
+    if fused_softmax:
+        scores = torch.empty((B, Hkv, L), dtype=torch.float32, device=dev)  # every position written
+        rw = softmax_weights
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     upcast = dev.type != "cuda" and q.dtype == torch.bfloat16
 
@@ -560,9 +586,10 @@ def splitk_attention(
         idx.stride(0) if sparse else 0, (idx.stride(1) if idx.shape[1] > 1 else 0) if sparse else 0,
         L, S, kplan, max(n_slots, 1),
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast, NOUT=max(1, n_slots),
-        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and score_mode in (1, 3), V_EARLY=bool(cfg.v_early),
-        Sem=sem, FUSED_COMBINE=fused,
+        SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,
+        NOUT=1 if fused_softmax else max(1, n_slots),
+        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and (score_mode in (1, 3) or fused_softmax),
+        V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if direct or fused:
