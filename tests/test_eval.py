@@ -148,3 +148,15 @@ def test_teacher_forced_agreement_is_reported_for_documents(tok, tiny_vocab):
     s = res["summary"]["dustin:draft=early-exit"]
     assert s["tf_agreement"] < 1.0
     assert "agreement, teacher-forced" in markdown(res, {})
+
+
+def test_pydoc_parts_are_held_out_prose():
+    """``pydoc:<i>/<n>`` split the topics into n runs that cover them once; the built-in ``pydoc`` text
+    (whose end is what benchmarks read) ends with the last part, and bad specs say how to write one."""
+    from specdec.data import load_document
+
+    full = load_document("pydoc")
+    parts = [load_document(f"pydoc:{i}/4") for i in range(1, 5)]
+    assert "\n\n".join(parts) == full and all(len(p) > len(full) // 8 for p in parts)
+    with pytest.raises(SpecdecError, match="pydoc:<i>/<n>"):
+        load_document("pydoc:5/4")
