@@ -1,0 +1,400 @@
+"""An EAGLE-style draft head fed the target's own last hidden state (Dustin's default draft on the embedded model).
+
+EAGLE (Li et al., 2024) drafts at the *feature* level: the head sees the target's final (normed) hidden
+state ``f_p`` at position ``p`` and the embedding of the token ``t_{p+1}`` that followed it, and predicts
+``f_{p+1}``; the target's LM head turns a feature into next-token logits::
+
+    u_p  = fc([embed(t_{p+1}); f_p])              # (B, T, 2d) -> (B, T, d)
+    y_p  = decoder_layer(u_p)                      # one Llama layer with its own small KV cache (head position p)
+    f̂_{p+1} = norm(y_p)                            # the target's final norm
+    logits = lm_head(f̂_{p+1})                      # the target's LM head: predicts t_{p+2}
+
+While drafting, step ``j >= 2`` feeds the head's own prediction ``f̂`` instead of a target feature. After
+verification, the target's features of the accepted positions (recorded during the verify pass, see
+:attr:`specdec.models.SpecdecModel.keep_hidden`) replace the predicted ones in the head's cache.
+
+The head's weights (``fc`` + one decoder layer, ~4.2 M parameters, ~8 MB in float16) are trained by
+:func:`specdec.train_eagle.train` (``specdec train-draft --kind eagle``); the embedding, final norm and LM
+head are the target's own (shared, not stored).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.errors import SpecdecError
+
+#: the keys an EAGLE artifact's metadata must carry
+EAGLE_META = {"kind", "target", "layer_from"}
+
+
+def _qkv(layer, x, cos, sin):
+    """Post-RoPE ``q (B, H, T, D)``, ``k, v (B, H_kv, T, D)`` of a Llama decoder layer on ``x (B, T, d)``."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    a = layer.self_attn
+    B, T, _ = x.shape
+    D = a.head_dim
+    xn = layer.input_layernorm(x)
+    q = a.q_proj(xn).view(B, T, -1, D).transpose(1, 2)
+    k = a.k_proj(xn).view(B, T, -1, D).transpose(1, 2)
+    v = a.v_proj(xn).view(B, T, -1, D).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    return q, k, v
+
+
+def _finish(layer, x, att):
+    """Output projection + residual + MLP; ``att (B, H, T, D)``."""
+    B, _, T, _ = att.shape
+    x = x + layer.self_attn.o_proj(att.transpose(1, 2).reshape(B, T, -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+class EagleHead(nn.Module):
+    """``fc`` (2d → d, with bias) + one decoder layer shaped like the target's layers.
+
+    Args:
+        target_layer: a decoder layer of the target (copied: class, config and initial weights).
+        hidden: model width ``d``.
+    """
+
+    def __init__(self, target_layer: nn.Module, hidden: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.layer = copy.deepcopy(target_layer)
+        self.layer.requires_grad_(True)
+        with torch.no_grad():  # start as "the feature itself" plus a little of the token embedding
+            self.fc.weight.zero_()
+            self.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+            nn.init.normal_(self.fc.weight[:, :hidden], std=0.02)
+            self.fc.bias.zero_()
+
+    def inputs(self, emb: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
+        """``fc([embed(t_{p+1}); f_p])``: ``(B, T, d)`` each → ``(B, T, d)``."""
+        return self.fc(torch.cat([emb, feat.to(emb.dtype)], dim=-1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Artifact: safetensors (fc + layer weights, float16) + JSON metadata {kind: "eagle", target, ...}
+# ---------------------------------------------------------------------------------------------------
+
+
+def save_eagle(path: str | Path, head: EagleHead, meta: dict) -> Path:
+    """Write the head's weights (float16) and metadata ``{"kind": "eagle", ...}`` to one ``.safetensors`` file."""
+    from safetensors.torch import save
+
+    from specdec.outputs import write_bytes
+
+    tensors = {k: v.detach().to(torch.float16).contiguous().cpu() for k, v in head.state_dict().items()}
+    return write_bytes(path, save(tensors, metadata={"specdec_draft": json.dumps(dict(meta, kind="eagle"))}), "--out")
+
+
+def read_meta(path: str | Path) -> dict | None:
+    """The ``specdec_draft`` metadata of a draft artifact (``None`` if there is none)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads((f.metadata() or {}).get("specdec_draft", "null"))
+    return meta if isinstance(meta, dict) else None
+
+
+def is_eagle(path: str | Path) -> bool:
+    """Whether ``path`` is an EAGLE head artifact (else: a layer-skip adapter, or not a draft)."""
+    try:
+        meta = read_meta(path)
+    except Exception:  # unreadable: let the loader of the other kind name the problem
+        return False
+    return bool(meta) and meta.get("kind") == "eagle"
+
+
+def build_head(model, path: str | Path) -> tuple[dict, EagleHead]:
+    """Load an EAGLE artifact for ``model`` (checks the target identity) on the model's device and dtype."""
+    from safetensors import safe_open
+
+    from specdec.artifacts import _describe, model_identity
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpecdecError(f"draft artifact {path} does not exist; train one with `specdec train-draft --kind eagle`.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("specdec_draft", "null"))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # a corrupt or foreign file is bad input
+        raise SpecdecError(f"could not read draft artifact {path} ({type(exc).__name__}); "
+                           "pass a file written by `specdec train-draft`.") from exc
+    if not isinstance(meta, dict) or not EAGLE_META <= set(meta) or meta["kind"] != "eagle":
+        raise SpecdecError(f"{path} is not an EAGLE draft artifact (no kind/target metadata); "
+                           "pass a file written by `specdec train-draft --kind eagle`.")
+    ident = model_identity(model)
+    if meta["target"] != ident:
+        raise SpecdecError(f"draft artifact {path} was trained for {_describe(meta['target'])}, not this target "
+                           f"({_describe(ident)}); train one with `specdec train-draft --kind eagle`.")
+    layers = getattr(model.hf, model.hf.base_model_prefix).layers
+    head = EagleHead(layers[int(meta["layer_from"])], model.hf.config.hidden_size)
+    head.load_state_dict({k: v.float() for k, v in tensors.items()})
+    return meta, head.to(device=model.device, dtype=model.dtype).eval().requires_grad_(False)
+
+
+def head_layer_step(layer, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The head's decoder layer on rows at positions ``pos (B, T)``: writes their K/V into
+    ``k_cache, v_cache (B, H_kv, C, D)`` and attends to every cache entry at a position ``<=`` the row's.
+
+    Rows past a sequence's valid range write entries that are overwritten before any row reads them
+    (positions are written in increasing order). Returns the layer output ``(B, T, d)``.
+    """
+    q, k, v = _qkv(layer, x, cos, sin)  # (B, H, T, D), (B, H_kv, T, D)
+    B, H_kv, T, D = k.shape
+    C = k_cache.shape[2]
+    idx = pos.clamp(max=C - 1).view(B, 1, T, 1).expand(B, H_kv, T, D)
+    k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+    v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+    mask = torch.arange(C, device=x.device).view(1, 1, 1, C) <= pos.view(B, 1, T, 1)  # (B, 1, T, C)
+    att = nn.functional.scaled_dot_product_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
+                                                     enable_gqa=True)
+    return _finish(layer, x, att)
+
+
+def rope(model, x: torch.Tensor, pos: torch.Tensor):
+    """``(cos, sin)`` of the target's rotary embedding at positions ``pos (B, T)``."""
+    base = getattr(model.hf, model.hf.base_model_prefix)
+    return base.rotary_emb(x, pos)
+
+
+def head_components(model) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """The target's ``(embed_tokens, final norm, lm_head)`` the head shares."""
+    base = getattr(model.hf, model.hf.base_model_prefix)
+    return base.embed_tokens, base.norm, model.hf.get_output_embeddings()
+
+
+def describe(meta: dict) -> dict[str, Any]:
+    """A short summary of an EAGLE artifact's metadata for logs."""
+    return {k: meta.get(k) for k in ("tokens", "epochs", "heldout_top1", "cpu_seconds") if k in meta}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The drafter
+# ---------------------------------------------------------------------------------------------------
+
+from specdec.interfaces import Drafter, ScoreRequest  # noqa: E402
+from specdec.sampling import check_finite, choose, nonfinite_flags, raise_nonfinite  # noqa: E402
+
+
+class _HeadDims:
+    """What Dustin's selector asks of a draft model (:attr:`EagleDrafter.draft_model`): its head count."""
+
+    def __init__(self, n_heads: int) -> None:
+        self.dims = type("Dims", (), {"n_heads": n_heads, "n_global": 1})()
+
+
+class EagleDrafter(Drafter):
+    """Draft with an EAGLE head (:class:`EagleHead`) fed the target's final hidden states.
+
+    Paper: *EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty* (Li et al., 2024), chain
+    drafting. The target records its final normed hidden states in every forward
+    (:attr:`~specdec.models.SpecdecModel.keep_hidden`): the prompt's at prefill, the γ+1 verify rows' at
+    each verification. Head position ``p`` holds ``(f_p, t_{p+1})``; after a verification that accepted
+    ``a`` drafts, positions ``L-1 .. L+a-1`` are (re)written with the target's true features in the same
+    forward as the first draft step (ragged rows, one forward), then steps ``2..γ`` feed the head's own
+    predicted features. The head's KV cache is its own ``(B, H_kv, C, D)``; rollback = rewriting.
+
+    Lookahead signal (Dustin): the head's attention (heads :attr:`heads` of its one layer) over its
+    positions, which align with the target's.
+
+    Args:
+        target: the target :class:`SpecdecModel` (its embedding, final norm and LM head are shared).
+        path: an EAGLE artifact of ``specdec train-draft --kind eagle`` trained for this target.
+        heads: ``{0: [query heads]}`` for the lookahead signal (``None`` = none).
+    """
+
+    def __init__(self, target, path: str | Path, heads: dict[int, list[int]] | None = None) -> None:
+        meta, head = build_head(target, path)
+        self.meta = meta
+        self.head = head
+        self.target = target
+        self.path = Path(path)
+        self.heads = heads
+        self.draft_model = _HeadDims(target.dims.n_heads)
+        self.lookahead: torch.Tensor | None = None
+        self.embed, self.norm, self.lm_head = head_components(target)
+        target.keep_hidden = True  # the verify passes record what the head needs
+        self.k_cache = self.v_cache = None
+        self._queue: list = []  # per sequence: (start position, features (n, d), tokens (n,)) not yet in the head cache
+        self._feat_last = None  # (B, d) true feature at the last verified position
+        self._drafted_at: list[int] = []  # host: verified length when the last draft started
+
+    # -- what Dustin's builder asks ---------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return 1
+
+    def set_heads(self, heads: dict[int, list[int]] | None) -> None:
+        for layer, hs in (heads or {}).items():
+            if int(layer) != 0 or any(not 0 <= int(h) < self.target.dims.n_heads for h in hs):
+                raise SpecdecError(f"draft retrieval head ({layer}, {list(hs)}) is outside the EAGLE head's 1 layer × "
+                                   f"{self.target.dims.n_heads} heads; use layer 0.")
+        self.heads = heads
+
+    def layer_map(self, n_target_layers: int) -> list[int]:
+        return [0] * n_target_layers
+
+    def identity(self) -> dict:
+        from specdec.artifacts import model_identity
+
+        return {**model_identity(self.target), "eagle_head": self.path.name}
+
+    # -- the head's forward -------------------------------------------------------------------------
+    def _run(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, lookahead: bool = False) -> torch.Tensor:
+        """Head rows ``(B, T)`` at positions ``pos``: returns predicted features ``(B, T, d)``."""
+        dt = self.head.fc.weight.dtype
+        x = self.head.inputs(self.embed(toks).to(dt), feats.to(dt))
+        cos, sin = rope(self.target, x, pos)
+        if lookahead and self.heads:
+            self._record_lookahead(x, pos, cos, sin)
+        y = head_layer_step(self.head.layer, x, self.k_cache, self.v_cache, pos, cos, sin)
+        return self.norm(y)
+
+    def _record_lookahead(self, x, pos, cos, sin) -> None:
+        """Softmax attention of the heads' rows over the head cache (before this row's write), summed."""
+        q, _, _ = _qkv(self.head.layer, x, cos, sin)  # (B, H, T, D)
+        hs = sorted({int(h) for h in self.heads.get(0, [])})
+        if not hs:
+            return
+        G = q.shape[1] // self.k_cache.shape[1]
+        kv = torch.tensor([h // G for h in hs], device=q.device)
+        qs = q[:, hs].float()  # (B, h, T, D)
+        k = self.k_cache[:, kv].float()  # (B, h, C, D)
+        C = k.shape[2]
+        s = qs @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, h, T, C)
+        s = s.masked_fill(torch.arange(C, device=q.device).view(1, 1, 1, C) >= pos.view(pos.shape[0], 1, -1, 1),
+                          float("-inf"))
+        p = torch.softmax(s, -1).nan_to_num(0.0)
+        self.lookahead[:, :C] += p.sum((1, 2))
+
+    def _logits(self, feat: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(feat).float()
+
+    # -- engine hooks ---------------------------------------------------------------------------------
+    def prefill(self, state) -> None:
+        B = state.lengths.shape[0]
+        C = state.cache.capacity
+        d = self.target.dims
+        dev, dt = state.lengths.device, self.head.fc.weight.dtype
+        H_kv = self.head.layer.self_attn.k_proj.out_features // self.head.layer.self_attn.head_dim
+        self.k_cache = torch.zeros(B, H_kv, C, self.head.layer.self_attn.head_dim, device=dev, dtype=dt)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        hidden = getattr(state, "prompt_hidden", None)
+        lens = [len(t) - 1 for t in state.tokens]  # verified prompt length (the pending token is emitted)
+        feats, memo = [], {}
+        for b in range(B):
+            if hidden is not None:
+                f = hidden[b, : lens[b]]
+            else:  # equal prompts (a benchmark's batch) are run once
+                key = tuple(state.tokens[b][: lens[b]])
+                f = memo[key] if key in memo else memo.setdefault(key, self._prompt_features(list(key)))
+            feats.append(f)
+        self._feat_last = torch.stack([f[-1] for f in feats])  # (B, d)
+        # head positions 0..L-2: (f_p, t_{p+1}), one sequence at a time in chunks (ragged prompts)
+        chunk = 1024
+        for b in range(B):
+            L = lens[b]
+            toks = torch.tensor(state.tokens[b][1:L], device=dev)
+            for s in range(0, L - 1, chunk):
+                e = min(L - 1, s + chunk)
+                pos = torch.arange(s, e, device=dev).view(1, -1)
+                kc, vc = self.k_cache, self.v_cache
+                self.k_cache, self.v_cache = kc[b : b + 1], vc[b : b + 1]
+                try:
+                    self._run(feats[b][s:e].unsqueeze(0), toks[s:e].unsqueeze(0), pos)
+                finally:
+                    self.k_cache, self.v_cache = kc, vc
+        self._queue = [None] * B
+        self._drafted_at = lens
+
+    @torch.no_grad()
+    def _prompt_features(self, ids: list[int]) -> torch.Tensor:
+        """The target's features of a prompt when the prefill did not record them (a ``Prefilled`` made
+        before this drafter existed): one extra target pass over the prompt into a scratch cache."""
+        m = self.target
+        cache = m.new_cache(1, len(ids))
+        out = []
+        for s in range(0, len(ids), 1024):
+            x = torch.tensor([ids[s : s + 1024]], device=m.device)
+            m.forward(x, cache, torch.tensor([s], device=m.device), logits_to_keep=1)
+            out.append(m.last_hidden[0])
+        return torch.cat(out)
+
+    def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B = state.lengths.shape[0]
+        dev = state.lengths.device
+        C = self.k_cache.shape[2]
+        self.lookahead = torch.zeros(B, state.cache.capacity, dtype=torch.float32, device=dev)
+        lens = [len(t) - 1 for t in state.tokens]
+        # first step: the queued true rows + the row (f_{L-1}, pending) at position L-1, left-aligned, padded
+        q = [x if x is not None else (lens[b] - 1, None, None) for b, x in enumerate(self._queue)]
+        n = [0 if x[1] is None else x[1].shape[0] for x in q]
+        W = max(n) + 1
+        d = self._feat_last.shape[-1]
+        feats = self._feat_last.new_zeros(B, W, d)
+        toks = torch.zeros(B, W, dtype=torch.long, device=dev)
+        start = torch.tensor([x[0] for x in q], device=dev)
+        for b, (s, f, t) in enumerate(q):
+            if f is not None:
+                feats[b, : n[b]] = f
+                toks[b, : n[b]] = t
+        idx = torch.tensor(n, device=dev)
+        ar = torch.arange(B, device=dev)
+        feats[ar, idx] = self._feat_last
+        toks[ar, idx] = state.pending
+        pos = (start.view(B, 1) + torch.arange(W, device=dev)).clamp(max=C - 1)
+        pred = self._run(feats, toks, pos)[ar, idx]  # (B, d): f̂ at position L
+        self._queue = [None] * B
+        tokens, probs = [], []
+        deferred = state.sampling.greedy
+        flags = None
+        cur_pos = pos[ar, idx]
+        for i in range(gamma):
+            logits = self._logits(pred)
+            if deferred:
+                f_ = nonfinite_flags(logits)
+                flags = f_ if flags is None else flags | f_
+            else:
+                check_finite(logits, "drafter")
+            cur, p = choose(logits, state.sampling, state.generator)
+            tokens.append(cur)
+            probs.append(p)
+            if i + 1 < gamma:
+                cur_pos = (cur_pos + 1).clamp(max=C - 1)
+                pred = self._run(pred.view(B, 1, d), cur.view(B, 1), cur_pos.view(B, 1), lookahead=True)[:, 0]
+        if flags is not None:
+            raise_nonfinite(flags, "drafter")
+        self._drafted_at = lens
+        qd = torch.stack(probs, dim=1) if probs[0] is not None else None
+        return torch.stack(tokens, dim=1), qd
+
+    def on_verify(self, state, scores: ScoreRequest | None) -> None:
+        """Queue the accepted positions' true features: ``(f_{L-1}, t_L), (f_L, d_1) .. (f_{L+a-1}, d_a)``."""
+        hidden = self.target.last_hidden  # (B, γ+1, d): f_L .. f_{L+γ} of the verify rows
+        if hidden is None:
+            raise SpecdecError("the target recorded no hidden states in the verify pass; the EAGLE drafter needs "
+                               "model.keep_hidden (set when the drafter is built).")
+        dev = state.lengths.device
+        new = [len(t) - 1 for t in state.tokens]
+        a = [max(0, min(new[b] - self._drafted_at[b] - 1, hidden.shape[1] - 1)) for b in range(len(new))]
+        queue, last = [], []
+        for b, L in enumerate(self._drafted_at):
+            f = torch.cat([self._feat_last[b : b + 1], hidden[b, : a[b]]])  # (a+1, d)
+            t = torch.tensor(state.tokens[b][L : L + a[b] + 1], device=dev)
+            if t.shape[0] < f.shape[0]:  # a finished sequence: its tokens stopped early
+                f = f[: t.shape[0]]
+            queue.append((L - 1, f, t) if t.shape[0] else None)
+            last.append(hidden[b, a[b]])
+        self._queue = queue
+        self._feat_last = torch.stack(last)

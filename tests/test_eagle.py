@@ -1,0 +1,205 @@
+"""EAGLE draft head: the engine's draft equals the function training fits (steps 1 and 2), dense verification
+and full-budget Dustin equal dense decoding (ragged batch), the hidden states survive a `Prefilled`, artifact
+checks, and the shipped head is the embedded model's default draft."""
+
+import pytest
+import torch
+
+from specdec import PipelineConfig, build_engine
+from specdec.errors import SpecdecError
+
+from conftest import make_tiny
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny("llama", seed=3, num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def artifact(target, tmp_path_factory):
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleHead, save_eagle
+
+    torch.manual_seed(0)
+    head = EagleHead(target.hf.model.layers[-1], target.hf.config.hidden_size)
+    with torch.no_grad():  # not the initial "feature itself": the test must see every weight
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("eagle") / "tiny-eagle.safetensors"
+    save_eagle(path, head, dict(target=model_identity(target), layer_from=2))
+    return path
+
+
+def _fp16_roundtrip_head(target, artifact):
+    from specdec.eagle import build_head
+
+    return build_head(target, artifact)[1]
+
+
+def test_engine_draft_equals_training_forward(target, artifact):
+    """Draft steps 1 and 2 of the engine equal rows L-1 of the training forward's unrolled steps 1 and 2."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.train_eagle import features, head_forward
+
+    L = 17
+    ids = torch.randint(0, 96, (1, L + 2), generator=torch.Generator().manual_seed(1))
+    drafter = EagleDrafter(target, artifact)
+    seen = []
+    orig = drafter._logits
+    drafter._logits = lambda f: seen.append(f.clone()) or orig(f)
+    eng = SpeculativeEngine(target, drafter, gamma=2, eos_token_id=-1)
+    res = eng.generate([ids[0, :L].tolist()], 1)  # one token from the prefill: drafting never runs
+    assert seen == []
+    first = res.tokens[0][0]
+    # drive one draft by hand after the prefill (pending = the prefill's token)
+    state, run = eng._start([ids[0, :L].tolist()], 8, None)
+    with torch.no_grad():
+        drafts, _ = drafter.draft(state, 2)
+    assert len(seen) == 2
+    full = torch.tensor([ids[0, :L].tolist() + [first, int(drafts[0, 0])]])
+    f, _, _ = features(target.hf, full, 4, half=False)
+    with torch.no_grad():
+        s1, s2 = head_forward(target.hf, drafter.head, full, f, steps=2)
+    assert torch.allclose(seen[0][0], s1[0, L - 1], atol=1e-4), (seen[0][0] - s1[0, L - 1]).abs().max()
+    assert torch.allclose(seen[1][0], s2[0, L], atol=1e-4), (seen[1][0] - s2[0, L]).abs().max()
+    assert not torch.allclose(seen[1][0], s1[0, L], atol=1e-3)  # step 2 fed the predicted feature, not f_L
+
+
+def test_dense_verification_and_full_budget_dustin_equal_dense(target, artifact):
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.verifiers import FullVerifier
+
+    prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+    dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    want = dense.generate(prompts, 24).tokens
+    eng = SpeculativeEngine(target, EagleDrafter(target, artifact), FullVerifier(target), gamma=3, eos_token_id=-1)
+    assert eng.generate(prompts, 24).tokens == want
+    assert eng.generate(prompts[1:], 24).tokens == want[1:]  # a batch gives what each sequence gives alone
+    pre = dense.prefill(prompts)  # made on a model that records hidden states: reused, no extra pass
+    assert pre.hidden is not None and pre.hidden.shape[:2] == (2, 37)
+    assert eng.generate(prompts, 24, prefilled=pre).tokens == want
+    cfg = PipelineConfig.make(method="dustin", gamma=3, budget=10_000, sinks=2, recent=4, options={"draft": str(artifact)})
+    eng = build_engine(target, cfg, eos_token_id=-1)
+    assert isinstance(eng.drafter, EagleDrafter)
+    assert eng.generate(prompts, 24).tokens == want
+
+
+def test_prompt_features_recomputed_without_recorded_hidden(target, artifact):
+    """A `Prefilled` without hidden states (made before any EAGLE drafter): the drafter recomputes them."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.verifiers import FullVerifier
+
+    other = make_tiny("llama", seed=3, num_hidden_layers=3)  # same weights, never seen an EAGLE drafter
+    prompts = [list(range(3, 30))] * 2
+    dense = build_engine(other, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    pre = dense.prefill(prompts)
+    assert pre.hidden is None
+    d = EagleDrafter(other, artifact)
+    eng = SpeculativeEngine(other, d, FullVerifier(other), gamma=3, eos_token_id=-1)
+    a = eng.generate(prompts, 16, prefilled=pre)
+    b = eng.generate(prompts, 16)
+    assert a.tokens == b.tokens == dense.generate(prompts, 16).tokens
+    assert a.stats.mean_accepted_length == b.stats.mean_accepted_length  # same drafts: same features
+
+
+def test_artifact_checks(target, artifact, tmp_path):
+    from specdec.eagle import is_eagle
+
+    assert is_eagle(artifact)
+    other = make_tiny("llama", seed=4, num_hidden_layers=3)
+    with pytest.raises(SpecdecError, match="trained for"):
+        build_engine(other, PipelineConfig.make(method="dustin", budget=12, options={"draft": str(artifact)}))
+    with pytest.raises(SpecdecError, match="no eagle draft ships"):
+        build_engine(target, PipelineConfig.make(method="dustin", budget=12, options={"draft": "eagle"}))
+    bad = tmp_path / "x.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    assert not is_eagle(bad)
+
+
+def test_graph_step_key_includes_hidden(target):
+    from specdec.graphs import describe_step
+
+    cache = target.new_cache(1, 8)
+    x = torch.tensor([[1, 2]])
+    target.keep_hidden = False
+    a = describe_step(target, x, cache, None, (), 0)
+    target.keep_hidden = True
+    try:
+        b = describe_step(target, x, cache, None, (), 0)
+    finally:
+        target.keep_hidden = False
+    assert a != b and b.hidden
+
+
+@pytest.mark.slow
+def test_shipped_eagle_head_is_default_and_accepted(smol):
+    """The embedded model's shipped EAGLE head (≤ 10 MB) is Dustin's default; `draft=skip` keeps the older
+    layer-skip draft; with dense verification on held-out code the head is lossless and accepted more."""
+    from specdec.data import load_document
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.skip_drafter import SkipLayerDrafter
+    from specdec.train_draft import shipped_draft
+    from specdec.verifiers import FullVerifier
+
+    path = shipped_draft(smol)
+    assert path is not None and path == shipped_draft(smol, "eagle") and path.stat().st_size < 10 * 2**20
+    assert isinstance(build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64)).drafter, EagleDrafter)
+    skip = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64, options={"draft": "skip"}))
+    assert isinstance(skip.drafter, SkipLayerDrafter)
+    ids = smol.tokenizer(load_document("stdlib:textwrap"), add_special_tokens=False).input_ids[2000:2256]
+    dense = build_engine(smol, PipelineConfig.make(method="dense"), eos_token_id=-1).generate([ids], 40)
+    tau = {}
+    for name, d in (("eagle", EagleDrafter(smol, path)), ("skip", SkipLayerDrafter(smol, shipped_draft(smol, "skip")))):
+        res = SpeculativeEngine(smol, d, FullVerifier(smol), gamma=4, eos_token_id=-1).generate([ids], 40)
+        assert res.tokens == dense.tokens  # dense verification: lossless
+        tau[name] = res.stats.mean_accepted_length
+    assert tau["eagle"] > tau["skip"], tau
+
+
+def test_head_cache_holds_true_features_after_verifications(target, artifact):
+    """After a generation of several iterations, every head position written as verified holds the K of
+    ``(f_p, t_{p+1})`` with the target's true features: accepted positions were rewritten (alignment of the
+    verify rows' hidden states, the accepted tokens and the positions)."""
+    from specdec.eagle import EagleDrafter, _qkv, rope
+    from specdec.engine import SpeculativeEngine
+    from specdec.train_eagle import features
+    from specdec.verifiers import FullVerifier
+
+    prompt = list(range(3, 30))
+    want = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1).generate([prompt], 20).tokens[0]
+    oracle = prompt + want
+    d = EagleDrafter(target, artifact)
+    draft, logits = d.draft, d._logits
+    calls = []
+
+    def draft_hook(state, gamma):  # remember where this draft starts
+        calls.append([len(state.tokens[0]), 0])
+        return draft(state, gamma)
+
+    def oracle_logits(feat):  # drafts 1-2 are the dense continuation, draft 3 is wrong: 2 accepted per round
+        base, i = calls[-1]
+        calls[-1][1] += 1
+        z = logits(feat)
+        if i < 2 and base + i < len(oracle):
+            z[0, oracle[base + i]] = 1e4
+        return z
+
+    d.draft, d._logits = draft_hook, oracle_logits
+    res = SpeculativeEngine(target, d, FullVerifier(target), gamma=3, eos_token_id=-1).generate([prompt], 20)
+    assert res.tokens[0] == want and res.stats.iterations >= 4 and res.stats.mean_accepted_length > 2.5
+    toks = prompt + res.tokens[0]
+    L = d._drafted_at[0]  # the last draft started at verified length L: positions 0..L-1 are true rows
+    full = torch.tensor([toks])
+    with torch.no_grad():
+        f, _, _ = features(target.hf, full, 4, half=False)
+        emb = target.hf.model.embed_tokens(full[:, 1 : L + 1])
+        x = d.head.inputs(emb, f[:, :L])
+        pos = torch.arange(L).view(1, -1)
+        cos, sin = rope(target, x, pos)
+        _, k, _ = _qkv(d.head.layer, x, cos, sin)
+    assert torch.allclose(d.k_cache[0, :, :L], k[0], atol=1e-4), (d.k_cache[0, :, :L] - k[0]).abs().max()
