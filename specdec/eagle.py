@@ -226,9 +226,9 @@ class EagleDrafter(Drafter):
         self.embed, self.norm, self.lm_head = head_components(target)
         target.keep_hidden = True  # the verify passes record what the head needs
         self.k_cache = self.v_cache = None
-        self._queue: list = []  # per sequence: (start position, features (n, d), tokens (n,)) not yet in the head cache
+        self._qf = self._qt = self._qn = self._rows = None  # queued true rows (see _reset_queue), last verify rows
         self._feat_last = None  # (B, d) true feature at the last verified position
-        self._drafted_at: list[int] = []  # host: verified length when the last draft started
+        self._drafted_len = None  # (B,) verified length when the last draft started
 
     # -- what Dustin's builder asks ---------------------------------------------------------------
     @property
@@ -262,21 +262,18 @@ class EagleDrafter(Drafter):
         return self.norm(y)
 
     def _record_lookahead(self, x, pos, cos, sin) -> None:
-        """Softmax attention of the heads' rows over the head cache (before this row's write), summed."""
-        q, _, _ = _qkv(self.head.layer, x, cos, sin)  # (B, H, T, D)
+        """Softmax attention of the heads' rows over the head cache (entries before the row), summed.
+        Reads the cache once per KV head: ``(B, H_kv, G·T, D) @ (B, H_kv, D, C)``."""
         hs = sorted({int(h) for h in self.heads.get(0, [])})
         if not hs:
             return
-        G = q.shape[1] // self.k_cache.shape[1]
-        kv = torch.tensor([h // G for h in hs], device=q.device)
-        qs = q[:, hs].float()  # (B, h, T, D)
-        k = self.k_cache[:, kv].float()  # (B, h, C, D)
-        C = k.shape[2]
-        s = qs @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, h, T, C)
-        s = s.masked_fill(torch.arange(C, device=q.device).view(1, 1, 1, C) >= pos.view(pos.shape[0], 1, -1, 1),
-                          float("-inf"))
-        p = torch.softmax(s, -1).nan_to_num(0.0)
-        self.lookahead[:, :C] += p.sum((1, 2))
+        q, _, _ = _qkv(self.head.layer, x, cos, sin)  # (B, H, T, D)
+        B, H, T, D = q.shape
+        H_kv, C = self.k_cache.shape[1], self.k_cache.shape[2]
+        s = torch.matmul(q.reshape(B, H_kv, (H // H_kv) * T, D), self.k_cache.transpose(-1, -2))  # (B, H_kv, G·T, C)
+        s = s.view(B, H, T, C)[:, hs].float() * D ** -0.5
+        s = s.masked_fill(torch.arange(C, device=q.device).view(1, 1, 1, C) >= pos.view(B, 1, T, 1), float("-inf"))
+        self.lookahead[:, :C] += torch.softmax(s, -1).nan_to_num(0.0).sum((1, 2))
 
     def _logits(self, feat: torch.Tensor) -> torch.Tensor:
         return self.lm_head(feat).float()
@@ -303,8 +300,15 @@ class EagleDrafter(Drafter):
         self._feat_last = torch.stack([f[-1] for f in feats])  # (B, d)
         # head positions 0..L-2: (f_p, t_{p+1}), one sequence at a time in chunks (ragged prompts)
         chunk = 1024
+        done: dict[tuple, int] = {}
         for b in range(B):
             L = lens[b]
+            key = tuple(state.tokens[b][:L])
+            if key in done:  # an equal prompt earlier in the batch (a benchmark's batch): copy its rows
+                self.k_cache[b].copy_(self.k_cache[done[key]])
+                self.v_cache[b].copy_(self.v_cache[done[key]])
+                continue
+            done[key] = b
             toks = torch.tensor(state.tokens[b][1:L], device=dev)
             for s in range(0, L - 1, chunk):
                 e = min(L - 1, s + chunk)
@@ -315,8 +319,15 @@ class EagleDrafter(Drafter):
                     self._run(feats[b][s:e].unsqueeze(0), toks[s:e].unsqueeze(0), pos)
                 finally:
                     self.k_cache, self.v_cache = kc, vc
-        self._queue = [None] * B
-        self._drafted_at = lens
+        self._reset_queue(B, dev)
+        self._drafted_len = state.lengths.clone()
+
+    def _reset_queue(self, B: int, dev, rows: int = 1) -> None:
+        """An empty queue of ``rows`` slots per sequence."""
+        d = self._feat_last.shape[-1]
+        self._qf = self._feat_last.new_zeros(B, rows, d)  # (B, R, d) features f_{L-1}, f_L, ...
+        self._qt = torch.zeros(B, rows, dtype=torch.long, device=dev)  # (B, R) tokens t_L, d_1, ...
+        self._qn = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) valid queued rows
 
     @torch.no_grad()
     def _prompt_features(self, ids: list[int]) -> torch.Tensor:
@@ -335,31 +346,22 @@ class EagleDrafter(Drafter):
         B = state.lengths.shape[0]
         dev = state.lengths.device
         C = self.k_cache.shape[2]
-        self.lookahead = torch.zeros(B, state.cache.capacity, dtype=torch.float32, device=dev)
-        lens = [len(t) - 1 for t in state.tokens]
-        # first step: the queued true rows + the row (f_{L-1}, pending) at position L-1, left-aligned, padded
-        q = [x if x is not None else (lens[b] - 1, None, None) for b, x in enumerate(self._queue)]
-        n = [0 if x[1] is None else x[1].shape[0] for x in q]
-        W = max(n) + 1
         d = self._feat_last.shape[-1]
-        feats = self._feat_last.new_zeros(B, W, d)
-        toks = torch.zeros(B, W, dtype=torch.long, device=dev)
-        start = torch.tensor([x[0] for x in q], device=dev)
-        for b, (s, f, t) in enumerate(q):
-            if f is not None:
-                feats[b, : n[b]] = f
-                toks[b, : n[b]] = t
-        idx = torch.tensor(n, device=dev)
+        self.lookahead = torch.zeros(B, state.cache.capacity, dtype=torch.float32, device=dev)
+        # first forward (fixed shape B × (R+1)): the queued true rows at positions L_old-1 .. L-2, then the row
+        # (f_{L-1}, pending) at L-1, left-aligned; padding rows after it are rewritten by the next draft steps
+        R = self._qf.shape[1]
         ar = torch.arange(B, device=dev)
-        feats[ar, idx] = self._feat_last
-        toks[ar, idx] = state.pending
-        pos = (start.view(B, 1) + torch.arange(W, device=dev)).clamp(max=C - 1)
-        pred = self._run(feats, toks, pos)[ar, idx]  # (B, d): f̂ at position L
-        self._queue = [None] * B
+        feats = torch.cat([self._qf, self._qf.new_zeros(B, 1, d)], dim=1)
+        toks = torch.cat([self._qt, self._qt.new_zeros(B, 1)], dim=1)
+        feats[ar, self._qn] = self._feat_last.to(feats.dtype)
+        toks[ar, self._qn] = state.pending
+        last = state.lengths - 1  # position of the row (f_{L-1}, pending)
+        pos = (last - self._qn).view(B, 1) + torch.arange(R + 1, device=dev)
+        pred = self._run(feats, toks, pos.clamp(0, C - 1))[ar, self._qn]  # (B, d): f̂_L
         tokens, probs = [], []
         deferred = state.sampling.greedy
         flags = None
-        cur_pos = pos[ar, idx]
         for i in range(gamma):
             logits = self._logits(pred)
             if deferred:
@@ -371,30 +373,28 @@ class EagleDrafter(Drafter):
             tokens.append(cur)
             probs.append(p)
             if i + 1 < gamma:
-                cur_pos = (cur_pos + 1).clamp(max=C - 1)
-                pred = self._run(pred.view(B, 1, d), cur.view(B, 1), cur_pos.view(B, 1), lookahead=True)[:, 0]
+                at = (last + 1 + i).clamp(max=C - 1).view(B, 1)
+                pred = self._run(pred.view(B, 1, d), cur.view(B, 1), at, lookahead=True)[:, 0]
         if flags is not None:
             raise_nonfinite(flags, "drafter")
-        self._drafted_at = lens
+        self._drafted_len = state.lengths.clone()
+        drafts = torch.stack(tokens, dim=1)
+        self._rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)  # (B, γ+1) what the verifier scores
         qd = torch.stack(probs, dim=1) if probs[0] is not None else None
-        return torch.stack(tokens, dim=1), qd
+        return drafts, qd
 
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
-        """Queue the accepted positions' true features: ``(f_{L-1}, t_L), (f_L, d_1) .. (f_{L+a-1}, d_a)``."""
+        """Queue the accepted positions' true features: ``(f_{L-1}, t_L), (f_L, d_1) .. (f_{L+a-1}, d_a)``
+        (device tensors, no host read)."""
         hidden = self.target.last_hidden  # (B, γ+1, d): f_L .. f_{L+γ} of the verify rows
-        if hidden is None:
-            raise SpecdecError("the target recorded no hidden states in the verify pass; the EAGLE drafter needs "
-                               "model.keep_hidden (set when the drafter is built).")
-        dev = state.lengths.device
-        new = [len(t) - 1 for t in state.tokens]
-        a = [max(0, min(new[b] - self._drafted_at[b] - 1, hidden.shape[1] - 1)) for b in range(len(new))]
-        queue, last = [], []
-        for b, L in enumerate(self._drafted_at):
-            f = torch.cat([self._feat_last[b : b + 1], hidden[b, : a[b]]])  # (a+1, d)
-            t = torch.tensor(state.tokens[b][L : L + a[b] + 1], device=dev)
-            if t.shape[0] < f.shape[0]:  # a finished sequence: its tokens stopped early
-                f = f[: t.shape[0]]
-            queue.append((L - 1, f, t) if t.shape[0] else None)
-            last.append(hidden[b, a[b]])
-        self._queue = queue
-        self._feat_last = torch.stack(last)
+        if hidden is None or hidden.shape[:2] != self._rows.shape:
+            raise SpecdecError("the target recorded no hidden states for the verify rows; the EAGLE drafter needs "
+                               "model.keep_hidden (set when the drafter is built) and one target pass per verification.")
+        B, R = self._rows.shape
+        # accepted drafts a = new length - old length - 1; a finished (frozen) sequence gives -1: nothing queued
+        a = (state.lengths - self._drafted_len - 1).clamp(-1, R - 1)
+        self._qf = torch.cat([self._feat_last.view(B, 1, -1).to(hidden.dtype), hidden[:, : R - 1]], dim=1)  # (B, R, d)
+        self._qt = self._rows
+        self._qn = a + 1
+        ar = torch.arange(B, device=a.device)
+        self._feat_last = torch.where((a >= 0).view(B, 1), hidden[ar, a.clamp(min=0)], self._feat_last.to(hidden.dtype))

@@ -77,7 +77,7 @@ def head_forward(hf, head: EagleHead, ids, f, steps: int = 1):
     return out
 
 
-def loss_terms(hf, pred, f, top, idx, kl_weight: float, full_rows: int = 64):
+def loss_terms(hf, pred, f, top, idx, kl_weight: float, full_rows: int = 32):
     """Smooth-L1 to ``f_{i+1}`` + ``kl_weight`` · KL(teacher top-C ‖ draft) + the full-vocabulary cross-entropy
     to the teacher's argmax on ``full_rows`` random rows (the candidates' KL leaves the other tokens free),
     and the top-1 agreement within the candidates."""
@@ -106,7 +106,7 @@ def heldout_agreement(hf, head, data, steps: int) -> list[float]:
     return [h / max(n, 1) for h in hits]
 
 
-def train(model: str = "smollm2-135m", tokens: int = 80_000, eval_tokens: int = 2048, seq: int = 256, batch: int = 4,
+def train(model: str = "smollm2-135m", tokens: int = 80_000, eval_tokens: int = 1024, seq: int = 256, batch: int = 4,
           candidates: int = 64, minutes: float = 18.0, collect_share: float = 0.45, lr: float = 1e-3, steps: int = 3,
           kl_weight: float = 1.0, out: str | Path | None = None, seed: int = 0, log=print) -> dict:
     """Collect the target's features on ``tokens`` training tokens (at most ``collect_share`` of the budget),
@@ -173,14 +173,23 @@ def train(model: str = "smollm2-135m", tokens: int = 80_000, eval_tokens: int = 
         history.append(dict(epoch=epoch, loss=tot / len(train_data), train_top1=acc / len(train_data), heldout_top1=ev))
         log(f"epoch {epoch}: loss {tot / len(train_data):.3f} train top-1 {acc / len(train_data):.3f} held-out top-1 "
             f"per step {', '.join(f'{x:.3f}' for x in ev)} ({e_est:.0f} CPU s)")
+        if out is not None:  # a checkpoint per epoch: a stopped run still leaves a usable head
+            save_eagle(out, head, _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step,
+                                        history, c0, t0))
         if time.process_time() - c0 + e_est > budget:
             break
-    meta = dict(target=model_identity(sm), model=model, layer_from=layer_from, tokens=int(n_train), seq=seq,
-                candidates=candidates, steps=steps, kl_weight=kl_weight, epochs=epoch, optimizer_steps=step,
-                heldout_top1=history[-1]["heldout_top1"] if history else None,
-                cpu_seconds=round(time.process_time() - c0, 1), wall_seconds=round(time.perf_counter() - t0, 1),
-                held_out=dict(modules=list(HELD_OUT_MODULES), pydoc_topics="every 5th topic in sorted order"))
+    meta = _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0)
     if out is not None:
         save_eagle(out, head, meta)
         log(f"wrote {out}")
     return dict(meta, history=history, collect_cpu_seconds=round(t_collect, 1))
+
+
+def _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0) -> dict:
+    from specdec.artifacts import model_identity
+
+    return dict(target=model_identity(sm), model=model, layer_from=layer_from, tokens=int(n_train), seq=seq,
+                candidates=candidates, steps=steps, kl_weight=kl_weight, epochs=epoch, optimizer_steps=step,
+                heldout_top1=history[-1]["heldout_top1"] if history else None,
+                cpu_seconds=round(time.process_time() - c0, 1), wall_seconds=round(time.perf_counter() - t0, 1),
+                held_out=dict(modules=list(HELD_OUT_MODULES), pydoc_topics="every 5th topic in sorted order"))

@@ -193,7 +193,7 @@ def test_head_cache_holds_true_features_after_verifications(target, artifact):
     res = SpeculativeEngine(target, d, FullVerifier(target), gamma=3, eos_token_id=-1).generate([prompt], 20)
     assert res.tokens[0] == want and res.stats.iterations >= 4 and res.stats.mean_accepted_length > 2.5
     toks = prompt + res.tokens[0]
-    L = d._drafted_at[0]  # the last draft started at verified length L: positions 0..L-1 are true rows
+    L = int(d._drafted_len[0])  # the last draft started at verified length L: positions 0..L-1 are true rows
     full = torch.tensor([toks])
     with torch.no_grad():
         f, _, _ = features(target.hf, full, 4, half=False)
