@@ -203,3 +203,33 @@ def test_head_cache_holds_true_features_after_verifications(target, artifact):
         cos, sin = rope(target, x, pos)
         _, k, _ = _qkv(d.head.layer, x, cos, sin)
     assert torch.allclose(d.k_cache[0, :, :L], k[0], atol=1e-4), (d.k_cache[0, :, :L] - k[0]).abs().max()
+
+
+def test_train_eagle_smoke_and_cli_errors(tmp_path):
+    """train() on a tiny Llama (the embedded tokenizer) writes a head the drafter loads; bad CLI input is one line."""
+    from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+    from specdec.eagle import EagleDrafter, read_meta
+    from specdec.models import SpecdecModel, _cache_dir, embedded_model_path, load_hf
+    from specdec.train_eagle import train
+
+    g = embedded_model_path("smollm2-135m")
+    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
+    if not (cached / "tokenizer_config.json").is_file():
+        load_hf("smollm2-135m")
+    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=2)
+    d = tmp_path / "tiny"
+    tiny.hf.save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    out = tmp_path / "e.safetensors"
+    res = train(str(d), tokens=512, eval_tokens=128, seq=64, batch=4, minutes=0.15, out=out, log=lambda s: None)
+    assert res["epochs"] >= 1 and res["tokens"] == 512 and len(res["heldout_top1"]) == 3
+    assert res["history"][-1]["loss"] < res["history"][0]["loss"] + 1e-6
+    assert read_meta(out)["kind"] == "eagle"
+    EagleDrafter(SpecdecModel.from_pretrained(str(d)), out)
+    r = CliRunner().invoke(app, ["train-draft", "--kind", "medusa"])
+    assert r.exit_code == 2 and "--kind must be eagle or skip" in r.output
+    r = CliRunner().invoke(app, ["train-draft", "--init", str(out)])
+    assert r.exit_code == 2 and "--init is for --kind skip" in r.output
