@@ -143,23 +143,30 @@ def build_head(model, path: str | Path) -> tuple[dict, EagleHead]:
 
 
 def head_layer_step(layer, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                    cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+                    cos: torch.Tensor, sin: torch.Tensor, probs: list | None = None) -> torch.Tensor:
     """The head's decoder layer on rows at positions ``pos (B, T)``: writes their K/V into
     ``k_cache, v_cache (B, H_kv, C, D)`` and attends to every cache entry at a position ``<=`` the row's.
 
-    Rows past a sequence's valid range write entries that are overwritten before any row reads them
-    (positions are written in increasing order). Returns the layer output ``(B, T, d)``.
+    The attention reads each KV head's cache once for its ``G`` query heads (``(B, H_kv, G·T, D) @ (B, H_kv,
+    D, C)``; no GQA expansion). Rows past a sequence's valid range write entries that are overwritten before
+    any row reads them (positions are written in increasing order). ``probs``: when a list, the attention
+    weights ``(B, H, T, C)`` float32 are appended to it (the lookahead signal). Returns ``(B, T, d)``.
     """
     q, k, v = _qkv(layer, x, cos, sin)  # (B, H, T, D), (B, H_kv, T, D)
-    B, H_kv, T, D = k.shape
-    C = k_cache.shape[2]
+    B, H, T, D = q.shape
+    H_kv, C = k_cache.shape[1], k_cache.shape[2]
+    G = H // H_kv
     idx = pos.clamp(max=C - 1).view(B, 1, T, 1).expand(B, H_kv, T, D)
     k_cache.scatter_(2, idx, k.to(k_cache.dtype))
     v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-    mask = torch.arange(C, device=x.device).view(1, 1, 1, C) <= pos.view(B, 1, T, 1)  # (B, 1, T, C)
-    att = nn.functional.scaled_dot_product_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
-                                                     enable_gqa=True)
-    return _finish(layer, x, att)
+    s = torch.matmul(q.reshape(B, H_kv, G * T, D).to(k_cache.dtype), k_cache.transpose(-1, -2))  # (B, H_kv, G·T, C)
+    s = s.view(B, H_kv, G, T, C).float() * D ** -0.5
+    visible = torch.arange(C, device=x.device).view(1, 1, 1, 1, C) <= pos.view(B, 1, 1, T, 1)
+    p = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)  # (B, H_kv, G, T, C)
+    if probs is not None:
+        probs.append(p.view(B, H, T, C))
+    att = torch.matmul(p.view(B, H_kv, G * T, C).to(v_cache.dtype), v_cache).view(B, H, T, D)
+    return _finish(layer, x, att.to(x.dtype))
 
 
 def rope(model, x: torch.Tensor, pos: torch.Tensor):
@@ -252,28 +259,18 @@ class EagleDrafter(Drafter):
 
     # -- the head's forward -------------------------------------------------------------------------
     def _run(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, lookahead: bool = False) -> torch.Tensor:
-        """Head rows ``(B, T)`` at positions ``pos``: returns predicted features ``(B, T, d)``."""
+        """Head rows ``(B, T)`` at positions ``pos``: returns predicted features ``(B, T, d)``. With
+        ``lookahead``, the attention of the draft retrieval heads is added to :attr:`lookahead`."""
         dt = self.head.fc.weight.dtype
         x = self.head.inputs(self.embed(toks).to(dt), feats.to(dt))
         cos, sin = rope(self.target, x, pos)
-        if lookahead and self.heads:
-            self._record_lookahead(x, pos, cos, sin)
-        y = head_layer_step(self.head.layer, x, self.k_cache, self.v_cache, pos, cos, sin)
+        hs = sorted({int(h) for h in (self.heads or {}).get(0, [])}) if lookahead else []
+        probs = [] if hs else None
+        y = head_layer_step(self.head.layer, x, self.k_cache, self.v_cache, pos, cos, sin, probs)
+        if hs:  # (B, H, T, C) -> summed over the heads and rows
+            C = self.k_cache.shape[2]
+            self.lookahead[:, :C] += probs[0][:, hs].sum((1, 2))
         return self.norm(y)
-
-    def _record_lookahead(self, x, pos, cos, sin) -> None:
-        """Softmax attention of the heads' rows over the head cache (entries before the row), summed.
-        Reads the cache once per KV head: ``(B, H_kv, G·T, D) @ (B, H_kv, D, C)``."""
-        hs = sorted({int(h) for h in self.heads.get(0, [])})
-        if not hs:
-            return
-        q, _, _ = _qkv(self.head.layer, x, cos, sin)  # (B, H, T, D)
-        B, H, T, D = q.shape
-        H_kv, C = self.k_cache.shape[1], self.k_cache.shape[2]
-        s = torch.matmul(q.reshape(B, H_kv, (H // H_kv) * T, D), self.k_cache.transpose(-1, -2))  # (B, H_kv, G·T, C)
-        s = s.view(B, H, T, C)[:, hs].float() * D ** -0.5
-        s = s.masked_fill(torch.arange(C, device=q.device).view(1, 1, 1, C) >= pos.view(B, 1, T, 1), float("-inf"))
-        self.lookahead[:, :C] += torch.softmax(s, -1).nan_to_num(0.0).sum((1, 2))
 
     def _logits(self, feat: torch.Tensor) -> torch.Tensor:
         return self.lm_head(feat).float()
