@@ -233,3 +233,43 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
     assert r.exit_code == 2 and "--kind must be eagle or skip" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--init", str(out)])
     assert r.exit_code == 2 and "--init is for --kind skip" in r.output
+
+
+@pytest.mark.parametrize("setting", ["T1", "T0.7-top_p0.8"])
+def test_sampling_with_the_eagle_head_follows_the_target(setting, tmp_path):
+    """Lossless sampling with the EAGLE drafter + dense verification (chi-square against the exact law of
+    3-token continuations, as in tests/test_lossless_stats.py, whose fixtures' recipe is reused here)."""
+    from test_lossless_stats import K, N, PROMPT, SETTINGS, V, exact_joint, goodness_of_fit
+
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleDrafter, EagleHead, save_eagle
+    from specdec.engine import SpeculativeEngine
+    from specdec.sampling import SamplingConfig
+    from specdec.verifiers import FullVerifier
+
+    import itertools
+
+    m = make_tiny("llama", seed=5, vocab_size=V)
+    with torch.no_grad():
+        m.hf.lm_head.weight.mul_(4.0)
+    nxt = {}
+    for k in range(K):
+        prefixes = list(itertools.product(range(V), repeat=k))
+        with torch.no_grad():
+            lg = m.hf(input_ids=torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1].float()
+        nxt.update({p: lg[i] for i, p in enumerate(prefixes)})
+    torch.manual_seed(0)
+    head = EagleHead(m.hf.model.layers[-1], m.hf.config.hidden_size)
+    path = tmp_path / "h.safetensors"
+    save_eagle(path, head, dict(target=model_identity(m), layer_from=len(m.hf.model.layers) - 1))
+    cfg = SamplingConfig(**SETTINGS[setting], seed=1234)
+    eng = SpeculativeEngine(m, EagleDrafter(m, path), FullVerifier(m), gamma=3, sampling=cfg, eos_token_id=-1)
+    res = eng.generate([PROMPT] * N, max_new_tokens=K)
+    seqs = torch.tensor(res.tokens)
+    flat = (seqs * torch.tensor([V ** (K - 1 - k) for k in range(K)])).sum(1)
+    counts = torch.bincount(flat, minlength=V ** K).double().view((V,) * K)
+    probs = exact_joint(nxt, cfg)
+    pval, tv, _ = goodness_of_fit(counts, probs)
+    p1, tv1, _ = goodness_of_fit(counts.sum(dim=(1, 2)), probs.sum(dim=(1, 2)))
+    assert pval > 1e-3 and p1 > 1e-3 and tv1 < 0.03, (pval, p1, tv1)
+    assert 1.05 < res.stats.mean_accepted_length < 3.5  # drafts both accepted and rejected
