@@ -37,6 +37,8 @@ def register(app) -> None:
         full_vocab: float = typer.Option(0.0, "--full-vocab", help="weight of the full-vocabulary CE on the target's argmax"),
         init: Optional[Path] = typer.Option(None, "--init", help="warm start from an artifact of the same k/t/rank"),
         seed: int = typer.Option(0, help="seed of the adapter's initialisation and the batch order"),
+        device: str = typer.Option("cpu", help="eagle only: cpu (--minutes of CPU time) or cuda (--minutes of wall time)"),
+        batch: int = typer.Option(4, help="eagle only: sequences of 256 tokens per optimizer step"),
     ) -> None:
         """Self-distil a draft from the target: an EAGLE head (default) or a layer-skipping draft."""
         if kind not in ("eagle", "skip"):
@@ -59,8 +61,12 @@ def register(app) -> None:
             for name, given in (("--init", init is not None), ("--full-vocab", full_vocab != 0.0)):
                 if given:
                     raise SpecdecError(f"{name} is for --kind skip; leave it out for an EAGLE head.")
-            res = train_eagle(model, tokens=tokens, minutes=minutes, out=out, seed=seed,
-                              log=lambda s: typer.echo(s, err=True))
+            if batch < 1:
+                raise SpecdecError(f"--batch must be >= 1 (got {batch}).")
+            from specdec.loading import resolve_device
+
+            res = train_eagle(model, tokens=tokens, minutes=minutes, out=out, seed=seed, device=str(resolve_device(device)),
+                              batch=batch, log=lambda s: typer.echo(s, err=True))
             typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "target"}, indent=1))
             return
         res = train(model, k=k, t=t, rank=rank, tokens=tokens, minutes=minutes, out=out, seed=seed,

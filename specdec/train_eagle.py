@@ -30,7 +30,7 @@ def features(hf, ids: torch.Tensor, C: int, half: bool = True):
     """Target pass over ``ids (B, T)``: normed final hidden ``f (B, T, d)`` and top-``C`` logits (values, ids),
     stored in float16 unless ``half`` is false."""
     m = hf.model
-    pos = torch.arange(ids.shape[1]).view(1, -1).expand(ids.shape[0], -1)
+    pos = torch.arange(ids.shape[1], device=ids.device).view(1, -1).expand(ids.shape[0], -1)
     x = m.embed_tokens(ids)
     cos, sin = m.rotary_emb(x, pos)
     for layer in m.layers:
@@ -61,7 +61,7 @@ def head_forward(hf, head: EagleHead, ids, f, steps: int = 1):
     m = hf.model
     B, T = ids.shape
     emb = m.embed_tokens(ids[:, 1:])  # (B, T-1, d): token t_{i+1} for row i
-    pos = torch.arange(T - 1).view(1, -1).expand(B, -1)
+    pos = torch.arange(T - 1, device=ids.device).view(1, -1).expand(B, -1)
     cos, sin = m.rotary_emb(emb, pos)
     f = f.float()
     x = head.inputs(emb, f[:, :-1])
@@ -84,7 +84,7 @@ def loss_terms(hf, pred, f, top, idx, kl_weight: float, full_rows: int = 32):
     tgt = f[:, 1:].float()
     reg = nn.functional.smooth_l1_loss(pred, tgt)
     flat = pred.flatten(0, 1)
-    pick = torch.randperm(flat.shape[0])[:full_rows]
+    pick = torch.randperm(flat.shape[0], device=flat.device)[:full_rows]
     ce = nn.functional.cross_entropy(hf.lm_head(flat[pick]), idx[:, 1:, 0].long().flatten()[pick])
     W = hf.lm_head.weight  # (V, d)
     ix = idx[:, 1:].long()
@@ -108,15 +108,18 @@ def heldout_agreement(hf, head, data, steps: int) -> list[float]:
 
 def train(model: str = "smollm2-135m", tokens: int = 80_000, eval_tokens: int = 1024, seq: int = 256, batch: int = 4,
           candidates: int = 64, minutes: float = 18.0, collect_share: float = 0.45, lr: float = 1e-3, steps: int = 3,
-          kl_weight: float = 1.0, out: str | Path | None = None, seed: int = 0, log=print) -> dict:
+          kl_weight: float = 1.0, out: str | Path | None = None, seed: int = 0, log=print, device: str = "cpu") -> dict:
     """Collect the target's features on ``tokens`` training tokens (at most ``collect_share`` of the budget),
-    then train the head until ``minutes`` of this process's CPU time have passed. Writes ``out``."""
+    then train the head until ``minutes`` have passed: this process's CPU time on the CPU (one thread: the
+    wall time of an idle core, however busy the machine is), wall time on a GPU (``device="cuda"``).
+    Writes ``out`` (after every epoch too, so a stopped run leaves a usable head)."""
     from specdec.artifacts import model_identity
     from specdec.models import SpecdecModel
 
-    t0, c0 = time.perf_counter(), time.process_time()
+    clock = time.process_time if device == "cpu" else time.perf_counter
+    t0, c0 = time.perf_counter(), clock()
     torch.manual_seed(seed)
-    sm = SpecdecModel.from_pretrained(model)
+    sm = SpecdecModel.from_pretrained(model, device=device)
     hf, tok = sm.hf, sm.tokenizer
     check_trainable(sm, model)
     if steps < 1:
@@ -129,30 +132,31 @@ def train(model: str = "smollm2-135m", tokens: int = 80_000, eval_tokens: int = 
     def collect(ids, share):
         data = []
         for s in range(0, len(ids), batch):
-            if time.process_time() - c0 > share * budget:
+            if clock() - c0 > share * budget:
                 break
             x = ids[s : s + batch]
+            x = x.to(device)
             data.append((x, *features(hf, x, candidates)))
         return data
 
     eval_data = collect(eval_ids, 1.0)
     train_data = collect(train_ids, collect_share)
     n_train = sum(x[0].numel() for x in train_data)
-    t_collect = time.process_time() - c0
+    t_collect = clock() - c0
     log(f"collected target features on {n_train} training / {sum(x[0].numel() for x in eval_data)} held-out tokens "
         f"in {t_collect:.0f} CPU s ({time.perf_counter() - t0:.0f} s wall)")
     layer_from = len(hf.model.layers) - 1
-    head = EagleHead(hf.model.layers[layer_from], hf.config.hidden_size)
+    head = EagleHead(hf.model.layers[layer_from], hf.config.hidden_size).to(device)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
-    left = budget - (time.process_time() - c0)
+    left = budget - (clock() - c0)
     history, step, epoch = [], 0, 0
     e_est = None
     while True:
-        e0 = time.process_time()
+        e0 = clock()
         tot = acc = 0.0
         for i in torch.randperm(len(train_data)).tolist():
             ids, f, top, idx = train_data[i]
-            frac = min(1.0, (time.process_time() - c0 - t_collect) / max(left, 1.0))
+            frac = min(1.0, (clock() - c0 - t_collect) / max(left, 1.0))
             for g in opt.param_groups:  # linear decay over the remaining budget
                 g["lr"] = lr * max(0.05, 1.0 - frac)
             preds = head_forward(hf, head, ids, f, steps)
@@ -165,31 +169,33 @@ def train(model: str = "smollm2-135m", tokens: int = 80_000, eval_tokens: int = 
             tot += loss.item()
             acc += losses[0][1].item()
             step += 1
-            if time.process_time() - c0 > budget - (e_est or 0) * 0.02:
+            if clock() - c0 > budget - (e_est or 0) * 0.02:
                 break
         epoch += 1
-        e_est = time.process_time() - e0
+        e_est = clock() - e0
         ev = heldout_agreement(hf, head, eval_data, steps)
         history.append(dict(epoch=epoch, loss=tot / len(train_data), train_top1=acc / len(train_data), heldout_top1=ev))
         log(f"epoch {epoch}: loss {tot / len(train_data):.3f} train top-1 {acc / len(train_data):.3f} held-out top-1 "
             f"per step {', '.join(f'{x:.3f}' for x in ev)} ({e_est:.0f} CPU s)")
         if out is not None:  # a checkpoint per epoch: a stopped run still leaves a usable head
             save_eagle(out, head, _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step,
-                                        history, c0, t0))
-        if time.process_time() - c0 + e_est > budget:
+                                        history, c0, t0, clock, device))
+        if clock() - c0 + e_est > budget:
             break
-    meta = _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0)
+    meta = _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0,
+                 clock, device)
     if out is not None:
         save_eagle(out, head, meta)
         log(f"wrote {out}")
     return dict(meta, history=history, collect_cpu_seconds=round(t_collect, 1))
 
 
-def _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0) -> dict:
+def _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0, clock,
+          device) -> dict:
     from specdec.artifacts import model_identity
 
     return dict(target=model_identity(sm), model=model, layer_from=layer_from, tokens=int(n_train), seq=seq,
                 candidates=candidates, steps=steps, kl_weight=kl_weight, epochs=epoch, optimizer_steps=step,
                 heldout_top1=history[-1]["heldout_top1"] if history else None,
-                cpu_seconds=round(time.process_time() - c0, 1), wall_seconds=round(time.perf_counter() - t0, 1),
+                device=device, budget_seconds_used=round(clock() - c0, 1), wall_seconds=round(time.perf_counter() - t0, 1),
                 held_out=dict(modules=list(HELD_OUT_MODULES), pydoc_topics="every 5th topic in sorted order"))
