@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.adaptive import ADAPTIVE_DEFAULT
 from specdec.fusion import kernels_off
 
 
@@ -49,6 +50,12 @@ def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cach
     (HF's first call at a shape is much slower: allocations, kernel selection, and with
     ``cache_implementation="static"`` its automatic ``torch.compile`` on CUDA); then each of
     ``repeats`` timed runs measures a 1-token and a ``max_new_tokens`` call and keeps the difference.
+
+    The model runs *detached* from specdec (:meth:`SpecdecModel.detached`): with the attention
+    implementation it was loaded with (SDPA), as a transformers user runs it. Through specdec's route
+    each layer's attention is a ``torch.compiler.disable`` call: 30 graph breaks in the static cache's
+    compiled step, which measured HF static ``generate`` at 417 tok/s at B = 16 where HF itself runs
+    1.47k (H200, 2026-12-01). The result's ``attn_implementation`` says what ran.
     """
     hf = model.hf
     x = torch.tensor([ids] * batch, device=model.device)
@@ -58,7 +65,9 @@ def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cach
     one = {**kw, "max_new_tokens": 1, "min_new_tokens": 1}
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     out = []
-    with kernels_off(hf):  # HF runs its own element-wise code (its static cache compiles the model itself)
+    # HF's own attention (not specdec's route) and its own element-wise code (its static cache compiles the model)
+    with model.detached(), kernels_off(hf):
+        impl = hf.config._attn_implementation
         hf.generate(x, **one)  # warm-up, both lengths
         hf.generate(x, **kw)
         for _ in range(max(1, repeats)):
@@ -72,7 +81,7 @@ def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cach
             t2 = time.perf_counter()
             decode = (t2 - t1) - (t1 - t0)
             out.append(batch * (max_new_tokens - 1) / decode if decode > 0 else float("nan"))
-    return _stats(out)
+    return {**_stats(out), "attn_implementation": impl}
 
 
 def _prefilled(eng, m, ids: list[int], batch: int, random_cache: bool):
@@ -102,7 +111,7 @@ def run_bench(
     budget: int | None,
     budget_ratio: float | None,
     gamma: int,
-    model: str,
+    model: Any,
     backend: str,
     dtype: str,
     device: str,
@@ -118,17 +127,20 @@ def run_bench(
     repeats: int = 3,
     shape: str | None = None,
     acceptance_trace: str | Path | dict[str, str | Path] | None = None,
-    adaptive: bool = True,
+    adaptive: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
     Every GPU table of the project comes from here (``benchmarks/`` scripts call this function).
 
+    - ``model``: a name/path to load, or a :class:`~specdec.models.SpecdecModel` already loaded (scripts that
+      call this several times load once).
     - Each (setting, method) row is timed ``repeats`` times; tokens/s is the median, with min–max.
     - ``warmup`` runs each (setting, method) once untimed first, so CUDA-graph captures and
       ``torch.compile`` compilations (they depend on the cache size) are not timed.
     - ``hf_baseline``: Hugging Face ``generate`` with its default cache and with
-      ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded
+      ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded but
+      detached from specdec's attention route (HF's own SDPA, :meth:`SpecdecModel.detached`)
       (``fuse`` fuses the projections, so HF runs the fused modules too).
     - ``documents``: file paths or built-in names (:func:`specdec.data.load_document`).
     - ``shape``: a random-weight model of that shape built on the device (:mod:`specdec.shapes`);
@@ -174,7 +186,10 @@ def run_bench(
     else:
         for doc in documents:
             load_document(doc)  # a missing file fails before the model loads
-    m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape)
+    if isinstance(model, str):
+        m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape)
+    else:  # a SpecdecModel loaded by the caller (benchmark scripts reuse one across calls)
+        m, model = model, getattr(model, "name", None) or type(model.hf).__name__
     too_long = [c for c in contexts if c + max_new_tokens > m.dims.max_positions]
     if too_long:
         raise SpecdecError(
@@ -186,7 +201,8 @@ def run_bench(
                 budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
                 cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup, repeats=repeats,
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
-                replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None, adaptive=adaptive)
+                replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None,
+                adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive)
 
     def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
         write_text(output_dir / f"{tag}.json", json.dumps(dict(meta=meta, rows=rows), indent=2), "--output-dir")
@@ -211,7 +227,9 @@ def run_bench(
                     pre = None
                     for name in methods:
                         cfg = pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
-                        cfg = cfg.model_copy(update={"adaptive": adaptive, **({"options": options} if options else {})})
+                        upd = {**({"adaptive": adaptive} if adaptive is not None else {}),
+                               **({"options": options} if options else {})}
+                        cfg = cfg.model_copy(update=upd)
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} {name}")
                         eng = build_engine(m, cfg, eos_token_id=-1 if shape is not None else None)
                         if name in replays:
@@ -259,6 +277,7 @@ def run_bench(
                             rows.append(dict(document=doc, context=ctx, batch=bs, method=label, tau=1.0,
                                              tokens_per_second=tps["median"], tokens_per_second_min=tps["min"],
                                              tokens_per_second_max=tps["max"], repeats=repeats,
+                                             attn_implementation=tps["attn_implementation"],
                                              speedup_vs_dense=(tps["median"] / dense_tps) if dense_tps else None))
                             progress.advance(task)
                             save()

@@ -96,7 +96,8 @@ def generate(
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive",
-        help="adapt γ per iteration and fall back to dense steps when drafting cannot pay (default off; lossless)"),
+        help="adapt γ per iteration and fall back to dense steps when drafting cannot pay "
+             "(default: specdec.adaptive.ADAPTIVE_DEFAULT, off today; lossless)"),
     record_acceptance: Optional[Path] = typer.Option(
         None, "--record-acceptance", help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace)"),
     encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
@@ -229,7 +230,9 @@ def bench(
     acceptance_trace: Optional[str] = typer.Option(
         None, "--acceptance-trace",
         help="replay accepted lengths recorded by generate --record-acceptance: FILE, or method=FILE,method=FILE"),
-    adaptive: bool = typer.Option(False, "--adaptive/--no-adaptive", help="adaptive γ and dense fall-back (off by default)"),
+    adaptive: Optional[bool] = typer.Option(
+        None, "--adaptive/--no-adaptive",
+        help="adaptive γ and dense fall-back (default: specdec.adaptive.ADAPTIVE_DEFAULT, off today; lossless)"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench

@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from specdec.adaptive import Pacing
+from specdec.adaptive import ADAPTIVE_DEFAULT, Pacing
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import Drafter, Verifier
@@ -185,7 +185,7 @@ class SpeculativeEngine:
         prefill_chunk: int = 1024,
         eos_token_id: int | Sequence[int] | None = None,
         sync_timing: bool = True,
-        adaptive: bool = False,
+        adaptive: bool | None = None,
     ) -> None:
         from specdec.verifiers import FullVerifier
 
@@ -200,7 +200,8 @@ class SpeculativeEngine:
         self.prefill_chunk = prefill_chunk
         self.sync_timing = sync_timing
         #: adaptive γ per iteration and dense fall-back (:mod:`specdec.adaptive`); lossless either way
-        self.adaptive = adaptive
+        self.adaptive = ADAPTIVE_DEFAULT if adaptive is None else adaptive
+        self._controllers: dict[int, object] = {}  # γ → SpeculationController (kept between calls)
         #: record each round's accepted lengths in ``RunStats.acceptance_trace``
         self.record_acceptance = False
         #: an :class:`~specdec.adaptive.AcceptanceReplay` overriding acceptance lengths (benchmarks only)
@@ -292,7 +293,8 @@ class SpeculativeEngine:
         check_positions(longest, max_new_tokens, dims.max_positions, "context_tokens=")
         state, run = self._start(ids, max_new_tokens, prefilled)
         B, timer = len(ids), state.timer
-        pace = Pacing(self._controller(run.stats.gamma), run.stats.gamma)  # adaptive γ_t (specdec.adaptive)
+        # adaptive γ_t (specdec.adaptive); its cost estimates carry over between calls of this shape
+        pace = Pacing(self._controller(run.stats.gamma), run.stats.gamma, batch=B, context=longest)
         t_start = time.perf_counter()
         while bool(state.active.any()):
             run.stats.iterations += 1
@@ -440,7 +442,12 @@ class SpeculativeEngine:
         # dense steps write the target's cache only: a drafter with its own cache, or a sparse
         # verifier with its own state, would miss them; those runs adapt γ only
         fall_back = bool(getattr(self.drafter, "dense_steps_ok", False)) and type(self.verifier) is FullVerifier
-        return SpeculationController(gamma, fall_back=fall_back)
+        # one controller per engine and γ: measured steady-state costs survive from one generate call to
+        # the next (it restarts its estimates itself when the batch size or the context scale changes)
+        c = self._controllers.get(gamma)
+        if c is None or c.fall_back != fall_back:
+            c = self._controllers[gamma] = SpeculationController(gamma, fall_back=fall_back)
+        return c
 
     def _emit(
         self,

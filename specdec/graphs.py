@@ -45,6 +45,15 @@ from specdec.cache import KVCache
 from specdec.interfaces import ScoreRequest, SparsePlan, plan_tensors
 
 
+_EVENTS = [0]
+
+
+def capture_events() -> int:
+    """How many captures (and refused warm-ups) happened so far in this process: an iteration during
+    which this grew paid for one, and its wall time is not a steady-state cost (:mod:`specdec.adaptive`)."""
+    return _EVENTS[0]
+
+
 @dataclass(frozen=True)
 class Step:
     """What a captured forward depends on besides tensor values: two forwards with equal steps run
@@ -208,6 +217,7 @@ class GraphCache:
             try:
                 g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep)
             except RuntimeError as exc:
+                _EVENTS[0] += 1
                 self.uncapturable[key] = _reason(exc)
                 torch.cuda.synchronize()
                 return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
@@ -251,6 +261,7 @@ class GraphCache:
                    hidden=hidden)
         self.graphs[key] = g
         self.captures += 1
+        _EVENTS[0] += 1
         return g
 
 
@@ -315,23 +326,29 @@ class CapturedCall:
         self.replays = 0
 
     def __call__(self, key: Any, fn, *inputs: torch.Tensor, keep: Any = None):
-        full = (key, tuple((tuple(t.shape), t.dtype, str(t.device)) for t in inputs))
+        # an input whose owner keeps its address (keep_address: a planner's buffer, Vegas' score buffer)
+        # is read in place by the graph: no copy per call (Vegas' scores are ~63 MB at B = 64 x 8k); its
+        # address is part of the key, so a replaced buffer is another graph
+        full = (key, tuple((tuple(t.shape), t.dtype, str(t.device), t.data_ptr() if has_stable_address(t) else None)
+                           for t in inputs))
         if full in self.uncapturable or torch.cuda.is_current_stream_capturing():
             return fn(*inputs)
         g = self.graphs.get(full)
         if g is not None:
             graph, statics, outs, _ = g
             for s, t in zip(statics, inputs):
-                s.copy_(t)
+                if s is not t:
+                    s.copy_(t)
             graph.replay()
             self.replays += 1
             return outs
         if len(self.graphs) >= self.max_graphs:
             self.graphs.pop(next(iter(self.graphs)))
-        statics = tuple(t.clone() for t in inputs)
+        statics = tuple(t if has_stable_address(t) else t.clone() for t in inputs)
         try:
             _warm_up(lambda: fn(*statics))
         except RuntimeError as exc:
+            _EVENTS[0] += 1
             torch.cuda.synchronize()
             self.uncapturable[full] = _reason(exc)
             return fn(*inputs)
@@ -341,6 +358,7 @@ class CapturedCall:
         graph.replay()  # the capture itself computes nothing
         self.graphs[full] = (graph, statics, outs, keep)
         self.captures += 1
+        _EVENTS[0] += 1
         return outs
 
 

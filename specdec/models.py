@@ -223,7 +223,7 @@ def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu
             stat = gguf.stat()
             cached = _cache_dir() / f"{gguf.stem}-{stat.st_size}"
             if not (cached / "config.json").is_file():
-                tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+                tok = repair_gguf_tokenizer(gguf, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
                 hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
                 _save_dequantized(hf, tok, cached)
             src = str(cached)
@@ -253,6 +253,70 @@ def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu
         ) from exc
     hf.to(device).eval()
     return hf, tok
+
+
+#: GGUF architectures whose sentencepiece vocabulary is a BPE with merges implied by the token order
+_GEMMA_GGUF_ARCHS = ("gemma", "gemma2", "gemma3")
+
+
+def repair_gguf_tokenizer(gguf: Path, tok):
+    """The tokenizer of a Gemma GGUF, rebuilt when transformers built it wrongly; any other ``tok`` unchanged.
+
+    transformers before 5.2x (5.17 on the GPU machine) builds the tokenizer of a Gemma 1/2/3 GGUF as a
+    ``Unigram`` model over the file's scores, which splits ordinary text into single characters (36
+    tokens for a 9-token sentence) while the weights load correctly: every benchmark would silently run
+    on garbage input. A correct build is a BPE whose merges follow the *order* of the vocabulary in the
+    file (Gemma's scores do not), with runs of spaces spelled as ``▁``: :func:`gemma_gguf_tokenizer`.
+    """
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or type(backend.model).__name__ == "BPE":
+        return tok
+    meta = _gguf_metadata(gguf, ("tokenizer.ggml.tokens",))
+    if meta.get("general.architecture") not in _GEMMA_GGUF_ARCHS or meta.get("tokenizer.ggml.model") != "llama":
+        return tok
+    return gemma_gguf_tokenizer(meta)
+
+
+def _gguf_metadata(gguf: Path, string_arrays: tuple[str, ...]) -> dict:
+    """A GGUF file's metadata (the named string arrays in full), without reading tensor data: transformers'
+    own reader (present from 5.17 on), a few seconds for Gemma's 262k-token vocabulary."""
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+
+    return read_gguf_metadata(str(gguf), string_arrays)[0]
+
+
+def gemma_gguf_tokenizer(meta: dict):
+    """A Gemma tokenizer from GGUF metadata (``tokenizer.ggml.*``), token for token what transformers 5.24
+    builds: respell multi-space tokens as ``▁``, merges from the vocabulary ranked by file position, the
+    special ids, control tokens (type 3) as special tokens and user-defined ones (type 4) as added tokens."""
+    from transformers import AddedToken
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+    from transformers.tokenization_utils_base import generate_merges
+
+    raw = list(meta["tokenizer.ggml.tokens"])
+    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in raw]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = generate_merges(vocab, {t: -i for i, t in enumerate(tokens)})
+
+    def name(key: str, default: str) -> str:
+        i = meta.get(f"tokenizer.ggml.{key}")
+        return raw[i] if i is not None else default
+
+    tok = GemmaTokenizer(vocab=vocab, merges=merges, bos_token=name("bos_token_id", "<bos>"),
+                         eos_token=name("eos_token_id", "<eos>"), unk_token=name("unknown_token_id", "<unk>"),
+                         pad_token=name("padding_token_id", "<pad>"),
+                         add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+                         add_eos_token=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+    types = list(meta.get("tokenizer.ggml.token_type") or ())
+    control = [AddedToken(t, normalized=False, special=True) for t, ty in zip(raw, types) if ty == 3]
+    if control:
+        tok.add_special_tokens({"additional_special_tokens": control}, replace_extra_special_tokens=False)
+    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(raw, types) if ty == 4 and t in vocab]
+    if user:
+        tok.add_tokens(user)
+    if meta.get("tokenizer.chat_template"):
+        tok.chat_template = meta["tokenizer.chat_template"]
+    return tok
 
 
 def _save_dequantized(hf, tok, dest: Path) -> None:
@@ -464,6 +528,23 @@ class SpecdecModel:
         self._saved_impl = None
         if _attached_owner(self.hf)[0] is self:
             self.hf.__dict__.pop(_OWNER_ATTR, None)
+
+    @contextmanager
+    def detached(self):
+        """Inside the block the Hugging Face model runs with the attention implementation it had before
+        :meth:`attach` (e.g. ``"sdpa"``), as a plain transformers user would run it; re-attached after.
+
+        Hugging Face ``generate`` baselines run here: through specdec's route, every layer's attention
+        call is a ``torch.compiler.disable`` boundary (a graph break per layer in HF's static-cache
+        ``torch.compile``) plus a context lookup, which made those baselines up to 10× slower than HF.
+        """
+        was = self._saved_impl is not None
+        self.detach()
+        try:
+            yield self
+        finally:
+            if was:
+                self.attach()
 
     def __enter__(self) -> "SpecdecModel":
         return self

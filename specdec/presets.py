@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from pydantic import Field, ValidationError, create_model, model_validator
 
+from specdec.adaptive import ADAPTIVE_DEFAULT
 from specdec.errors import SpecdecError
 from specdec.registry import METHODS, ComponentConfig, format_validation_error
 from specdec.sampling import SamplingConfig
@@ -35,7 +36,7 @@ class PipelineConfig(BudgetConfig):
     method: str = "magicdec"
     gamma: int = Field(default=4, ge=1, le=64, description="draft length γ")
     sampling: SamplingConfig = SamplingConfig()
-    adaptive: bool = Field(default=False, description="adaptive γ per iteration and dense fall-back (specdec.adaptive); off by default: on the H200 it cost 0–45 % at B = 16/64 (2026-12-01)")
+    adaptive: bool = Field(default=ADAPTIVE_DEFAULT, description="adaptive γ per iteration and dense fall-back (specdec.adaptive); default: specdec.adaptive.ADAPTIVE_DEFAULT (off until an H200 run shows it never loses)")
     options: dict[str, Any] = Field(default_factory=dict, description="method-specific options")
 
     @model_validator(mode="after")

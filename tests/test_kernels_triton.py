@@ -366,3 +366,137 @@ def test_dense_single_split_rule(monkeypatch):
     assert ta.choose_splits(16 * 8, 32000, gpu, ta.LaunchConfig().resolve(False, 128)) > 1  # head dim 128: unchanged
     assert ta.choose_splits(64 * 3, 8000, gpu, ta.LaunchConfig(dense_single_split_at=None).resolve(False, 64)) > 1
     assert ta.choose_splits(16 * 3, 8000, gpu, ta.LaunchConfig(dense_single_split_at=0.25).resolve(False, 64)) == 1
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_softmax_scores_of_one_dense_split_need_no_second_kernel(monkeypatch, fused):
+    """Dense, one split, softmax scores summed over the rows (Vegas' request): the attention kernel
+    normalises them itself (no reduce launch); ``fused_softmax_scores=False`` keeps the reduce kernel.
+    Same values as the reference either way (``check``)."""
+    import specdec.cuda.triton_backend as tb
+
+    calls = []
+    real = tb.reduce_scores
+    monkeypatch.setattr(tb, "reduce_scores", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    q, k, v, lens = make_case(3, 2, 2, 3, 16, 48, torch.bfloat16, [29, 0, 41], seed=5)
+    for rows in ([0, 2], [2, 0, 2]):  # a row listed twice counts twice (its weight)
+        check(TritonConfig(block_n=16, num_splits=1, fused_softmax_scores=fused), q, k, v, lens,
+              score_rows=rows, score_kind="softmax", score_heads=[0, 1, 3])
+    assert (len(calls) == 0) == fused
+    calls.clear()  # more splits, or kept rows: the reduce kernel
+    check(TritonConfig(block_n=16, num_splits=3, fused_softmax_scores=fused), q, k, v, lens,
+          score_rows=[0, 2], score_kind="softmax")
+    assert len(calls) == 1
+
+
+# sparse launch variants: the table's sparse row (V gathered next to K, >= 2 tiles per split), the
+# previous default (V after the softmax), forced splits and wider tiles; tiles of 16/32 on the CPU so
+# that short plans span several tiles, budgets that are odd and not a multiple of the tile
+SPARSE_CFGS = {
+    "table": TritonConfig(block_n=16),
+    "legacy": TritonConfig(block_n=16, num_stages=2, v_early=False, min_tiles=1),
+    "early_3splits": TritonConfig(block_n=16, v_early=True, num_splits=3),
+    "bn32_2splits": TritonConfig(block_n=32, v_early=True, num_splits=2),
+}
+
+
+@pytest.mark.parametrize("cfg", sorted(SPARSE_CFGS))
+@pytest.mark.parametrize("budget", [1, 17, 33])
+@pytest.mark.parametrize("hkv,G,dtype", [(2, 4, torch.float32), (1, 8, torch.bfloat16)])
+def test_sparse_launch_variants(cfg, budget, hkv, G, dtype):
+    lengths = [70, 33, 5] if not ON_GPU else [6000, 2500, 5]
+    T = 1
+    q, k, v, lens = make_case(3, hkv, G, T, 64, max(lengths) + T + 3, dtype, lengths, seed=budget * 3 + G)
+    idx, df = make_plan(3, hkv, budget, lengths, T, pad=min(2, budget - 1))
+    check(SPARSE_CFGS[cfg], q, k, v, lens, plan_indices=idx, dense_from=df)
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_sparse_table_default_head_dim_128(T):
+    """The table's own row (no overrides) at the Llama geometry's head dim 128, GQA 4:1, B > 1, bf16."""
+    lengths = [150, 77] if not ON_GPU else [30000, 7000]
+    q, k, v, lens = make_case(2, 2, 4, T, 128, max(lengths) + T, torch.bfloat16, lengths, seed=21 + T)
+    idx, df = make_plan(2, 2, 41 if not ON_GPU else 1501, lengths, T)
+    check(TritonConfig(), q, k, v, lens, plan_indices=idx, dense_from=df)
+
+
+def test_launch_table_rows():
+    """Sparse calls take the sparse row (3 stages, V early, >= 2 tiles per split); dense rows are the
+    measured ones of 2026-11-29, unchanged; explicit fields win over the table."""
+    from specdec.cuda.triton_attention import SPARSE_LEGACY, table_entry
+
+    sp = LaunchConfig().resolve(True, 128)
+    assert (sp.block_n, sp.num_stages, sp.v_early, sp.min_tiles) == (64, 3, True, 2)
+    assert table_entry(True, 64)[2] >= 3  # with 2 stages every tile waits for its index load
+    assert SPARSE_LEGACY == (128, 4, 2, 4, False, 1)
+    assert table_entry(False, 64) == (128, 4, 3, 8, False, 1)
+    assert table_entry(False, 128) == (64, 4, 2, 2, False, 1)
+    assert table_entry(False, 128, raw_scores=True) == (128, 4, 2, 4, False, 1)
+    mine = LaunchConfig(block_n=32, num_stages=2, v_early=False, min_tiles=5).resolve(True, 128)
+    assert (mine.block_n, mine.num_stages, mine.v_early, mine.min_tiles) == (32, 2, False, 5)
+
+
+def test_choose_splits_min_tiles():
+    """``min_tiles`` caps the split count so that every split covers that many tiles."""
+    cpu = torch.device("cpu")  # 4 "SMs"
+    cfg = LaunchConfig(block_n=64, ctas_per_sm=8, min_tiles=2, sparse_single_split_at=None)
+    assert choose_splits(1, 64 * 10, cpu, cfg, sparse=True) == 5  # 32 wanted, 10 tiles / 2
+    assert choose_splits(1, 64 * 10, cpu, LaunchConfig(block_n=64, ctas_per_sm=8, min_tiles=1), sparse=True) == 10
+    assert choose_splits(1, 64, cpu, cfg, sparse=True) == 1
+
+
+@pytest.mark.parametrize("score", ["none", "logits", "softmax"])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_fused_combine_matches_reference(sparse, score):
+    """``fused_combine``: the last split of each (sequence, KV head) merges the partials (no combine
+    launch), with ragged lengths, empty splits (7 splits of a short row) and a row that sees nothing;
+    the counters are back at 0 after every launch, so a second call gives the same result."""
+    from specdec.cuda import triton_attention as ta
+
+    lengths = [29, 0, 41]
+    T = 3
+    q, k, v, lens = make_case(3, 2, 4, T, 32, 48, torch.bfloat16, lengths, seed=31)
+    kw = dict(SCORE_VARIANTS[score])
+    if sparse:
+        kw["plan_indices"], kw["dense_from"] = make_plan(3, 2, 11, lengths, T)
+    for splits in (2, 7):
+        cfg = TritonConfig(block_n=16, num_splits=splits, fused_combine=True)
+        check(cfg, q, k, v, lens, **kw)
+        assert ta._SEMAPHORES and all(int(c.abs().sum()) == 0 for c in ta._SEMAPHORES.values())
+    meta = AttentionMetadata(lens, 0.25, kw.get("plan_indices"), kw.get("dense_from"))
+    a = splitk_attention(q, k, v, meta, cfg=LaunchConfig(block_n=16, num_splits=3, fused_combine=True))
+    b = splitk_attention(q, k, v, meta, cfg=LaunchConfig(block_n=16, num_splits=3))
+    torch.testing.assert_close(a[0].float(), b[0].float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graph capture needs a GPU")
+def test_fused_combine_graph_replays():
+    """``fused_combine`` captured in a CUDA graph (semaphore buffer first made inside the capture) and
+    replayed several times, on many programs at once (the ordering the interpreter cannot show)."""
+    from specdec.cuda import triton_attention as ta
+
+    ta._SEMAPHORES.clear()
+    lengths = [3000, 1200, 5, 2999]
+    q, k, v, lens = make_case(4, 8, 4, 1, 128, 3100, torch.bfloat16, lengths, seed=41)
+    idx, df = make_plan(4, 8, 300, lengths, 1)
+    meta = AttentionMetadata(lens, 128 ** -0.5, plan_indices=idx, dense_from=df)
+    be = TritonBackend(TritonConfig(num_splits=5, fused_combine=True))
+    ref = TritonBackend(TritonConfig(num_splits=5))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # compile outside the capture
+        be.attend(q, k, v, meta)
+    torch.cuda.current_stream().wait_stream(s)
+    ta._SEMAPHORES.clear()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, _ = be.attend(q, k, v, meta)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        g.replay()
+        torch.cuda.synchronize()
+        r, _ = ref.attend(q, k, v, meta)
+        torch.testing.assert_close(o, r, atol=1e-2, rtol=1e-2)
+    assert ta._SEMAPHORES and all(int(c.abs().sum()) == 0 for c in ta._SEMAPHORES.values())
+    check(TritonConfig(num_splits=7, fused_combine=True), q, k, v, lens, plan_indices=idx, dense_from=df)

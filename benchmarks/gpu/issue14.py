@@ -28,6 +28,7 @@ start after ``--budget-s`` seconds is recorded as skipped):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -42,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 T0 = time.perf_counter()
+#: the fused-kernels step with the sparse launch of before LAUNCH_TABLE (sparse step only)
+LEGACY_VARIANT = "fused_kernels_legacy_sparse"
+VARIANTS = ("unfused", "fused_projections", "fused_kernels", LEGACY_VARIANT)
 
 
 def elapsed() -> float:
@@ -112,7 +116,6 @@ def part_e2e(a, res):
 def _vegas_costs(model, cache, L, B, budget, gamma, bw, dev):
     """Item 4: score emission share of verify; one layer's sparse attention vs copy bandwidth; gather vs window."""
     from specdec import ScoreRequest
-    from specdec.interfaces import AttentionMetadata
 
     d = model.dims
     x5 = torch.randint(0, d.vocab_size, (B, gamma + 1), device=dev)
@@ -120,22 +123,42 @@ def _vegas_costs(model, cache, L, B, budget, gamma, bw, dev):
     t_plain = timed(lambda: model.forward(x5, cache, L), dev, n=5)
     req = lambda: ScoreRequest(rows=[0, gamma], kind="softmax", heads="group")  # noqa: E731 - Collect-2-Query
     t_scores = timed(lambda: model.forward(x5, cache, L, scores=req()), dev, n=5)
+    out = _sparse_layer_costs(model, cache, L, B, budget, bw, dev)
+    return dict(verify_plain_ms=t_plain * 1e3, verify_with_scores_ms=t_scores * 1e3,
+                score_emission_share=(t_scores - t_plain) / t_plain, sparse_attention_one_layer=out,
+                gather_over_window=out["gather"]["us"] / out["window"]["us"])
+
+
+def _sparse_layer_costs(model, cache, L, B, budget, bw, dev):
+    """One layer's sparse attention (the backend's ``attend``) against copy bandwidth; gather vs window.
+
+    Graph-replayed: one CUDA graph calls ``attend`` once on each layer's cache (working set beyond the
+    L2), median per call. Until 2026-12-01 this timed ONE eager call between CUDA events, which measured
+    the host (Python + two launches, ~100 µs) instead of the ~36 µs kernels: "18 % of copy bandwidth".
+    That number is kept as ``eager_one_call_us``.
+    """
+    from specdec.interfaces import AttentionMetadata
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    from sparse_attn import eager_one_call_us, per_call_us
+
+    d = model.dims
     be = model.backend
     q = torch.randn(B, d.n_heads, 1, d.head_dim, device=dev, dtype=model.dtype)
-    kc, vc = cache.k[0], cache.v[0]
     ctx = int(L[0])
     rand = torch.stack([torch.randperm(ctx - 16, device=dev)[:budget] for _ in range(B)]).sort(-1).values
     window = torch.arange(ctx - 16 - budget, ctx - 16, device=dev).expand(B, budget)
+    n_layers = cache.k.shape[0]
     out = {}
     for name, idx in (("gather", rand), ("window", window)):
         idx4 = idx.view(B, 1, budget).expand(B, d.n_kv_heads, budget).contiguous()
         meta = AttentionMetadata(lengths=L, scale=d.head_dim ** -0.5, plan_indices=idx4, dense_from=L)
-        t = timed(lambda: be.attend(q, kc, vc, meta), dev)
-        nbytes = B * budget * d.n_kv_heads * d.head_dim * 2 * kc.element_size()
-        out[name] = dict(us=t * 1e6, GBps=nbytes / t / 1e9, share_of_copy_bw=nbytes / t / bw)
-    return dict(verify_plain_ms=t_plain * 1e3, verify_with_scores_ms=t_scores * 1e3,
-                score_emission_share=(t_scores - t_plain) / t_plain, sparse_attention_one_layer=out,
-                gather_over_window=out["gather"]["us"] / out["window"]["us"])
+        fns = [lambda i=i: be.attend(q, cache.k[i], cache.v[i], meta) for i in range(n_layers)]
+        us = per_call_us(fns, dev, 7)
+        nbytes = B * d.n_kv_heads * ((budget + 1) * d.head_dim * 2 * cache.k.element_size() + budget * 8)
+        out[name] = dict(us=us, GBps=nbytes / us / 1e3, share_of_copy_bw=nbytes / (us * 1e-6) / bw,
+                         eager_one_call_us=eager_one_call_us(fns[0], dev), bytes=nbytes)
+    return out
 
 
 def part_steps(a, res, bw):
@@ -165,28 +188,52 @@ def part_steps(a, res, bw):
         steps = {"dense_T1": (lambda: model.forward(x1, cache, L), W + B * ctx * kvt),
                  "sparse5%_T1": (lambda: model.forward(x1, cache, L, plan=plan), W + B * budget * kvt),
                  f"verify_T{a.gamma + 1}": (lambda: model.forward(x5, cache, L), W + B * ctx * kvt)}
-        for variant in ("unfused", "fused_projections", "fused_kernels"):
+        launch = getattr(model.backend, "_launch", None)
+        kernels_fused = False
+        for variant in a.variants:
             if elapsed() > a.budget_s:
                 rows.append(dict(shape=shape, variant=variant, skipped="out of time"))
                 continue
             model.disable_cuda_graphs()
-            if variant != "unfused":
+            if variant in ("fused_projections", "fused_kernels") or (variant == LEGACY_VARIANT and not kernels_fused):
                 model.fuse_projections(kernels="torch" if variant == "fused_projections" else "auto")
+                kernels_fused = variant != "fused_projections"
+            if launch is not None:  # the backend's launch; the legacy variant swaps in the pre-table sparse one
+                model.backend._launch = launch
+                if variant == LEGACY_VARIANT:
+                    from specdec.cuda.triton_attention import SPARSE_LEGACY
+
+                    bn, w, st, c, e, m = SPARSE_LEGACY
+                    model.backend._launch = dataclasses.replace(launch, block_n=bn, num_warps=w, num_stages=st,
+                                                                ctas_per_sm=c, v_early=e, min_tiles=m)
             if a.graphs:
                 model.enable_cuda_graphs()
             for name, (fn, nbytes) in steps.items():
+                if variant == LEGACY_VARIANT and not name.startswith("sparse"):
+                    continue  # the legacy launch only differs for sparse plans
                 try:
                     t = timed(fn, dev)
                     row = dict(shape=shape, B=B, context=ctx, variant=variant, step=name, ms=t * 1e3,
                                roofline_ms=nbytes / bw * 1e3, over_roofline=t / (nbytes / bw))
                     if dev.type == "cuda":
                         row["kernels"] = kernel_table(fn)
+                        if name.startswith("sparse"):  # the attention kernels of the step against copy bandwidth
+                            att = row["kernels"]["categories"].get("attention", {}).get("us", 0.0)
+                            att_bytes = B * budget * kvt + B * d.n_layers * d.n_kv_heads * budget * 8
+                            row["attention_us"] = att
+                            row["attention_share_of_copy_bw"] = att_bytes / (att * 1e-6) / bw if att else None
                 except Exception:
                     row = dict(shape=shape, variant=variant, step=name, error=traceback.format_exc(limit=4))
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
+        if launch is not None:
+            model.backend._launch = launch
         try:
-            res.setdefault("vegas_costs", {})[shape] = _vegas_costs(model, cache, L, B, budget, a.gamma, bw, dev)
+            if a.vegas_costs:
+                res.setdefault("vegas_costs", {})[shape] = _vegas_costs(model, cache, L, B, budget, a.gamma, bw, dev)
+            else:  # only the graph-replayed sparse attention of one layer
+                res.setdefault("vegas_costs", {})[shape] = dict(
+                    sparse_attention_one_layer=_sparse_layer_costs(model, cache, L, B, budget, bw, dev))
             print(json.dumps(res["vegas_costs"][shape]), flush=True)
         except Exception:
             res.setdefault("vegas_costs", {})[shape] = dict(error=traceback.format_exc(limit=4))
@@ -218,7 +265,16 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: check the script, not the numbers")
     ap.add_argument("--parts", default="traces,steps,replay,e2e")
     ap.add_argument("--budget-s", type=float, default=500.0, help="no part starts after this many seconds")
+    ap.add_argument("--step-shapes", dest="only_shapes", default=None,
+                    help="comma list of the 'steps' part's shapes to run (default: all of the mode)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"'steps' variants, from {', '.join(VARIANTS)}")
+    ap.add_argument("--no-vegas-costs", dest="vegas_costs", action="store_false",
+                    help="'steps': skip the verify/score timings, keep the graph-replayed sparse layer")
     a = ap.parse_args()
+    a.variants = [v for v in a.variants.split(",") if v]
+    bad = [v for v in a.variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
     Path(a.out).mkdir(parents=True, exist_ok=True)
     a.gamma, a.ratio = 4, 0.05
     if a.smoke:
@@ -231,6 +287,11 @@ def main() -> None:
         a.context, a.new, a.batches, a.repeats, a.trace_batch = 8000, 64, [1, 16, 64], 3, 4
         a.step_shapes = [("llama-3.1-8b", 16, 32768), ("smollm2-135m", 64, 8000)]
         a.replay_shape, a.replay_new = ("llama-3.1-8b", 16, 32768), 32
+    if a.only_shapes:
+        keep = a.only_shapes.split(",")
+        a.step_shapes = [s for s in a.step_shapes if s[0] in keep]
+        if not a.step_shapes:
+            ap.error(f"--step-shapes {a.only_shapes!r} matches none of this mode's shapes")
     from e2e_gpu import copy_bandwidth
     import transformers
 

@@ -101,7 +101,7 @@ class TorchBackend(AttentionBackend):
         k = k_cache.gather(2, safe.unsqueeze(-1).expand(-1, -1, -1, D))  # (B, Hkv, K', D)
         v = v_cache.gather(2, safe.unsqueeze(-1).expand(-1, -1, -1, D))
         mask = valid.unsqueeze(2) & (idx.unsqueeze(2) <= row_pos)  # (B, Hkv, T, K')
-        qg = q.view(B, Hkv, G * T, D)
+        qg = q.reshape(B, Hkv, G * T, D)  # q of Gemma 3 (normed after the transpose) is not contiguous
         mask = mask.unsqueeze(2).expand(B, Hkv, G, T, -1).reshape(B, Hkv, G * T, -1)
         out = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
         return out.reshape(B, H, T, D)

@@ -60,6 +60,8 @@ def _splitk_attn_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPARSE: tl.constexpr, SCORE_MODE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
     NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
+    V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
+    FUSED_SOFTMAX: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -129,6 +131,10 @@ def _splitk_attn_kernel(
             pos = offs_n
             valid = in_rng
         kt = tl.load(k_base + pos[None, :] * stride_kl + offs_d[:, None], mask=valid[None, :], other=0.0)
+        if V_EARLY:
+            # the V rows of the same positions are gathered right after the K rows: both requests are in
+            # flight together instead of the V gather waiting for the softmax of the tile
+            vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=DOT_PREC) * sm_scale
@@ -155,7 +161,8 @@ def _splitk_attn_kernel(
         alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
         p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
+        if not V_EARLY:
+            vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
         pv = p.to(vt.dtype)
         if UPCAST:
             pv = pv.to(tl.float32)
@@ -170,10 +177,58 @@ def _splitk_attn_kernel(
         o_ptrs = Out + b64 * stride_ob + (h * G + g)[:, None] * stride_oh + t[:, None] * stride_ot + offs_d[None, :]
         tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_valid[:, None])
         tl.store(OutLse + (b64 * (HKV * G) + h * G + g) * T + t, lse, mask=row_valid)
+        if FUSED_SOFTMAX:
+            # softmax scores without a second launch (dense, one split): this program now knows each
+            # row's final log-sum-exp, so it re-reads the raw logits it just wrote (mostly still in L2)
+            # and stores sum_m w_m exp(raw_m - lse_m) per position: (B, H_kv, L), no reduce kernel
+            tl.debug_barrier()  # the raw stores of other threads of this program are visible
+            wf = tl.load(RowW + h * (G * T) + offs_m, mask=row_valid, other=0.0)
+            use = (slot >= 0) & has
+            lse_u = tl.where(use, lse, 0.0)
+            for j0 in range(start, end, BLOCK_N):
+                pos_e = j0 + tl.arange(0, BLOCK_N)
+                ok = pos_e < end
+                raw = tl.load(RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos_e[None, :],
+                              mask=use[:, None] & ok[None, :], other=float("-inf"))
+                pe = tl.where(raw == float("-inf"), 0.0, tl.exp(raw - lse_u[:, None]))
+                sc = tl.sum(tl.where(use[:, None], wf[:, None] * pe, 0.0), axis=0)
+                tl.store(Scores + pid_bh.to(tl.int64) * L + pos_e, sc, mask=ok)
     else:
         part = pid_bh.to(tl.int64) * NUM_SPLITS + pid_s
         tl.store(PartO + (part * BLOCK_M + offs_m)[:, None] * D + offs_d[None, :], o)
         tl.store(PartLse + part * BLOCK_M + offs_m, lse)
+        if FUSED_COMBINE:
+            # the last program of this (sequence, KV head) to finish merges the splits: no combine launch.
+            # Partials are stored, the block synchronises, then one thread's acq_rel atomic publishes
+            # them (the pattern of CUTLASS's semaphore); the last one reads them from L2 (.cg) and sets
+            # its counter back to 0 for the next launch (graph replays included)
+            tl.debug_barrier()
+            done = tl.atomic_add(Sem + pid_bh, 1, sem="acq_rel", scope="gpu")
+            if done == NUM_SPLITS - 1:
+                base = pid_bh.to(tl.int64) * NUM_SPLITS
+                m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                den = tl.zeros([BLOCK_M], tl.float32)
+                acc_c = tl.zeros([BLOCK_M, D], tl.float32)
+                for sp in range(0, NUM_SPLITS):
+                    lse_s = tl.load(PartLse + (base + sp) * BLOCK_M + offs_m, cache_modifier=".cg")
+                    o_s = tl.load(PartO + ((base + sp) * BLOCK_M + offs_m)[:, None] * D + offs_d[None, :],
+                                  cache_modifier=".cg")
+                    m_new_c = tl.maximum(m_run, lse_s)
+                    m_safe_c = tl.where(m_new_c == float("-inf"), 0.0, m_new_c)
+                    scale_old = tl.exp(m_run - m_safe_c)
+                    wgt = tl.exp(lse_s - m_safe_c)
+                    acc_c = acc_c * scale_old[:, None] + wgt[:, None] * o_s
+                    den = den * scale_old + wgt
+                    m_run = m_new_c
+                has_c = den > 0.0
+                o_fin = acc_c / tl.where(has_c, den, 1.0)[:, None]
+                m_fin = tl.where(m_run == float("-inf"), 0.0, m_run)
+                lse_fin = tl.where(has_c, m_fin + tl.log(tl.where(has_c, den, 1.0)), float("-inf"))
+                o_ptrs = (Out + b64 * stride_ob + (h * G + g)[:, None] * stride_oh + t[:, None] * stride_ot
+                          + offs_d[None, :])
+                tl.store(o_ptrs, o_fin.to(Out.dtype.element_ty), mask=row_valid[:, None])
+                tl.store(OutLse + (b64 * (HKV * G) + h * G + g) * T + t, lse_fin, mask=row_valid)
+                tl.atomic_xchg(Sem + pid_bh, 0)
 
     if ZERO_TAIL:
         # dense scores: positions >= lengths + T are seen by no row; the splits share writing their 0s
@@ -286,14 +341,46 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
     return out
 
 
+#: Launch table: the first row whose key matches picks the tunables that a ``LaunchConfig`` leaves at
+#: ``None``. Key: ``(sparse, largest head dim, raw_scores)`` (``raw_scores`` ``None`` matches both);
+#: value: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``.
+#:
+#: * sparse plans: the K/V gathers depend on an index load in the same iteration. Triton's
+#:   pipeliner (``AssignLatencies.cpp``) drops loads whose indirection level is ``>= num_stages - 1``
+#:   and splits ``num_stages - 1`` stages among the levels left: with 2 stages the index load is
+#:   not pipelined, so every tile waits one memory round trip for its indices before its gathers
+#:   are issued; 3 stages prefetch the indices one stage ahead of the gathers (5: the gathers two
+#:   tiles ahead). 64-position tiles keep the buffers (2 x 2 x 16 KB at head dim 128) small enough
+#:   for several programs per SM; ``v_early`` issues the V gather next to the K gather where the
+#:   loads are not pipelined. ``min_tiles``: at least this many tiles per split, so that a split
+#:   is long enough for the pipeline to fill.
+#:   ``benchmarks/gpu/sparse_attn.py`` measures this row against the previous default
+#:   ``(128, 4, 2, 4, False, 1)`` and sweeps the neighbours; its report prints the best row per shape.
+#: * dense (measured on an H200, ``benchmarks/results/gpu_kernels_2026-11-29.md``): head dim <= 64:
+#:   3 stages and 8 programs per SM; head dim 128: 64-position tiles, 2 stages, 2 programs per SM;
+#:   softmax scores at head dim 128: 737 us vs 944 us with the plain default.
+#: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
+SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
+LAUNCH_TABLE: tuple[tuple[tuple[bool, int, bool | None], tuple[int, int, int, int, bool, int]], ...] = (
+    ((True, 64, None), (128, 4, 3, 4, True, 1)),
+    ((True, 1 << 30, None), SPARSE_LEGACY),
+    ((False, 64, None), (128, 4, 3, 8, False, 1)),
+    ((False, 1 << 30, True), (128, 4, 2, 4, False, 1)),
+    ((False, 1 << 30, None), (64, 4, 2, 2, False, 1)),
+)
+
+
+def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False) -> tuple[int, int, int, int, bool, int]:
+    """The ``LAUNCH_TABLE`` row for a launch: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``."""
+    for (sp, dmax, raw), entry in LAUNCH_TABLE:
+        if sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores):
+            return entry
+    raise LookupError(f"no launch table row for sparse={sparse}, head_dim={head_dim}")  # pragma: no cover
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tunables of the split-K launch; ``None`` picks the default measured best on an H200.
-
-    Defaults (``benchmarks/results/gpu_kernels_*.md`` has the sweep): sparse: 128-position
-    tiles, 4 warps, 2 stages, 4 programs per SM; dense with head dim <= 64: 3 stages and 8
-    programs per SM; dense with head dim 128: 64-position tiles, 2 stages, 2 programs per SM.
-    """
+    """Tunables of the split-K launch; ``None`` picks the row of ``LAUNCH_TABLE`` for the call."""
 
     block_n: int | None = None
     num_warps: int | None = None
@@ -313,26 +400,44 @@ class LaunchConfig:
     # dense step 3.88 ms in one split vs 4.04-4.16 ms with 3-6 splits + combine, verify T = 5 4.13 vs
     # 4.50 ms; benchmarks/results/gpu_launch_reductions_2026-11-29.md), never at head dim 128 (not measured)
     dense_single_split_at: float | str | None = "auto"
+    # gather V right after K in each tile (True) or after the tile's softmax (False); None: table
+    v_early: bool | None = None
+    # at least this many tiles per split when the split count is chosen automatically; None: table
+    min_tiles: int | None = None
+    # with more than one split, the last program of each (sequence, KV head) merges the splits (an
+    # atomic counter per pair) instead of a second combine launch; off until measured on a GPU
+    fused_combine: bool = False
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False) -> "LaunchConfig":
-        if sparse:
-            auto = (128, 4, 2, 4)
-        elif head_dim <= 64:
-            auto = (128, 4, 3, 8)
-        elif raw_scores:  # softmax scores at head dim 128: 737 us vs 944 us with the plain default
-            auto = (128, 4, 2, 4)
-        else:
-            auto = (64, 4, 2, 2)
+        auto = table_entry(sparse, head_dim, raw_scores)
         pick = lambda v, a: a if v is None else v  # noqa: E731
         dense_one = self.dense_single_split_at
         if dense_one == "auto":
             dense_one = 1.0 if head_dim <= 64 else None
         return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
                             pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
-                            self.combine_warps, self.sparse_single_split_at, self.out_bthd, dense_one)
+                            self.combine_warps, self.sparse_single_split_at, self.out_bthd, dense_one,
+                            pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]), self.fused_combine)
 
 
 _SM_COUNT: dict[int, int] = {}
+_SEMAPHORES: dict[str, torch.Tensor] = {}
+
+
+def _semaphores(n: int, device: torch.device) -> torch.Tensor:
+    """``(>= n,)`` int32 zeros, one counter per (sequence, KV head), kept per device (``fused_combine``).
+
+    Every launch leaves its counters at 0 again, so one buffer serves all layers, steps and graph
+    replays that run one after another on a stream (not two fused launches running concurrently).
+    A buffer first made while a CUDA graph is captured comes from the graph's pool, its zero-fill
+    is captured with it and replayed (harmless: the counters are 0 then anyway).
+    """
+    key = str(device)
+    buf = _SEMAPHORES.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _SEMAPHORES[key] = buf
+    return buf
 
 
 def _sm_count(device: torch.device) -> int:
@@ -345,7 +450,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchConfig, sparse: bool = False) -> int:
-    """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, at least one tile each.
+    """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, ``min_tiles`` tiles each.
 
     A sparse plan reads only a few tiles per (sequence, KV head); once ``bh`` programs alone give
     ``cfg.sparse_single_split_at`` programs per SM it runs in one split, whose program writes the
@@ -363,7 +468,8 @@ def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchCo
         return 1
     target = sms * (cfg.ctas_per_sm or 4)
     s = max(1, math.ceil(target / max(bh, 1)))
-    return max(1, min(s, math.ceil(max(virtual_len, 1) / (cfg.block_n or 128))))
+    tiles = math.ceil(max(virtual_len, 1) / (cfg.block_n or 128))
+    return max(1, min(s, math.ceil(tiles / max(1, cfg.min_tiles or 1))))
 
 
 def splitk_attention(
@@ -377,6 +483,7 @@ def splitk_attention(
     row_queries: torch.Tensor | None = None,
     row_ids: torch.Tensor | None = None,
     cfg: LaunchConfig = LaunchConfig(),
+    softmax_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -392,6 +499,10 @@ def splitk_attention(
             combining the packed query rows into (at most 16) output rows, with ``n_slots = R``;
             scores come back ``(B, H_kv, R, L)``.
         row_ids: with ``row_queries``: ``(16,)`` int32 row index of each output (-1 = unused).
+        softmax_weights: with ``row_slots``: ``(H, T)`` fp32 weight of each (head, row) in a softmax
+            score sum. When the call is dense and runs in one split, the kernel itself then returns
+            ``scores`` ``(B, H_kv, L)`` = ``sum w · exp(logit − lse)`` (no reduce launch); otherwise
+            ``scores`` is ``None`` and the caller reduces ``raw`` (``reduce_scores``).
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -428,6 +539,8 @@ def splitk_attention(
     else:
         out = torch.empty((B, H, T, D), dtype=q.dtype, device=dev)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=dev)
+    fused = bool(cfg.fused_combine) and not direct
+    sem = _semaphores(B * Hkv, dev) if fused else lse  # lse: a dummy, never touched
     if direct:  # the split kernel writes out/lse itself: no partials, no combine
         part_o = part_lse = lse  # dummies, never touched
     else:
@@ -455,6 +568,10 @@ def splitk_attention(
         else:  # the kernel writes every position < lengths + T; the reader masks the rest
             raw = torch.empty((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
         rs = row_slots
+    fused_softmax = score_mode == 2 and direct and not sparse and softmax_weights is not None
+    if fused_softmax:
+        scores = torch.empty((B, Hkv, L), dtype=torch.float32, device=dev)  # every position written
+        rw = softmax_weights
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     upcast = dev.type != "cuda" and q.dtype == torch.bfloat16
 
@@ -469,11 +586,13 @@ def splitk_attention(
         idx.stride(0) if sparse else 0, (idx.stride(1) if idx.shape[1] > 1 else 0) if sparse else 0,
         L, S, kplan, max(n_slots, 1),
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast, NOUT=max(1, n_slots),
-        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and score_mode in (1, 3),
+        SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,
+        NOUT=1 if fused_softmax else max(1, n_slots),
+        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and (score_mode in (1, 3) or fused_softmax),
+        V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if direct:
+    if direct or fused:
         return out, lse, scores, raw
     _combine_kernel[(B * Hkv, T * G)](
         part_o, part_lse, out, lse,

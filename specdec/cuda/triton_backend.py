@@ -7,12 +7,13 @@ which is how the parity tests exercise it in CI.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Literal, Sequence
 
 import torch
+from pydantic import Field
 
+from specdec.cuda import peers
 from specdec.errors import SpecdecError
 from specdec.interfaces import AttentionBackend, AttentionMetadata
 from specdec.registry import BACKENDS, ComponentConfig
@@ -32,8 +33,9 @@ class TritonConfig(ComponentConfig):
     """Launch tunables of the Triton backend.
 
     Attributes:
-        block_n: KV positions per tile (``None``: measured default, see ``LaunchConfig``).
-        num_warps / num_stages: Triton launch options of the split-K kernel (``None``: default).
+        block_n: KV positions per tile (``None``: the row of ``triton_attention.LAUNCH_TABLE`` for
+            the call: sparse or dense, head dim).
+        num_warps / num_stages: Triton launch options of the split-K kernel (``None``: table).
         num_splits: fixed chunks per (sequence, KV head); ``None`` picks enough to fill the GPU.
         ctas_per_sm: programs per SM the automatic split count aims for (``None``: default).
         sdpa_decode: use ``torch.nn.functional.scaled_dot_product_attention`` for a dense single
@@ -46,11 +48,28 @@ class TritonConfig(ComponentConfig):
             (measured faster on an H200), never at head dim 128; ``None``: always split.
         sparse_single_split_at: sparse plans run in one split (no combine launch) once the
             (sequence, KV head) programs reach this many per SM; ``None``: always split.
+        v_early: gather a tile's V rows right after its K rows (``True``) or after its softmax
+            (``False``); ``None``: table (on for sparse plans, off for dense).
+        min_tiles: at least this many tiles per split when the split count is automatic
+            (``None``: table).
+        fused_combine: with more than one split, the last program of each (sequence, KV head)
+            merges the splits (one atomic counter per pair) instead of a second launch. Off by
+            default: checked under the interpreter, not yet measured or tested on a GPU.
         flash_attn: dense attention without scores on CUDA in fp16/bf16 through flash-attn's
             ``flash_attn_with_kvcache``: ``"auto"`` when flash-attn is installed (else our kernel,
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
             never. Sparse plans and score requests always use our kernels. Untested against the
             real library (it cannot be installed on the machines here): see docs/backends.md.
+        fused_softmax_scores: softmax scores summed over the rows (Vegas' request) of a dense call
+            that runs in one split are normalised by the attention kernel itself, once it knows each
+            row's log-sum-exp, instead of by a second kernel over the raw logits (``False``: always
+            the second kernel; for measuring the difference).
+        peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
+            ``"auto"`` the installed ones where the measured table ``peers.PICKS`` says they are the
+            fastest (ours elsewhere; an empty table keeps every call ours), ``"off"`` never,
+            ``"fa4"`` / ``"flashinfer"`` that peer for every call it can serve (benchmarks, parity
+            tests; building the backend fails when it is not installed). Never for score requests,
+            fp32, the CPU or calls under CUDA-graph capture.
     """
 
     block_n: int | None = None
@@ -61,8 +80,13 @@ class TritonConfig(ComponentConfig):
     sdpa_decode: bool = False
     max_packed_rows: int = 64
     sparse_single_split_at: float | None = 1.0
+    v_early: bool | None = None
+    min_tiles: int | None = Field(default=None, ge=1)
+    fused_combine: bool = False
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
+    fused_softmax_scores: bool = True
+    peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -84,11 +108,10 @@ def _interpreting() -> bool:
 
 
 def _flash_attn_installed() -> bool:
-    """Whether ``flash_attn`` can be imported (looked up, not imported: importing it loads CUDA code)."""
-    try:
-        return importlib.util.find_spec("flash_attn") is not None
-    except (ImportError, ValueError):
-        return False
+    """Whether flash-attn 2 can be imported (looked up, not imported: importing it loads CUDA code).
+
+    A ``flash_attn`` package holding only FlashAttention-4's ``cute`` is not flash-attn 2."""
+    return peers.fa2_installed()
 
 
 def _resolve_flash_attn(mode: str) -> bool:
@@ -98,8 +121,9 @@ def _resolve_flash_attn(mode: str) -> bool:
     if _flash_attn_installed():
         return True
     if mode == "on":
-        raise SpecdecError("flash_attn='on' needs the flash-attn package, which is not installed; "
-                           "pip install 'specdec[flash]' (or use flash_attn='auto' or 'off').")
+        raise SpecdecError("flash_attn='on' needs flash-attn 2 (flash_attn_with_kvcache), which is not installed; "
+                           "pip install 'flash-attn>=2.6' (or use flash_attn='auto' or 'off'; FlashAttention-4 "
+                           "is peers='fa4').")
     return False
 
 
@@ -142,12 +166,16 @@ class TritonBackend(AttentionBackend):
             LaunchConfig(block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages,
                          num_splits=c.num_splits, ctas_per_sm=c.ctas_per_sm,
                          sparse_single_split_at=c.sparse_single_split_at,
-                         dense_single_split_at=c.dense_single_split_at)
+                         dense_single_split_at=c.dense_single_split_at, v_early=c.v_early,
+                         min_tiles=c.min_tiles, fused_combine=c.fused_combine)
             if LaunchConfig is not None
             else None
         )
         self._row_cache: dict[tuple, tuple] = {}
         self._flash = _resolve_flash_attn(c.flash_attn)  # resolved once, when the backend is built
+        self._peers = peers.resolve(c.peers)
+        self._peer_table: dict | None = None  # None: peers.PICKS (tests and benchmarks pass their own)
+        self._flashinfer: peers.FlashInferRunner | None = None
         # decode- and verify-sized forwards launch one or two kernels sized by tensor shapes only: no
         # host synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``,
         # which syncs; prefill-sized forwards sync too and are never captured)
@@ -159,6 +187,37 @@ class TritonBackend(AttentionBackend):
             self._flash and not meta.sparse and not meta.wants_scores
             and q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
         )
+
+    def peer_for(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> str:
+        """The kernel this call runs on: ``"triton"`` (ours), ``"fa4"`` or ``"flashinfer"``.
+
+        A peer needs: no scores, no capture, CUDA, fp16/bf16, a call kind it serves, and (``"auto"``)
+        the measured table naming it for this kind, head dim and ``B · L``."""
+        if not self._peers or meta.wants_scores or meta.static:
+            return "triton"
+        if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+            return "triton"
+        B, _, T, D = q.shape
+        if meta.sparse and not k_cache.is_contiguous():
+            return "triton"
+        if self.config.peers == "auto":
+            kind = "sparse" if meta.sparse else ("decode" if T == 1 else "verify")
+            want = peers.pick(kind, D, B * k_cache.shape[2], self._peer_table)
+        else:
+            want = self.config.peers
+        if want in self._peers and peers.can_serve(want, T, meta.sparse):
+            return want
+        return "triton"
+
+    def _run_peer(self, peer: str, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if peer == "fa4":
+            return peers.fa4_dense(q, k_cache, v_cache, meta.lengths, meta.scale)
+        if self._flashinfer is None:
+            self._flashinfer = peers.FlashInferRunner()
+        if meta.sparse:
+            return self._flashinfer.sparse(q, k_cache, v_cache, meta.lengths, meta.scale, meta.plan_indices,
+                                           meta.dense_from)
+        return self._flashinfer.dense(q, k_cache, v_cache, meta.lengths, meta.scale)
 
     def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
         if _TRITON_ERROR is not None:
@@ -202,8 +261,9 @@ class TritonBackend(AttentionBackend):
     def _row_slots(self, H: int, Hkv: int, T: int, rows: Sequence[int], heads: Sequence[int] | None, dev):
         """Slots for raw per-(head, row) logits and the ``(H_kv, n_slots, R)`` map back to rows.
 
-        Returns ``(slots (H, T) int32, n_slots, to_rows (H_kv, n, R) fp32, flat (H_kv, n) long)``
-        where ``flat`` indexes the slot's (head, row) in ``lse.view(B, H * T)``.
+        Returns ``(slots (H, T) int32, n_slots, to_rows (H_kv, n, R) fp32, flat (H_kv, n) long,
+        to_one (H_kv, n, 1) fp32)`` where ``flat`` indexes the slot's (head, row) in ``lse.view(B, H * T)``
+        and ``to_one`` sums the rows (the output when the rows are not kept apart).
         """
         key = ("s", H, Hkv, T, tuple(rows), None if heads is None else tuple(heads), str(dev))
         if key not in self._row_cache:
@@ -225,9 +285,13 @@ class TritonBackend(AttentionBackend):
                     for r_i, r in enumerate(rows):
                         if int(r) == t:
                             to_rows[kv, i, r_i] = 1.0
-            self._row_cache[key] = (_to_device(slots, dev), n, _to_device(to_rows, dev), _to_device(flat, dev))
-        (slots_d, _), n, (to_rows_d, _), (flat_d, _) = self._row_cache[key]
-        return slots_d, n, to_rows_d, flat_d
+            # the rows summed (one output row): the reduction writes (B, H_kv, L) at once, no per-row
+            # buffer and no separate sum over the rows
+            to_one = to_rows[:, :max(n, 1)].sum(-1, keepdim=True).contiguous()
+            self._row_cache[key] = (_to_device(slots, dev), n, _to_device(to_rows[:, :max(n, 1)].contiguous(), dev),
+                                    _to_device(flat[:, :max(n, 1)].contiguous(), dev), _to_device(to_one, dev))
+        (slots_d, _), n, (to_rows_d, _), (flat_d, _), (to_one_d, _) = self._row_cache[key]
+        return slots_d, n, to_rows_d, flat_d, to_one_d
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -240,6 +304,9 @@ class TritonBackend(AttentionBackend):
         if meta.window is not None or meta.softcap is not None:
             return self._window_delegate().attend(q, k_cache, v_cache, meta)
 
+        peer = self.peer_for(q, k_cache, meta)
+        if peer != "triton":
+            return self._run_peer(peer, q, k_cache, v_cache, meta), None
         if self.uses_flash_attn(q, meta):
             return _flash_dense(q, k_cache, v_cache, meta.lengths, meta.scale), None
         if self.config.sdpa_decode and T == 1 and not meta.sparse and rows is None and dev.type == "cuda":
@@ -268,11 +335,17 @@ class TritonBackend(AttentionBackend):
             return out, scores
         # raw logits of each requested (head, row), reduced after the combine (softmax needs the
         # final log-sum-exp; per-row output keeps the rows apart)
-        slots, n, to_rows, flat = self._row_slots(H, Hkv, T, rows, heads, dev)
-        out, lse, _, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n, cfg=self._launch)
-        scores = reduce_scores(raw, lse, flat[:, :n].contiguous(), to_rows[:, :n].contiguous(), meta.lengths, T,
-                               dense=not meta.sparse, softmax=kind == "softmax")
-        return out, (scores if per_row else scores.sum(dim=2))
+        slots, n, to_rows, flat, to_one = self._row_slots(H, Hkv, T, rows, heads, dev)
+        # summed softmax scores of a dense one-split call come out of the attention kernel itself
+        fuse = (self._row_weights(H, T, rows, heads, dev)
+                if kind == "softmax" and not per_row and self.config.fused_softmax_scores else None)
+        out, lse, fused, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n,
+                                                cfg=self._launch, softmax_weights=fuse)
+        if fused is not None:
+            return out, fused
+        scores = reduce_scores(raw, lse, flat, to_rows if per_row else to_one, meta.lengths, T,
+                               dense=not meta.sparse, softmax=kind == "softmax")  # (B, H_kv, R or 1, L)
+        return out, (scores if per_row else scores.view(B, Hkv, L))
 
     def _window_delegate(self):
         """The torch backend that computes sliding-window / soft-capped calls (built once)."""

@@ -1,0 +1,268 @@
+"""Turn the JSON of ``benchmarks/gpu/gemma_long.py`` into the results files, the τ-vs-context plot and
+the docs sections that show them (one command after the GPU run):
+
+    python benchmarks/gpu/gemma_long_report.py OUT/gemma_long.json            # writes into this checkout
+    python benchmarks/gpu/gemma_long_report.py smoke/gemma_long.json --root /tmp/copy   # anywhere else
+
+Writes ``benchmarks/results/gpu_gemma_long_<date>.{json,md}``, ``docs/assets/gemma_tau_vs_context.svg``
+and replaces the text between ``<!-- gemma-long:NAME -->`` and ``<!-- /gemma-long:NAME -->`` in
+docs/concepts/attention-layouts.md (``tau``), docs/components/models.md (``tested``) and
+docs/benchmarks.md (``speed``). A ``--smoke`` JSON is refused unless ``--allow-smoke`` (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+METHODS = ("dense", "magicdec", "vegas", "quest", "dustin")
+SVG = "gemma_tau_vs_context.svg"
+
+
+def k(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def fmt(x, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def tau_ratios(res: dict) -> list[dict]:
+    """Per (context, doc): τ(magicdec), τ(vegas) and their ratio, where both ran."""
+    by = {}
+    for r in res.get("tau", []):
+        if "tau" in r:
+            by.setdefault((r["context"], r["doc"]), {})[r["method"]] = r["tau"]
+    out = []
+    for (ctx, doc), t in sorted(by.items()):
+        if "vegas" in t and "magicdec" in t:
+            out.append(dict(context=ctx, doc=doc, magicdec=t["magicdec"], vegas=t["vegas"], ratio=t["vegas"] / t["magicdec"]))
+    return out
+
+
+def plot(res: dict, path: Path) -> bool:
+    """τ(vegas)/τ(magicdec) and both τ against the context, one line per document."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = tau_ratios(res)
+    if not rows:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for doc, style in (("long:prose", "o"), ("long:code", "s")):
+        pts = [r for r in rows if r["doc"] == doc]
+        if not pts:
+            continue
+        xs = [r["context"] for r in pts]
+        axes[0].plot(xs, [r["ratio"] for r in pts], marker=style, label=doc)
+        axes[1].plot(xs, [r["vegas"] for r in pts], marker=style, label=f"vegas, {doc}")
+        axes[1].plot(xs, [r["magicdec"] for r in pts], marker=style, alpha=0.5, linestyle="--", label=f"magicdec, {doc}")
+    budget = sorted({r.get("budget") for r in res.get("tau", []) if r.get("budget")})
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["context"] for r in rows}), [k(c) for c in sorted({r["context"] for r in rows})])
+        ax.set_xlabel("context (tokens)")
+        ax.legend(fontsize=7)
+    axes[0].axhline(1.0, color="grey", linewidth=0.8)
+    axes[0].set_ylabel("τ(vegas) / τ(magicdec)")
+    axes[1].set_ylabel("τ (mean accepted length)")
+    gamma = res.get("args", {}).get("gamma")
+    fig.suptitle(f"Gemma 3 270M, {res.get('device', '')}: same budget ({', '.join(map(str, budget))} tokens), γ = {gamma}, B = 1",
+                 fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="svg")
+    plt.close(fig)
+    return True
+
+
+def section_tau(res: dict, stem: str, have_plot: bool) -> str:
+    rows = tau_ratios(res)
+    lines = [f"Measured on {res['device']} ({res['date']}, bfloat16, `benchmarks/gpu/gemma_long.py`; "
+             f"[report](../benchmark-runs.md), `benchmarks/results/{stem}.md`).", ""]
+    if have_plot:
+        lines += [f"![τ(vegas)/τ(magicdec) against the context](../assets/{SVG})", ""]
+    if rows:
+        lines += ["| context | document | τ magicdec | τ vegas | vegas / magicdec |", "|---|---|---|---|---|"]
+        lines += [f"| {k(r['context'])} | {r['doc']} | {r['magicdec']:.2f} | {r['vegas']:.2f} | {r['ratio']:.2f} |" for r in rows]
+        lines.append("")
+        lines.append(trend(rows))
+        lines.append("")
+    kv = res.get("kv", {}).get("1")
+    if kv:
+        lines.append(f"KV held at {k(kv['context'])} (B = 1, bfloat16, `torch.cuda.memory_allocated` of the cache): "
+                     f"{mb(kv['cuda_allocated_bytes'])} — {mb(kv['global_bytes'])} for the global layers and "
+                     f"{mb(kv['ring_bytes'])} for the rings, against {mb(kv['all_layers_full_bytes'])} if every layer "
+                     f"kept the whole context.")
+    return "\n".join(lines)
+
+
+def trend(rows: list[dict]) -> str:
+    """One sentence per document: does Vegas' advantage grow with the context?"""
+    out = []
+    for doc in ("long:prose", "long:code"):
+        pts = sorted((r["context"], r["ratio"]) for r in rows if r["doc"] == doc)
+        if len(pts) < 2:
+            continue
+        (c0, r0), (c1, r1) = pts[0], pts[-1]
+        verb = "grows" if r1 > r0 + 0.02 else "shrinks" if r1 < r0 - 0.02 else "stays flat"
+        out.append(f"On {doc} the ratio {verb}: {r0:.2f} at {k(c0)}, {r1:.2f} at {k(c1)}.")
+    return " ".join(out)
+
+
+def section_tested(res: dict, stem: str) -> str:
+    eq = [r for r in res.get("equality", []) if "method" in r]
+    if not eq:
+        return f"Gemma 3 270M on {res['device']} ({res['date'][:10]}): the equality part did not run (`benchmarks/results/{stem}.md`)."
+    cells = []
+    for ctx in sorted({r["context"] for r in eq}):
+        rs = [r for r in eq if r["context"] == ctx]
+        ok = [r["method"] for r in rs if r.get("equal_hf") and r.get("lossless")]
+        bad = [r["method"] + (" (error)" if "error" in r else "") for r in rs if r.get("lossless", True) and not r.get("equal_hf")]
+        lossy = [r["method"] for r in rs if r.get("lossless") is False]
+        cell = f"{k(ctx)} `{rs[0]['doc']}`: " + (", ".join(ok) + " equal HF `generate`" if ok else "none equal HF `generate`")
+        if bad:
+            cell += f"; **differ: {', '.join(bad)}**"
+        if lossy:
+            cell += f" ({', '.join(lossy)}: near-lossless, not compared)"
+        cells.append(cell)
+    kv = res.get("kv", {}).get("1")
+    kvs = f"; KV at {k(kv['context'])}: {mb(kv['global_bytes'])} global + {mb(kv['ring_bytes'])} rings (bf16)" if kv else ""
+    return (f"Gemma 3 270M on {res['device']} in float32 (torch backend, B = 1, {eq[0]['new']} new tokens, "
+            f"`bash benchmarks/gpu/gemma_long.sh run`, {res['date'][:10]}, transformers {res['transformers']}): "
+            + "; ".join(cells) + f" (`benchmarks/results/{stem}.md`){kvs}.")
+
+
+def speed_table(res: dict) -> list[str]:
+    rows = [r for r in res.get("speed", []) if "tokens_per_second" in r]
+    lines = []
+    for ctx in sorted({r["context"] for r in rows}):
+        lines += [f"**{k(ctx)} context** (`long:prose`, bfloat16, {rows[0]['backend']} backend, "
+                  f"CUDA graphs {'on' if rows[0].get('graphs') else 'off'}, γ = {rows[0]['gamma']}, "
+                  f"budget {rows[0]['budget_ratio']:g} × context; tokens/s median of {res['args'].get('reps', 3)} runs)", "",
+                  "| B | " + " | ".join(METHODS) + " | dense step / roofline |", "|---|" + "---|" * (len(METHODS) + 1)]
+        for B in sorted({r["B"] for r in rows if r["context"] == ctx}):
+            cell = {}
+            for m in METHODS:
+                r = next((x for x in rows if x["context"] == ctx and x["B"] == B and x["method"] == m), None)
+                if r is None:
+                    cell[m] = "—"
+                elif m == "dense":
+                    cell[m] = f"{r['tokens_per_second']:,.0f}"
+                else:
+                    cell[m] = f"{r['tokens_per_second']:,.0f} (τ {r['tau']:.2f}, {fmt(r.get('speedup_vs_dense'))}×)"
+            d = next((x for x in rows if x["context"] == ctx and x["B"] == B and x["method"] == "dense"), None)
+            roof = (f"{d['step_seconds'] * 1e3:.3f} ms / {d['roofline_seconds'] * 1e3:.3f} ms = {d['step_over_roofline']:.2f}×"
+                    if d and "step_seconds" in d else "—")
+            lines.append(f"| {B} | " + " | ".join(cell[m] for m in METHODS) + f" | {roof} |")
+        lines.append("")
+    skipped = [r for r in res.get("speed", []) if "skipped" in r]
+    errors = [r for r in res.get("speed", []) if "error" in r]
+    def names(rs: list[dict]) -> str:
+        return ", ".join(f"{k(r['context'])}/B={r['B']}/{r['method']}" for r in rs)
+
+    if skipped:
+        lines.append(f"Not run for lack of time in the budget: {names(skipped)}.")
+    if errors:
+        lines.append(f"Failed (traceback in the JSON): {names(errors)}.")
+    return lines
+
+
+def section_speed(res: dict, stem: str) -> str:
+    lay = res.get("layout", {})
+    head = [f"Gemma 3 270M on {res['device']} ({res['date']}; `bash benchmarks/gpu/gemma_long.sh run`, "
+            f"report `benchmarks/results/{stem}.md`). Cells: tokens/s (τ, × dense in the same run). The roofline is "
+            f"(weights + the KV bytes a dense step actually reads) / copy bandwidth "
+            f"({lay.get('copy_bandwidth_GBps', 0):,.0f} GB/s measured): global layers read the whole context, "
+            f"local layers only their {lay.get('windows', [0])[0]}-token window.", ""]
+    return "\n".join(head + speed_table(res))
+
+
+def report_md(res: dict, stem: str, have_plot: bool) -> str:
+    lay = res.get("layout", {})
+    a = res.get("args", {})
+    lines = [f"# Gemma 3 270M at 16k and 32k context on {res['device']} ({res['date']})", "",
+             f"torch {res['torch']}, transformers {res['transformers']}; command: `bash benchmarks/gpu/gemma_long.sh run` "
+             f"(`python3 benchmarks/gpu/gemma_long.py --budget-s {a.get('budget_s', '')}`), {res.get('elapsed_s', '')} s in all.",
+             f"Layout: {lay.get('n_layers')} layers, {lay.get('n_global')} global, windows {sorted({w for w in lay.get('windows', []) if w})}; "
+             f"{lay.get('n_kv_heads')} KV head × {lay.get('head_dim')}; weights {mb(lay.get('weight_bytes_bf16', 0))} in bfloat16.", "",
+             "Parts: " + "; ".join(f"{n} {s}" for n, s in res.get("parts", {}).items()) + ".", ""]
+    if res.get("smoke"):
+        lines += ["**Smoke run** (CPU, tiny random Gemma 3, contexts / 32): numbers mean nothing.", ""]
+    lines += ["## Greedy equality with Hugging Face `generate` (float32, torch backend, B = 1)", ""]
+    eq = [r for r in res.get("equality", []) if "method" in r]
+    if eq:
+        lines += ["| context | document | method | lossless | equal HF | τ | new tokens |", "|---|---|---|---|---|---|---|"]
+        for r in eq:
+            same = "error" if "error" in r else ("yes" if r.get("equal_hf") else f"no (first difference at {r.get('first_difference')})")
+            lines.append(f"| {k(r['context'])} | {r['doc']} | {r['method']} | {r.get('lossless', '—')} | {same} | "
+                         f"{fmt(r.get('tau'))} | {r['new']} |")
+    else:
+        lines.append("Not run.")
+    lines += ["", "## KV cache held (bfloat16)", ""]
+    if res.get("kv"):
+        lines += ["| B | context | CUDA allocated | global layers | rings | every layer full | a dense step reads |",
+                  "|---|---|---|---|---|---|---|"]
+        for B, kv in sorted(res["kv"].items(), key=lambda x: int(x[0])):
+            lines.append(f"| {B} | {k(kv['context'])} | {mb(kv['cuda_allocated_bytes'])} | {mb(kv['global_bytes'])} | "
+                         f"{mb(kv['ring_bytes'])} | {mb(kv['all_layers_full_bytes'])} | {mb(kv['step_reads_bytes'])} |")
+    lines += ["", "## τ against the context, same budget (B = 1, bfloat16)", ""]
+    rows = tau_ratios(res)
+    if rows:
+        lines += ["| context | document | τ magicdec | τ vegas | vegas / magicdec |", "|---|---|---|---|---|"]
+        lines += [f"| {k(r['context'])} | {r['doc']} | {r['magicdec']:.2f} | {r['vegas']:.2f} | {r['ratio']:.2f} |" for r in rows]
+        lines += ["", trend(rows)]
+        if have_plot:
+            lines += ["", f"Plot: `docs/assets/{SVG}` (shown on the attention-layouts page)."]
+    else:
+        lines.append("Not run.")
+    lines += ["", "## Throughput, B = 1, 8, 32", ""] + speed_table(res)
+    fails = res.get("failures", [])
+    if fails:
+        lines += ["", "## Failures", ""] + [f"* part `{f['part']}`: `{f['traceback'].strip().splitlines()[-1][:200]}`" for f in fails]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def replace_block(path: Path, name: str, body: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    pat = re.compile(rf"(<!-- gemma-long:{name} -->\n).*?(\n<!-- /gemma-long:{name} -->)", re.S)
+    if not pat.search(text):
+        sys.exit(f"gemma_long_report.py: {path} has no <!-- gemma-long:{name} --> block; restore it from git.")
+    path.write_text(pat.sub(lambda m: m.group(1) + body.rstrip("\n") + m.group(2), text), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("json", type=Path, help="gemma_long.json written by the GPU run")
+    ap.add_argument("--root", type=Path, default=ROOT, help="checkout to write into (default: this one)")
+    ap.add_argument("--allow-smoke", action="store_true", help="accept a --smoke JSON (tests only)")
+    a = ap.parse_args(argv)
+    res = json.loads(a.json.read_text(encoding="utf-8"))
+    if res.get("smoke") and not a.allow_smoke:
+        sys.exit(f"gemma_long_report.py: {a.json} is a --smoke run (CPU, tiny model); pass the GPU run's JSON.")
+    stem = f"gpu_gemma_long_{res['date'][:10]}"
+    results = a.root / "benchmarks" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(a.json, results / f"{stem}.json")
+    have_plot = plot(res, a.root / "docs" / "assets" / SVG)
+    (results / f"{stem}.md").write_text(report_md(res, stem, have_plot), encoding="utf-8")
+    replace_block(a.root / "docs" / "concepts" / "attention-layouts.md", "tau", section_tau(res, stem, have_plot))
+    replace_block(a.root / "docs" / "components" / "models.md", "tested", section_tested(res, stem))
+    replace_block(a.root / "docs" / "benchmarks.md", "speed", section_speed(res, stem))
+    print(f"wrote {results / (stem + '.md')}, {results / (stem + '.json')}"
+          + (f", docs/assets/{SVG}" if have_plot else "") + "; docs sections tau, tested, speed")
+
+
+if __name__ == "__main__":
+    main()
