@@ -106,8 +106,8 @@ def heldout_agreement(hf, head, data, steps: int) -> list[float]:
     return [h / max(n, 1) for h in hits]
 
 
-def train(model: str = "smollm2-135m", tokens: int = 80_000, eval_tokens: int = 1024, seq: int = 256, batch: int = 4,
-          candidates: int = 64, minutes: float = 18.0, collect_share: float = 0.45, lr: float = 1e-3, steps: int = 3,
+def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int = 1024, seq: int = 256, batch: int = 4,
+          candidates: int = 64, minutes: float = 8.0, collect_share: float = 0.4, lr: float = 1e-3, steps: int = 3,
           kl_weight: float = 1.0, out: str | Path | None = None, seed: int = 0, log=print, device: str = "cpu") -> dict:
     """Collect the target's features on ``tokens`` training tokens (at most ``collect_share`` of the budget),
     then train the head until ``minutes`` have passed: this process's CPU time on the CPU (one thread: the
