@@ -146,7 +146,7 @@ def test_attend_routes_dense_calls_to_flash_attn(fake_flash, monkeypatch):
 
 
 def test_on_without_flash_attn_is_one_clear_error(no_flash):
-    with pytest.raises(SpecdecError, match=r"pip install 'specdec\[flash\]'"):
+    with pytest.raises(SpecdecError, match=r"needs flash-attn 2.*pip install 'flash-attn>=2.6'"):
         TritonBackend(TritonConfig(flash_attn="on"))
 
 

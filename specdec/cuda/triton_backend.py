@@ -7,13 +7,13 @@ which is how the parity tests exercise it in CI.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Literal, Sequence
 
 import torch
 from pydantic import Field
 
+from specdec.cuda import peers
 from specdec.errors import SpecdecError
 from specdec.interfaces import AttentionBackend, AttentionMetadata
 from specdec.registry import BACKENDS, ComponentConfig
@@ -64,6 +64,12 @@ class TritonConfig(ComponentConfig):
             that runs in one split are normalised by the attention kernel itself, once it knows each
             row's log-sum-exp, instead of by a second kernel over the raw logits (``False``: always
             the second kernel; for measuring the difference).
+        peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
+            ``"auto"`` the installed ones where the measured table ``peers.PICKS`` says they are the
+            fastest (ours elsewhere; an empty table keeps every call ours), ``"off"`` never,
+            ``"fa4"`` / ``"flashinfer"`` that peer for every call it can serve (benchmarks, parity
+            tests; building the backend fails when it is not installed). Never for score requests,
+            fp32, the CPU or calls under CUDA-graph capture.
     """
 
     block_n: int | None = None
@@ -80,6 +86,7 @@ class TritonConfig(ComponentConfig):
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
     fused_softmax_scores: bool = True
+    peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -101,11 +108,10 @@ def _interpreting() -> bool:
 
 
 def _flash_attn_installed() -> bool:
-    """Whether ``flash_attn`` can be imported (looked up, not imported: importing it loads CUDA code)."""
-    try:
-        return importlib.util.find_spec("flash_attn") is not None
-    except (ImportError, ValueError):
-        return False
+    """Whether flash-attn 2 can be imported (looked up, not imported: importing it loads CUDA code).
+
+    A ``flash_attn`` package holding only FlashAttention-4's ``cute`` is not flash-attn 2."""
+    return peers.fa2_installed()
 
 
 def _resolve_flash_attn(mode: str) -> bool:
@@ -115,8 +121,9 @@ def _resolve_flash_attn(mode: str) -> bool:
     if _flash_attn_installed():
         return True
     if mode == "on":
-        raise SpecdecError("flash_attn='on' needs the flash-attn package, which is not installed; "
-                           "pip install 'specdec[flash]' (or use flash_attn='auto' or 'off').")
+        raise SpecdecError("flash_attn='on' needs flash-attn 2 (flash_attn_with_kvcache), which is not installed; "
+                           "pip install 'flash-attn>=2.6' (or use flash_attn='auto' or 'off'; FlashAttention-4 "
+                           "is peers='fa4').")
     return False
 
 
@@ -166,6 +173,9 @@ class TritonBackend(AttentionBackend):
         )
         self._row_cache: dict[tuple, tuple] = {}
         self._flash = _resolve_flash_attn(c.flash_attn)  # resolved once, when the backend is built
+        self._peers = peers.resolve(c.peers)
+        self._peer_table: dict | None = None  # None: peers.PICKS (tests and benchmarks pass their own)
+        self._flashinfer: peers.FlashInferRunner | None = None
         # decode- and verify-sized forwards launch one or two kernels sized by tensor shapes only: no
         # host synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``,
         # which syncs; prefill-sized forwards sync too and are never captured)
@@ -177,6 +187,37 @@ class TritonBackend(AttentionBackend):
             self._flash and not meta.sparse and not meta.wants_scores
             and q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
         )
+
+    def peer_for(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> str:
+        """The kernel this call runs on: ``"triton"`` (ours), ``"fa4"`` or ``"flashinfer"``.
+
+        A peer needs: no scores, no capture, CUDA, fp16/bf16, a call kind it serves, and (``"auto"``)
+        the measured table naming it for this kind, head dim and ``B · L``."""
+        if not self._peers or meta.wants_scores or meta.static:
+            return "triton"
+        if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+            return "triton"
+        B, _, T, D = q.shape
+        if meta.sparse and not k_cache.is_contiguous():
+            return "triton"
+        if self.config.peers == "auto":
+            kind = "sparse" if meta.sparse else ("decode" if T == 1 else "verify")
+            want = peers.pick(kind, D, B * k_cache.shape[2], self._peer_table)
+        else:
+            want = self.config.peers
+        if want in self._peers and peers.can_serve(want, T, meta.sparse):
+            return want
+        return "triton"
+
+    def _run_peer(self, peer: str, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if peer == "fa4":
+            return peers.fa4_dense(q, k_cache, v_cache, meta.lengths, meta.scale)
+        if self._flashinfer is None:
+            self._flashinfer = peers.FlashInferRunner()
+        if meta.sparse:
+            return self._flashinfer.sparse(q, k_cache, v_cache, meta.lengths, meta.scale, meta.plan_indices,
+                                           meta.dense_from)
+        return self._flashinfer.dense(q, k_cache, v_cache, meta.lengths, meta.scale)
 
     def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
         if _TRITON_ERROR is not None:
@@ -263,6 +304,9 @@ class TritonBackend(AttentionBackend):
         if meta.window is not None or meta.softcap is not None:
             return self._window_delegate().attend(q, k_cache, v_cache, meta)
 
+        peer = self.peer_for(q, k_cache, meta)
+        if peer != "triton":
+            return self._run_peer(peer, q, k_cache, v_cache, meta), None
         if self.uses_flash_attn(q, meta):
             return _flash_dense(q, k_cache, v_cache, meta.lengths, meta.scale), None
         if self.config.sdpa_decode and T == 1 and not meta.sparse and rows is None and dev.type == "cuda":

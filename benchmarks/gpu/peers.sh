@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# FlashAttention-4 + FlashInfer on the GPU machine from carried parts, then the peers benchmark and
+# the GPU parity tests. Two calls on the SAME warm machine (the first leaves its part in $SITE):
+#
+#   call 1, carry [".whl18/part1"] (52 MB):  bash benchmarks/gpu/peers.sh install1
+#   call 2, carry [".whl18/part2"] (38 MB):  bash benchmarks/gpu/peers.sh run
+#
+# part1 = cutlass_ir.cu13.so.xz (nvidia-cutlass-dsl-libs-cu13's 193 MB MLIR extension, xz -6)
+# part2 = cute_dsl_runtime.so.xz (its 44 MB runtime) + rest.tar.xz: flash-attn-4 4.0.0b36,
+#         nvidia-cutlass-dsl 4.8.1 (+ libs-base, libs-core, the rest of libs-cu13), apache-tvm-ffi,
+#         quack-kernels, torch-c-dlpack-ext, cuda-python, cuda-tile, and flashinfer-python 0.7.4 cut to
+#         its Python files + data/{include,cutlass,cccl,spdlog} + the top-level csrc files (what the
+#         decode / prefill JIT reads). Not carried: cudnn-frontend, nccl4py (imported only inside
+#         functions we do not call). Unpacked with Python's lzma/tarfile (no xz binary needed).
+# Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 180).
+set -uo pipefail
+SITE=${SITE:-/tmp/site}
+OUT=${OUT:-/tmp/out}
+BUDGET=${BUDGET:-180}
+IR=$SITE/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
+RT=$SITE/nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so
+unxz() { python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'), 1<<24)" "$1" "$2"; }
+mkdir -p "$SITE" "$OUT"
+
+case "${1:-run}" in
+install1)
+    mkdir -p "$(dirname "$IR")" && unxz .whl18/part1/cutlass_ir.cu13.so.xz "$IR" && chmod 755 "$IR" && ls -la "$IR"
+    exit $? ;;
+run) ;;
+*) echo "usage: bash benchmarks/gpu/peers.sh install1|run" >&2; exit 2 ;;
+esac
+
+t0=$(date +%s)
+if [ ! -s "$IR" ]; then
+    echo "peers.sh: $IR is missing: run 'bash benchmarks/gpu/peers.sh install1' with .whl18/part1 carried on this same machine first" | tee "$OUT/peers_FAILED.txt"
+    exit 3
+fi
+mkdir -p "$(dirname "$RT")" && unxz .whl18/part2/cute_dsl_runtime.so.xz "$RT" && chmod 755 "$RT" || exit 4
+python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" \
+    .whl18/part2/rest.tar.xz "$SITE" || exit 4
+echo "installed in $(( $(date +%s) - t0 )) s" | tee "$OUT/peers_install.txt"
+
+# installed with --target-like copies, the .pth of nvidia-cutlass-dsl is not read: add its folder
+export PYTHONPATH=$PWD:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
+export MAX_JOBS=${MAX_JOBS:-16}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+# fail loudly when either peer cannot be imported
+python3 - <<'EOF' 2>&1 | tee "$OUT/peers_import.txt"
+import time, traceback
+for name in ("flash_attn.cute", "flashinfer"):
+    t = time.time()
+    try:
+        m = __import__(name, fromlist=["_"])
+        print(f"import {name}: ok in {time.time() - t:.1f} s ({getattr(m, '__version__', '?')})")
+    except Exception:
+        print(f"import {name}: FAILED"); traceback.print_exc()
+EOF
+
+rc=0
+timeout 290 python3 benchmarks/gpu/peers.py --out "$OUT/peers" --budget-s "$BUDGET" 2>&1 | tail -80 || rc=1
+SPECDEC_TEST_DEVICE=cuda SPECDEC_REQUIRE_PEERS=1 timeout 100 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_peers_gpu.py > "$OUT/peers_pytest.log" 2>&1 || rc=1
+tail -5 "$OUT/peers_pytest.log"
+echo "peers.sh: rc=$rc after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/peers_install.txt"
+exit $rc

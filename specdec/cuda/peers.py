@@ -1,0 +1,282 @@
+"""Peer attention kernels next to ours: FlashAttention-4 (``flash_attn.cute``) and FlashInfer.
+
+The triton backend (``TritonConfig.peers``) sends a call to a peer when the peer is installed, can
+serve the call, and the table :data:`PICKS` — filled from a measurement on the GPU — says it is the
+fastest for that call kind and size. Everything else (score requests, fp32, the CPU, CUDA-graph
+capture, shapes a peer cannot take) stays in our kernel.
+
+What each peer can serve here (read from their sources: FA4 4.0.0b36, FlashInfer 0.7.4):
+
+============  ===========================================  ==============================================
+call kind     FlashAttention-4                             FlashInfer
+============  ===========================================  ==============================================
+decode (1)    ``flash_attn_varlen_func``, ``seqused_k``    ``BatchDecodeWithPagedKVCacheWrapper``, HND,
+                                                           16-token pages = strided views of our cache
+verify (T)    same, ``causal=True`` (bottom-right)         ``BatchPrefillWithPagedKVCacheWrapper``, causal
+sparse (1)    no: its top-k gather needs ``qv`` (MLA,      page size 1, heads folded into the batch:
+              SM100) and block sparsity is per tile        page ``(b·H_kv + h)·L + pos`` = our token gather
+scores        no                                           no
+============  ===========================================  ==============================================
+
+FA4 on SM90 has no split-KV (``"SplitKV not supported on SM 9.0"``): one CTA per (sequence, KV head)
+with packed GQA, so it can lose at small batch and long context; the table decides.
+
+Neither peer is capture-safe as called here (FlashInfer's ``plan()`` reads the lengths on the host;
+FA4 JIT-compiles at the first call of a shape), so calls made under CUDA-graph capture stay ours.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Literal
+
+import torch
+
+from specdec.errors import SpecdecError
+
+Peer = Literal["triton", "fa4", "flashinfer"]
+Kind = Literal["decode", "verify", "sparse"]
+
+#: Date of the measurement behind :data:`PICKS` (``benchmarks/gpu/peers.py`` on an H200).
+MEASURED: str | None = None
+
+#: ``(kind, head_dim) -> [(max_tokens, peer), ...]``: the fastest kernel for calls whose ``B · L``
+#: (cached tokens over the batch) is at most ``max_tokens`` (first match wins; no match: ours).
+#: Empty until a GPU run fills it: until then every call stays in our kernel.
+PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {}
+
+
+def pick(kind: str, head_dim: int, tokens: int, table: dict | None = None) -> str:
+    """The measured winner for a call kind, head dim and ``B · L`` (``"triton"`` when unmeasured)."""
+    for max_tokens, peer in (PICKS if table is None else table).get((kind, int(head_dim)), []):
+        if tokens <= max_tokens:
+            return peer
+    return "triton"
+
+
+def _spec(name: str):
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def fa4_installed() -> bool:
+    """Whether FlashAttention-4 (``flash_attn.cute``) can be imported (looked up, not imported)."""
+    if _spec("flash_attn") is None:
+        return False
+    return _spec("flash_attn.cute") is not None
+
+
+def fa2_installed() -> bool:
+    """Whether flash-attn **2** (``flash_attn.flash_attn_with_kvcache``) is installed.
+
+    The ``flash-attn-4`` wheel also installs a ``flash_attn`` package, holding only ``cute``: a
+    package whose files lack ``flash_attn_interface.py`` is not flash-attn 2.
+    """
+    spec = _spec("flash_attn")
+    if spec is None:
+        return False
+    locs = list(spec.submodule_search_locations or [])
+    if not locs:  # a module object registered by hand (tests): trust it
+        return True
+    return any(os.path.exists(os.path.join(p, "flash_attn_interface.py")) for p in locs)
+
+
+def flashinfer_installed() -> bool:
+    return _spec("flashinfer") is not None
+
+
+INSTALLED = {"fa4": fa4_installed, "flashinfer": flashinfer_installed}
+HOW_TO_INSTALL = {
+    "fa4": "pip install 'specdec[flash]' (flash-attn-4)",
+    "flashinfer": "pip install 'specdec[flashinfer]' (flashinfer-python)",
+}
+
+
+def resolve(mode: str) -> frozenset[str]:
+    """Peers a backend with ``peers=mode`` may call: ``"auto"`` the installed ones (through the
+    table), ``"off"`` none, ``"fa4"`` / ``"flashinfer"`` that one, wherever it can serve (fails
+    when it is not installed)."""
+    if mode == "off":
+        return frozenset()
+    if mode == "auto":
+        return frozenset(p for p, ok in INSTALLED.items() if ok())
+    if mode in INSTALLED:
+        if not INSTALLED[mode]():
+            raise SpecdecError(f"peers={mode!r} needs {mode}, which is not installed; "
+                               f"{HOW_TO_INSTALL[mode]} (or use peers='auto' or 'off').")
+        return frozenset({mode})
+    raise SpecdecError(f"unknown peers mode {mode!r}; use one of 'auto', 'off', 'fa4', 'flashinfer'.")
+
+
+def can_serve(peer: str, T: int, sparse: bool) -> bool:
+    """Whether ``peer`` computes this call kind at all (scores, dtype and device checked by the caller)."""
+    if peer == "fa4":
+        return not sparse
+    if peer == "flashinfer":
+        return not sparse or T == 1
+    return peer == "triton"
+
+
+# --------------------------------------------------------------------------------------------------
+# FlashAttention-4
+def fa4_dense(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """Dense causal attention of the ``T`` new rows through ``flash_attn.cute.flash_attn_varlen_func``.
+
+    q ``(B, H, T, D)`` goes in as a ``(B, T, H, D)`` copy (small), the caches ``(B, H_kv, L, D)`` as
+    ``(B, L, H_kv, D)`` transposed views (FA4 needs only the last dimension contiguous); ``seqused_k = lengths + T``
+    (int32) covers the new rows, already written; ``causal=True`` aligns the mask to the bottom
+    right, so row ``t`` sees positions ``<= lengths + t``. GQA is native. Returns ``(B, H, T, D)``.
+    """
+    from flash_attn.cute import flash_attn_varlen_func
+
+    T = q.shape[2]
+    res = flash_attn_varlen_func(
+        q.transpose(1, 2).contiguous(), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+        seqused_k=(lengths + T).to(torch.int32), softmax_scale=scale, causal=True,
+    )
+    out = res[0] if isinstance(res, tuple) else res
+    return out.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# FlashInfer
+class FlashInferRunner:
+    """FlashInfer wrappers over our cache, planned per call (one host read of the lengths).
+
+    Dense: HND layout, pages of ``page_size`` tokens that are strided views of the ``(B, H_kv, L, D)``
+    cache (no copy; see :meth:`plan_dense`). Sparse (one row): the
+    cache viewed as ``B · H_kv · L`` pages of one token and one KV head, each (sequence, KV head)
+    a request of ``G`` query heads whose page list is its plan plus the dense tail.
+    """
+
+    def __init__(self, workspace_mb: int = 128, page_size: int = 16) -> None:
+        self.workspace_mb = workspace_mb
+        self.page_size = page_size
+        self._ws: dict[str, torch.Tensor] = {}
+        self._wrappers: dict[tuple, object] = {}
+
+    def _wrapper(self, kind: str, dev: torch.device):
+        import flashinfer
+
+        key = (kind, str(dev))
+        if key not in self._wrappers:
+            if str(dev) not in self._ws:
+                self._ws[str(dev)] = torch.zeros(self.workspace_mb << 20, dtype=torch.uint8, device=dev)
+            ws = self._ws[str(dev)]
+            if kind == "decode":
+                self._wrappers[key] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND")
+            else:
+                self._wrappers[key] = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "HND")
+        return self._wrappers[key]
+
+    def plan_dense(self, q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor, scale: float):
+        """Plan dense causal attention for q ``(B, H, T, D)`` over caches shaped like ``k_cache``;
+        returns ``run(q, k_cache, v_cache) -> (B, H, T, D)`` (pure GPU work, reusable for every layer).
+
+        Pages of ``P = page_size`` tokens are strided views of our cache: page ``b·H_kv·(L/P) + j``
+        holds tokens ``j·P ..`` of sequence ``b`` (page stride ``P·D``, head stride ``L·D``), so
+        FlashInfer can split a long sequence across CTAs. A non-contiguous cache, or ``L`` not a
+        multiple of ``P``, falls back to one page of ``L`` tokens per sequence (no split inside it).
+        """
+        B, H, T, D = q.shape
+        Hkv, L = k_cache.shape[1], k_cache.shape[2]
+        dev = q.device
+        i32 = dict(dtype=torch.int32, device=dev)
+        P = self.page_size if (L % self.page_size == 0 and k_cache.is_contiguous()) else L
+        nb = L // P
+        n = lengths + T  # visible tokens per sequence (the new rows are already written)
+        counts = (n + P - 1) // P
+        kv_indptr = torch.zeros(B + 1, **i32)
+        kv_indptr[1:] = counts.cumsum(0).to(torch.int32)
+        j = torch.arange(nb, device=dev).view(1, nb)
+        stride_b = Hkv * nb if P < L else 1
+        kv_indices = (torch.arange(B, device=dev).view(B, 1) * stride_b + j)[j < counts.view(B, 1)].to(torch.int32)
+        last = (n - (counts - 1) * P).to(torch.int32)
+        n_pages = (B - 1) * stride_b + nb
+
+        def pages(c):
+            if P == L:
+                return c  # (B, H_kv, L, D) is already (num_pages, H_kv, page_size, D)
+            return c.as_strided((n_pages, Hkv, P, D), (P * D, L * D, D, 1))
+
+        types = dict(q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale)
+        if T == 1:
+            w = self._wrapper("decode", dev)
+            w.plan(kv_indptr, kv_indices, last, H, Hkv, D, P, **types)
+            return lambda q, k, v: w.run(q.reshape(B, H, D), (pages(k), pages(v))).view(B, H, 1, D)
+        w = self._wrapper("prefill", dev)
+        qo_indptr = torch.arange(B + 1, **i32) * T
+        w.plan(qo_indptr, kv_indptr, kv_indices, last, H, Hkv, D, P, causal=True, **types)
+        # ragged (B·T, H, D) rows in, (B, H, T, D) out
+        return lambda q, k, v: (w.run(q.transpose(1, 2).reshape(B * T, H, D), (pages(k), pages(v)))
+                                .view(B, T, H, D).transpose(1, 2))
+
+    def dense(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+              scale: float) -> torch.Tensor:
+        """Dense causal attention, q ``(B, H, T, D)`` → ``(B, H, T, D)`` (plan, then run)."""
+        return self.plan_dense(q, k_cache, lengths, scale)(q, k_cache, v_cache)
+
+    def plan_sparse(self, q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tensor, scale: float,
+                    plan_indices: torch.Tensor, dense_from: torch.Tensor | None):
+        """Plan one sparse row per sequence (a draft step); returns ``run(q, k_cache, v_cache)``
+        (``(B, H, 1, D)`` → ``(B, H, 1, D)``; caches contiguous ``(B, H_kv, L, D)``)."""
+        B, H, T, D = q.shape
+        Hkv, L = k_cache.shape[1], k_cache.shape[2]
+        G = H // Hkv
+        assert T == 1, "FlashInfer's sparse path serves one row (a draft step)"
+        indptr, indices = token_lists(plan_indices, dense_from, lengths, Hkv, L)
+        n_req = B * Hkv
+        w = self._wrapper("decode", q.device)
+        w.plan(indptr, indices, torch.ones(n_req, dtype=torch.int32, device=q.device), G, 1, D, 1,
+               q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale)
+
+        def run(q, k, v):
+            kc = k.view(B * Hkv * L, 1, 1, D)  # pages of one token, one KV head (a view of our cache)
+            vc = v.view(B * Hkv * L, 1, 1, D)
+            return w.run(q.reshape(n_req, G, D), (kc, vc)).view(B, H, 1, D)
+
+        return run
+
+    def sparse(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+               scale: float, plan_indices: torch.Tensor, dense_from: torch.Tensor | None) -> torch.Tensor:
+        """One sparse row per sequence: q ``(B, H, 1, D)`` → ``(B, H, 1, D)`` (plan, then run)."""
+        return self.plan_sparse(q, k_cache, lengths, scale, plan_indices, dense_from)(q, k_cache, v_cache)
+
+
+def token_lists(plan_indices: torch.Tensor, dense_from: torch.Tensor | None, lengths: torch.Tensor,
+                Hkv: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Page lists (page size 1) of one sparse row per (sequence, KV head), for FlashInfer.
+
+    Request ``r = b·H_kv + h`` sees the plan's positions ``p`` with ``0 <= p < dense_from[b]`` and
+    ``p <= lengths[b]`` (the row's causal limit), then the dense tail ``dense_from[b] .. lengths[b]``
+    — :func:`specdec.attention.reference.visibility_mask` for ``T = 1`` without counting a position
+    twice. Page id = ``r · L + p``. Returns ``(indptr (B·H_kv + 1,), indices)`` int32 (one host read
+    sizes the tail).
+    """
+    B = lengths.shape[0]
+    dev = lengths.device
+    idx = plan_indices.expand(B, Hkv, plan_indices.shape[-1]).long()
+    limit = lengths.view(B, 1, 1) + 1 if dense_from is None else torch.minimum(
+        dense_from.view(B, 1, 1), lengths.view(B, 1, 1) + 1)
+    keep = (idx >= 0) & (idx < limit)
+    if dense_from is None:
+        tail_lo = lengths + 1
+    else:
+        tail_lo = dense_from.clamp(min=0)
+    tail_n = (lengths + 1 - tail_lo).clamp(min=0)  # (B,)
+    width = int(tail_n.max()) if B else 0
+    tail = tail_lo.view(B, 1, 1) + torch.arange(width, device=dev).view(1, 1, width)
+    tail = tail.expand(B, Hkv, width)
+    tail_keep = torch.arange(width, device=dev).view(1, 1, width) < tail_n.view(B, 1, 1)
+    pos = torch.cat([idx, tail], dim=2)
+    ok = torch.cat([keep, tail_keep.expand(B, Hkv, width)], dim=2)
+    req = torch.arange(B * Hkv, device=dev).view(B, Hkv, 1)
+    pages = (req * L + pos)[ok]  # row-major: per request, plan first then tail
+    counts = ok.sum(dim=2).view(-1)
+    indptr = torch.zeros(B * Hkv + 1, dtype=torch.int32, device=dev)
+    indptr[1:] = counts.cumsum(0).to(torch.int32)
+    return indptr, pages.to(torch.int32)

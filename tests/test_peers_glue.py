@@ -1,0 +1,308 @@
+"""The triton backend's peers (FlashAttention-4, FlashInfer), tested with *fake* modules.
+
+Neither library runs on this CPU machine (both JIT-compile CUDA code; their wheels are for Python
+3.12). The fakes below implement, independently of specdec and with explicit loops, the documented
+semantics of the calls specdec makes — FA4's ``flash_attn_varlen_func`` (q ``(B, T, H, D)``, K/V
+``(B, L, H_kv, D)``, ``seqused_k``, causal mask aligned to the bottom right, GQA ``h → h // G``,
+returns ``(out, lse)``) and FlashInfer's paged decode/prefill wrappers (``plan(indptr, indices,
+last_page_len, ...)``, HND pages ``(num_pages, H_kv, page_size, D)``, the last page holding
+``last_page_len`` tokens, prefill causal aligned to the bottom right). They check the glue —
+layouts, page lists, lengths, when a peer is taken — not the libraries: ``benchmarks/gpu/peers.py``
+checks the real ones on the GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+import types
+
+_GPU_SESSION = os.environ.get("SPECDEC_TEST_DEVICE", "cpu") == "cuda"
+if not _GPU_SESSION:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest  # noqa: E402
+
+if _GPU_SESSION:
+    pytest.skip("CPU-only test (fake modules); the GPU run checks the real peers", allow_module_level=True)
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="the triton backend needs the optional 'triton' package")
+
+from specdec.attention.reference import ReferenceBackend  # noqa: E402
+from specdec.cuda import peers  # noqa: E402
+from specdec.cuda.triton_backend import TritonBackend, TritonConfig  # noqa: E402
+from specdec.errors import SpecdecError  # noqa: E402
+from specdec.interfaces import AttentionMetadata  # noqa: E402
+
+REF = ReferenceBackend()
+
+
+def _attend_rows(q_rows, kk, vv, scale):
+    """softmax(q kᵀ · scale) v for one head: q_rows (T, D), kk/vv (n, D) → (T, D) fp32."""
+    return torch.softmax((q_rows.float() @ kk.float().T) * scale, -1) @ vv.float()
+
+
+# ------------------------------------------------------------------ fakes
+def _fake_fa4(calls):
+    def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                               max_seqlen_k=None, min_seqlen_k=None, seqused_q=None, seqused_k=None,
+                               gather_kv_indices=None, page_table=None, softmax_scale=None, causal=False,
+                               window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1,
+                               pack_gqa=None, deterministic=False, score_mod=None, score_mod_bwd=None,
+                               mask_mod=None, block_sparse_tensors=None, aux_tensors=None, aux_scalars=None,
+                               return_lse=False, **kw):
+        assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+        assert cu_seqlens_k is None and page_table is None and gather_kv_indices is None
+        assert seqused_k.dtype == torch.int32 and seqused_k.shape == (q.shape[0],) and causal
+        B, T, H, D = q.shape
+        Hkv = k.shape[2]
+        assert k.shape == (B, k.shape[1], Hkv, D) and H % Hkv == 0
+        out = torch.zeros(B, T, H, D, dtype=q.dtype)
+        for b in range(B):
+            n = int(seqused_k[b])
+            for h in range(H):
+                kv = h // (H // Hkv)
+                for i in range(T):
+                    last = i + n - T  # bottom-right causal alignment
+                    out[b, i, h] = _attend_rows(q[b, i, h][None], k[b, : last + 1, kv], v[b, : last + 1, kv],
+                                                softmax_scale)[0].to(q.dtype)
+        calls.append(dict(fn="fa4", B=B, T=T, seqused_k=seqused_k.tolist()))
+        return out, None
+
+    return flash_attn_varlen_func
+
+
+class _FakeWrapper:
+    """Paged attention over HND pages, as FlashInfer documents it (decode and prefill)."""
+
+    def __init__(self, calls, kind, workspace, kv_layout="NHD", **kw):
+        assert kv_layout == "HND" and workspace.dtype == torch.uint8
+        self.calls, self.kind = calls, kind
+
+    def plan(self, *args, **kw):
+        if self.kind == "prefill":
+            self.qo_indptr, args = args[0], args[1:]
+            assert kw.pop("causal") is True
+        indptr, indices, last, H, Hkv, D, page_size = args
+        for t in (indptr, indices, last):
+            assert t.dtype == torch.int32
+        self.p = dict(indptr=indptr.tolist(), indices=indices.tolist(), last=last.tolist(), H=H, Hkv=Hkv, D=D,
+                      P=page_size, scale=kw["sm_scale"])
+        assert kw["q_data_type"] is not None and kw["kv_data_type"] is not None
+
+    def _kv(self, cache, r):
+        p = self.p
+        pages = p["indices"][p["indptr"][r]: p["indptr"][r + 1]]
+        parts = []
+        for j, pg in enumerate(pages):
+            n = p["last"][r] if j == len(pages) - 1 else p["P"]
+            assert 1 <= n <= p["P"]
+            parts.append(cache[pg, :, :n])  # (Hkv, n, D)
+        return torch.cat(parts, dim=1)
+
+    def run(self, q, kv):
+        k, v = kv
+        p = self.p
+        assert k.shape[1:] == (p["Hkv"], p["P"], p["D"]) and q.shape[-2:] == (p["H"], p["D"])
+        G = p["H"] // p["Hkv"]
+        out = torch.zeros_like(q)
+        n_req = len(p["indptr"]) - 1
+        for r in range(n_req):
+            kk, vv = self._kv(k, r), self._kv(v, r)
+            n = kk.shape[1]
+            if self.kind == "decode":
+                for h in range(p["H"]):
+                    out[r, h] = _attend_rows(q[r, h][None], kk[h // G], vv[h // G], p["scale"])[0].to(q.dtype)
+            else:
+                q0, q1 = int(self.qo_indptr[r]), int(self.qo_indptr[r + 1])
+                for i in range(q1 - q0):
+                    last = i + n - (q1 - q0)
+                    for h in range(p["H"]):
+                        out[q0 + i, h] = _attend_rows(q[q0 + i, h][None], kk[h // G, : last + 1], vv[h // G, : last + 1],
+                                                      p["scale"])[0].to(q.dtype)
+        self.calls.append(dict(fn=self.kind, n_req=n_req, H=p["H"], Hkv=p["Hkv"], P=p["P"]))
+        return out
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """Fake ``flash_attn.cute`` and ``flashinfer`` modules; returns the list of recorded calls."""
+    calls: list[dict] = []
+    fa = types.ModuleType("flash_attn")
+    fa.__spec__ = importlib.machinery.ModuleSpec("flash_attn", loader=None, is_package=True)
+    cute = types.ModuleType("flash_attn.cute")
+    cute.__spec__ = importlib.machinery.ModuleSpec("flash_attn.cute", loader=None)
+    cute.flash_attn_varlen_func = _fake_fa4(calls)
+    fa.cute = cute
+    fi = types.ModuleType("flashinfer")
+    fi.__spec__ = importlib.machinery.ModuleSpec("flashinfer", loader=None)
+    fi.BatchDecodeWithPagedKVCacheWrapper = lambda ws, layout="NHD", **kw: _FakeWrapper(calls, "decode", ws, layout)
+    fi.BatchPrefillWithPagedKVCacheWrapper = lambda ws, layout="NHD", **kw: _FakeWrapper(calls, "prefill", ws, layout)
+    for name, mod in (("flash_attn", fa), ("flash_attn.cute", cute), ("flashinfer", fi)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return calls
+
+
+@pytest.fixture
+def no_peers(monkeypatch):
+    for name in ("flash_attn", "flash_attn.cute", "flashinfer"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def _case(B, Hkv, G, T, L, D, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hkv * G, T, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
+    lengths = torch.randint(1, L - T, (B,), generator=g)  # ragged
+    return q, k, v, lengths
+
+
+# ------------------------------------------------------------------ parity of the glue (fakes)
+@pytest.mark.parametrize("T", [1, 5])
+@pytest.mark.parametrize("G", [1, 3])
+def test_fa4_dense_equals_reference(fakes, T, G):
+    q, k, v, lengths = _case(3, 2, G, T, 40, 16, seed=T + G)
+    out = peers.fa4_dense(q, k, v, lengths, 0.3)
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))[0], rtol=1e-5, atol=1e-5)
+    assert fakes == [dict(fn="fa4", B=3, T=T, seqused_k=(lengths + T).tolist())]
+
+
+@pytest.mark.parametrize("T", [1, 5])
+@pytest.mark.parametrize("G", [1, 3])
+@pytest.mark.parametrize("L,P", [(40, 8), (40, 16)])  # 16 does not divide 40: one page of L per sequence
+def test_flashinfer_dense_equals_reference(fakes, T, G, L, P):
+    """Pages of ``P`` tokens as strided views of the cache (ragged page counts, partial last pages)."""
+    q, k, v, lengths = _case(3, 2, G, T, L, 16, seed=10 + T + G)
+    out = peers.FlashInferRunner(workspace_mb=1, page_size=P).dense(q, k, v, lengths, 0.3)
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))[0], rtol=1e-5, atol=1e-5)
+    assert fakes == [dict(fn="decode" if T == 1 else "prefill", n_req=3, H=2 * G, Hkv=2, P=P if L % P == 0 else L)]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("tail", [False, True])
+def test_flashinfer_sparse_equals_reference(fakes, shared, tail):
+    """Page size 1, heads folded into the batch: plan ∪ dense tail, causal, no position twice
+    (plans here reach into the tail and past the row, and carry ``-1`` padding)."""
+    B, Hkv, G, L, D = 3, 2, 3, 48, 16
+    q, k, v, lengths = _case(B, Hkv, G, 1, L, D, seed=5)
+    g = torch.Generator().manual_seed(6)
+    idx = torch.stack([torch.randperm(L, generator=g)[:10] for _ in range(B * (1 if shared else Hkv))])
+    idx = idx.view(B, 1 if shared else Hkv, 10)
+    idx[:, :, -1] = -1
+    dense_from = (lengths - 4).clamp(min=0) if tail else None
+    meta = AttentionMetadata(lengths, 0.3, idx, dense_from)
+    out = peers.FlashInferRunner(workspace_mb=1).sparse(q, k, v, lengths, 0.3, idx, dense_from)
+    torch.testing.assert_close(out, REF.attend(q, k, v, meta)[0], rtol=1e-5, atol=1e-5)
+    assert fakes == [dict(fn="decode", n_req=B * Hkv, H=G, Hkv=1, P=1)]
+
+
+def test_token_lists_match_visibility_mask():
+    from specdec.attention.reference import visibility_mask
+
+    B, Hkv, L = 4, 3, 30
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(5, L - 1, (B,), generator=g)
+    idx = torch.randint(-1, L, (B, Hkv, 8), generator=g)
+    idx = torch.stack([torch.stack([torch.randperm(L, generator=g)[:8] for _ in range(Hkv)]) for _ in range(B)])
+    dense_from = lengths - 3
+    indptr, pages = peers.token_lists(idx, dense_from, lengths, Hkv, L)
+    mask = visibility_mask(lengths, 1, L, idx, dense_from)[:, :, 0]  # (B, Hkv, L)
+    for b in range(B):
+        for h in range(Hkv):
+            r = b * Hkv + h
+            got = sorted(int(p) - r * L for p in pages[indptr[r]: indptr[r + 1]])
+            assert got == mask[b, h].nonzero().flatten().tolist()
+
+
+# ------------------------------------------------------------------ when a peer is taken
+CUDA = torch.device("cuda")  # a device object only: nothing runs on it
+
+
+def _call(T=1, D=64, B=2, dtype=torch.bfloat16, device=CUDA):
+    return types.SimpleNamespace(dtype=dtype, device=device, shape=(B, 9, T, D))
+
+
+def _kc(L=100, contiguous=True):
+    return types.SimpleNamespace(shape=(2, 3, L, 64), is_contiguous=lambda: contiguous)
+
+
+DENSE = AttentionMetadata(torch.zeros(2, dtype=torch.long), 1.0)
+SPARSE = DENSE.replace(plan_indices=torch.zeros(2, 1, 4, dtype=torch.long))
+
+
+def test_pick_reads_the_table():
+    table = {("decode", 64): [(1000, "flashinfer"), (10**9, "fa4")], ("verify", 128): [(10**9, "triton")]}
+    assert peers.pick("decode", 64, 1000, table) == "flashinfer"
+    assert peers.pick("decode", 64, 1001, table) == "fa4"
+    assert peers.pick("decode", 128, 5, table) == "triton"  # unmeasured head dim
+    assert peers.pick("sparse", 64, 5, table) == "triton"
+    assert peers.pick("decode", 64, 5) == "triton" or peers.PICKS  # the shipped table
+
+
+def test_auto_follows_the_table(fakes):
+    be = TritonBackend(TritonConfig())
+    assert be._peers == {"fa4", "flashinfer"}
+    be._peer_table = {("decode", 64): [(150, "fa4"), (10**9, "flashinfer")], ("verify", 64): [(10**9, "fa4")],
+                      ("sparse", 64): [(10**9, "flashinfer")]}
+    assert be.peer_for(_call(), _kc(75), DENSE) == "fa4"  # B·L = 150
+    assert be.peer_for(_call(), _kc(76), DENSE) == "flashinfer"
+    assert be.peer_for(_call(T=5), _kc(), DENSE) == "fa4"
+    assert be.peer_for(_call(), _kc(), SPARSE) == "flashinfer"
+    assert be.peer_for(_call(T=5), _kc(), SPARSE) == "triton"  # FlashInfer's sparse path is one row
+    assert be.peer_for(_call(), _kc(contiguous=False), SPARSE) == "triton"  # pages are views of the cache
+    assert be.peer_for(_call(), _kc(), DENSE.replace(score_rows=[0])) == "triton"  # scores stay ours
+    assert be.peer_for(_call(), _kc(), DENSE.replace(static=True)) == "triton"  # capture stays ours
+    assert be.peer_for(_call(dtype=torch.float32), _kc(), DENSE) == "triton"
+    assert be.peer_for(_call(device=torch.device("cpu")), _kc(), DENSE) == "triton"
+    be._peer_table = {}
+    assert be.peer_for(_call(), _kc(), DENSE) == "triton"  # unmeasured: ours
+
+
+def test_forced_peer_serves_what_it_can(fakes):
+    fa4 = TritonBackend(TritonConfig(peers="fa4"))
+    assert fa4.peer_for(_call(T=5), _kc(), DENSE) == "fa4"
+    assert fa4.peer_for(_call(), _kc(), SPARSE) == "triton"  # FA4's gather is MLA/SM100 only
+    fi = TritonBackend(TritonConfig(peers="flashinfer"))
+    assert fi.peer_for(_call(T=5), _kc(), DENSE) == "flashinfer"
+    assert fi.peer_for(_call(), _kc(), SPARSE) == "flashinfer"
+    assert TritonBackend(TritonConfig(peers="off")).peer_for(_call(), _kc(), DENSE) == "triton"
+
+
+def test_attend_routes_to_the_peer(fakes, monkeypatch):
+    """Through ``attend`` (the CUDA condition relaxed to the CPU for this test)."""
+    be = TritonBackend(TritonConfig(peers="flashinfer", block_n=16))
+    monkeypatch.setattr(be, "peer_for", lambda q, k, meta: "flashinfer" if not meta.wants_scores else "triton")
+    be._flashinfer = peers.FlashInferRunner(workspace_mb=1)
+    q, k, v, lengths = _case(2, 3, 3, 5, 48, 16, seed=7)
+    out, s = be.attend(q, k, v, AttentionMetadata(lengths, 0.25))
+    assert s is None and [c["fn"] for c in fakes] == ["prefill"]
+    torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.25))[0], rtol=1e-5, atol=1e-5)
+    meta = AttentionMetadata(lengths, 0.25, score_rows=[0, 4])  # scores: our kernel (interpreter)
+    out, s = be.attend(q, k, v, meta)
+    assert len(fakes) == 1 and s is not None
+    torch.testing.assert_close(out, REF.attend(q, k, v, meta)[0], rtol=1e-4, atol=2e-5)
+
+
+def test_forced_peer_missing_is_one_clear_error(no_peers):
+    with pytest.raises(SpecdecError, match=r"peers='fa4' needs fa4.*pip install 'specdec\[flash\]'"):
+        TritonBackend(TritonConfig(peers="fa4"))
+    with pytest.raises(SpecdecError, match=r"pip install .specdec\[flashinfer\]. \(flashinfer-python\)"):
+        TritonBackend(TritonConfig(peers="flashinfer"))
+    assert TritonBackend(TritonConfig()).peer_for(_call(), _kc(), DENSE) == "triton"  # auto: silently ours
+
+
+def test_fa4_package_is_not_flash_attn_2(tmp_path, monkeypatch):
+    """The flash-attn-4 wheel installs ``flash_attn/cute`` only: the flash-attn 2 glue must not
+    take it for flash-attn 2 (``from flash_attn import flash_attn_with_kvcache`` would fail)."""
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
+    for name in ("flash_attn", "flash_attn.cute"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert peers.fa4_installed() and not peers.fa2_installed()
+    assert not TritonBackend(TritonConfig())._flash
+    (tmp_path / "flash_attn" / "flash_attn_interface.py").write_text("")
+    assert peers.fa2_installed()
