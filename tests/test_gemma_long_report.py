@@ -146,6 +146,7 @@ def test_merge_keeps_the_first_run_and_replaces_its_failed_and_rerun_rows(checko
     assert "| 32k (32,640) | long:code | 3.00 | 3.60 | 1.20 |" in md
     assert "| sparse (819 entries) | 4.400 ms | 1.200 ms | 1500 | 1 / 21 | RuntimeError: planted |" in md
     assert "Failed (traceback in the JSON)" not in md
+    assert "16k/B=1/dense 235 → 900; 16k/B=1/magicdec 167 → 1,800." in md  # before/after of the re-measured rows
     bench = (checkout / PAGES[2]).read_text()
     assert "**32k (32,640) context**" in bench and "| dense | 4.200 ms | 1.100 ms | 1460 | 1 / 21 | none |" in bench
     models = (checkout / PAGES[1]).read_text()

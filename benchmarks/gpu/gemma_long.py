@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -94,6 +95,26 @@ def graph_counters(m, eng=None) -> dict:
         out.update(plan_graph_captures=pg.captures, plan_graph_replays=pg.replays,
                    plan_graph_uncapturable=sorted(set(pg.uncapturable.values())))
     return out
+
+
+@contextlib.contextmanager
+def per_layer_masks(on: bool):
+    """With ``on``: every local layer builds its own window mask and ring slots again (``per_forward``
+    made a plain call in the modules that use it), i.e. the step as it was before they were shared."""
+    import specdec.attention.reference as ref
+    import specdec.attention.torch_backend as tb
+    import specdec.cache as kc
+
+    mods = (ref, tb, kc)
+    saved = [m.per_forward for m in mods]
+    if on:
+        for m in mods:
+            m.per_forward = lambda lengths, key, build: build()
+    try:
+        yield
+    finally:
+        for m, f in zip(mods, saved):
+            m.per_forward = f
 
 
 def launches(fn, device: str) -> tuple[collections.Counter, str]:
@@ -349,6 +370,7 @@ class Runner:
         ctx = self.ctx(16384)
         B = 1
         cache = m.new_cache(B, ctx + 64)
+        cache.bounded = True  # as in the engine: every write stays below the capacity, no host check per call
         lengths = torch.full((B,), ctx, dtype=torch.long, device=dev)
         ids = torch.full((B, 1), 7, dtype=torch.long, device=dev)
         K = max(64, int(self.a.budget_ratio * ctx))
@@ -372,23 +394,27 @@ class Runner:
                 ts.append(time.perf_counter() - t)
             return statistics.median(ts)
 
+        # before/after, back to back: "<kind>_per_layer" rebuilds the window mask and ring slots in every
+        # local layer (the code before they were shared per forward), "<kind>" is the code as it stands
         for kind, plan in plans.items():
-            step = lambda: m.forward(ids, cache, lengths, plan)  # noqa: E731
-            row = prof.setdefault(kind, {})
-            row["eager_seconds"] = timed(step, self.a.reps_step)
-            kernels, table = launches(step, dev)
-            row.update(kernels_per_step=sum(kernels.values()), kernels_top=kernels.most_common(25))
-            (self.out_dir / f"profile_{kind}.txt").write_text(table)
-            if self.a.graphs and dev == "cuda":
-                m.enable_cuda_graphs()
-                try:
-                    row["graph_seconds"] = timed(step, self.a.reps_step)
-                    row.update(graph_counters(m))
-                finally:
-                    m.disable_cuda_graphs()
-            self.log("profile", kind, {k: v for k, v in row.items() if k != "kernels_top"})
-            self.save()
-            free(dev)
+            for variant in ("", "_per_layer"):
+                step = lambda: m.forward(ids, cache, lengths, plan)  # noqa: E731
+                row = prof.setdefault(kind + variant, {})
+                with per_layer_masks(bool(variant)):
+                    row["eager_seconds"] = timed(step, self.a.reps_step)
+                    kernels, table = launches(step, dev)
+                    row.update(kernels_per_step=sum(kernels.values()), kernels_top=kernels.most_common(25))
+                    (self.out_dir / f"profile_{kind}{variant}.txt").write_text(table)
+                    if self.a.graphs and dev == "cuda":
+                        m.enable_cuda_graphs()
+                        try:
+                            row["graph_seconds"] = timed(step, self.a.reps_step)
+                            row.update(graph_counters(m))
+                        finally:
+                            m.disable_cuda_graphs()
+                self.log("profile", kind + variant, {k: v for k, v in row.items() if k != "kernels_top"})
+                self.save()
+                free(dev)
 
     # ---------------------------------------------------------------- 4. throughput grid
     def speed(self) -> None:

@@ -63,6 +63,9 @@ def merge(first: dict, new: dict) -> dict:
         have = {tuple(r.get(x) for x in key) for r in fresh if not _failed(r)}
         kept = [r for r in first.get(name, []) if not _failed(r) and tuple(r.get(x) for x in key) not in have]
         out[name] = kept + fresh
+        # the first run's rows a re-run measured again: the "before" of a before/after
+        out.setdefault("superseded", {})[name] = [r for r in first.get(name, [])
+                                                  if not _failed(r) and tuple(r.get(x) for x in key) in have]
     for name in ("layout", "kv", "profile"):
         out[name] = {**first.get(name, {}), **new.get(name, {})}
     out["parts"] = {**{f"{n} (first run {first.get('date', '')})": v for n, v in first.get("parts", {}).items()},
@@ -236,14 +239,16 @@ def profile_lines(res: dict) -> list[str]:
              f"calls; kernels: torch.profiler, one eager call; roofline of a dense step "
              f"{p['dense_roofline_seconds'] * 1e3:.3f} ms):", "",
              "| step | eager | CUDA graph | kernels per step | captures / replays | refused |", "|---|---|---|---|---|---|"]
-    for kind in ("dense", "sparse"):
+    for kind in ("dense", "dense_per_layer", "sparse", "sparse_per_layer"):
         r = p.get(kind)
         if not r:
             continue
         graph = f"{r['graph_seconds'] * 1e3:.3f} ms" if "graph_seconds" in r else "—"
         cap = f"{r['graph_captures']} / {r['graph_replays']}" if "graph_captures" in r else "—"
         why = "; ".join(r.get("graph_uncapturable", [])) or "none"
-        label = kind if kind == "dense" else f"sparse ({p.get('sparse_budget')} entries)"
+        label = "dense" if kind.startswith("dense") else f"sparse ({p.get('sparse_budget')} entries)"
+        if kind.endswith("_per_layer"):
+            label += ", window mask per local layer (before)"
         lines.append(f"| {label} | {r['eager_seconds'] * 1e3:.3f} ms | {graph} | {r.get('kernels_per_step', '—')} | {cap} | {why} |")
     return lines + [""]
 
@@ -304,6 +309,13 @@ def report_md(res: dict, stem: str, have_plot: bool) -> str:
         for kind, rows in top.items():
             if rows:
                 lines.append(f"Most launched kernels, {kind}: " + ", ".join(f"`{n}` × {c}" for n, c in rows) + ".")
+    again = [(old, new) for old in res.get("superseded", {}).get("speed", []) if "tokens_per_second" in old
+             for new in res.get("speed", []) if "tokens_per_second" in new
+             and all(new.get(x) == old.get(x) for x in ROW_KEYS["speed"])]
+    if again:
+        lines += ["", "Measured again in the re-run (tokens/s, first run → re-run): "
+                  + "; ".join(f"{k(o['context'])}/B={o['B']}/{o['method']} {o['tokens_per_second']:,.0f} → "
+                              f"{n['tokens_per_second']:,.0f}" for o, n in again) + "."]
     if len(res.get("runs", [])) > 1:
         lines += ["", "Runs merged: " + "; ".join(f"{r['date']} ({', '.join(r['parts'])})" for r in res["runs"]) + "."]
     fails = res.get("failures", [])
