@@ -1,6 +1,7 @@
-"""τ of the shipped trained draft (layer skipping + adapter) with DENSE verification, per held-out document.
+"""τ of the shipped trained drafts (EAGLE head; layer skipping + adapter) with DENSE verification, per held-out document.
 
-    python benchmarks/draft_tau_cpu.py --out benchmarks/results/cpu_draft_tau_DATE [--context 1024 --new 96 --gamma 4]
+    python benchmarks/draft_tau_cpu.py --out benchmarks/results/cpu_draft_tau_DATE [--contexts 512,2048 --new 96
+        --gamma 4 --drafters eagle,skip]
 
 Documents (never trained on, see specdec.train_draft): the held-out pydoc topics (prose) and the held-out
 standard-library modules (code). Dense verification makes the run lossless: tokens equal dense greedy
@@ -21,16 +22,18 @@ import torch
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--contexts", default="1024", help="comma-separated context lengths")
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--draft", default=None, help="artifact (default: the shipped one)")
+    ap.add_argument("--drafters", default="eagle", help="comma-separated: eagle, skip (the shipped ones)")
+    ap.add_argument("--draft", default=None, help="an artifact instead of the shipped one of its kind")
     ap.add_argument("--early-exit", type=int, default=0, help="also run the untrained early exit at this depth")
     a = ap.parse_args()
     torch.set_num_threads(1)
     from specdec import SpecdecModel
     from specdec.data import context_ids
     from specdec.drafters import EarlyExitDrafter
+    from specdec.eagle import EagleDrafter, is_eagle
     from specdec.engine import SpeculativeEngine
     from specdec.sampling import SamplingConfig
     from specdec.skip_drafter import SkipLayerDrafter
@@ -38,42 +41,53 @@ def main() -> None:
     from specdec.verifiers import FullVerifier
 
     m = SpecdecModel.from_pretrained("smollm2-135m")
-    path = a.draft or shipped_draft(m)
+    paths = {}
+    for kind in a.drafters.split(","):
+        p = a.draft if (a.draft and (kind == "eagle") == is_eagle(a.draft)) else shipped_draft(m, kind)
+        if p is None:
+            raise SystemExit(f"no {kind} draft ships for this model; pass --draft PATH")
+        paths[kind] = p
+    # built before the prefill: an EAGLE drafter makes the target record the prompt's hidden states
+    drafters = {k: (EagleDrafter(m, p) if k == "eagle" else SkipLayerDrafter(m, p)) for k, p in paths.items()}
+    if a.early_exit:
+        drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
     rows = []
-    for name, text in held_out_texts():
-        ids = context_ids(m.tokenizer, text, a.context, offset=a.new + 16)
+    for context, (name, text) in [(int(c), doc) for c in a.contexts.split(",") for doc in held_out_texts()]:
+        ids = context_ids(m.tokenizer, text, context, offset=a.new + 16)
         pre = dense.prefill([ids])
         ref = dense.generate([ids], a.new, prefilled=pre)
-        drafters = {"trained": SkipLayerDrafter(m, path)}
-        if a.early_exit:
-            drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
         for label, d in drafters.items():
             eng = SpeculativeEngine(m, d, FullVerifier(m), gamma=a.gamma, sampling=SamplingConfig(), method=label,
                                     eos_token_id=-1)
             t0 = time.perf_counter()
             res = eng.generate([ids], a.new, prefilled=pre)
-            row = dict(document=name, kind="prose" if name.startswith("pydoc") else "code", drafter=label,
+            row = dict(document=name, context=context, kind="prose" if name.startswith("pydoc") else "code", drafter=label,
                        tau=res.stats.mean_accepted_length, acceptance_per_position=res.stats.acceptance_per_position,
                        equals_dense=res.tokens[0] == ref.tokens[0], seconds=time.perf_counter() - t0)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), context=a.context,
-                new_tokens=a.new, gamma=a.gamma, draft=str(path), machine="2-core shared CPU, float32, 1 thread")
+    meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), contexts=a.contexts,
+                new_tokens=a.new, gamma=a.gamma, drafts={k: str(p) for k, p in paths.items()},
+                machine="2-core shared CPU, float32, 1 thread")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     lines = [f"# Trained draft, dense verification — {meta['date']}", "",
-             f"context {a.context}, {a.new} new tokens, γ = {a.gamma}, greedy; {meta['machine']}", "",
-             "| document | kind | drafter | τ | acceptance per draft position | equals dense |", "|---|---|---|---|---|---|"]
+             f"contexts {a.contexts}, {a.new} new tokens, γ = {a.gamma}, greedy; {meta['machine']}", "",
+             "| document | context | kind | drafter | τ | acceptance per draft position | equals dense |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = " / ".join(f"{x:.2f}" for x in r["acceptance_per_position"])
-        lines.append(f"| {r['document']} | {r['kind']} | {r['drafter']} | {r['tau']:.2f} | {acc} | {r['equals_dense']} |")
+        lines.append(f"| {r['document']} | {r['context']} | {r['kind']} | {r['drafter']} | {r['tau']:.2f} | {acc} "
+                     f"| {r['equals_dense']} |")
     for label in sorted({r["drafter"] for r in rows}):
-        for kind in ("prose", "code"):
-            ts = [r["tau"] for r in rows if r["drafter"] == label and r["kind"] == kind]
-            if ts:
-                lines.append(f"\nmean τ {label} {kind}: {sum(ts) / len(ts):.2f} over {len(ts)} document(s)")
+        for context in sorted({r["context"] for r in rows}):
+            for kind in ("prose", "code"):
+                ts = [r["tau"] for r in rows if r["drafter"] == label and r["kind"] == kind and r["context"] == context]
+                if ts:
+                    lines.append(f"\nmean τ {label} {kind} at {context}: {sum(ts) / len(ts):.2f} "
+                                 f"(min {min(ts):.2f}) over {len(ts)} document(s)")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -98,7 +98,8 @@ def _prefilled(eng, m, ids: list[int], batch: int, random_cache: bool):
     else:
         one = eng.prefill([ids])
     return Prefilled(ids=[ids] * batch, k=one.k.expand(-1, batch, -1, -1, -1), v=one.v.expand(-1, batch, -1, -1, -1),
-                     last_logits=one.last_logits.expand(batch, -1))
+                     last_logits=one.last_logits.expand(batch, -1),
+                     hidden=one.hidden.expand(batch, -1, -1) if one.hidden is not None else None)
 
 
 def run_bench(

@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.interfaces import per_forward
 
 
 class KVCache:
@@ -210,8 +211,9 @@ class KVCache:
             if T > C - window + 1:
                 raise ValueError(f"writing {T} rows into a sliding-window ring of {C} slots (window {window}) "
                                  f"would overwrite entries the first rows still see; write at most {C - window + 1}.")
-            pos = (lengths.view(B, 1) + torch.arange(T, device=lengths.device)) % C
-            bidx = torch.arange(B, device=lengths.device).view(B, 1)
+            bidx, pos = per_forward(lengths, ("ring_slots", T, C), lambda: (  # once per step, not per local layer
+                torch.arange(B, device=lengths.device).view(B, 1),
+                (lengths.view(B, 1) + torch.arange(T, device=lengths.device)) % C))
             kl[bidx, :, pos] = key.transpose(1, 2).to(kl.dtype)
             vl[bidx, :, pos] = value.transpose(1, 2).to(vl.dtype)
             return

@@ -11,9 +11,10 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 
 * ``srh``: path of a ``specdec profile-srh`` artifact (heads, layer map, m) for this (target, draft) pair;
 * ``draft_layers``: early-exit depth of the embedded drafter (default ``max(1, round(0.3 N))``);
-* ``draft``: a ``specdec train-draft`` artifact (layer-skipping draft, :mod:`specdec.skip_drafter`), or
-  ``early-exit``; default: the draft shipped for the target if there is one (the embedded model has one),
-  else early exit;
+* ``draft``: a ``specdec train-draft`` artifact (an EAGLE head, :mod:`specdec.eagle`, or a layer-skipping
+  draft, :mod:`specdec.skip_drafter`), ``eagle`` / ``skip`` (the one of that kind shipped for the target), or
+  ``early-exit``; default: the draft shipped for the target if there is one (the embedded model has both:
+  the EAGLE head is the default), else early exit;
 * ``draft_model``: a separate draft model (embedded name, directory or hub id) sharing the target's tokenizer;
 * ``m`` / ``m_ratio``: the static split; ``adaptive``: input-aware ``m`` per iteration;
 * ``history_decay``: EMA of the target history; ``dense_every`` / ``disagree``: the safety valve;
@@ -39,8 +40,9 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
     (``dustin-adaptive``: true)."""
 
     srh: Optional[str] = Field(default=None, description="path of a `specdec profile-srh` artifact for this pair")
-    draft: Optional[str] = Field(default=None, description="a `specdec train-draft` artifact, or early-exit "
-                                 "(default: the draft shipped for the target if any, else early exit)")
+    draft: Optional[str] = Field(default=None, description="a `specdec train-draft` artifact, eagle / skip (the "
+                                 "shipped one of that kind), or early-exit (default: the draft shipped for the "
+                                 "target if any, EAGLE first, else early exit)")
     draft_layers: Optional[int] = Field(default=None, ge=1, description="early-exit depth (default max(1, round(0.3 N)))")
     draft_model: Optional[str] = Field(default=None, description="a separate draft model instead of early exit")
     dense_every: int = Field(default=0, ge=0, description="dense verification every N passes (0 = never)")
@@ -58,16 +60,22 @@ def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list,
     return target, draft
 
 
-def _skip_draft(model, o: "DustinOptions"):
-    """Path of the layer-skipping draft to use, or ``None`` (early exit / ``draft_model``)."""
+def _trained_draft(model, o: "DustinOptions"):
+    """Path of the trained draft (EAGLE head or layer-skip adapter) to use, or ``None`` (early exit / ``draft_model``)."""
+    from specdec.train_draft import shipped_draft
+
     d = o.draft
     if d is not None and d != "early-exit":
         if o.draft_layers is not None:
             raise SpecdecError("draft and draft_layers exclude each other; draft_layers is for draft=early-exit.")
+        if d in ("eagle", "skip"):
+            p = shipped_draft(model, d)
+            if p is None:
+                raise SpecdecError(f"no {d} draft ships for this target; train one with `specdec train-draft"
+                                   f"{' --kind eagle' if d == 'eagle' else ''}` and pass draft=PATH.")
+            return p
         return d
     if d is None and o.draft_layers is None:
-        from specdec.train_draft import shipped_draft
-
         return shipped_draft(model)
     return None
 
@@ -94,10 +102,12 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
         draft = SpecdecModel.from_pretrained(o.draft_model, dtype=model.dtype, device=str(model.device))
         check_same_tokenizer(model, draft)
         drafter = ModelDrafter(draft)
-    elif _skip_draft(model, o):
+    elif _trained_draft(model, o):
+        from specdec.eagle import EagleDrafter, is_eagle
         from specdec.skip_drafter import SkipLayerDrafter
 
-        drafter = SkipLayerDrafter(model, _skip_draft(model, o))
+        path = _trained_draft(model, o)
+        drafter = EagleDrafter(model, path) if is_eagle(path) else SkipLayerDrafter(model, path)
     else:
         # by default deep enough to include a global layer (Gemma 3: layer 5), whose attention is the lookahead
         first_global = model.dims.global_layers[0] + 1 if model.dims.global_layers else 1

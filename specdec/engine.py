@@ -72,6 +72,8 @@ class DecodeState:
     sampling: SamplingConfig
     generator: torch.Generator | None
     timer: PhaseTimer
+    #: ``(B, L_p, d)`` the prompts' final hidden states when the model records them (``keep_hidden``, EAGLE)
+    prompt_hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -147,6 +149,7 @@ class Prefilled:
     last_logits: torch.Tensor
     ring_k: torch.Tensor | None = None
     ring_v: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None  # (B, L_p, d) final hidden states when the model recorded them
 
 
 @dataclass
@@ -221,6 +224,8 @@ class SpeculativeEngine:
         """Fill the cache one sequence at a time (ragged prompts, exact per-sequence numerics)."""
         dev = self.model.device
         last = []
+        keep = getattr(self.model, "keep_hidden", False)  # an EAGLE drafter reads the prompt's hidden states
+        hidden = None
         for b, ids in enumerate(prompts):
             view = state.cache.rows(b, b + 1)
             done = 0
@@ -228,8 +233,14 @@ class SpeculativeEngine:
             while done < len(ids):
                 chunk = torch.tensor([ids[done : done + self.prefill_chunk]], device=dev)
                 logits = self.model.forward(chunk, view, torch.tensor([done], device=dev), logits_to_keep=1)
+                if keep:
+                    h = self.model.last_hidden[0]  # (T, d)
+                    if hidden is None:
+                        hidden = h.new_zeros(len(prompts), max(len(p) for p in prompts), h.shape[-1])
+                    hidden[b, done : done + h.shape[0]] = h
                 done += chunk.shape[1]
             last.append(logits[0, -1])
+        state.prompt_hidden = hidden
         return torch.stack(last)
 
     @torch.no_grad()
@@ -245,7 +256,8 @@ class SpeculativeEngine:
         state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,
                             PhaseTimer(self.model.device, False))
         logits = self._prefill(state, ids)
-        return Prefilled(ids=ids, k=cache.k, v=cache.v, last_logits=logits, ring_k=cache.ring_k, ring_v=cache.ring_v)
+        return Prefilled(ids=ids, k=cache.k, v=cache.v, last_logits=logits, ring_k=cache.ring_k, ring_v=cache.ring_v,
+                         hidden=state.prompt_hidden)
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -350,6 +362,7 @@ class SpeculativeEngine:
             if prefilled is not None:
                 cache.copy_prefix_from(prefilled.k, prefilled.v, prefilled.ring_k, prefilled.ring_v)
                 logits = prefilled.last_logits.clone()
+                state.prompt_hidden = prefilled.hidden
             else:
                 logits = self._prefill(state, ids)
             check_finite(logits, "prefill")

@@ -66,6 +66,7 @@ class Step:
     scores: tuple  # the score requests
     logits_to_keep: int
     backend: tuple  # the backend's kind and options
+    hidden: bool = False  # the final hidden states are recorded too (``model.keep_hidden``, EAGLE drafters)
 
 
 def plan_description(plan: SparsePlan | None) -> tuple | None:
@@ -94,7 +95,8 @@ def describe_step(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePl
               _ring_memory(cache))
     return Step(rows=int(input_ids.shape[1]), batch=int(input_ids.shape[0]), cache=memory,
                 plan=plan_description(plan), scores=tuple(_score_key(r) for r in scores),
-                logits_to_keep=int(logits_to_keep), backend=backend_description(model.backend))
+                logits_to_keep=int(logits_to_keep), backend=backend_description(model.backend),
+                hidden=bool(getattr(model, "keep_hidden", False)))
 
 
 def _ring_memory(cache: KVCache) -> tuple | None:
@@ -152,6 +154,7 @@ class _Graph:
     reqs: tuple[ScoreRequest, ...]
     logits: torch.Tensor = field(default=None)  # type: ignore[assignment]
     backend: Any = None  # the backend captured (kept alive: the graph may read buffers it owns)
+    hidden: torch.Tensor | None = None  # the captured final hidden states (``Step.hidden``)
 
 
 class GraphCache:
@@ -235,6 +238,8 @@ class GraphCache:
                 live.scores = dict(zip(layers, torch.stack(vals).unbind(0)))
             else:
                 live.scores = {layer: v.clone() for layer, v in zip(layers, vals)}
+        if g.hidden is not None:
+            self.model.last_hidden = g.hidden.clone()
         return g.logits.clone()
 
     def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
@@ -251,7 +256,9 @@ class GraphCache:
         with torch.cuda.graph(graph, pool=self.pool):
             logits = step()
         graph.replay()  # the captured run leaves outputs unset until the first replay
-        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=self.model.backend)
+        hidden = self.model.last_hidden if key.hidden else None  # the captured run's buffer (the hook kept it)
+        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=self.model.backend,
+                   hidden=hidden)
         self.graphs[key] = g
         self.captures += 1
         _EVENTS[0] += 1

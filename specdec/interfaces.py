@@ -243,6 +243,22 @@ class ForwardContext:
     static: bool = False
     #: when a list: the route appends each layer it serves (the attach-time check counts them)
     routed: list | None = None
+    #: tensors every layer of this forward would compute alike (see :func:`per_forward`)
+    memo: dict = field(default_factory=dict)
+
+
+def per_forward(lengths: torch.Tensor, key: tuple, build):
+    """``build()``, computed once per model forward for ``key`` when ``lengths`` is the running forward's
+    own lengths (every sliding-window layer of a step builds the same window mask and ring slots: 15 of
+    Gemma 3 270M's 18 layers, ~20 launches each); outside a forward, or for other lengths (a prefill
+    piece's ``lengths + a``), it is simply called. Lives as long as the forward's context, so a CUDA graph
+    captures the one computation inside the forward and replays it."""
+    ctx = FORWARD_CONTEXT.get()
+    if ctx is None or ctx.lengths is not lengths:
+        return build()
+    if key not in ctx.memo:
+        ctx.memo[key] = build()
+    return ctx.memo[key]
 
 
 

@@ -452,6 +452,12 @@ class SpecdecModel:
         self._reusable_cache: KVCache | None = None
         self.tp = None  # specdec.parallel.TensorParallel once shard_model() split the model over ranks
         self._compile_rows = 0
+        #: record the final normed hidden states of every forward in :attr:`last_hidden` (EAGLE drafters)
+        self.keep_hidden = False
+        #: ``(B, T, d)`` the last forward's final normed hidden states (all rows), when :attr:`keep_hidden`
+        self.last_hidden: torch.Tensor | None = None
+        self._hidden_hook = None  # (norm module, hook handle)
+        self._hidden_on = False
         self.attach()
         if fuse:
             self.fuse_projections()
@@ -660,6 +666,9 @@ class SpecdecModel:
         ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend, plan=plan, requests=requests,
                              attention_request=attn_req, static=static, routed=routed)
         fn = self._compiled if (self._compiled is not None and T <= self._compile_rows) else self.hf
+        if getattr(self, "keep_hidden", False):
+            self._hook_final_norm()
+            self._hidden_on = True
         token = _CONTEXT.set(ctx)
         try:
             # a placeholder 4-D mask: transformers then skips its mask preparation, whose packed-sequence
@@ -669,7 +678,26 @@ class SpecdecModel:
                      use_cache=False, logits_to_keep=logits_to_keep)
         finally:
             _CONTEXT.reset(token)
+            self._hidden_on = False
         return out.logits.float()
+
+    def _hook_final_norm(self) -> None:
+        """A forward hook on the final norm storing its output in :attr:`last_hidden` while this model's
+        own forward runs (views sharing the norm leave it alone); re-registered if the norm was replaced."""
+        norm = getattr(getattr(self.hf, self.hf.base_model_prefix), "norm", None)
+        if norm is None:
+            raise SpecdecError(f"{type(self.hf).__name__} has no final norm at {self.hf.base_model_prefix}.norm; "
+                               "an EAGLE draft cannot read its hidden states (use another draft).")
+        if self._hidden_hook is not None and self._hidden_hook[0] is norm:
+            return
+        if self._hidden_hook is not None:
+            self._hidden_hook[1].remove()
+
+        def record(module, args, output, model=self):
+            if model._hidden_on:
+                model.last_hidden = output
+
+        self._hidden_hook = (norm, norm.register_forward_hook(record))
 
     def enable_cuda_graphs(self, plan_bucket: int = 128, max_graphs: int = 32) -> None:
         """Capture every forward shape as a CUDA graph and replay it (see :mod:`specdec.graphs`).

@@ -106,19 +106,25 @@ def load_draft(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return meta, tensors
 
 
-def shipped_draft(model) -> Path | None:
-    """The draft shipped in the package for ``model`` (matched by its identity), or ``None``."""
+def shipped_draft(model, kind: str = "any") -> Path | None:
+    """The draft shipped in the package for ``model`` (matched by its identity), or ``None``.
+
+    ``kind``: ``"eagle"`` (an EAGLE head, :mod:`specdec.eagle`), ``"skip"`` (a layer-skip adapter) or
+    ``"any"`` (an EAGLE head if one ships, else a layer-skip adapter)."""
     from specdec.artifacts import model_identity
 
     from safetensors import safe_open
 
     ident = model_identity(model)
+    found: dict[str, Path] = {}
     for p in sorted(DRAFTS_DIR.glob("*.safetensors")):
         with safe_open(str(p), framework="pt") as f:  # metadata only
             meta = json.loads((f.metadata() or {}).get("specdec_draft", "null"))
         if isinstance(meta, dict) and meta.get("target") == ident:
-            return p
-    return None
+            found.setdefault("eagle" if meta.get("kind") == "eagle" else "skip", p)
+    if kind == "any":
+        return found.get("eagle") or found.get("skip")
+    return found.get(kind)
 
 
 def build_adapter(model, path: str | Path) -> tuple[dict, SkipAdapter]:

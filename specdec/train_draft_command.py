@@ -23,17 +23,28 @@ def register(app) -> None:
     @friendly
     def train_draft_cmd(
         model: str = typer.Option("smollm2-135m", help="target model (embedded name, directory or .gguf)"),
+        kind: str = typer.Option("eagle", help="eagle: an EAGLE head fed the target's hidden states; "
+                                 "skip: first k layers + adapter + last t layers"),
         out: Path = typer.Option(Path("draft.safetensors"), help="artifact to write (use it with --option draft=PATH)"),
         k: int = typer.Option(6, help="leading target layers the draft runs"),
         t: int = typer.Option(4, help="trailing target layers the draft runs after the adapter"),
         rank: int = typer.Option(384, help="adapter inner width"),
-        tokens: int = typer.Option(30_000, help="training tokens (stdlib sources + pydoc topics, held-out ones excluded)"),
-        minutes: float = typer.Option(4.0, help="CPU-time budget of this process (one thread), collection included"),
+        tokens: Optional[int] = typer.Option(None, help="training tokens (stdlib sources + pydoc topics, held-out ones "
+                                             "excluded; default 100000 for eagle, 30000 for skip; collection stops "
+                                             "earlier when its share of --minutes is spent)"),
+        minutes: Optional[float] = typer.Option(None, help="CPU-time budget of this process (one thread), collection "
+                                                "included (default 8 for eagle, 4 for skip)"),
         full_vocab: float = typer.Option(0.0, "--full-vocab", help="weight of the full-vocabulary CE on the target's argmax"),
         init: Optional[Path] = typer.Option(None, "--init", help="warm start from an artifact of the same k/t/rank"),
         seed: int = typer.Option(0, help="seed of the adapter's initialisation and the batch order"),
+        device: str = typer.Option("cpu", help="eagle only: cpu (--minutes of CPU time) or cuda (--minutes of wall time)"),
+        batch: int = typer.Option(4, help="eagle only: sequences of 256 tokens per optimizer step"),
     ) -> None:
-        """Self-distil a layer-skipping draft (first k layers + adapter + last t layers) from the target."""
+        """Self-distil a draft from the target: an EAGLE head (default) or a layer-skipping draft."""
+        if kind not in ("eagle", "skip"):
+            raise SpecdecError(f"--kind must be eagle or skip (got {kind!r}).")
+        tokens = tokens if tokens is not None else (100_000 if kind == "eagle" else 30_000)
+        minutes = minutes if minutes is not None else (8.0 if kind == "eagle" else 4.0)
         for name, v in (("k", k), ("t", t), ("rank", rank), ("tokens", tokens)):
             if v < 1:
                 raise SpecdecError(f"--{name} must be >= 1 (got {v}).")
@@ -44,6 +55,20 @@ def register(app) -> None:
         from specdec.outputs import check_output
 
         check_output(out, "--out")
+        if kind == "eagle":
+            from specdec.train_eagle import train as train_eagle
+
+            for name, given in (("--init", init is not None), ("--full-vocab", full_vocab != 0.0)):
+                if given:
+                    raise SpecdecError(f"{name} is for --kind skip; leave it out for an EAGLE head.")
+            if batch < 1:
+                raise SpecdecError(f"--batch must be >= 1 (got {batch}).")
+            from specdec.loading import resolve_device
+
+            res = train_eagle(model, tokens=tokens, minutes=minutes, out=out, seed=seed, device=str(resolve_device(device)),
+                              batch=batch, log=lambda s: typer.echo(s, err=True))
+            typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "target"}, indent=1))
+            return
         res = train(model, k=k, t=t, rank=rank, tokens=tokens, minutes=minutes, out=out, seed=seed,
                     full_vocab=full_vocab, init=init, log=lambda s: typer.echo(s, err=True))
         typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "target"}, indent=1))

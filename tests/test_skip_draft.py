@@ -109,7 +109,8 @@ def test_tokenizer_checked_by_token_to_id_map():
 
 @pytest.mark.slow
 def test_shipped_draft_is_default_and_accepted(smol):
-    """The embedded model's shipped draft is Dustin's default; with dense verification on held-out code it
+    """The embedded model's shipped layer-skip draft is Dustin's `draft=skip` (the EAGLE head is the default,
+    tests/test_eagle.py); with dense verification on held-out code it
     is lossless and accepted more often than the untrained early exit of about the same cost (9 layers)."""
     from specdec.data import load_document
     from specdec.drafters import EarlyExitDrafter
@@ -119,10 +120,10 @@ def test_shipped_draft_is_default_and_accepted(smol):
     from specdec.train_draft import shipped_draft
     from specdec.verifiers import FullVerifier
 
-    path = shipped_draft(smol)
+    path = shipped_draft(smol, "skip")
     assert path is not None and path.stat().st_size < 10 * 2**20
-    eng = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64))
-    assert isinstance(eng.drafter, SkipLayerDrafter)
+    eng = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64, options={"draft": "skip"}))
+    assert isinstance(eng.drafter, SkipLayerDrafter) and eng.drafter.path == path
     ids = smol.tokenizer(load_document("stdlib:textwrap"), add_special_tokens=False).input_ids[2000:2256]
     dense = build_engine(smol, PipelineConfig.make(method="dense"), eos_token_id=-1).generate([ids], 40)
     tau = {}

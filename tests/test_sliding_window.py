@@ -328,3 +328,38 @@ def test_sparse_verification_on_gemma3_torch_equals_reference():
         out[name] = engine(m, "dustin").generate(PROMPTS, max_new_tokens=12).tokens
         m.detach()
     assert out["torch"] == out["reference"]
+
+
+def test_a_step_builds_the_window_mask_once_and_reads_nothing_from_the_host():
+    """Every local layer of a forward shares one window mask and one set of ring slots (Gemma 3 270M:
+    15 local layers, ~20 launches each saved per step, the step being launch-bound), and a static forward
+    — what a CUDA graph captures — reads no value back to the host (a read would get the step refused by
+    the capture and run eagerly)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    def ops(n_local: int, T: int) -> list[str]:
+        layers = ["sliding_attention"] * n_local + ["full_attention"]
+        m = SpecdecModel(tiny_windowed("gemma3", num_hidden_layers=len(layers), layer_types=layers),
+                         backend=TorchBackend(TorchConfig(static=True)))
+        cache = m.new_cache(2, 64)
+        lengths = torch.tensor([20, 33])
+        ids = torch.zeros(2, T, dtype=torch.long)
+        with torch.no_grad(), Ops() as rec:
+            m._eager_forward(ids, cache, lengths, None, (), 1, static=True)
+        return rec.names
+
+    for T in (1, 4):  # a decode step, a verify step
+        few, many = ops(1, T), ops(4, T)
+        for name in ("bitwise_and", "remainder", "masked_fill_"):  # window mask, ring slots, additive bias
+            assert few.count(name) == many.count(name) > 0, (name, T)
+        for got in (few, many):
+            assert not {"_local_scalar_dense", "nonzero", "masked_select", "item"} & set(got)

@@ -22,6 +22,8 @@ rows done so far), a failure is recorded with its traceback and the next part ru
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import os
 import statistics
@@ -35,6 +37,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 LOSSLESS = ("dense", "magicdec", "vegas", "quest", "dustin")
+#: Gemma 3 has 32,768 positions: the "32k" context leaves ROOM of them for the new tokens and the γ + 1
+#: verify rows (the longest run adds --tau-new 64 + γ + 1 = 69), i.e. 32,640 prompt tokens everywhere
+MAX_POSITIONS, ROOM = 32768, 128
+ALL_PARTS = "layout,equality,tau,speed"
+#: what the first GPU run (call 5) missed: every 32k row, plus the step profile; 16k speed again
+RERUN_PARTS = "profile,layout,equality,tau,speed"
 
 
 class Budget:
@@ -71,6 +79,71 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
         ts.append(time.perf_counter() - t)
     del a, b
     return 2 * nbytes / statistics.median(ts[2:])
+
+
+def graph_counters(m, eng=None) -> dict:
+    """Captured forwards of ``m`` (captures, replays, the steps refused and why: those ran eagerly, every
+    time) and of the plan builds of ``eng``'s cache planner, if any."""
+    g = getattr(m, "_graphs", None)
+    out = dict(graphs_on=g is not None)
+    if g is not None:
+        out.update(graph_captures=g.captures, graph_replays=g.replays,
+                   graph_uncapturable=sorted(set(g.uncapturable.values())))
+    cache = getattr(m, "_reusable_cache", None)
+    pg = getattr(getattr(cache, "planner", None), "plan_graphs", None)
+    if pg is not None:
+        out.update(plan_graph_captures=pg.captures, plan_graph_replays=pg.replays,
+                   plan_graph_uncapturable=sorted(set(pg.uncapturable.values())))
+    return out
+
+
+@contextlib.contextmanager
+def per_layer_masks(on: bool):
+    """With ``on``: every local layer builds its own window mask and ring slots again (``per_forward``
+    made a plain call in the modules that use it), i.e. the step as it was before they were shared."""
+    import specdec.attention.reference as ref
+    import specdec.attention.torch_backend as tb
+    import specdec.cache as kc
+
+    mods = (ref, tb, kc)
+    saved = [m.per_forward for m in mods]
+    if on:
+        for m in mods:
+            m.per_forward = lambda lengths, key, build: build()
+    try:
+        yield
+    finally:
+        for m, f in zip(mods, saved):
+            m.per_forward = f
+
+
+def launches(fn, device: str) -> tuple[collections.Counter, str]:
+    """The kernels one call of ``fn`` launches on the GPU (CPU: the aten ops that would launch one),
+    counted by name, and torch.profiler's table of it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as p:
+        fn()
+        sync(device)
+    counts: collections.Counter = collections.Counter()
+    for e in p.events():
+        if device == "cuda":
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                counts[e.name[:80]] += 1
+        elif e.name.startswith("aten::") and e.name.removeprefix("aten::") not in _VIEW_OPS:
+            counts[e.name] += 1
+    sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    return counts, p.key_averages().table(sort_by=sort, row_limit=40)
+
+
+#: aten ops that launch no kernel themselves (views, metadata, composites whose leaves are counted): the
+#: CPU count approximates the kernels of a GPU step (``--smoke`` only; the GPU counts real kernels)
+_VIEW_OPS = {"view", "transpose", "slice", "expand", "unsqueeze", "select", "t", "reshape", "alias", "as_strided",
+             "detach", "permute", "empty", "empty_like", "new_empty", "empty_strided", "linear", "matmul", "to",
+             "_to_copy", "contiguous", "clone", "lift_fresh", "item", "_local_scalar_dense", "scaled_dot_product_attention",
+             "split", "chunk", "squeeze", "result_type", "_unsafe_view", "unbind", "flatten", "set_", "resolve_conj",
+             "resolve_neg", "_reshape_alias", "expand_as", "type_as", "dropout"}
 
 
 def tiny_gemma3(vocab: int = 512):
@@ -140,8 +213,14 @@ class Runner:
         return context_ids(model.tokenizer, text, context, offset=20000)
 
     def ctx(self, full: int) -> int:
-        """The context of a part: as given on the GPU, divided by ``--scale`` (32 for ``--smoke``)."""
-        return full // self.a.scale
+        """The context of a part: as given on the GPU (the 32k one less :data:`ROOM`: 32,640), divided by
+        ``--scale`` (32 for ``--smoke``)."""
+        return min(full, MAX_POSITIONS - ROOM) // self.a.scale
+
+    def wanted(self, part: str, full: int) -> bool:
+        """Whether ``part`` runs its ``full``-token context (``--contexts``: e.g. only 32768 in a re-run)."""
+        only = getattr(self.a, f"{part}_contexts", None) or self.a.contexts
+        return not only or full in {int(c) for c in only.split(",")}
 
     def part(self, name: str, fn, min_left: float) -> None:
         left = self.budget.left()
@@ -198,6 +277,8 @@ class Runner:
         m = self.model("float32", "torch")
         hf = m.hf
         for full, doc in ((16384, "long:code"), (32768, "long:prose")):
+            if not self.wanted("equality", full):
+                continue
             ctx = self.ctx(full)
             if self.budget.left() < 60 and not self.a.smoke:
                 self.res["equality"].append(dict(context=ctx, doc=doc, skipped="budget"))
@@ -244,6 +325,8 @@ class Runner:
         m = self.model("bfloat16", self.a.backend)
         rows = []
         for full in (4096, 8192, 16384, 32768):
+            if not self.wanted("tau", full):
+                continue
             ctx = self.ctx(full)
             for doc in ("long:prose", "long:code"):
                 if self.budget.left() < 20:
@@ -273,6 +356,66 @@ class Runner:
                 del pre
                 free(self.device)
 
+    # ---------------------------------------------------------------- 0. one step, profiled
+    def profile(self) -> None:
+        """One dense and one sparse (5 % plan) forward at B = 1, 16k: wall time eager vs CUDA graph
+        (median of ``--reps-step`` after a warm-up), the graph counters, and the kernels one eager step
+        launches (torch.profiler, by name, in ``$OUT/profile_<kind>.txt``). Cache contents do not matter
+        for the time, so no prefill: the step writes at position ``ctx`` each time."""
+        from specdec.interfaces import SparsePlan
+
+        m = self.model("bfloat16", self.a.backend)
+        d = m.dims
+        dev = self.device
+        ctx = self.ctx(16384)
+        B = 1
+        cache = m.new_cache(B, ctx + 64)
+        cache.bounded = True  # as in the engine: every write stays below the capacity, no host check per call
+        lengths = torch.full((B,), ctx, dtype=torch.long, device=dev)
+        ids = torch.full((B, 1), 7, dtype=torch.long, device=dev)
+        K = max(64, int(self.a.budget_ratio * ctx))
+        idx = torch.linspace(0, ctx - 1, K, device=dev).long().view(1, 1, 1, K).expand(1, B, d.n_kv_heads, K).contiguous()
+        plans = dict(dense=None, sparse=SparsePlan(indices=idx, dense_from=lengths.clone()))
+        weight_bytes = sum(p.numel() * p.element_size() for p in m.hf.parameters())
+        bw = self.res["layout"].get("copy_bandwidth_GBps", 0) * 1e9 or copy_bandwidth(dev, (64 << 20) if dev == "cpu" else (2 << 30))
+        prof = self.res.setdefault("profile", {})
+        prof.update(context=ctx, batch=B, backend=self.a.backend, dtype="bfloat16", sparse_budget=K,
+                    weight_bytes=weight_bytes, copy_bandwidth_GBps=bw / 1e9,
+                    dense_roofline_seconds=(weight_bytes + d.kv_bytes(ctx, batch=B)) / bw)
+
+        def timed(fn, n):
+            fn()
+            sync(dev)
+            ts = []
+            for _ in range(n):
+                t = time.perf_counter()
+                fn()
+                sync(dev)
+                ts.append(time.perf_counter() - t)
+            return statistics.median(ts)
+
+        # before/after, back to back: "<kind>_per_layer" rebuilds the window mask and ring slots in every
+        # local layer (the code before they were shared per forward), "<kind>" is the code as it stands
+        for kind, plan in plans.items():
+            for variant in ("", "_per_layer"):
+                step = lambda: m.forward(ids, cache, lengths, plan)  # noqa: E731
+                row = prof.setdefault(kind + variant, {})
+                with per_layer_masks(bool(variant)):
+                    row["eager_seconds"] = timed(step, self.a.reps_step)
+                    kernels, table = launches(step, dev)
+                    row.update(kernels_per_step=sum(kernels.values()), kernels_top=kernels.most_common(25))
+                    (self.out_dir / f"profile_{kind}{variant}.txt").write_text(table)
+                    if self.a.graphs and dev == "cuda":
+                        m.enable_cuda_graphs()
+                        try:
+                            row["graph_seconds"] = timed(step, self.a.reps_step)
+                            row.update(graph_counters(m))
+                        finally:
+                            m.disable_cuda_graphs()
+                self.log("profile", kind + variant, {k: v for k, v in row.items() if k != "kernels_top"})
+                self.save()
+                free(dev)
+
     # ---------------------------------------------------------------- 4. throughput grid
     def speed(self) -> None:
         from specdec import PipelineConfig, build_engine
@@ -284,12 +427,14 @@ class Runner:
         weight_bytes = sum(p.numel() * p.element_size() for p in m.hf.parameters())
         last_row_s = 10.0
         for full in (32768, 16384):
+            if not self.wanted("speed", full):
+                continue
             ctx = self.ctx(full)
             ids = self.ids(m, "long:prose", ctx)
             pre1 = None
             for B in [int(b) for b in self.a.batches.split(",")]:
                 dense_tps = None
-                for method in LOSSLESS:
+                for method in self.a.methods.split(","):
                     row = dict(context=ctx, doc="long:prose", B=B, method=method, gamma=self.a.gamma,
                                budget_ratio=self.a.budget_ratio, new=self.a.new, dtype="bfloat16",
                                backend=self.a.backend, graphs=bool(self.a.graphs and self.device == "cuda"))
@@ -314,6 +459,7 @@ class Runner:
                         sync(self.device)
                         eng.sync_timing = False
                         runs = [eng.generate([ids] * B, max_new_tokens=self.a.new, prefilled=pre) for _ in range(self.a.reps)]
+                        row.update(graph_counters(m, eng))  # a step that could not be captured ran eagerly
                         m.disable_cuda_graphs()
                         rates = [r.stats.tokens_per_second for r in runs]
                         s = runs[0].stats
@@ -349,7 +495,16 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="folder for gemma_long.json (default $OUT)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="hard budget for all parts (seconds)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny random Gemma 3, contexts / 32")
-    ap.add_argument("--parts", default="layout,equality,tau,speed")
+    ap.add_argument("--parts", default=ALL_PARTS, help=f"comma-separated, in order: profile,{ALL_PARTS}")
+    ap.add_argument("--rerun", action="store_true",
+                    help=f"only what the first run missed: parts {RERUN_PARTS}, equality and tau at 32k only, speed at "
+                         "32k and 16k (merge with the first JSON: gemma_long_report.py --merge)")
+    ap.add_argument("--contexts", default="", help="run only these full contexts (e.g. 32768) in equality/tau/speed")
+    ap.add_argument("--equality-contexts", default="", help="override --contexts for the equality part")
+    ap.add_argument("--tau-contexts", default="", help="override --contexts for the tau part")
+    ap.add_argument("--speed-contexts", default="", help="override --contexts for the speed part")
+    ap.add_argument("--methods", default=",".join(LOSSLESS), help="methods of the speed rows")
+    ap.add_argument("--reps-step", type=int, default=20, help="timed forwards per profile row (median)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu for a dry run of the real model with --scale")
     ap.add_argument("--scale", type=int, default=1, help="divide every context by this (dry runs)")
     ap.add_argument("--backend", default="triton", help="backend of the bfloat16 parts (equality: torch, float32)")
@@ -363,10 +518,19 @@ def main() -> None:
     ap.add_argument("--tau-new", type=int, default=64)
     ap.add_argument("--eq-new", type=int, default=16)
     a = ap.parse_args()
+    if a.rerun:
+        a.parts = RERUN_PARTS
+        a.equality_contexts = a.equality_contexts or "32768"
+        a.tau_contexts = a.tau_contexts or "32768"
+        a.speed_contexts = a.speed_contexts or "32768,16384"
+    unknown = set(a.parts.split(",")) - set(("profile," + ALL_PARTS).split(","))
+    if unknown:
+        sys.exit(f"gemma_long.py: unknown part(s) {', '.join(sorted(unknown))}; use profile,{ALL_PARTS}.")
     if a.smoke:
         a.backend, a.device, a.scale = "torch", "cpu", 32
         a.graphs = 0
         a.eq_new, a.tau_new, a.new, a.reps = min(a.eq_new, 8), min(a.tau_new, 16), min(a.new, 8), min(a.reps, 2)
+        a.reps_step = min(a.reps_step, 3)
         a.batches = "1,4"
     elif a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gemma_long.py: no CUDA device; run on the GPU machine or pass --smoke.")
@@ -374,7 +538,7 @@ def main() -> None:
         sys.exit(f"gemma_long.py: {a.gguf} does not exist; join the parts first (see benchmarks/gpu/gemma_long.sh).")
     r = Runner(a)
     # minimum seconds a part needs to start: its first rows must fit
-    mins = dict(layout=0, equality=40, tau=20, speed=20)
+    mins = dict(profile=0, layout=0, equality=40, tau=20, speed=20)
     for name in a.parts.split(","):
         r.part(name, getattr(r, name), 0 if a.smoke else mins[name])
     r.log("finished", r.res["parts"])

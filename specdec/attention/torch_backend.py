@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.attention.reference import ReferenceBackend, visibility_mask, window_mask
-from specdec.interfaces import AttentionBackend, AttentionMetadata
+from specdec.interfaces import AttentionBackend, AttentionMetadata, per_forward
 from pydantic import Field
 
 from specdec.registry import BACKENDS, ComponentConfig
@@ -73,7 +73,14 @@ class TorchBackend(AttentionBackend):
     def _window(self, q, k_cache, v_cache, lengths, scale, window) -> torch.Tensor:
         """Dense attention over a sliding-window ring ``(B, H_kv, C, D)`` (every slot, masked: no host sync)."""
         H, Hkv = q.shape[1], k_cache.shape[1]
-        mask = window_mask(lengths, q.shape[2], k_cache.shape[2], window)  # (B, 1, T, C)
+        T, C = q.shape[2], k_cache.shape[2]
+
+        def bias() -> torch.Tensor:  # (B, 1, T, C): 0 where seen, -inf elsewhere, as SDPA turns a boolean mask
+            seen = window_mask(lengths, T, C, window)
+            return torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill_(~seen, float("-inf"))
+
+        # built once per step and shared by every local layer (SDPA would convert a boolean mask per call)
+        mask = per_forward(lengths, ("window_bias", T, C, window, q.dtype), bias)
         return F.scaled_dot_product_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
                                               scale=scale, enable_gqa=H != Hkv)
 

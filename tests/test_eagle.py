@@ -1,0 +1,228 @@
+"""EAGLE draft head: the engine's draft equals the function training fits (steps 1 and 2), dense verification
+and full-budget Dustin equal dense decoding (ragged batch), the hidden states survive a `Prefilled`, artifact
+checks, and the shipped head is the embedded model's default draft."""
+
+import pytest
+import torch
+
+from specdec import PipelineConfig, build_engine
+from specdec.errors import SpecdecError
+
+from conftest import make_tiny
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny("llama", seed=3, num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def artifact(target, tmp_path_factory):
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleHead, save_eagle
+
+    torch.manual_seed(0)
+    head = EagleHead(target.hf.model.layers[-1], target.hf.config.hidden_size)
+    with torch.no_grad():  # not the initial "feature itself": the test must see every weight
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("eagle") / "tiny-eagle.safetensors"
+    save_eagle(path, head, dict(target=model_identity(target), layer_from=2))
+    return path
+
+
+def _fp16_roundtrip_head(target, artifact):
+    from specdec.eagle import build_head
+
+    return build_head(target, artifact)[1]
+
+
+def test_engine_draft_equals_training_forward(target, artifact):
+    """Draft steps 1 and 2 of the engine equal rows L-1 of the training forward's unrolled steps 1 and 2."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.train_eagle import features, head_forward
+
+    L = 17
+    ids = torch.randint(0, 96, (1, L + 2), generator=torch.Generator().manual_seed(1))
+    drafter = EagleDrafter(target, artifact)
+    seen = []
+    orig = drafter._logits
+    drafter._logits = lambda f: seen.append(f.clone()) or orig(f)
+    eng = SpeculativeEngine(target, drafter, gamma=2, eos_token_id=-1)
+    res = eng.generate([ids[0, :L].tolist()], 1)  # one token from the prefill: drafting never runs
+    assert seen == []
+    first = res.tokens[0][0]
+    # drive one draft by hand after the prefill (pending = the prefill's token)
+    state, run = eng._start([ids[0, :L].tolist()], 8, None)
+    with torch.no_grad():
+        drafts, _ = drafter.draft(state, 2)
+    assert len(seen) == 2
+    full = torch.tensor([ids[0, :L].tolist() + [first, int(drafts[0, 0])]])
+    f, _, _ = features(target.hf, full, 4, half=False)
+    with torch.no_grad():
+        s1, s2 = head_forward(target.hf, drafter.head, full, f, steps=2)
+    assert torch.allclose(seen[0][0], s1[0, L - 1], atol=1e-4), (seen[0][0] - s1[0, L - 1]).abs().max()
+    assert torch.allclose(seen[1][0], s2[0, L], atol=1e-4), (seen[1][0] - s2[0, L]).abs().max()
+    assert not torch.allclose(seen[1][0], s1[0, L], atol=1e-3)  # step 2 fed the predicted feature, not f_L
+
+
+def test_dense_verification_and_full_budget_dustin_equal_dense(target, artifact):
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.verifiers import FullVerifier
+
+    prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+    dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    want = dense.generate(prompts, 24).tokens
+    eng = SpeculativeEngine(target, EagleDrafter(target, artifact), FullVerifier(target), gamma=3, eos_token_id=-1)
+    assert eng.generate(prompts, 24).tokens == want
+    assert eng.generate(prompts[1:], 24).tokens == want[1:]  # a batch gives what each sequence gives alone
+    pre = dense.prefill(prompts)  # made on a model that records hidden states: reused, no extra pass
+    assert pre.hidden is not None and pre.hidden.shape[:2] == (2, 37)
+    assert eng.generate(prompts, 24, prefilled=pre).tokens == want
+    cfg = PipelineConfig.make(method="dustin", gamma=3, budget=10_000, sinks=2, recent=4, options={"draft": str(artifact)})
+    eng = build_engine(target, cfg, eos_token_id=-1)
+    assert isinstance(eng.drafter, EagleDrafter)
+    assert eng.generate(prompts, 24).tokens == want
+
+
+def test_prompt_features_recomputed_without_recorded_hidden(target, artifact):
+    """A `Prefilled` without hidden states (made before any EAGLE drafter): the drafter recomputes them."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.verifiers import FullVerifier
+
+    other = make_tiny("llama", seed=3, num_hidden_layers=3)  # same weights, never seen an EAGLE drafter
+    prompts = [list(range(3, 30))] * 2
+    dense = build_engine(other, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    pre = dense.prefill(prompts)
+    assert pre.hidden is None
+    d = EagleDrafter(other, artifact)
+    eng = SpeculativeEngine(other, d, FullVerifier(other), gamma=3, eos_token_id=-1)
+    a = eng.generate(prompts, 16, prefilled=pre)
+    b = eng.generate(prompts, 16)
+    assert a.tokens == b.tokens == dense.generate(prompts, 16).tokens
+    assert a.stats.mean_accepted_length == b.stats.mean_accepted_length  # same drafts: same features
+
+
+def test_artifact_checks(target, artifact, tmp_path):
+    from specdec.eagle import is_eagle
+
+    assert is_eagle(artifact)
+    other = make_tiny("llama", seed=4, num_hidden_layers=3)
+    with pytest.raises(SpecdecError, match="trained for"):
+        build_engine(other, PipelineConfig.make(method="dustin", budget=12, options={"draft": str(artifact)}))
+    with pytest.raises(SpecdecError, match="no eagle draft ships"):
+        build_engine(target, PipelineConfig.make(method="dustin", budget=12, options={"draft": "eagle"}))
+    bad = tmp_path / "x.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    assert not is_eagle(bad)
+
+
+def test_graph_step_key_includes_hidden(target):
+    from specdec.graphs import describe_step
+
+    cache = target.new_cache(1, 8)
+    x = torch.tensor([[1, 2]])
+    target.keep_hidden = False
+    a = describe_step(target, x, cache, None, (), 0)
+    target.keep_hidden = True
+    try:
+        b = describe_step(target, x, cache, None, (), 0)
+    finally:
+        target.keep_hidden = False
+    assert a != b and b.hidden
+
+
+def test_shipped_eagle_head_is_the_default_draft(target, artifact, tmp_path, monkeypatch):
+    """With an EAGLE head and a layer-skip adapter shipped for the target, Dustin's default is the EAGLE head;
+    `draft=skip` / `draft=eagle` pick each; with only the adapter shipped the default is the adapter."""
+    import shutil
+
+    from specdec import train_draft
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleDrafter
+    from specdec.skip_drafter import SkipLayerDrafter
+    from specdec.train_draft import SkipAdapter, save_draft
+
+    monkeypatch.setattr(train_draft, "DRAFTS_DIR", tmp_path)
+    save_draft(tmp_path / "tiny.safetensors", SkipAdapter(64, 8), dict(k=1, t=1, rank=8, target=model_identity(target)))
+
+    def drafter(**options):
+        return build_engine(target, PipelineConfig.make(method="dustin", gamma=3, budget=12, options=options)).drafter
+
+    assert isinstance(drafter(), SkipLayerDrafter)
+    shutil.copy(artifact, tmp_path / "tiny-eagle.safetensors")
+    assert isinstance(drafter(), EagleDrafter) and isinstance(drafter(draft="eagle"), EagleDrafter)
+    assert isinstance(drafter(draft="skip"), SkipLayerDrafter)
+
+
+def test_train_eagle_smoke_and_cli_errors(tmp_path):
+    """train() on a tiny Llama (the embedded tokenizer) writes a head the drafter loads; bad CLI input is one line."""
+    from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    from specdec.cli import app
+    from specdec.eagle import EagleDrafter, read_meta
+    from specdec.models import SpecdecModel, _cache_dir, embedded_model_path, load_hf
+    from specdec.train_eagle import train
+
+    g = embedded_model_path("smollm2-135m")
+    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
+    if not (cached / "tokenizer_config.json").is_file():
+        load_hf("smollm2-135m")
+    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=2)
+    d = tmp_path / "tiny"
+    tiny.hf.save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    out = tmp_path / "e.safetensors"
+    res = train(str(d), tokens=512, eval_tokens=128, seq=64, batch=4, minutes=0.15, out=out, log=lambda s: None)
+    assert res["epochs"] >= 1 and res["tokens"] == 512 and len(res["heldout_top1"]) == 3
+    assert res["history"][-1]["loss"] < res["history"][0]["loss"] + 1e-6
+    assert read_meta(out)["kind"] == "eagle"
+    EagleDrafter(SpecdecModel.from_pretrained(str(d)), out)
+    r = CliRunner().invoke(app, ["train-draft", "--kind", "medusa"])
+    assert r.exit_code == 2 and "--kind must be eagle or skip" in r.output
+    r = CliRunner().invoke(app, ["train-draft", "--init", str(out)])
+    assert r.exit_code == 2 and "--init is for --kind skip" in r.output
+
+
+@pytest.mark.parametrize("setting", ["T1", "T0.7-top_p0.8"])
+def test_sampling_with_the_eagle_head_follows_the_target(setting, tmp_path):
+    """Lossless sampling with the EAGLE drafter + dense verification (chi-square against the exact law of
+    3-token continuations, as in tests/test_lossless_stats.py, whose fixtures' recipe is reused here)."""
+    from test_lossless_stats import K, N, PROMPT, SETTINGS, V, exact_joint, goodness_of_fit
+
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleDrafter, EagleHead, save_eagle
+    from specdec.engine import SpeculativeEngine
+    from specdec.sampling import SamplingConfig
+    from specdec.verifiers import FullVerifier
+
+    import itertools
+
+    m = make_tiny("llama", seed=5, vocab_size=V)
+    with torch.no_grad():
+        m.hf.lm_head.weight.mul_(4.0)
+    nxt = {}
+    for k in range(K):
+        prefixes = list(itertools.product(range(V), repeat=k))
+        with torch.no_grad():
+            lg = m.hf(input_ids=torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1].float()
+        nxt.update({p: lg[i] for i, p in enumerate(prefixes)})
+    torch.manual_seed(0)
+    head = EagleHead(m.hf.model.layers[-1], m.hf.config.hidden_size)
+    path = tmp_path / "h.safetensors"
+    save_eagle(path, head, dict(target=model_identity(m), layer_from=len(m.hf.model.layers) - 1))
+    cfg = SamplingConfig(**SETTINGS[setting], seed=1234)
+    eng = SpeculativeEngine(m, EagleDrafter(m, path), FullVerifier(m), gamma=3, sampling=cfg, eos_token_id=-1)
+    res = eng.generate([PROMPT] * N, max_new_tokens=K)
+    seqs = torch.tensor(res.tokens)
+    flat = (seqs * torch.tensor([V ** (K - 1 - k) for k in range(K)])).sum(1)
+    counts = torch.bincount(flat, minlength=V ** K).double().view((V,) * K)
+    probs = exact_joint(nxt, cfg)
+    pval, tv, _ = goodness_of_fit(counts, probs)
+    p1, tv1, _ = goodness_of_fit(counts.sum(dim=(1, 2)), probs.sum(dim=(1, 2)))
+    assert pval > 1e-3 and p1 > 1e-3 and tv1 < 0.03, (pval, p1, tv1)
+    assert 1.05 < res.stats.mean_accepted_length < 3.5  # drafts both accepted and rejected
