@@ -17,7 +17,7 @@ M=/tmp/m/smol.gguf; [ -f "$M" ] || M=smollm2-135m
 DEV=cuda; EXTRA=""
 if [ "${1:-}" = "--smoke" ]; then DEV=cpu; EXTRA="--smoke"; fi
 DOCS=stdlib:dataclasses,stdlib:calendar,stdlib:textwrap,pydoc:1/4,pydoc:3/4
-OPTS=${OPTS:-'{}'}
+OPTS=${OPTS:-'{"draft": "skip"}'}  # the skip-layer draft of the CPU numbers; OPTS='{}' for the default (EAGLE) draft
 PARTS=${PARTS:-1234}  # e.g. PARTS=12 runs only parts 1 and 2
 [[ $PARTS == *1* ]] && { timeout 150 python3 benchmarks/dustin_fidelity.py $EXTRA --device $DEV --model "$M" --context 8000 --budgets 0.25 \
   --documents '' --tasks passkey,niah_single,niah_multikey --samples 2 --options "$OPTS" --budget-s 120 \
