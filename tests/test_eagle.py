@@ -226,3 +226,37 @@ def test_sampling_with_the_eagle_head_follows_the_target(setting, tmp_path):
     p1, tv1, _ = goodness_of_fit(counts.sum(dim=(1, 2)), probs.sum(dim=(1, 2)))
     assert pval > 1e-3 and p1 > 1e-3 and tv1 < 0.03, (pval, p1, tv1)
     assert 1.05 < res.stats.mean_accepted_length < 3.5  # drafts both accepted and rejected
+
+
+@pytest.mark.slow
+def test_shipped_eagle_head_is_default_and_accepted(smol):
+    """The EAGLE head shipped for the embedded model (trained on the H200, float16) is Dustin's default draft and
+    `draft=eagle`; it fits the 10 MB package budget; in float32 on the CPU, with dense verification on a held-out
+    module, it is lossless and accepted more often than the shipped layer-skipping draft."""
+    from specdec.data import context_ids, load_document
+    from specdec.eagle import EagleDrafter, read_meta
+    from specdec.engine import SpeculativeEngine
+    from specdec.sampling import SamplingConfig
+    from specdec.skip_drafter import SkipLayerDrafter
+    from specdec.train_draft import DRAFTS_DIR, shipped_draft
+    from specdec.verifiers import FullVerifier
+
+    path = shipped_draft(smol, "eagle")
+    assert path == DRAFTS_DIR / "smollm2-135m-eagle.safetensors" and shipped_draft(smol) == path
+    assert path.stat().st_size < 10 * 2**20 and read_meta(path)["kind"] == "eagle"
+    for options in ({}, {"draft": "eagle"}):
+        eng = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64, options=options))
+        assert isinstance(eng.drafter, EagleDrafter) and eng.drafter.path == path
+    ids = context_ids(smol.tokenizer, load_document("stdlib:argparse"), 512, offset=80)
+    drafters = {"eagle": EagleDrafter(smol, path), "skip": SkipLayerDrafter(smol, shipped_draft(smol, "skip"))}
+    dense = SpeculativeEngine(smol, method="dense", eos_token_id=-1)
+    pre = dense.prefill([ids])
+    ref = dense.generate([ids], 32, prefilled=pre)
+    tau = {}
+    for name, d in drafters.items():
+        spec = SpeculativeEngine(smol, d, FullVerifier(smol), gamma=4, sampling=SamplingConfig(), method=name,
+                                 eos_token_id=-1)
+        res = spec.generate([ids], 32, prefilled=pre)
+        assert res.tokens == ref.tokens  # dense verification: lossless
+        tau[name] = res.stats.mean_accepted_length
+    assert tau["eagle"] > tau["skip"], tau

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,12 @@ def test_installed_wheel_runs_the_kit_on_a_plugin(tmp_path):
              str(project)], cwd=tmp_path)
     names = sorted(p.name for p in wheels.glob("*.whl"))
     assert any(n.startswith("specdec-") for n in names) and any(n.startswith("knorm_plugin-") for n in names), names
+    # the trained drafts ship inside the wheel (package-data), each within the 10 MB budget
+    shipped = sorted(p.name for p in (ROOT / "specdec" / "draft_weights").glob("*.safetensors"))
+    assert shipped and all((ROOT / "specdec" / "draft_weights" / n).stat().st_size < 10 * 2**20 for n in shipped)
+    with zipfile.ZipFile(next(wheels.glob("specdec-*.whl"))) as whl:
+        in_wheel = sorted(n.rsplit("/", 1)[1] for n in whl.namelist() if n.startswith("specdec/draft_weights/"))
+    assert in_wheel == shipped, f"draft weights in the wheel {in_wheel}, in the source tree {shipped}"
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
