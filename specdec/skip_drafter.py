@@ -1,7 +1,7 @@
 """A layer-skipping draft with a trained adapter: the target's first ``k`` layers, the adapter, its last ``t``.
 
 Built from an artifact of ``specdec train-draft`` (:mod:`specdec.train_draft`); the embedded model's
-draft ships in ``specdec/draft_weights`` and is Dustin's default drafter for it.
+draft ships in ``specdec/draft_weights`` (Dustin's ``draft=skip``; its default there is the shipped EAGLE head).
 """
 
 from __future__ import annotations
