@@ -62,8 +62,8 @@ class TritonConfig(ComponentConfig):
             real library (it cannot be installed on the machines here): see docs/backends.md.
         fused_softmax_scores: softmax scores summed over the rows (Vegas' request) of a dense call
             that runs in one split are normalised by the attention kernel itself, once it knows each
-            row's log-sum-exp, instead of by a second kernel over the raw logits (``False``: always
-            the second kernel; for measuring the difference).
+            row's log-sum-exp, instead of by a second kernel over the raw logits. Off by default:
+            on the H200 it was slower (190 vs 134 us at SmolLM2 B=64 x 8k, 2026-12-01).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones where the measured table ``peers.PICKS`` says they are the
             fastest (ours elsewhere; an empty table keeps every call ours), ``"off"`` never,
@@ -85,7 +85,7 @@ class TritonConfig(ComponentConfig):
     fused_combine: bool = False
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
-    fused_softmax_scores: bool = True
+    fused_softmax_scores: bool = False
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
 
 
