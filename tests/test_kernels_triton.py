@@ -421,13 +421,15 @@ def test_sparse_table_default_head_dim_128(T):
 
 
 def test_launch_table_rows():
-    """Sparse calls take the sparse row (3 stages, V early, >= 2 tiles per split); dense rows are the
-    measured ones of 2026-11-29, unchanged; explicit fields win over the table."""
+    """Sparse calls take the rows measured on the H200 on 2026-12-01 (head dim <= 64: 128-position
+    tiles, 3 stages, V early; head dim 128: the legacy row); dense rows are the measured ones of
+    2026-11-29, unchanged; explicit fields win over the table."""
     from specdec.cuda.triton_attention import SPARSE_LEGACY, table_entry
 
     sp = LaunchConfig().resolve(True, 128)
-    assert (sp.block_n, sp.num_stages, sp.v_early, sp.min_tiles) == (64, 3, True, 2)
-    assert table_entry(True, 64)[2] >= 3  # with 2 stages every tile waits for its index load
+    assert (sp.block_n, sp.num_stages, sp.v_early, sp.min_tiles) == (128, 2, False, 1)
+    assert table_entry(True, 128) == SPARSE_LEGACY
+    assert table_entry(True, 64) == (128, 4, 3, 4, True, 1)
     assert SPARSE_LEGACY == (128, 4, 2, 4, False, 1)
     assert table_entry(False, 64) == (128, 4, 3, 8, False, 1)
     assert table_entry(False, 128) == (64, 4, 2, 2, False, 1)

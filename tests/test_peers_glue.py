@@ -244,7 +244,7 @@ def test_pick_reads_the_table():
 
 def test_auto_follows_the_table(fakes):
     be = TritonBackend(TritonConfig())
-    assert be._peers == {"fa4", "flashinfer"}
+    assert be._peers == {"fa4", "flashinfer", "sdpa"}
     be._peer_table = {("decode", 64): [(150, "fa4"), (10**9, "flashinfer")], ("verify", 64): [(10**9, "fa4")],
                       ("sparse", 64): [(10**9, "flashinfer")]}
     assert be.peer_for(_call(), _kc(75), DENSE) == "fa4"  # B·L = 150
@@ -306,3 +306,90 @@ def test_fa4_package_is_not_flash_attn_2(tmp_path, monkeypatch):
     assert not TritonBackend(TritonConfig())._flash
     (tmp_path / "flash_attn" / "flash_attn_interface.py").write_text("")
     assert peers.fa2_installed()
+
+
+# ------------------------------------------------------------------ the measured table (H200, 2026-12-01)
+RUN = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "gpu_peers_2026-12-01.json")
+
+
+def _bench_module():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu", "peers.py")
+    spec = importlib.util.spec_from_file_location("_peers_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run_rows():
+    import json
+
+    with open(RUN) as f:
+        return json.load(f)["rows"]
+
+
+def test_shipped_table_is_the_run_derived():
+    """``peers.PICKS`` is what ``derive_picks`` makes of the H200 run (ours on ties within 3 %)."""
+    table = _bench_module().derive_picks(_run_rows())
+    assert {k: [tuple(e) for e in v] for k, v in table.items()} == peers.PICKS
+    assert peers.MEASURED == "2026-12-01"
+
+
+def test_shipped_picks_are_within_5_percent_of_the_fastest():
+    """For every measured call kind and shape the kernel the table picks is within 5 % of the
+    fastest of the four (ours, FA4, FlashInfer, SDPA) and can serve the call."""
+    times: dict[tuple, dict[str, float]] = {}
+    for r in _run_rows():
+        if r["kind"] in ("decode", "verify", "sparse") and "us" in r:
+            assert r["parity_ok"], r
+            times.setdefault((r["kind"], r["D"], r["B"], r["L"]), {})[r["variant"]] = r["us"]
+    assert len(times) == 15  # 3 kinds × 5 shapes
+    picked_sdpa = 0
+    for (kind, D, B, L), t in times.items():
+        got = peers.pick(kind, D, B * L)
+        assert peers.can_serve(got, 1 if kind != "verify" else 5, kind == "sparse"), (kind, D, B, L, got)
+        assert t[got] <= 1.05 * min(t.values()), (kind, D, B, L, got, t)
+        picked_sdpa += got == "sdpa"
+    assert picked_sdpa == 2  # d 64 B=16×8k and d 128 B=1×128k decode
+
+
+def test_derive_picks_keeps_ours_on_a_tie():
+    derive = _bench_module().derive_picks
+
+    def rows(kind, us):
+        return [dict(kind=kind, D=64, B=1, L=1000, variant=v, us=x, parity_ok=True) for v, x in us.items()]
+
+    assert derive(rows("decode", dict(triton=102.0, sdpa=100.0, fa4=150.0))) == {("decode", 64): [(10**12, "triton")]}
+    assert derive(rows("decode", dict(triton=104.0, sdpa=100.0))) == {("decode", 64): [(10**12, "sdpa")]}
+    # SDPA is a candidate for decode only (the backend cannot hand it a verify or sparse call)
+    assert derive(rows("verify", dict(triton=104.0, sdpa=50.0, flashinfer=110.0))) == {("verify", 64): [(10**12, "triton")]}
+    # a failed parity check does not count
+    bad = rows("verify", dict(triton=104.0, flashinfer=90.0))
+    bad[1]["parity_ok"] = False
+    assert derive(bad) == {("verify", 64): [(10**12, "triton")]}
+
+
+def test_auto_sends_decode_to_sdpa_where_the_table_says(no_peers):
+    be = TritonBackend(TritonConfig())
+    assert be._peers == {"sdpa"}  # always there, with or without the peers
+    be._peer_table = {("decode", 64): [(10**9, "sdpa")], ("verify", 64): [(10**9, "sdpa")],
+                      ("sparse", 64): [(10**9, "sdpa")]}
+    assert be.peer_for(_call(), _kc(), DENSE) == "sdpa"
+    assert be.peer_for(_call(T=5), _kc(), DENSE) == "triton"  # SDPA serves one dense row only
+    assert be.peer_for(_call(), _kc(), SPARSE) == "triton"
+    assert be.peer_for(_call(), _kc(), DENSE.replace(static=True)) == "triton"  # it syncs: not under capture
+    assert be.peer_for(_call(), _kc(), DENSE.replace(score_rows=[0])) == "triton"
+    assert TritonBackend(TritonConfig(peers="off")).peer_for(_call(), _kc(), DENSE) == "triton"
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_sdpa_decode_through_attend_equals_reference(monkeypatch, ragged):
+    be = TritonBackend(TritonConfig())
+    monkeypatch.setattr(be, "peer_for", lambda q, k, meta: "sdpa")  # the CUDA condition relaxed to the CPU
+    q, k, v, lengths = _case(3, 3, 3, 1, 40, 16, seed=11)
+    lengths = torch.tensor([20, 31, 9]) if ragged else torch.full((3,), 25)
+    meta = AttentionMetadata(lengths, 0.25)
+    out, s = be.attend(q, k, v, meta)
+    assert s is None
+    torch.testing.assert_close(out, REF.attend(q, k, v, meta)[0], rtol=1e-5, atol=1e-5)

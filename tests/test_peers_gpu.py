@@ -72,15 +72,24 @@ def test_flashinfer_dense_matches_reference(T, H, Hkv, D):
 @pytest.mark.parametrize("H,Hkv,D", SHAPES)
 def test_flashinfer_sparse_matches_reference(H, Hkv, D):
     _need("flashinfer")
-    B, L = 3, 700
-    q, k, v, lengths = _case(B, H, Hkv, 1, L, D, seed=3)
+    B, L, K, TAIL = 3, 700, 40, 8
+    q, k, v, _ = _case(B, H, Hkv, 1, L, D, seed=3)
+    # ragged but fixed lengths: every sequence has far more than K + TAIL positions before its
+    # tail, so each (sequence, KV head) really draws K distinct planned positions (random lengths
+    # once left fewer than K to draw from)
+    lengths = torch.tensor([L - 2, 401, 3 * K], device="cuda")
     g = torch.Generator().manual_seed(4)
-    idx = torch.stack([torch.randperm(int(lengths.min()) - 8, generator=g)[:40] for _ in range(B * Hkv)])
-    idx = idx.view(B, Hkv, 40).cuda()
-    dense_from = lengths - 8
+    dense_from = lengths - TAIL
+    idx = torch.stack([torch.randperm(int(dense_from[b]), generator=g)[:K] for b in range(B) for _ in range(Hkv)])
+    assert idx.shape == (B * Hkv, K)
+    idx = idx.view(B, Hkv, K).cuda()
     meta = AttentionMetadata(lengths, D**-0.5, idx, dense_from)
     out = peers.FlashInferRunner(workspace_mb=64).sparse(q, k, v, lengths, meta.scale, idx, dense_from)
-    torch.testing.assert_close(out.float(), _ref(q, k, v, meta), rtol=0, atol=2e-2)
+    ref = _ref(q, k, v, meta)
+    torch.testing.assert_close(out.float(), ref, rtol=0, atol=2e-2)
+    # not vacuous: the plan hides most of the context, so the dense answer is far from the sparse one
+    dense = _ref(q, k, v, AttentionMetadata(lengths, D**-0.5))
+    assert (dense - ref).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("peer", ["fa4", "flashinfer"])

@@ -215,8 +215,10 @@ def speed_table(res: dict) -> list[str]:
                     if d and "step_seconds" in d else "—")
             lines.append(f"| {B} | " + " | ".join(cell[m] for m in METHODS) + f" | {roof} |")
         lines.append("")
-    skipped = [r for r in res.get("speed", []) if "skipped" in r]
-    errors = [r for r in res.get("speed", []) if "error" in r]
+    done = {(x["context"], x["B"], x["method"]) for x in rows}
+    # a row skipped by the re-run but measured by the first run is not "not run"
+    skipped = [r for r in res.get("speed", []) if "skipped" in r and (r["context"], r["B"], r["method"]) not in done]
+    errors = [r for r in res.get("speed", []) if "error" in r and (r["context"], r["B"], r["method"]) not in done]
     def names(rs: list[dict]) -> str:
         return ", ".join(f"{k(r['context'])}/B={r['B']}/{r['method']}" for r in rs)
 

@@ -287,27 +287,38 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
         torch.cuda.empty_cache()
 
 
-def derive_picks(rows) -> dict:
-    """``(kind, D) -> [(max_tokens, peer)]`` from the measured rows: the fastest of ours, FA4 and
-    FlashInfer at each measured ``B · L``, boundaries at the geometric middle between sizes."""
-    best: dict[tuple[str, int], dict[int, tuple[float, str]]] = {}
+def derive_picks(rows, tie: float = peers.TIE) -> dict:
+    """``(kind, D) -> [(max_tokens, peer)]`` from the measured rows: at each measured ``B · L`` the
+    fastest of ours, FA4, FlashInfer and (decode only: the call the backend can hand it) SDPA —
+    but ours whenever it is within ``tie`` of the fastest; boundaries at the geometric middle
+    between sizes. Rows without a time or with a failed parity check do not count."""
+    best: dict[tuple[str, int], dict[int, dict[str, float]]] = {}
     for r in rows:
         if r.get("kind") not in ("decode", "verify", "sparse") or "us" not in r or not r.get("parity_ok"):
             continue
-        if r["variant"] not in ("triton", "fa4", "flashinfer"):
+        ok = ("triton", "fa4", "flashinfer") + (("sdpa",) if r["kind"] == "decode" else ())
+        if r["variant"] not in ok:
             continue
         key, tok = (r["kind"], r["D"]), r["B"] * r["L"]
-        cur = best.setdefault(key, {}).get(tok)
-        if cur is None or r["us"] < cur[0]:
-            best[key][tok] = (r["us"], r["variant"])
+        best.setdefault(key, {}).setdefault(tok, {})[r["variant"]] = r["us"]
     table = {}
     for key, by_tok in best.items():
         toks = sorted(by_tok)
         entries = []
         for j, t in enumerate(toks):
+            times = by_tok[t]
+            fastest = min(times, key=times.get)
+            ours = times.get("triton")
+            win = "triton" if ours is not None and ours <= times[fastest] * (1 + tie) else fastest
             hi = int(math.sqrt(t * toks[j + 1])) if j + 1 < len(toks) else 10**12
-            entries.append((hi, by_tok[t][1]))
-        table[key] = entries
+            entries.append((hi, win))
+        merged = []  # neighbours with the same pick collapse into one range
+        for hi, win in entries:
+            if merged and merged[-1][1] == win:
+                merged[-1] = (hi, win)
+            else:
+                merged.append((hi, win))
+        table[key] = merged
     return table
 
 

@@ -23,6 +23,13 @@ with packed GQA, so it can lose at small batch and long context; the table decid
 
 Neither peer is capture-safe as called here (FlashInfer's ``plan()`` reads the lengths on the host;
 FA4 JIT-compiles at the first call of a shape), so calls made under CUDA-graph capture stay ours.
+
+PyTorch SDPA is the fourth kernel measured and wins two decode shapes by more than 5 %; the table
+can name it (``"sdpa"``: dense single row, no scores) and the backend then runs
+:func:`sdpa_decode`. Its measured call reads a full cache without a mask (captured in a graph);
+in the engine the cache is longer than the context, so :func:`sdpa_decode` sizes the slice with one
+host read — not capture-safe either, so captured calls stay ours (a masked, capture-safe form over
+the whole capacity is a different SDPA kernel, not measured).
 """
 
 from __future__ import annotations
@@ -35,16 +42,31 @@ import torch
 
 from specdec.errors import SpecdecError
 
-Peer = Literal["triton", "fa4", "flashinfer"]
+Peer = Literal["triton", "fa4", "flashinfer", "sdpa"]
 Kind = Literal["decode", "verify", "sparse"]
 
-#: Date of the measurement behind :data:`PICKS` (``benchmarks/gpu/peers.py`` on an H200).
-MEASURED: str | None = None
+#: Date of the measurement behind :data:`PICKS` (``benchmarks/gpu/peers.py`` on an H200;
+#: ``benchmarks/results/gpu_peers_2026-12-01.json``).
+MEASURED: str | None = "2026-12-01"
+
+#: Ours stays the pick unless the fastest kernel beats it by more than this fraction (fewer moving
+#: parts on a tie); ``benchmarks/gpu/peers.py:derive_picks`` applies it.
+TIE = 0.03
 
 #: ``(kind, head_dim) -> [(max_tokens, peer), ...]``: the fastest kernel for calls whose ``B · L``
 #: (cached tokens over the batch) is at most ``max_tokens`` (first match wins; no match: ours).
-#: Empty until a GPU run fills it: until then every call stays in our kernel.
-PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {}
+#: Measured sizes: d 64 at B·L = 8k, 128k, 512k (B = 1, 16, 64 × 8k), d 128 at 128k (B = 1 × 128k)
+#: and 512k (B = 16 × 32k); boundaries at the geometric middle. Ours within :data:`TIE` of the
+#: fastest keeps the call (d 64 decode at B = 64: SDPA 2.4 % faster; d 128 decode at 16 × 32k:
+#: SDPA 1.4 %, FA4 0.2 %; d 128 sparse at 1 × 128k: FlashInfer 0.1 %).
+PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {
+    ("decode", 64): [(32768, "triton"), (262144, "sdpa"), (10**12, "triton")],  # B=16×8k: 31.1 vs 35.7 µs
+    ("verify", 64): [(10**12, "triton")],
+    ("sparse", 64): [(10**12, "triton")],
+    ("decode", 128): [(262144, "sdpa"), (10**12, "triton")],  # 1×128k: 131.6 vs 145.7 µs
+    ("verify", 128): [(262144, "flashinfer"), (10**12, "fa4")],  # 150.8 vs 167.1; 491.8 vs 523.4 µs
+    ("sparse", 128): [(10**12, "triton")],
+}
 
 
 def pick(kind: str, head_dim: int, tokens: int, table: dict | None = None) -> str:
@@ -96,13 +118,13 @@ HOW_TO_INSTALL = {
 
 
 def resolve(mode: str) -> frozenset[str]:
-    """Peers a backend with ``peers=mode`` may call: ``"auto"`` the installed ones (through the
-    table), ``"off"`` none, ``"fa4"`` / ``"flashinfer"`` that one, wherever it can serve (fails
+    """Peers a backend with ``peers=mode`` may call: ``"auto"`` the installed ones and SDPA (always
+    there; through the table), ``"off"`` none, ``"fa4"`` / ``"flashinfer"`` that one, wherever it can serve (fails
     when it is not installed)."""
     if mode == "off":
         return frozenset()
     if mode == "auto":
-        return frozenset(p for p, ok in INSTALLED.items() if ok())
+        return frozenset(p for p, ok in INSTALLED.items() if ok()) | {"sdpa"}
     if mode in INSTALLED:
         if not INSTALLED[mode]():
             raise SpecdecError(f"peers={mode!r} needs {mode}, which is not installed; "
@@ -117,7 +139,29 @@ def can_serve(peer: str, T: int, sparse: bool) -> bool:
         return not sparse
     if peer == "flashinfer":
         return not sparse or T == 1
+    if peer == "sdpa":
+        return T == 1 and not sparse
     return peer == "triton"
+
+
+# --------------------------------------------------------------------------------------------------
+# PyTorch SDPA (decode)
+def sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                scale: float) -> torch.Tensor:
+    """One dense row per sequence through ``scaled_dot_product_attention``, q ``(B, H, 1, D)``.
+
+    One host read sizes the KV slice ``[:max(lengths) + 1]`` (so not capture-safe); without a mask
+    when every sequence has the same length (SDPA's fast path, the measured call), else with a
+    boolean mask ``pos <= lengths[b]``. GQA through ``enable_gqa``.
+    """
+    B = q.shape[0]
+    lo, hi = (int(x) for x in torch.stack(torch.aminmax(lengths)).tolist())
+    n = hi + 1
+    k, v = k_cache[:, :, :n], v_cache[:, :, :n]
+    mask = None
+    if lo != hi:
+        mask = torch.arange(n, device=q.device).view(1, 1, 1, n) <= lengths.view(B, 1, 1, 1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
 # --------------------------------------------------------------------------------------------------

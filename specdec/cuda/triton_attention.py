@@ -345,17 +345,11 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #: ``None``. Key: ``(sparse, largest head dim, raw_scores)`` (``raw_scores`` ``None`` matches both);
 #: value: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``.
 #:
-#: * sparse plans: the K/V gathers depend on an index load in the same iteration. Triton's
-#:   pipeliner (``AssignLatencies.cpp``) drops loads whose indirection level is ``>= num_stages - 1``
-#:   and splits ``num_stages - 1`` stages among the levels left: with 2 stages the index load is
-#:   not pipelined, so every tile waits one memory round trip for its indices before its gathers
-#:   are issued; 3 stages prefetch the indices one stage ahead of the gathers (5: the gathers two
-#:   tiles ahead). 64-position tiles keep the buffers (2 x 2 x 16 KB at head dim 128) small enough
-#:   for several programs per SM; ``v_early`` issues the V gather next to the K gather where the
-#:   loads are not pipelined. ``min_tiles``: at least this many tiles per split, so that a split
-#:   is long enough for the pipeline to fill.
-#:   ``benchmarks/gpu/sparse_attn.py`` measures this row against the previous default
-#:   ``(128, 4, 2, 4, False, 1)`` and sweeps the neighbours; its report prints the best row per shape.
+#: * sparse plans (measured on an H200 on 2026-12-01 by ``benchmarks/gpu/sparse_attn.sh``,
+#:   ``benchmarks/results/gpu_sparse_attn_2026-12-01b.md``): head dim <= 64 (SmolLM2 B 64 x 8k):
+#:   128-position tiles, 3 stages, V gathered next to K: 13.0 us vs 13.4 us for ``SPARSE_LEGACY``;
+#:   head dim 128 (Llama-3.1-8B, B 16 x 32k and B 1 x 128k): ``SPARSE_LEGACY`` was the fastest of 15
+#:   launches (38.9 us; a 3-stage 64-position row reasoned from Triton's pipeliner took 52.6 us).
 #: * dense (measured on an H200, ``benchmarks/results/gpu_kernels_2026-11-29.md``): head dim <= 64:
 #:   3 stages and 8 programs per SM; head dim 128: 64-position tiles, 2 stages, 2 programs per SM;
 #:   softmax scores at head dim 128: 737 us vs 944 us with the plain default.

@@ -54,7 +54,7 @@ class TritonConfig(ComponentConfig):
             (``None``: table).
         fused_combine: with more than one split, the last program of each (sequence, KV head)
             merges the splits (one atomic counter per pair) instead of a second launch. Off by
-            default: checked under the interpreter, not yet measured or tested on a GPU.
+            default: its GPU tests pass on the H200, but it measured no faster (2026-12-01).
         flash_attn: dense attention without scores on CUDA in fp16/bf16 through flash-attn's
             ``flash_attn_with_kvcache``: ``"auto"`` when flash-attn is installed (else our kernel,
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
@@ -62,11 +62,11 @@ class TritonConfig(ComponentConfig):
             real library (it cannot be installed on the machines here): see docs/backends.md.
         fused_softmax_scores: softmax scores summed over the rows (Vegas' request) of a dense call
             that runs in one split are normalised by the attention kernel itself, once it knows each
-            row's log-sum-exp, instead of by a second kernel over the raw logits (``False``: always
-            the second kernel; for measuring the difference).
+            row's log-sum-exp, instead of by a second kernel over the raw logits. Off by default:
+            on the H200 it was slower (190 vs 134 us at SmolLM2 B=64 x 8k, 2026-12-01).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
-            ``"auto"`` the installed ones where the measured table ``peers.PICKS`` says they are the
-            fastest (ours elsewhere; an empty table keeps every call ours), ``"off"`` never,
+            ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
+            ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
             ``"fa4"`` / ``"flashinfer"`` that peer for every call it can serve (benchmarks, parity
             tests; building the backend fails when it is not installed). Never for score requests,
             fp32, the CPU or calls under CUDA-graph capture.
@@ -85,7 +85,7 @@ class TritonConfig(ComponentConfig):
     fused_combine: bool = False
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
-    fused_softmax_scores: bool = True
+    fused_softmax_scores: bool = False
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
 
 
@@ -189,7 +189,7 @@ class TritonBackend(AttentionBackend):
         )
 
     def peer_for(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> str:
-        """The kernel this call runs on: ``"triton"`` (ours), ``"fa4"`` or ``"flashinfer"``.
+        """The kernel this call runs on: ``"triton"`` (ours), ``"fa4"``, ``"flashinfer"`` or ``"sdpa"``.
 
         A peer needs: no scores, no capture, CUDA, fp16/bf16, a call kind it serves, and (``"auto"``)
         the measured table naming it for this kind, head dim and ``B · L``."""
@@ -210,6 +210,8 @@ class TritonBackend(AttentionBackend):
         return "triton"
 
     def _run_peer(self, peer: str, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if peer == "sdpa":
+            return peers.sdpa_decode(q, k_cache, v_cache, meta.lengths, meta.scale)
         if peer == "fa4":
             return peers.fa4_dense(q, k_cache, v_cache, meta.lengths, meta.scale)
         if self._flashinfer is None:
@@ -391,15 +393,5 @@ class TritonBackend(AttentionBackend):
 
     @staticmethod
     def _sdpa_decode(q, k_cache, v_cache, lengths, scale):
-        """One dense row through PyTorch SDPA; one host sync sizes the KV slice (and skips the
-        mask when every sequence has the same length, which keeps SDPA on its fast path)."""
-        B = q.shape[0]
-        lo, hi = (int(x) for x in torch.stack(torch.aminmax(lengths)).tolist())
-        n = hi + 1
-        k, v = k_cache[:, :, :n], v_cache[:, :, :n]
-        mask = None
-        if lo != hi:
-            mask = torch.arange(n, device=q.device).view(1, 1, 1, n) <= lengths.view(B, 1, 1, 1)
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
-        )
+        """One dense row through PyTorch SDPA (:func:`specdec.cuda.peers.sdpa_decode`)."""
+        return peers.sdpa_decode(q, k_cache, v_cache, lengths, scale)
