@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specdec.eagle import _finish, _qkv  # the Llama layer pieces the draft head runs too
 from specdec.errors import SpecdecError
 
 #: standard-library modules never trained on (the benchmark documents + two more for code evaluation)
@@ -198,28 +199,6 @@ def _chunks(tok, texts, T: int, max_tokens: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 # Manual Llama pieces (training needs gradients and a custom tail attention)
 # ---------------------------------------------------------------------------------------------------
-
-
-def _qkv(layer, x, cos, sin):
-    """Post-RoPE ``q (B, H, T, D)``, ``k, v (B, H_kv, T, D)`` of one decoder layer on ``x (B, T, d)``."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    a = layer.self_attn
-    B, T, _ = x.shape
-    D = a.head_dim
-    xn = layer.input_layernorm(x)
-    q = a.q_proj(xn).view(B, T, -1, D).transpose(1, 2)
-    k = a.k_proj(xn).view(B, T, -1, D).transpose(1, 2)
-    v = a.v_proj(xn).view(B, T, -1, D).transpose(1, 2)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    return q, k, v
-
-
-def _finish(layer, x, att):
-    """Output projection + residual + MLP of one layer; ``att (B, H, T, D)``."""
-    B, _, T, _ = att.shape
-    x = x + layer.self_attn.o_proj(att.transpose(1, 2).reshape(B, T, -1))
-    return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
 def _target_layer(layer, x, cos, sin):

@@ -22,7 +22,7 @@ from torch import nn
 
 from specdec.eagle import EagleHead, _finish, _qkv, save_eagle
 from specdec.errors import SpecdecError
-from specdec.train_draft import HELD_OUT_MODULES, _chunks, _target_layer, check_trainable, held_out_texts, training_texts
+from specdec.train_draft import HELD_OUT_MODULES, _chunks, _draft_layer, _target_layer, check_trainable, held_out_texts, training_texts
 
 
 @torch.no_grad()
@@ -42,18 +42,7 @@ def features(hf, ids: torch.Tensor, C: int, half: bool = True):
 
 def _own_plus_earlier(layer, x, k1, v1, cos, sin):
     """Row ``i`` attends to ``k1, v1`` (step 1's K/V) at positions ``< i`` and to its own K/V at ``i``."""
-    q, k, v = _qkv(layer, x, cos, sin)
-    G = q.shape[1] // k.shape[1]
-    kt, vt = k1.repeat_interleave(G, 1), v1.repeat_interleave(G, 1)
-    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
-    scale = q.shape[-1] ** -0.5
-    T = q.shape[2]
-    s = (q @ kt.transpose(-1, -2)) * scale  # (B, H, T, T)
-    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(), float("-inf"))
-    d = (q * k).sum(-1, keepdim=True) * scale  # (B, H, T, 1)
-    m = torch.maximum(s.amax(-1, keepdim=True), d)
-    p, pd = torch.exp(s - m), torch.exp(d - m)
-    return _finish(layer, x, (p @ vt + pd * v) / (p.sum(-1, keepdim=True) + pd))
+    return _draft_layer(layer, x, k1, v1, cos, sin)
 
 
 def head_forward(hf, head: EagleHead, ids, f, steps: int = 1):
