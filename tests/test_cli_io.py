@@ -268,8 +268,10 @@ def test_ctrl_c_is_one_line_exit_130_and_no_file(files, tmp_path, phase):
     """SIGINT while the model loads / while generating: "interrupted", exit 130, no output file, no temp file."""
     out = tmp_path / "o.json"
     args = [a.format(**files) for a in [*GEN, "--output-json", str(out)]]
+    # the child gets SIGINT's default disposition, as in a terminal: a runner that starts the suite in the
+    # background (`cmd &` in a script) leaves SIGINT ignored, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-c", HOOK, phase, *args], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env())
+                            text=True, env=env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stderr.readline()
         while first and not first.startswith("PHASE"):
