@@ -39,6 +39,26 @@ def _describe(ident: dict) -> str:
     return f"{ident.get('model_type')} {ident.get('n_layers')}L/{ident.get('n_heads')}H #{ident.get('fingerprint')}{ee}"
 
 
+def read_draft_artifact(path: str | Path, train: str) -> tuple[Any, dict]:
+    """``(metadata or None, tensors)`` of a safetensors draft artifact (``specdec_draft`` metadata).
+
+    ``train`` is the command that writes one, named in the errors: a missing file, and a corrupt or
+    foreign one, are bad input (one line each); the caller checks the metadata's keys."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpecdecError(f"draft artifact {path} does not exist; train one with `{train}`.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("specdec_draft", "null"))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # a corrupt or foreign file is bad input
+        raise SpecdecError(f"could not read draft artifact {path} ({type(exc).__name__}); "
+                           "pass a file written by `specdec train-draft`.") from exc
+    return meta, tensors
+
+
 def save_srh(path: str | Path, payload: dict[str, Any]) -> Path:
     """Write an artifact (atomic). ``payload`` needs target, draft, target_heads, draft_heads, layer_map, m_ratio."""
     missing = {"target", "draft", "target_heads", "draft_heads", "layer_map", "m_ratio"} - set(payload)

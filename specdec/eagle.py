@@ -115,20 +115,10 @@ def is_eagle(path: str | Path) -> bool:
 
 def build_head(model, path: str | Path) -> tuple[dict, EagleHead]:
     """Load an EAGLE artifact for ``model`` (checks the target identity) on the model's device and dtype."""
-    from safetensors import safe_open
-
-    from specdec.artifacts import _describe, model_identity
+    from specdec.artifacts import _describe, model_identity, read_draft_artifact
 
     path = Path(path)
-    if not path.is_file():
-        raise SpecdecError(f"draft artifact {path} does not exist; train one with `specdec train-draft --kind eagle`.")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("specdec_draft", "null"))
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as exc:  # a corrupt or foreign file is bad input
-        raise SpecdecError(f"could not read draft artifact {path} ({type(exc).__name__}); "
-                           "pass a file written by `specdec train-draft`.") from exc
+    meta, tensors = read_draft_artifact(path, "specdec train-draft --kind eagle")
     if not isinstance(meta, dict) or not EAGLE_META <= set(meta) or meta["kind"] != "eagle":
         raise SpecdecError(f"{path} is not an EAGLE draft artifact (no kind/target metadata); "
                            "pass a file written by `specdec train-draft --kind eagle`.")

@@ -89,18 +89,10 @@ def save_draft(path: str | Path, adapter: SkipAdapter, meta: dict) -> Path:
 
 def load_draft(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(metadata, tensors)`` of a draft artifact written by :func:`save_draft`."""
-    from safetensors import safe_open
+    from specdec.artifacts import read_draft_artifact
 
     path = Path(path)
-    if not path.is_file():
-        raise SpecdecError(f"draft artifact {path} does not exist; train one with `specdec train-draft`.")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("specdec_draft", "null"))
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as exc:  # a corrupt or foreign file is bad input
-        raise SpecdecError(f"could not read draft artifact {path} ({type(exc).__name__}); "
-                           "pass a file written by `specdec train-draft`.") from exc
+    meta, tensors = read_draft_artifact(path, "specdec train-draft")
     if not isinstance(meta, dict) or not {"k", "t", "rank", "target"} <= set(meta):
         raise SpecdecError(f"{path} is not a specdec draft artifact (no k/t/rank/target metadata); "
                            "pass a file written by `specdec train-draft`.")
