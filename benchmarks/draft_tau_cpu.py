@@ -25,7 +25,10 @@ def main() -> None:
     ap.add_argument("--contexts", default="1024", help="comma-separated context lengths")
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--drafters", default="eagle", help="comma-separated: eagle, skip (the shipped ones)")
+    ap.add_argument("--drafters", default="eagle", help="comma-separated: eagle, skip (the shipped ones); "
+                    "KIND+lookup: prompt lookup (specdec.lookup) first, that draft where the context has no match")
+    ap.add_argument("--lookup", default="2,4,2", help="prompt lookup MIN,MAX,TRUST n-gram lengths (specdec.lookup); "
+                    "several settings separated by ';' give one KIND+lookup(MIN-MAX,tTRUST) row each")
     ap.add_argument("--draft", default=None, help="an artifact instead of the shipped one of its kind")
     ap.add_argument("--early-exit", type=int, default=0, help="also run the untrained early exit at this depth")
     a = ap.parse_args()
@@ -42,13 +45,24 @@ def main() -> None:
 
     m = SpecdecModel.from_pretrained("smollm2-135m")
     paths = {}
-    for kind in a.drafters.split(","):
+    from specdec.lookup import LookupDrafter
+
+    looks = [tuple(int(x) for x in c.split(",")) for c in a.lookup.split(";")]
+    for kind in {k.split("+")[0]: 0 for k in a.drafters.split(",")}:
         p = a.draft if (a.draft and (kind == "eagle") == is_eagle(a.draft)) else shipped_draft(m, kind)
         if p is None:
             raise SystemExit(f"no {kind} draft ships for this model; pass --draft PATH")
         paths[kind] = p
     # built before the prefill: an EAGLE drafter makes the target record the prompt's hidden states
-    drafters = {k: (EagleDrafter(m, p) if k == "eagle" else SkipLayerDrafter(m, p)) for k, p in paths.items()}
+    base = {k: (EagleDrafter(m, p) if k == "eagle" else SkipLayerDrafter(m, p)) for k, p in paths.items()}
+    drafters = {}
+    for k in a.drafters.split(","):
+        if not k.endswith("+lookup"):
+            drafters[k] = base[k]
+            continue
+        for lk in looks:
+            label = k if len(looks) == 1 else f"{k}({lk[0]}-{lk[1]},t{lk[2]})"
+            drafters[label] = LookupDrafter(base[k.split("+")[0]], *lk)
     if a.early_exit:
         drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
@@ -65,10 +79,12 @@ def main() -> None:
             row = dict(document=name, context=context, kind="prose" if name.startswith("pydoc") else "code", drafter=label,
                        tau=res.stats.mean_accepted_length, acceptance_per_position=res.stats.acceptance_per_position,
                        equals_dense=res.tokens[0] == ref.tokens[0], seconds=time.perf_counter() - t0)
+            if isinstance(d, LookupDrafter):
+                row["lookup_matched_share"] = d.stats(reset=True)["matched_share"]
             rows.append(row)
             print(json.dumps(row), flush=True)
     meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), contexts=a.contexts,
-                new_tokens=a.new, gamma=a.gamma, drafts={k: str(p) for k, p in paths.items()},
+                new_tokens=a.new, gamma=a.gamma, lookup=looks, drafts={k: str(p) for k, p in paths.items()},
                 machine="2-core shared CPU, float32, 1 thread")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -217,6 +217,11 @@ class ModelDrafter(Drafter):
         # roll back: entries beyond the new verified length hold rejected drafts
         self.draft_len = torch.minimum(self.draft_len, state.lengths)
 
+    def drafts_replaced(self, state, drafts: torch.Tensor, mask: torch.Tensor) -> None:
+        # the draft cache holds this drafter's own drafts after the pending token: valid only up to the first replaced one
+        first = torch.where(mask.any(1), mask.long().argmax(1), torch.full_like(self.draft_len, mask.shape[1]))
+        self.draft_len = torch.minimum(self.draft_len, state.lengths + 1 + first)
+
 
 class TruncatedModel(SpecdecModel):
     """The first ``n`` decoder layers of a :class:`SpecdecModel` (+ final norm + LM head), sharing its

@@ -19,6 +19,9 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 * ``m`` / ``m_ratio``: the static split; ``adaptive``: input-aware ``m`` per iteration;
 * ``history_decay``: EMA of the target history; ``dense_every`` / ``disagree``: the safety valve;
 * ``dense_first``: the first verification of a generation is dense (default true; it seeds the target history).
+* ``lookup_min`` / ``lookup_max``: prompt lookup (:mod:`specdec.lookup`): where the context holds an earlier
+  occurrence of the last ``n`` tokens (``n = lookup_max .. lookup_min``), its continuation is the draft, else
+  the draft model's; ``lookup_min=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ from pydantic import Field
 from specdec.errors import SpecdecError
 from specdec.presets import PipelineConfig, register_method, selector_options
 from specdec.selectors.hybrid_srh import HybridSRHConfig
+
+
+#: prompt lookup combined with the draft (:mod:`specdec.lookup`) by default: on held-out prose and code it raised
+#: τ with dense verification over the EAGLE head alone (docs page *Dustin*, "Prompt lookup")
+LOOKUP_MIN, LOOKUP_MAX = 2, 4
 
 
 class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
@@ -48,6 +56,9 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
     dense_every: int = Field(default=0, ge=0, description="dense verification every N passes (0 = never)")
     disagree: Optional[float] = Field(default=None, ge=0, le=1, description="dense when the signals disagree more")
     dense_first: bool = Field(default=True, description="the first verification is dense (seeds the target history)")
+    lookup_min: int = Field(default=LOOKUP_MIN, ge=0, description="prompt lookup: shortest context n-gram whose "
+                            "continuation replaces the draft's tokens (0 = off, draft only)")
+    lookup_max: int = Field(default=LOOKUP_MAX, ge=1, description="prompt lookup: longest n-gram tried (first)")
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -130,6 +141,10 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
     selector = SELECTORS.build("hybrid_srh", **sel_kw)
     selector.check_heads(drafter.n_layers, drafter.draft_model.dims.n_heads, "draft")
     drafter.set_heads(selector.draft_heads)
+    if o.lookup_min:
+        from specdec.lookup import LookupDrafter
+
+        drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max)
     verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
                               dense_first=o.dense_first)
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

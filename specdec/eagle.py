@@ -370,6 +370,10 @@ class EagleDrafter(Drafter):
         qd = torch.stack(probs, dim=1) if probs[0] is not None else None
         return drafts, qd
 
+    def drafts_replaced(self, state, drafts: torch.Tensor, mask: torch.Tensor) -> None:
+        """The verified rows are ``drafts`` (a prompt-lookup wrapper replaced some): queue those tokens."""
+        self._rows = torch.cat([state.pending.view(-1, 1), drafts], dim=1)
+
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
         """Queue the accepted positions' true features: ``(f_{L-1}, t_L), (f_L, d_1) .. (f_{L+a-1}, d_a)``
         (device tensors, no host read)."""

@@ -388,6 +388,10 @@ class Drafter(ABC):
     def on_verify(self, state, scores: ScoreRequest | None) -> None:  # noqa: ANN001
         """After acceptance: ``state.lengths`` holds the new verified lengths."""
 
+    def drafts_replaced(self, state, drafts: torch.Tensor, mask: torch.Tensor) -> None:  # noqa: ANN001
+        """A wrapper (:class:`specdec.lookup.LookupDrafter`) verifies ``drafts (B, γ)`` instead of this drafter's
+        own where ``mask (B, γ)`` is true: a drafter whose state holds its own drafts fixes it here."""
+
 
 class Verifier(ABC):
     """Scores ``gamma + 1`` rows (the pending token + the drafts) with the target model."""

@@ -139,9 +139,31 @@ def build_adapter(model, path: str | Path) -> tuple[dict, SkipAdapter]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def training_texts(max_chars: int) -> list[tuple[str, str]]:
+def _held_out_path(rel: Path) -> bool:
+    """A stdlib file about a held-out module (``argparse.py``, ``test/test_argparse.py``, ``test/test_inspect/``)."""
+    return any(m in part for part in rel.parts for m in HELD_OUT_MODULES)
+
+
+def _docstrings(text: str) -> str:
+    """The module, class and function docstrings of a Python source (English prose), blank-line separated."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return ""
+    docs = [ast.get_docstring(n) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    return "\n\n".join(d for d in docs if d and len(d) > 80)
+
+
+def training_texts(max_chars: int, wide: bool = False) -> list[tuple[str, str]]:
     """``[(name, text)]`` to train on: stdlib sources (minus :data:`HELD_OUT_MODULES`) and the
-    ``pydoc_data`` topics not held out, interleaved code/prose, ``max_chars`` in all."""
+    ``pydoc_data`` topics not held out, interleaved code/prose, ``max_chars`` in all.
+
+    ``wide``: every stdlib package and the test suite as code (not only the top-level modules), and as
+    prose also the docstrings of those sources and the stdlib's ``.txt`` documents (IDLE's news, README,
+    ...); files about a held-out module (``test_argparse.py`` ...) stay out."""
     import sysconfig
 
     from pydoc_data.topics import topics
@@ -154,6 +176,30 @@ def training_texts(max_chars: int) -> list[tuple[str, str]]:
         if p.stem in HELD_OUT_MODULES or p.stem.startswith("_") or p.stat().st_size < 4000:
             continue
         code.append((f"stdlib:{p.stem}", p.read_text(encoding="utf-8", errors="replace")))
+    if wide:  # read lazily: stop once each kind alone could fill max_chars
+        seen = {name for name, _ in code}
+        files = sorted((p for p in lib.rglob("*.py") if "site-packages" not in p.parts),
+                       key=lambda p: (p.relative_to(lib).parts[0] == "test", str(p)))  # the test suite last
+        n_code, n_prose = sum(len(t) for _, t in code), sum(len(t) for _, t in prose)
+        for p in sorted(lib.rglob("*.txt")):
+            rel = p.relative_to(lib)
+            if ("site-packages" not in rel.parts and "testcases" not in p.name and not _held_out_path(rel)
+                    and p.stat().st_size > 2000):
+                prose.append((f"stdlib:{rel.as_posix()}", p.read_text(encoding="utf-8", errors="replace")))
+        for p in files:
+            if n_code >= max_chars and n_prose >= max_chars:
+                break
+            rel = p.relative_to(lib)
+            if _held_out_path(rel) or p.stat().st_size < 2000:
+                continue
+            text = p.read_text(encoding="utf-8", errors="replace")
+            if (len(rel.parts) > 1 or f"stdlib:{p.stem}" not in seen) and n_code < max_chars:
+                code.append((f"stdlib:{rel.as_posix()}", text))
+                n_code += len(text)
+            doc = _docstrings(text) if n_prose < max_chars and rel.parts[0] != "test" else ""  # tests: few
+            if len(doc) > 400:
+                prose.append((f"docstrings:{rel.as_posix()}", doc))
+                n_prose += len(doc)
     out, n, i = [], 0, 0
     while n < max_chars and (i < len(prose) or i < len(code)):
         for src in (code, prose):

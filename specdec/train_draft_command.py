@@ -38,7 +38,12 @@ def register(app) -> None:
         init: Optional[Path] = typer.Option(None, "--init", help="warm start from an artifact of the same k/t/rank"),
         seed: int = typer.Option(0, help="seed of the adapter's initialisation and the batch order"),
         device: str = typer.Option("cpu", help="eagle only: cpu (--minutes of CPU time) or cuda (--minutes of wall time)"),
-        batch: int = typer.Option(4, help="eagle only: sequences of 256 tokens per optimizer step"),
+        batch: int = typer.Option(4, help="eagle only: sequences per optimizer step (--seq tokens each)"),
+        recipe: str = typer.Option("v2", help="eagle only: training recipe (v2: 4 exact unrolled steps, wide text, "
+                                   "cosine schedule; on a GPU 2048-token sequences and the full-vocabulary KL; "
+                                   "v1: the first shipped head's)"),
+        seq: Optional[int] = typer.Option(None, help="eagle only: tokens per training sequence (default: the recipe's; "
+                                          "v2: 2048 on a GPU, 256 on the CPU)"),
     ) -> None:
         """Self-distil a draft from the target: an EAGLE head (default) or a layer-skipping draft."""
         if kind not in ("eagle", "skip"):
@@ -63,12 +68,21 @@ def register(app) -> None:
                     raise SpecdecError(f"{name} is for --kind skip; leave it out for an EAGLE head.")
             if batch < 1:
                 raise SpecdecError(f"--batch must be >= 1 (got {batch}).")
+            if seq is not None and seq < 2:
+                raise SpecdecError(f"--seq must be >= 2 (got {seq}).")
+            from specdec.train_eagle import RECIPES
+
+            if recipe not in RECIPES:
+                raise SpecdecError(f"--recipe must be one of {', '.join(RECIPES)} (got {recipe!r}).")
             from specdec.loading import resolve_device
 
             res = train_eagle(model, tokens=tokens, minutes=minutes, out=out, seed=seed, device=str(resolve_device(device)),
-                              batch=batch, log=lambda s: typer.echo(s, err=True))
+                              batch=batch, recipe=recipe, seq=seq, log=lambda s: typer.echo(s, err=True))
             typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "target"}, indent=1))
             return
+        for name, given in (("--recipe", recipe != "v2"), ("--seq", seq is not None)):
+            if given:
+                raise SpecdecError(f"{name} is for --kind eagle; leave it out for a layer-skipping draft.")
         res = train(model, k=k, t=t, rank=rank, tokens=tokens, minutes=minutes, out=out, seed=seed,
                     full_vocab=full_vocab, init=init, log=lambda s: typer.echo(s, err=True))
         typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "target"}, indent=1))

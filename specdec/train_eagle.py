@@ -7,13 +7,25 @@
    Row ``i`` sees ``[embed(t_{i+1}); f_i]`` at position ``i`` and must predict ``f_{i+1}`` (smooth-L1
    feature regression) and the target's next-token distribution at ``i+1`` (KL over its top-``C``
    candidates through the shared LM head).
-   **Unrolled steps** (as drafting does): step ``j >= 2`` feeds the previous step's prediction
-   ``f̂_i`` (from row ``i-1``) instead of ``f_i``; its attention reads step 1's K/V at earlier positions
-   and its own at ``i`` — exactly what draft step 2 sees, an approximation for later steps.
+   **Unrolled steps** (as drafting does, EAGLE-3's "training-time test"): step ``j >= 2`` feeds the previous
+   step's prediction ``f̂_i`` (from row ``i-1``) instead of ``f_i``. Its attention sees exactly what draft
+   step ``j`` sees: step 1's K/V (true features) at positions ``<= i-j+1`` and step ``m``'s own K/V at
+   ``i-(j-m)`` for ``m = 2..j`` (one masked attention over the concatenated K/V of steps ``1..j``).
+   (Recipe ``v1``, the first shipped head's: step ``j >= 3`` saw step 1's K/V at every earlier position.)
+
+Recipes (:data:`RECIPES`; ``specdec train-draft --kind eagle --recipe``):
+
+* ``v1`` — 256-token sequences, 3 steps (approximate beyond 2), top-``C`` KL + feature regression + a
+  little full-vocabulary CE, linear learning-rate decay, top-level stdlib modules + pydoc topics;
+* ``v2`` — 4 exact steps, warm-up + cosine decay, the wide training text (every stdlib package, the test
+  suite, docstrings and ``.txt`` documents, held-out modules excluded: :func:`~specdec.train_draft.training_texts`);
+  on a GPU also 2048-token sequences (τ fell at 2048 with 256-token training) and the KL to the target's
+  **full** next-token distribution, recomputed from the stored features (``lm_head(f_{i+1})``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -40,13 +52,29 @@ def features(hf, ids: torch.Tensor, C: int, half: bool = True):
     return (f.half(), top.half(), idx.int()) if half else (f, top, idx)
 
 
+#: training recipes: ``seq``/``teacher`` ``None`` = by device (GPU: 2048 / full, CPU: 256 / top)
+RECIPES = {
+    "v1": dict(seq=256, steps=3, exact=False, teacher="top", schedule="linear", wide=False, reg_weight=1.0),
+    "v2": dict(seq=None, steps=4, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=0.2),
+}
+
+
 def _own_plus_earlier(layer, x, k1, v1, cos, sin):
     """Row ``i`` attends to ``k1, v1`` (step 1's K/V) at positions ``< i`` and to its own K/V at ``i``."""
     return _draft_layer(layer, x, k1, v1, cos, sin)
 
 
-def head_forward(hf, head: EagleHead, ids, f, steps: int = 1):
-    """Training forward: per unrolled step, the predicted features ``f̂ (B, T-1, d)`` of positions ``1..T-1``."""
+def step_mask(T: int, j: int, device=None) -> torch.Tensor:
+    """``(T, j·T)`` bool: what row ``i`` of unrolled step ``j`` sees in the K/V of steps ``1..j`` (concatenated):
+    step 1 at positions ``<= i-j+1``, step ``m >= 2`` at position ``i-(j-m)`` only — as draft step ``j``."""
+    i = torch.arange(T, device=device).view(T, 1)
+    p = torch.arange(T, device=device).view(1, T)
+    return torch.cat([p <= i - (j - 1)] + [p == i - (j - m) for m in range(2, j + 1)], dim=1)
+
+
+def head_forward(hf, head: EagleHead, ids, f, steps: int = 1, exact: bool = True):
+    """Training forward: per unrolled step, the predicted features ``f̂ (B, T-1, d)`` of positions ``1..T-1``.
+    ``exact=False``: recipe v1's attention for steps ``>= 3`` (step 1's K/V at every earlier position)."""
     m = hf.model
     B, T = ids.shape
     emb = m.embed_tokens(ids[:, 1:])  # (B, T-1, d): token t_{i+1} for row i
@@ -58,15 +86,25 @@ def head_forward(hf, head: EagleHead, ids, f, steps: int = 1):
     att = nn.functional.scaled_dot_product_attention(q, k1, v1, is_causal=True, enable_gqa=True)
     pred = m.norm(_finish(head.layer, x, att))
     out = [pred]
-    for _ in range(steps - 1):
+    G = q.shape[1] // k1.shape[1]
+    ks, vs = [k1.repeat_interleave(G, 1)], [v1.repeat_interleave(G, 1)]  # (B, H, T-1, D): no GQA in masked SDPA
+    for j in range(2, steps + 1):
         prev = torch.cat([f[:, :1], pred[:, :-1]], dim=1)  # row i gets f̂_i (row i-1's prediction); row 0 keeps f_0
         x = head.inputs(emb, prev)
-        pred = m.norm(_own_plus_earlier(head.layer, x, k1, v1, cos, sin))
+        if not exact:
+            pred = m.norm(_own_plus_earlier(head.layer, x, k1, v1, cos, sin))
+        else:
+            q, k, v = _qkv(head.layer, x, cos, sin)
+            ks.append(k.repeat_interleave(G, 1))
+            vs.append(v.repeat_interleave(G, 1))
+            att = nn.functional.scaled_dot_product_attention(q, torch.cat(ks, 2), torch.cat(vs, 2),
+                                                             attn_mask=step_mask(T - 1, j, ids.device))
+            pred = m.norm(_finish(head.layer, x, att))
         out.append(pred)
     return out
 
 
-def loss_terms(hf, pred, f, top, idx, kl_weight: float, full_rows: int = 32):
+def loss_terms(hf, pred, f, top, idx, kl_weight: float, full_rows: int = 32, reg_weight: float = 1.0):
     """Smooth-L1 to ``f_{i+1}`` + ``kl_weight`` · KL(teacher top-C ‖ draft) + the full-vocabulary cross-entropy
     to the teacher's argmax on ``full_rows`` random rows (the candidates' KL leaves the other tokens free),
     and the top-1 agreement within the candidates."""
@@ -80,34 +118,58 @@ def loss_terms(hf, pred, f, top, idx, kl_weight: float, full_rows: int = 32):
     z = (pred.unsqueeze(-2) @ W[ix].transpose(-1, -2)).squeeze(-2)  # (B, T-1, C)
     p = torch.softmax(top[:, 1:].float(), -1)
     kl = (p * (torch.log(p + 1e-9) - torch.log_softmax(z, -1))).sum(-1).mean()
-    return reg + kl_weight * kl + 0.5 * ce, (z.argmax(-1) == 0).float().mean()
+    return reg_weight * reg + kl_weight * kl + 0.5 * ce, (z.argmax(-1) == 0).float().mean()
+
+
+def loss_full(hf, pred, p_t, argmax_t, reg_tgt, reg_weight: float):
+    """``reg_weight`` · smooth-L1 to ``f_{i+1}`` + the cross-entropy to the target's **full** next-token
+    distribution ``p_t (B, T-1, V)`` (recomputed from its stored features; = KL(target ‖ draft) + the target's
+    entropy, a constant). Also the top-1 agreement."""
+    z = hf.lm_head(pred).float()  # (B, T-1, V)
+    ce = nn.functional.cross_entropy(z.flatten(0, 1), p_t.flatten(0, 1))
+    reg = nn.functional.smooth_l1_loss(pred, reg_tgt)
+    return reg_weight * reg + ce, (z.argmax(-1) == argmax_t).float().mean()
 
 
 @torch.no_grad()
-def heldout_agreement(hf, head, data, steps: int) -> list[float]:
+def heldout_agreement(hf, head, data, steps: int, exact: bool = True) -> list[float]:
     """Per unrolled step, share of held-out rows whose full-vocabulary argmax equals the target's."""
     hits, n = [0] * steps, 0
     for ids, f, top, idx in data:
-        preds = head_forward(hf, head, ids, f, steps)
+        preds = head_forward(hf, head, ids, f, steps, exact)
         for j, p in enumerate(preds):
             hits[j] += int((hf.lm_head(p).argmax(-1) == idx[:, 1:, 0].long()).sum())
         n += preds[0].shape[0] * preds[0].shape[1]
     return [h / max(n, 1) for h in hits]
 
 
-def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int = 1024, seq: int = 256, batch: int = 4,
-          candidates: int = 64, minutes: float = 8.0, collect_share: float = 0.4, lr: float = 1e-3, steps: int = 3,
-          kl_weight: float = 1.0, out: str | Path | None = None, seed: int = 0, log=print, device: str = "cpu") -> dict:
+def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int = 1024, seq: int | None = None,
+          batch: int = 4, candidates: int = 64, minutes: float = 8.0, collect_share: float = 0.4, lr: float = 1e-3,
+          steps: int | None = None, kl_weight: float = 1.0, out: str | Path | None = None, seed: int = 0, log=print,
+          device: str = "cpu", recipe: str = "v2", teacher: str | None = None) -> dict:
     """Collect the target's features on ``tokens`` training tokens (at most ``collect_share`` of the budget),
     then train the head until ``minutes`` have passed: this process's CPU time on the CPU (one thread: the
     wall time of an idle core, however busy the machine is), wall time on a GPU (``device="cuda"``).
+    ``recipe``: :data:`RECIPES` (``seq`` / ``steps`` / ``teacher`` given here override it; ``teacher``:
+    ``"top"``, the KL over the target's stored top-``candidates`` logits, or ``"full"``).
     Writes ``out`` (after every epoch too, so a stopped run leaves a usable head)."""
-    from specdec.artifacts import model_identity
     from specdec.models import SpecdecModel
 
+    if recipe not in RECIPES:
+        raise SpecdecError(f"unknown EAGLE training recipe {recipe!r}; known: {', '.join(RECIPES)}.")
+    rc = dict(RECIPES[recipe])
+    gpu = device != "cpu"
+    rc["seq"] = seq or rc["seq"] or (2048 if gpu else 256)
+    rc["steps"] = steps if steps is not None else rc["steps"]
+    rc["teacher"] = teacher or rc["teacher"] or ("full" if gpu else "top")
+    if rc["teacher"] not in ("top", "full"):
+        raise SpecdecError(f"teacher must be top or full (got {rc['teacher']!r}).")
+    seq, steps, exact = rc["seq"], rc["steps"], rc["exact"]
     clock = time.process_time if device == "cpu" else time.perf_counter
     t0, c0 = time.perf_counter(), clock()
     torch.manual_seed(seed)
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = True
     sm = SpecdecModel.from_pretrained(model, device=device)
     hf, tok = sm.hf, sm.tokenizer
     check_trainable(sm, model)
@@ -115,8 +177,8 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
         raise SpecdecError(f"steps must be >= 1 (got {steps}).")
     hf.requires_grad_(False)
     budget = minutes * 60
-    train_ids = _chunks(tok, training_texts(tokens * 6), seq, tokens)
-    eval_ids = _chunks(tok, held_out_texts(), seq, eval_tokens)
+    train_ids = _chunks(tok, training_texts(tokens * 6, wide=rc["wide"]), seq, tokens)
+    eval_ids = _chunks(tok, held_out_texts(), seq, max(eval_tokens, seq))
 
     def collect(ids, share):
         data = []
@@ -132,24 +194,42 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
     train_data = collect(train_ids, collect_share)
     n_train = sum(x[0].numel() for x in train_data)
     t_collect = clock() - c0
-    log(f"collected target features on {n_train} training / {sum(x[0].numel() for x in eval_data)} held-out tokens "
-        f"in {t_collect:.0f} CPU s ({time.perf_counter() - t0:.0f} s wall)")
+    log(f"recipe {recipe} ({rc}): collected target features on {n_train} training / "
+        f"{sum(x[0].numel() for x in eval_data)} held-out tokens in {t_collect:.0f} s "
+        f"({time.perf_counter() - t0:.0f} s wall)")
     layer_from = len(hf.model.layers) - 1
     head = EagleHead(hf.model.layers[layer_from], hf.config.hidden_size).to(device)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
     left = budget - (clock() - c0)
     history, step, epoch = [], 0, 0
     e_est = None
+
+    def lr_at(frac: float) -> float:
+        if rc["schedule"] == "linear":
+            return lr * max(0.05, 1.0 - frac)
+        warm = 0.03
+        if frac < warm:
+            return lr * max(frac / warm, 0.02)
+        return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (frac - warm) / (1 - warm)))))
+
     while True:
         e0 = clock()
         tot = acc = 0.0
+        n_b = 0
         for i in torch.randperm(len(train_data)).tolist():
             ids, f, top, idx = train_data[i]
             frac = min(1.0, (clock() - c0 - t_collect) / max(left, 1.0))
-            for g in opt.param_groups:  # linear decay over the remaining budget
-                g["lr"] = lr * max(0.05, 1.0 - frac)
-            preds = head_forward(hf, head, ids, f, steps)
-            losses = [loss_terms(hf, p, f, top, idx, kl_weight) for p in preds]
+            for g in opt.param_groups:
+                g["lr"] = lr_at(frac)
+            preds = head_forward(hf, head, ids, f, steps, exact)
+            if rc["teacher"] == "full":
+                with torch.no_grad():
+                    tgt = f[:, 1:].float()
+                    p_t = torch.softmax(hf.lm_head(tgt).float(), -1)
+                losses = [loss_full(hf, p, p_t, idx[:, 1:, 0].long(), tgt, rc["reg_weight"]) for p in preds]
+                del p_t
+            else:
+                losses = [loss_terms(hf, p, f, top, idx, kl_weight, reg_weight=rc["reg_weight"]) for p in preds]
             loss = sum(l for l, _ in losses) / len(losses)
             opt.zero_grad()
             loss.backward()
@@ -158,21 +238,22 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
             tot += loss.item()
             acc += losses[0][1].item()
             step += 1
+            n_b += 1
             if clock() - c0 > budget - (e_est or 0) * 0.02:
                 break
         epoch += 1
         e_est = clock() - e0
-        ev = heldout_agreement(hf, head, eval_data, steps)
-        history.append(dict(epoch=epoch, loss=tot / len(train_data), train_top1=acc / len(train_data), heldout_top1=ev))
-        log(f"epoch {epoch}: loss {tot / len(train_data):.3f} train top-1 {acc / len(train_data):.3f} held-out top-1 "
-            f"per step {', '.join(f'{x:.3f}' for x in ev)} ({e_est:.0f} CPU s)")
+        ev = heldout_agreement(hf, head, eval_data, steps, exact)
+        history.append(dict(epoch=epoch, loss=tot / max(n_b, 1), train_top1=acc / max(n_b, 1), heldout_top1=ev))
+        log(f"epoch {epoch}: loss {tot / max(n_b, 1):.3f} train top-1 {acc / max(n_b, 1):.3f} held-out top-1 "
+            f"per step {', '.join(f'{x:.3f}' for x in ev)} ({e_est:.0f} s)")
         if out is not None:  # a checkpoint per epoch: a stopped run still leaves a usable head
             save_eagle(out, head, _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step,
-                                        history, c0, t0, clock, device))
+                                        history, c0, t0, clock, device, recipe, rc))
         if clock() - c0 + e_est > budget:
             break
     meta = _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0,
-                 clock, device)
+                 clock, device, recipe, rc)
     if out is not None:
         save_eagle(out, head, meta)
         log(f"wrote {out}")
@@ -180,10 +261,11 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
 
 
 def _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0, clock,
-          device) -> dict:
+          device, recipe, rc) -> dict:
     from specdec.artifacts import model_identity
 
     return dict(target=model_identity(sm), model=model, layer_from=layer_from, tokens=int(n_train), seq=seq,
+                recipe=recipe, recipe_settings=rc,
                 candidates=candidates, steps=steps, kl_weight=kl_weight, epochs=epoch, optimizer_steps=step,
                 heldout_top1=history[-1]["heldout_top1"] if history else None,
                 device=device, budget_seconds_used=round(clock() - c0, 1), wall_seconds=round(time.perf_counter() - t0, 1),

@@ -38,7 +38,8 @@ def _fp16_roundtrip_head(target, artifact):
 
 
 def test_engine_draft_equals_training_forward(target, artifact):
-    """Draft steps 1 and 2 of the engine equal rows L-1 of the training forward's unrolled steps 1 and 2."""
+    """Draft steps 1, 2 and 3 of the engine equal rows L-1, L, L+1 of the training forward's unrolled steps
+    1, 2, 3 (recipe v2's exact training-time test; v1's approximation differs from step 3 on)."""
     from specdec.eagle import EagleDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.train_eagle import features, head_forward
@@ -56,15 +57,18 @@ def test_engine_draft_equals_training_forward(target, artifact):
     # drive one draft by hand after the prefill (pending = the prefill's token)
     state, run = eng._start([ids[0, :L].tolist()], 8, None)
     with torch.no_grad():
-        drafts, _ = drafter.draft(state, 2)
-    assert len(seen) == 2
-    full = torch.tensor([ids[0, :L].tolist() + [first, int(drafts[0, 0])]])
+        drafts, _ = drafter.draft(state, 3)
+    assert len(seen) == 3
+    full = torch.tensor([ids[0, :L].tolist() + [first, int(drafts[0, 0]), int(drafts[0, 1])]])
     f, _, _ = features(target.hf, full, 4, half=False)
     with torch.no_grad():
-        s1, s2 = head_forward(target.hf, drafter.head, full, f, steps=2)
+        s1, s2, s3 = head_forward(target.hf, drafter.head, full, f, steps=3)
+        v1 = head_forward(target.hf, drafter.head, full, f, steps=3, exact=False)
     assert torch.allclose(seen[0][0], s1[0, L - 1], atol=1e-4), (seen[0][0] - s1[0, L - 1]).abs().max()
     assert torch.allclose(seen[1][0], s2[0, L], atol=1e-4), (seen[1][0] - s2[0, L]).abs().max()
+    assert torch.allclose(seen[2][0], s3[0, L + 1], atol=1e-4), (seen[2][0] - s3[0, L + 1]).abs().max()
     assert not torch.allclose(seen[1][0], s1[0, L], atol=1e-3)  # step 2 fed the predicted feature, not f_L
+    assert torch.allclose(v1[1], s2, atol=1e-5) and not torch.allclose(v1[2][0, L + 1], s3[0, L + 1], atol=1e-3)
 
 
 def test_dense_verification_and_full_budget_dustin_equal_dense(target, artifact):
@@ -178,9 +182,12 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
     AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
     out = tmp_path / "e.safetensors"
     res = train(str(d), tokens=512, eval_tokens=128, seq=64, batch=4, minutes=0.15, out=out, log=lambda s: None)
-    assert res["epochs"] >= 1 and res["tokens"] == 512 and len(res["heldout_top1"]) == 3
+    assert res["epochs"] >= 1 and res["tokens"] == 512 and len(res["heldout_top1"]) == 4 and res["recipe"] == "v2"
     assert res["history"][-1]["loss"] < res["history"][0]["loss"] + 1e-6
     assert read_meta(out)["kind"] == "eagle"
+    full = train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.05, teacher="full", steps=2,
+                 log=lambda s: None)  # the full-vocabulary KL (the GPU's default) runs too
+    assert full["recipe_settings"]["teacher"] == "full" and len(full["heldout_top1"]) == 2
     EagleDrafter(SpecdecModel.from_pretrained(str(d)), out)
     r = CliRunner().invoke(app, ["train-draft", "--kind", "medusa"])
     assert r.exit_code == 2 and "--kind must be eagle or skip" in r.output
