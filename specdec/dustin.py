@@ -21,7 +21,8 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 * ``dense_first``: the first verification of a generation is dense (default true; it seeds the target history).
 * ``lookup_min`` / ``lookup_max``: prompt lookup (:mod:`specdec.lookup`): where the context holds an earlier
   occurrence of the last ``n`` tokens (``n = lookup_max .. lookup_min``), its continuation is the draft, else
-  the draft model's; ``lookup_min=0`` turns it off.
+  the draft model's; ``lookup_min=0`` turns it off. ``lookup_trust``: a match shorter than this is used only
+  where its first token equals the draft model's first draft.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from specdec.selectors.hybrid_srh import HybridSRHConfig
 
 #: prompt lookup combined with the draft (:mod:`specdec.lookup`) by default: on held-out prose and code it raised
 #: τ with dense verification over the EAGLE head alone (docs page *Dustin*, "Prompt lookup")
-LOOKUP_MIN, LOOKUP_MAX = 2, 4
+LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST = 2, 4, 2
 
 
 class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
@@ -59,6 +60,8 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
     lookup_min: int = Field(default=LOOKUP_MIN, ge=0, description="prompt lookup: shortest context n-gram whose "
                             "continuation replaces the draft's tokens (0 = off, draft only)")
     lookup_max: int = Field(default=LOOKUP_MAX, ge=1, description="prompt lookup: longest n-gram tried (first)")
+    lookup_trust: int = Field(default=LOOKUP_TRUST, ge=1, description="prompt lookup: a shorter match is used only "
+                              "where its first token equals the draft model's first draft")
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -144,7 +147,7 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
     if o.lookup_min:
         from specdec.lookup import LookupDrafter
 
-        drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max)
+        drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max, o.lookup_trust)
     verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
                               dense_first=o.dense_first)
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

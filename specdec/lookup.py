@@ -151,7 +151,8 @@ class LookupDrafter(Drafter):
 
     def stats(self, reset: bool = False) -> dict:
         """Share of (sequence, round) drafts taken from the context (one host read)."""
-        matched = int(self._matched) if self._matched is not None else 0
+        out = dict(rounds=self.rounds, matched=int(self._matched) if self._matched is not None else 0)
+        out["matched_share"] = out["matched"] / max(self.rounds, 1)
         if reset:
             self.rounds, self._matched = 0, None
-        return dict(rounds=self.rounds, matched=matched, matched_share=matched / max(self.rounds, 1))
+        return out

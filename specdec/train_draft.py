@@ -223,14 +223,16 @@ def held_out_texts() -> list[tuple[str, str]]:
 
 
 def _chunks(tok, texts, T: int, max_tokens: int) -> torch.Tensor:
+    """``(R, T)`` token rows cut from ``texts`` in order, ``max_tokens`` at most (texts are tokenized 32 at a
+    time: a fast tokenizer spreads a batch over its threads)."""
     rows, n = [], 0
-    for _, text in texts:
-        ids = tok(text, add_special_tokens=False).input_ids
-        for s in range(0, len(ids) - T + 1, T):
-            rows.append(ids[s : s + T])
-            n += T
-            if n >= max_tokens:
-                return torch.tensor(rows)
+    for b in range(0, len(texts), 32):
+        for ids in tok([text for _, text in texts[b : b + 32]], add_special_tokens=False).input_ids:
+            for s in range(0, len(ids) - T + 1, T):
+                rows.append(ids[s : s + T])
+                n += T
+                if n >= max_tokens:
+                    return torch.tensor(rows)
     return torch.tensor(rows)
 
 

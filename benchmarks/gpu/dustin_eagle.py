@@ -1,31 +1,30 @@
-"""Issue 15 item 1 on the H200 (≈ 5 minutes): train the EAGLE draft head on the GPU, τ on held-out documents,
-then Dustin with it at 8k, B = 64.
+"""Issue 15 item 1 on the H200 (≈ 5 minutes): train the EAGLE draft head on the GPU (recipe v2), then τ on
+held-out documents for the new head alone and combined with prompt lookup.
 
-    python3 benchmarks/gpu/dustin_eagle.py --gguf /tmp/m/smol.gguf --out $OUT [--budget-s 330 --train-minutes 2]
+    python3 benchmarks/gpu/dustin_eagle.py --gguf /tmp/m/smol.gguf --out $OUT --budget-s 290
     python3 benchmarks/gpu/dustin_eagle.py --smoke --out /tmp/smoke      # CPU, embedded model, tiny shapes
 
-Why train here: 8 minutes of one shared CPU core gave a head with held-out top-1 agreement 0.10 (3 epochs
-of 52k tokens), below the layer-skipping draft, so no EAGLE head ships yet; the same code on the GPU sees
-~2M tokens for many more steps. Commit ``<out>/smollm2-135m-eagle-gpu.safetensors`` as
-``specdec/draft_weights/smollm2-135m-eagle.safetensors`` if its τ (part ``tau``) beats the skip draft's:
-Dustin then uses it by default.
-
-Parts 3-4 (each saved as it finishes to ``<out>/dustin_eagle.json`` + ``.md``; a part that would start after
+Parts (each saved as it finishes to ``<out>/dustin_eagle.json`` + ``.md``; a part that would start after
 ``--budget-s`` seconds is recorded as skipped; a failing part records its traceback and the next one runs):
 
-3. ``e2e`` — ``specdec.bench.run_bench``: dense vs ``dustin`` (default draft = the shipped EAGLE head,
-   5 % verification budget) at context 8000, B = 64, 96 new tokens, bf16, Triton backend, CUDA graphs +
-   fused projections (no ``torch.compile``: it would not fit the 2 minutes), each warmed up, medians of
-   3 runs. Per row: tokens/s, τ, phase seconds; derived: **draft step / target step** = (draft phase /
-   (rounds · γ)) / (dense verify phase / dense steps), target ≤ 35 %; token agreement with dense.
-4. ``lossless`` — the same EAGLE head with **dense** verification (lossless speculative decoding):
-   τ, tokens/s vs dense, tokens equal to dense.
+1. ``train`` — ``specdec.train_eagle.train`` on the GPU, recipe ``v2`` (4 exact unrolled steps, 2048-token
+   sequences, KL to the target's full next-token distribution + 0.2 · feature regression, warm-up + cosine
+   schedule, up to 4 M tokens of the wide training text: every stdlib package, the test suite, docstrings
+   and ``.txt`` documents, held-out modules and pydoc topics excluded), ``--train-minutes`` of wall time
+   (collection included). Writes ``<out>/smollm2-135m-eagle-gpu.safetensors`` after every epoch.
+2. ``tau`` — τ with dense verification (float32, γ = 4, 64 new tokens, lossless: ``equals_dense`` per row)
+   on the 8 held-out documents (2 pydoc prose, 6 stdlib modules) at contexts 512 and 2048: the new head
+   alone (``new``) and with prompt lookup (``new+lookup``, ``specdec.lookup``, Dustin's default policy);
+   ``--tau-old`` adds the shipped head (``shipped``, ``shipped+lookup``). Documents outer, contexts inner,
+   saved after each, stopped at the budget.
 
-Parts ``train`` and ``tau`` (run first by default): ``train`` runs ``specdec.train_eagle.train`` on
-the GPU (``--train-minutes`` of wall time, collection included; the same held-out split as on the CPU) and
-writes ``<out>/smollm2-135m-eagle-gpu.safetensors``; ``tau`` measures τ with dense verification (float32,
-γ = 4, 64 new tokens) on the held-out documents at contexts 512 and 2048 for the GPU-trained head and the
-shipped layer-skipping draft; ``e2e`` and ``lossless`` use the GPU-trained head (else a shipped EAGLE head).
+Ship ``<out>/smollm2-135m-eagle-gpu.safetensors`` as ``specdec/draft_weights/smollm2-135m-eagle.safetensors``
+if ``new``'s mean τ beats the shipped head's (``benchmarks/results/gpu_dustin_eagle_2026-12-01.md``: 1.56 at
+512, 1.33 at 2048, same settings).
+
+Optional parts (``--parts train,tau,e2e,lossless``, not in the 5 minutes): ``e2e`` — ``specdec.bench.run_bench``
+dense vs ``dustin`` at 8k, B = 64 (draft step / target step, agreement with dense); ``lossless`` — the head with
+dense verification at the same shape (τ, tokens/s vs dense).
 """
 
 from __future__ import annotations
@@ -75,37 +74,54 @@ def part_train(a, res):
 
     out = Path(a.out) / "smollm2-135m-eagle-gpu.safetensors"
     r = train(a.gguf, tokens=a.train_tokens, minutes=a.train_minutes, device=a.device, batch=a.train_batch,
-              out=out, log=lambda s: print(s, flush=True))
+              recipe=a.recipe, seq=a.train_seq, eval_tokens=a.eval_tokens, out=out, log=lambda s: print(s, flush=True))
     res["train"] = {k: v for k, v in r.items() if k != "target"}
 
 
 def part_tau(a, res):
+    """τ with dense verification, per held-out document × context: this run's head alone and with prompt lookup
+    (``specdec.lookup``, Dustin's default policy), optionally the shipped head too (``--tau-old``). Documents
+    outer, contexts inner, saved after each: a budget cut still leaves both kinds and both contexts."""
     from specdec import SpecdecModel
     from specdec.data import context_ids
+    from specdec.dustin import LOOKUP_MAX, LOOKUP_MIN, LOOKUP_TRUST
     from specdec.eagle import EagleDrafter
     from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
     from specdec.train_draft import held_out_texts, shipped_draft
     from specdec.verifiers import FullVerifier
 
-    from specdec.skip_drafter import SkipLayerDrafter
-
     m = SpecdecModel.from_pretrained(a.gguf, dtype="float32", device=a.device)
-    drafters = {"skip (shipped)": SkipLayerDrafter(m, shipped_draft(m, "skip"))}
-    eagle = head_path(a) or shipped_draft(m, "eagle")
-    if eagle:
-        drafters["eagle"] = EagleDrafter(m, eagle)
+    heads = {}
+    if head_path(a):
+        heads["new"] = EagleDrafter(m, head_path(a))
+    if a.tau_old or not heads:
+        heads["shipped"] = EagleDrafter(m, shipped_draft(m, "eagle"))
+    drafters = {}
+    for k, d in heads.items():
+        drafters[k] = d
+        drafters[f"{k}+lookup"] = LookupDrafter(d, LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
-    rows = []
-    for ctx in a.tau_contexts:
-        for name, text in held_out_texts()[: a.tau_docs]:
+    docs = held_out_texts()
+    prose, code = [d for d in docs if d[0].startswith("pydoc")], [d for d in docs if not d[0].startswith("pydoc")]
+    order = [d for pair in zip(prose + [None] * len(code), code) for d in pair if d is not None][: a.tau_docs]
+    rows = res.setdefault("tau", [])
+    for name, text in order:
+        for ctx in a.tau_contexts:
+            if elapsed() > a.budget_s - 10:
+                res.setdefault("skipped", []).append(f"tau {name} @ {ctx}")
+                continue
             ids = context_ids(m.tokenizer, text, ctx, offset=80)
             pre = dense.prefill([ids])
             ref = dense.generate([ids], a.tau_new, prefilled=pre)
             for k, d in drafters.items():
                 r = SpeculativeEngine(m, d, FullVerifier(m), gamma=4, eos_token_id=-1).generate([ids], a.tau_new, prefilled=pre)
-                rows.append(dict(draft=k, context=ctx, document=name, tau=r.stats.mean_accepted_length,
-                                 equals_dense=r.tokens == ref.tokens))
-        res["tau"] = rows
+                row = dict(draft=k, context=ctx, document=name, kind="prose" if name.startswith("pydoc") else "code",
+                           tau=r.stats.mean_accepted_length, equals_dense=r.tokens == ref.tokens)
+                if isinstance(d, LookupDrafter):
+                    row["lookup_share"] = d.stats(reset=True)["matched_share"]
+                rows.append(row)
+            a.save()
 
 
 def part_e2e(a, res):
@@ -188,9 +204,18 @@ def markdown(res) -> str:
         lines += ["", f"GPU training: {t.get('tokens')} tokens, {t.get('epochs')} epochs, {t.get('optimizer_steps')} steps, "
                   f"held-out top-1 per step {t.get('heldout_top1')}"]
     if "tau" in res:
-        lines += ["", "| draft | context | document | τ (dense verification) | equals dense |", "|---|---|---|---|---|"]
-        lines += [f"| {r['draft']} | {r['context']} | {r['document']} | {r['tau']:.2f} | {r['equals_dense']} |"
-                  for r in res["tau"]]
+        lines += ["", "| draft | context | document | τ (dense verification) | equals dense | lookup share |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['draft']} | {r['context']} | {r['document']} | {r['tau']:.2f} | {r['equals_dense']} "
+                  f"| {r.get('lookup_share', '')} |" for r in res["tau"]]
+        lines += ["", "| draft | context | kind | mean τ | documents |", "|---|---|---|---|---|"]
+        for k in dict.fromkeys(r["draft"] for r in res["tau"]):
+            for ctx in dict.fromkeys(r["context"] for r in res["tau"]):
+                for kind in ("prose", "code", "all"):
+                    ts = [r["tau"] for r in res["tau"] if r["draft"] == k and r["context"] == ctx
+                          and kind in (r["kind"], "all")]
+                    if ts:
+                        lines.append(f"| {k} | {ctx} | {kind} | {sum(ts) / len(ts):.2f} | {len(ts)} |")
     for k, v in res.get("errors", {}).items():
         lines += ["", f"**{k} failed**:", "```", v[-3000:], "```"]
     for k in res.get("skipped", []):
@@ -204,15 +229,20 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=330)
     ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 2, 8 tokens")
-    ap.add_argument("--parts", default="train,tau,e2e,lossless")
+    ap.add_argument("--parts", default="train,tau", help="train,tau (default, ~5 min) and optionally e2e,lossless")
     ap.add_argument("--train-minutes", type=float, default=2.0)
-    ap.add_argument("--train-tokens", type=int, default=2_000_000)
-    ap.add_argument("--train-batch", type=int, default=32)
+    ap.add_argument("--train-tokens", type=int, default=4_000_000)
+    ap.add_argument("--train-batch", type=int, default=4)
+    ap.add_argument("--train-seq", type=int, default=None, help="default: the recipe's (v2 on the GPU: 2048)")
+    ap.add_argument("--recipe", default="v2")
+    ap.add_argument("--eval-tokens", type=int, default=16384)
+    ap.add_argument("--tau-old", action="store_true", help="also τ of the shipped head (alone and with lookup)")
     a = ap.parse_args()
     if a.smoke:
         a.gguf, a.device, a.dtype, a.backend, a.graphs, a.fuse = "smollm2-135m", "cpu", "float32", "reference", False, False
         a.context, a.batch, a.new, a.repeats, a.document = 128, 2, 8, 1, "stdlib:tarfile"
         a.train_minutes, a.train_tokens, a.train_batch = min(a.train_minutes, 0.3), min(a.train_tokens, 1024), 4
+        a.train_seq, a.eval_tokens = a.train_seq or 64, min(a.eval_tokens, 128)
         a.tau_contexts, a.tau_docs, a.tau_new = (128,), 2, 8
         torch.set_num_threads(1)
     else:
@@ -231,6 +261,8 @@ def main() -> None:
     def save():
         (out / "dustin_eagle.json").write_text(json.dumps(res, indent=1, default=str))
         (out / "dustin_eagle.md").write_text(markdown(res))
+
+    a.save = save
 
     for name in a.parts.split(","):
         if elapsed() > a.budget_s:
