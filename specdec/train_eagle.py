@@ -153,8 +153,6 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
     ``recipe``: :data:`RECIPES` (``seq`` / ``steps`` / ``teacher`` given here override it; ``teacher``:
     ``"top"``, the KL over the target's stored top-``candidates`` logits, or ``"full"``).
     Writes ``out`` (after every epoch too, so a stopped run leaves a usable head)."""
-    from specdec.models import SpecdecModel
-
     if recipe not in RECIPES:
         raise SpecdecError(f"unknown EAGLE training recipe {recipe!r}; known: {', '.join(RECIPES)}.")
     rc = dict(RECIPES[recipe])
@@ -164,19 +162,30 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
     rc["teacher"] = teacher or rc["teacher"] or ("full" if gpu else "top")
     if rc["teacher"] not in ("top", "full"):
         raise SpecdecError(f"teacher must be top or full (got {rc['teacher']!r}).")
-    seq, steps, exact = rc["seq"], rc["steps"], rc["exact"]
     clock = time.process_time if device == "cpu" else time.perf_counter
     t0, c0 = time.perf_counter(), clock()
     torch.manual_seed(seed)
-    if gpu:
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    if gpu:  # TF32 matmuls for the training only (restored on return)
         torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_weight, out, log, device,
+                      recipe, rc, clock, t0, c0, budget=minutes * 60)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_weight, out, log, device, recipe, rc,
+           clock, t0, c0, budget) -> dict:
+    from specdec.models import SpecdecModel
+
+    seq, steps, exact = rc["seq"], rc["steps"], rc["exact"]
+    if steps < 1:
+        raise SpecdecError(f"steps must be >= 1 (got {steps}).")
     sm = SpecdecModel.from_pretrained(model, device=device)
     hf, tok = sm.hf, sm.tokenizer
     check_trainable(sm, model)
-    if steps < 1:
-        raise SpecdecError(f"steps must be >= 1 (got {steps}).")
     hf.requires_grad_(False)
-    budget = minutes * 60
     train_ids = _chunks(tok, training_texts(tokens * 6, wide=rc["wide"]), seq, tokens)
     eval_ids = _chunks(tok, held_out_texts(), seq, max(eval_tokens, seq))
 
