@@ -156,3 +156,8 @@ class LookupDrafter(Drafter):
         if reset:
             self.rounds, self._matched = 0, None
         return out
+
+
+def base_drafter(drafter: Drafter) -> Drafter:
+    """The draft model's drafter under a :class:`LookupDrafter` (``drafter`` itself if not wrapped)."""
+    return drafter.inner if isinstance(drafter, LookupDrafter) else drafter

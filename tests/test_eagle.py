@@ -87,7 +87,9 @@ def test_dense_verification_and_full_budget_dustin_equal_dense(target, artifact)
     assert eng.generate(prompts, 24, prefilled=pre).tokens == want
     cfg = PipelineConfig.make(method="dustin", gamma=3, budget=10_000, sinks=2, recent=4, options={"draft": str(artifact)})
     eng = build_engine(target, cfg, eos_token_id=-1)
-    assert isinstance(eng.drafter, EagleDrafter)
+    from specdec.lookup import LookupDrafter
+
+    assert isinstance(eng.drafter, LookupDrafter) and isinstance(eng.drafter.inner, EagleDrafter)  # lookup: default
     assert eng.generate(prompts, 24).tokens == want
 
 
@@ -154,7 +156,10 @@ def test_shipped_eagle_head_is_the_default_draft(target, artifact, tmp_path, mon
     save_draft(tmp_path / "tiny.safetensors", SkipAdapter(64, 8), dict(k=1, t=1, rank=8, target=model_identity(target)))
 
     def drafter(**options):
-        return build_engine(target, PipelineConfig.make(method="dustin", gamma=3, budget=12, options=options)).drafter
+        from specdec.lookup import base_drafter
+
+        return base_drafter(build_engine(target, PipelineConfig.make(method="dustin", gamma=3, budget=12,
+                                                                     options=options)).drafter)
 
     assert isinstance(drafter(), SkipLayerDrafter)
     shutil.copy(artifact, tmp_path / "tiny-eagle.safetensors")
@@ -193,6 +198,10 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
     assert r.exit_code == 2 and "--kind must be eagle or skip" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--init", str(out)])
     assert r.exit_code == 2 and "--init is for --kind skip" in r.output
+    r = CliRunner().invoke(app, ["train-draft", "--recipe", "v9", "--out", str(tmp_path / "x.safetensors")])
+    assert r.exit_code == 2 and "--recipe must be one of v1, v2" in r.output
+    r = CliRunner().invoke(app, ["train-draft", "--kind", "skip", "--seq", "512", "--out", str(tmp_path / "x.safetensors")])
+    assert r.exit_code == 2 and "--seq is for --kind eagle" in r.output
 
 
 @pytest.mark.parametrize("setting", ["T1", "T0.7-top_p0.8"])
@@ -253,7 +262,9 @@ def test_shipped_eagle_head_is_default_and_accepted(smol):
     assert path.stat().st_size < 10 * 2**20 and read_meta(path)["kind"] == "eagle"
     for options in ({}, {"draft": "eagle"}):
         eng = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64, options=options))
-        assert isinstance(eng.drafter, EagleDrafter) and eng.drafter.path == path
+        from specdec.lookup import base_drafter
+
+        assert isinstance(base_drafter(eng.drafter), EagleDrafter) and eng.drafter.path == path
     ids = context_ids(smol.tokenizer, load_document("stdlib:argparse"), 512, offset=80)
     drafters = {"eagle": EagleDrafter(smol, path), "skip": SkipLayerDrafter(smol, shipped_draft(smol, "skip"))}
     dense = SpeculativeEngine(smol, method="dense", eos_token_id=-1)

@@ -132,3 +132,45 @@ def test_dustin_options_wrap_the_draft(target, eagle_path):
     assert (d.min_n, d.max_n, d.trust_n) == (3, 5, 4)
     with pytest.raises(SpecdecError, match="lookup_min <= lookup_max"):
         drafter(lookup_min=5, lookup_max=4)
+
+
+def test_sampling_with_lookup_follows_the_target(tmp_path):
+    """Lossless sampling with prompt lookup over the EAGLE head + dense verification: a lookup draft is a one-hot
+    q. Chi-square against the exact law of 3-token continuations (tests/test_lossless_stats.py's recipe); the
+    repeating prompt makes lookup propose in most rounds."""
+    import itertools
+
+    from test_lossless_stats import K, N, PROMPT, SETTINGS, V, exact_joint, goodness_of_fit
+
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleDrafter, EagleHead, save_eagle
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+    from specdec.sampling import SamplingConfig
+    from specdec.verifiers import FullVerifier
+
+    m = make_tiny("llama", seed=5, vocab_size=V)
+    with torch.no_grad():
+        m.hf.lm_head.weight.mul_(4.0)
+    nxt = {}
+    for k in range(K):
+        prefixes = list(itertools.product(range(V), repeat=k))
+        with torch.no_grad():
+            lg = m.hf(input_ids=torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1].float()
+        nxt.update({p: lg[i] for i, p in enumerate(prefixes)})
+    torch.manual_seed(0)
+    head = EagleHead(m.hf.model.layers[-1], m.hf.config.hidden_size)
+    path = tmp_path / "h.safetensors"
+    save_eagle(path, head, dict(target=model_identity(m), layer_from=len(m.hf.model.layers) - 1))
+    cfg = SamplingConfig(**SETTINGS["T1"], seed=4321)
+    look = LookupDrafter(EagleDrafter(m, path), 1, 3)
+    eng = SpeculativeEngine(m, look, FullVerifier(m), gamma=3, sampling=cfg, eos_token_id=-1)
+    res = eng.generate([PROMPT] * N, max_new_tokens=K)
+    assert look.stats()["matched_share"] > 0.5
+    seqs = torch.tensor(res.tokens)
+    flat = (seqs * torch.tensor([V ** (K - 1 - k) for k in range(K)])).sum(1)
+    counts = torch.bincount(flat, minlength=V ** K).double().view((V,) * K)
+    probs = exact_joint(nxt, cfg)
+    pval, tv, _ = goodness_of_fit(counts, probs)
+    p1, tv1, _ = goodness_of_fit(counts.sum(dim=(1, 2)), probs.sum(dim=(1, 2)))
+    assert pval > 1e-3 and p1 > 1e-3 and tv1 < 0.03, (pval, p1, tv1)

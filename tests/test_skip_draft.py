@@ -74,7 +74,9 @@ def test_full_budget_dustin_with_skip_draft_equals_dense(target, artifact):
     eng = build_engine(target, cfg, eos_token_id=-1)
     from specdec.skip_drafter import SkipLayerDrafter
 
-    assert isinstance(eng.drafter, SkipLayerDrafter)
+    from specdec.lookup import base_drafter
+
+    assert isinstance(base_drafter(eng.drafter), SkipLayerDrafter)  # under prompt lookup (Dustin's default)
     res = eng.generate(prompts, 24)
     assert res.tokens == dense.tokens
 
@@ -123,7 +125,9 @@ def test_shipped_draft_is_default_and_accepted(smol):
     path = shipped_draft(smol, "skip")
     assert path is not None and path.stat().st_size < 10 * 2**20
     eng = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64, options={"draft": "skip"}))
-    assert isinstance(eng.drafter, SkipLayerDrafter) and eng.drafter.path == path
+    from specdec.lookup import base_drafter
+
+    assert isinstance(base_drafter(eng.drafter), SkipLayerDrafter) and eng.drafter.path == path
     ids = smol.tokenizer(load_document("stdlib:textwrap"), add_special_tokens=False).input_ids[2000:2256]
     dense = build_engine(smol, PipelineConfig.make(method="dense"), eos_token_id=-1).generate([ids], 40)
     tau = {}
