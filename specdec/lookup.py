@@ -103,9 +103,6 @@ class LookupDrafter(Drafter):
     def dense_steps_ok(self) -> bool:  # type: ignore[override]
         return self.inner.dense_steps_ok
 
-    def identity(self) -> dict:
-        return {**self.inner.identity(), "lookup": [self.min_n, self.max_n]}
-
     def prefill(self, state) -> None:
         self.inner.prefill(state)
         memo: dict[tuple, NgramIndex] = {}
