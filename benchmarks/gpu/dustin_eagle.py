@@ -227,7 +227,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--budget-s", type=float, default=330)
+    ap.add_argument("--budget-s", type=float, default=295)
     ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 2, 8 tokens")
     ap.add_argument("--parts", default="train,tau", help="train,tau (default, ~5 min) and optionally e2e,lossless")
     ap.add_argument("--train-minutes", type=float, default=2.0)
