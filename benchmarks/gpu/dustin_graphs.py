@@ -1,7 +1,7 @@
 """Issue 15 item 4 on the H200 (≤ 4 minutes): Dustin with the EAGLE head graph-captured, at 8k, B = 1, 16, 64.
 
-    python3 benchmarks/gpu/dustin_graphs.py --out $OUT [--budget-s 225] [--draft PATH]
-    python3 benchmarks/gpu/dustin_graphs.py --smoke --out /tmp/smoke      # CPU, embedded model, tiny shapes
+    python3 benchmarks/gpu/dustin_graphs.py --out $OUT [--budget-s 150 --tests-s 60 --profile-s 10] [--draft PATH]
+    python3 benchmarks/gpu/dustin_graphs.py --smoke --out /tmp/smoke      # CPU, embedded model, B = 2, tiny shapes
 
 Model: the embedded SmolLM2-135M from ``--gguf`` (``/tmp/m/smol.gguf``), bf16, Triton backend, fused projections,
 CUDA graphs (target forwards and, since this change, the head's draft). Document: the source file of a
@@ -20,8 +20,10 @@ median; then one run with phase syncs for the time split):
 Per row: tokens/s (median), × dense, τ, free-running token agreement with dense (share of equal positions, all
 sequences) and the first divergence, the phase split (draft / verify / sample / select, ms per iteration), the
 **draft step / target step** ratio (draft phase / (rounds · γ) over dense's verify phase / steps; target ≤ 35 %),
-and for Dustin the verifier's counters (KV read vs dense, dense passes, its own select time). Part ``tests`` runs
-``pytest tests/test_dustin_gpu.py`` in a subprocess with the time left. Everything lands in
+and for Dustin the verifier's counters (KV read vs dense, dense passes, its own plan time). Part ``tests`` runs
+``pytest tests/test_dustin_gpu.py`` in subprocesses (the EAGLE capture tests first) with the time left. Last, a
+``torch.profiler`` run of ``dustin-25%`` at the largest batch (top operators by device time, launches and graph
+replays per iteration: where the iteration's time goes). Everything lands in
 ``<out>/dustin_graphs.json`` + ``.md`` after each row; a failing row records its traceback and the next one runs.
 """
 
@@ -167,19 +169,59 @@ def part_batch(a, m, ids, B: int, res: dict, save) -> None:
         save()
 
 
+def part_profile(a, m, ids, B: int, res: dict) -> None:
+    """Where one Dustin iteration's time goes at batch ``B``: ``torch.profiler`` over a short generation of
+    ``dustin-25%`` (already warmed up at this shape by its row): the top operators by device time, and the
+    launches per iteration (kernels launched one by one vs graph replays)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from specdec.engine import Prefilled, SpeculativeEngine
+
+    _, makers = engines(m, a)
+    one = SpeculativeEngine(m, method="dense", eos_token_id=-1).prefill([ids])
+    pre = Prefilled(ids=[ids] * B, k=one.k.expand(-1, B, -1, -1, -1), v=one.v.expand(-1, B, -1, -1, -1),
+                    last_logits=one.last_logits.expand(B, -1), hidden=one.hidden.expand(B, -1, -1))
+    eng = makers["dustin-25%"]()
+    eng.sync_timing = False
+    eng.generate([ids] * B, a.new, prefilled=pre)  # warm-up (captures)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if m.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        r = eng.generate([ids] * B, a.new, prefilled=pre)
+    it = max(1, r.stats.iterations)
+    ev = prof.key_averages()
+    calls = {e.key: e.count for e in ev}
+    launches = sum(n for k, n in calls.items() if k in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+    replays = calls.get("cudaGraphLaunch", 0)
+    syncs = sum(n for k, n in calls.items() if "Synchronize" in k or k == "cudaMemcpyAsync")
+    sort = "self_cuda_time_total" if m.device.type == "cuda" else "self_cpu_time_total"
+    table = ev.table(sort_by=sort, row_limit=30)
+    (Path(a.out) / f"profile_dustin25_b{B}.txt").write_text(table)
+    res["profile"] = dict(batch=B, iterations=it, tokens_per_second=r.stats.tokens_per_second,
+                          kernel_launches_per_iteration=launches / it, graph_replays_per_iteration=replays / it,
+                          memcpy_or_sync_per_iteration=syncs / it, table=f"profile_dustin25_b{B}.txt")
+
+
 def part_tests(a, res) -> None:
-    left = max(10, int(a.budget_s + a.tests_s - elapsed()))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "tests/test_dustin_gpu.py"]
+    """``pytest tests/test_dustin_gpu.py``: the EAGLE capture tests first, then the rest (torch.compile: slower),
+    each with the time left."""
     env = dict(os.environ, SPECDEC_TEST_DEVICE="cuda" if torch.cuda.is_available() else "cpu")
     if torch.cuda.is_available():  # the kernels run compiled, not in the interpreter
         env.pop("TRITON_INTERPRET", None)
-    try:
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
-        out, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        out, rc = f"timed out after {left} s\n{(e.stdout or b'')[-4000:]!r}", 124
-    (Path(a.out) / "test_dustin_gpu.log").write_text(out)
-    res["tests"] = dict(returncode=rc, summary=(out.strip().splitlines() or [""])[-1], seconds_limit=left)
+    res["tests"] = []
+    for sel in ("eagle", "not eagle"):
+        left = int(a.budget_s + a.tests_s - elapsed())
+        if left < 10:
+            res["tests"].append(dict(select=sel, returncode=None, summary="skipped (time budget)"))
+            continue
+        cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "tests/test_dustin_gpu.py", "-k", sel]
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
+            out, rc = p.stdout + p.stderr, p.returncode
+        except subprocess.TimeoutExpired as e:
+            out, rc = f"timed out after {left} s\n{(e.stdout or b'')[-4000:]!r}", 124
+        name = "eagle" if sel == "eagle" else "rest"
+        (Path(a.out) / f"test_dustin_gpu_{name}.log").write_text(out)
+        res["tests"].append(dict(select=sel, returncode=rc, summary=(out.strip().splitlines() or [""])[-1], limit_s=left))
 
 
 def markdown(res) -> str:
@@ -188,7 +230,7 @@ def markdown(res) -> str:
              f"`{meta['argv']}` — {meta['device']}, context {meta.get('context')} tokens of `{meta['document']}`, "
              f"{meta['new_tokens']} new tokens, γ = {GAMMA}, draft `{meta.get('draft')}`", "",
              "| B | method | tok/s | × dense | τ | agreement (first diff) | draft step ms | target step ms | draft/target "
-             "| verify ms/iter | ms/iter draft · verify · sample · select | KV read |",
+             "| verify ms/iter (plan) | ms/iter draft · verify · sample · select | KV read |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("rows", []):
         f = lambda k, fmt: (fmt.format(r[k]) if r.get(k) is not None else "")  # noqa: E731
@@ -196,12 +238,19 @@ def markdown(res) -> str:
         split = " · ".join(f"{ph.get(k, 0.0):.2f}" for k in ("draft", "verify", "sample", "select"))
         agree = "" if r["method"] == "dense" else f"{r['agreement_with_dense']:.1%} ({r['first_divergence']})"
         kv = r.get("verifier", {}).get("kv_read_vs_dense")
+        vs = r.get("verifier", {})
+        sel = f" (plan {1e3 * vs['select_seconds'] / max(1, vs['passes']):.2f})" if vs.get("passes") else ""
         lines.append(f"| {r['batch']} | {r['method']} | {r['tokens_per_second']:.0f} | {f('speedup_vs_dense', '{:.2f}×')} "
                      f"| {r['tau']:.2f} | {agree} | {f('draft_step_ms', '{:.3f}')} | {f('target_step_ms', '{:.3f}')} "
-                     f"| {f('draft_over_target', '{:.0%}')} | {f('verify_ms', '{:.2f}')} | {split} "
+                     f"| {f('draft_over_target', '{:.0%}')} | {f('verify_ms', '{:.2f}')}{sel} | {split} "
                      f"| {'' if kv is None else f'{kv:.1%}'} |")
-    if "tests" in res:
-        lines += ["", f"GPU tests (`tests/test_dustin_gpu.py`): rc {res['tests']['returncode']}, {res['tests']['summary']}"]
+    if "profile" in res:
+        p = res["profile"]
+        lines += ["", f"Profile of dustin-25% at B = {p['batch']} ({p['iterations']} iterations, `{p['table']}`): "
+                  f"{p['kernel_launches_per_iteration']:.0f} kernel launches, {p['graph_replays_per_iteration']:.1f} "
+                  f"graph replays, {p['memcpy_or_sync_per_iteration']:.1f} copies/syncs per iteration"]
+    for t in res.get("tests", []):
+        lines += ["", f"GPU tests (`tests/test_dustin_gpu.py -k '{t['select']}'`): rc {t['returncode']}, {t['summary']}"]
     for k, v in res.get("errors", {}).items():
         lines += ["", f"**{k} failed**:", "```", v[-3000:], "```"]
     if res.get("skipped"):
@@ -213,18 +262,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--budget-s", type=float, default=190, help="seconds for the benchmark rows")
-    ap.add_argument("--tests-s", type=float, default=45, help="extra seconds the GPU tests may use after them")
+    ap.add_argument("--budget-s", type=float, default=150, help="seconds (from the start) for the benchmark rows")
+    ap.add_argument("--tests-s", type=float, default=60, help="extra seconds the GPU tests may use after them")
+    ap.add_argument("--profile-s", type=float, default=10, help="the profile runs if it can start within these after")
     ap.add_argument("--draft", default=None, help="an EAGLE head artifact (default: the shipped one)")
     ap.add_argument("--module", default="tarfile", help="held-out standard-library module whose source is the document")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--methods", default="dense,eagle-dense,dustin-25%,dustin-default")
-    ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 1, 2, 8 tokens")
+    ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 2, 8 tokens")
     a = ap.parse_args()
     a.methods = a.methods.split(",")
     if a.smoke:
         a.gguf, a.device, a.dtype, a.backend, a.graphs, a.fuse = "smollm2-135m", "cpu", "float32", "reference", False, False
-        a.context, a.new, a.repeats, batches = 128, 8, 1, [1, 2]
+        a.context, a.new, a.repeats, batches = 128, 8, 1, [2]
         torch.set_num_threads(1)
     else:
         a.device, a.dtype, a.backend, a.graphs, a.fuse = "cuda", "bfloat16", "triton", True, True
@@ -253,16 +303,22 @@ def main() -> None:
         save()
         for B in batches:
             part_batch(a, m, ids, B, res, save)
-        del m
-        if a.device == "cuda":
-            torch.cuda.empty_cache()
     except Exception:
+        m = None
         res["errors"]["setup"] = traceback.format_exc()
     save()
-    try:
+    try:  # before the profile: a profiler failure must not cost the tests
         part_tests(a, res)
     except Exception:
         res["errors"]["tests"] = traceback.format_exc()
+    save()
+    if m is not None and elapsed() < a.budget_s + a.tests_s + a.profile_s:
+        try:
+            part_profile(a, m, ids, batches[-1], res)
+        except Exception:
+            res["errors"]["profile"] = traceback.format_exc()
+    else:
+        res["skipped"].append("profile")
     save()
     print(markdown(res))
 
