@@ -376,8 +376,9 @@ class EagleDrafter(Drafter):
         return calls(key, fn, *inputs, keep=self)
 
     # -- engine hooks ---------------------------------------------------------------------------------
-    def _buffers(self, B: int, C: int, capacity: int, dev) -> None:
-        """The head's K/V cache ``(B, H_kv, C, D)`` and the lookahead buffer ``(B, capacity)``: kept while their
+    def _buffers(self, B: int, C: int, dev) -> None:
+        """The head's K/V cache ``(B, H_kv, C, D)`` and the lookahead buffer ``(B, C)`` (``C``: the target cache's
+        capacity; head positions are target positions), and the lookahead heads on the device. Kept while their
         shapes stay (their addresses key the captured draft), made anew otherwise."""
         a = self.head.layer.self_attn
         dt = self.head.fc.weight.dtype
@@ -387,8 +388,8 @@ class EagleDrafter(Drafter):
             self.k_cache = torch.zeros(shape, device=dev, dtype=dt)
             self.v_cache = torch.zeros_like(self.k_cache)
         la = self.lookahead
-        if la is None or tuple(la.shape) != (B, capacity) or la.device != torch.device(dev):
-            self.lookahead = torch.zeros(B, capacity, dtype=torch.float32, device=dev)
+        if la is None or tuple(la.shape) != (B, C) or la.device != torch.device(dev):
+            self.lookahead = torch.zeros(B, C, dtype=torch.float32, device=dev)
         hs = sorted({int(h) for h in (self.heads or {}).get(0, [])})
         if tuple(hs) != self._hs_key or (self._hs is not None and self._hs.device != torch.device(dev)):
             self._hs = torch.tensor(hs, dtype=torch.long, device=dev) if hs else None
@@ -398,7 +399,8 @@ class EagleDrafter(Drafter):
         B = state.lengths.shape[0]
         C = state.cache.capacity
         dev = state.lengths.device
-        self._buffers(B, C, C, dev)
+        self._buffers(B, C, dev)
+        self._flags = None
         hidden = getattr(state, "prompt_hidden", None)
         lens = [len(t) - 1 for t in state.tokens]  # verified prompt length (the pending token is emitted)
         feats, memo = [], {}
