@@ -92,8 +92,10 @@ def _run(target, artifact, replay: bool, method: str, sampling=None, new=20):
                                   options={"draft": str(artifact)})
         eng = build_engine(target, cfg, eos_token_id=-1)
     calls = ReplayCalls() if replay else None
-    if replay:
-        eng.drafter._captured = lambda: calls
+    if replay:  # Dustin's EAGLE drafter sits under prompt lookup (its default)
+        from specdec.lookup import base_drafter
+
+        base_drafter(eng.drafter)._captured = lambda: calls
     out = []
     for prompts in (PROMPTS, PROMPTS[:1] * 2):
         r = eng.generate(prompts, new)
