@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--lookup", default="2,4,2", help="prompt lookup MIN,MAX,TRUST n-gram lengths (specdec.lookup); "
                     "several settings separated by ';' give one KIND+lookup(MIN-MAX,tTRUST) row each")
     ap.add_argument("--draft", default=None, help="an artifact instead of the shipped one of its kind")
+    ap.add_argument("--documents", default=None, help="comma-separated held-out document names (default: all)")
     ap.add_argument("--early-exit", type=int, default=0, help="also run the untrained early exit at this depth")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -67,7 +68,8 @@ def main() -> None:
         drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
     rows = []
-    for context, (name, text) in [(int(c), doc) for c in a.contexts.split(",") for doc in held_out_texts()]:
+    docs = [d for d in held_out_texts() if a.documents is None or d[0] in a.documents.split(",")]
+    for context, (name, text) in [(int(c), doc) for c in a.contexts.split(",") for doc in docs]:
         ids = context_ids(m.tokenizer, text, context, offset=a.new + 16)
         pre = dense.prefill([ids])
         ref = dense.generate([ids], a.new, prefilled=pre)
