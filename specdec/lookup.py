@@ -79,7 +79,8 @@ class LookupDrafter(Drafter):
 
     Args:
         inner: the drafter used where the context has no match (its other attributes are forwarded).
-        min_n, max_n: n-gram lengths tried, longest first.
+        min_n: shortest n-gram tried.
+        max_n: longest n-gram tried (first).
         trust_n: a match of at least ``trust_n`` tokens is taken as is; a shorter one only where its first
             token equals the inner drafter's first draft (checked on the device, no host read), so a chance
             short match does not replace a draft the inner drafter is sure of. ``trust_n <= min_n``: always.
