@@ -280,8 +280,13 @@ class SpeculationController:
         else:  # the arm measured longest ago (never measured: first)
             pick = min(others, key=lambda a: (self._explored_at.get(a, -1), -a))
         est = self._last_regret.get(pick)
-        if est is None:  # never explored: as if its iterations emitted nothing
-            est = (self.min_samples + 1) * (self.t(self.current) or 0.0)
+        if est is None:
+            t_pick, r_pick, cur = self.t(pick), self.rate(pick), self.rate(self.current)
+            if t_pick is not None and r_pick is not None and cur:  # measured before (the first committed arm)
+                stale = t_pick if self.current == 0 else 0.0  # its first round re-plans after dense steps
+                est = stale + max(0.0, t_pick - self.tokens(pick) / cur)
+            else:  # never measured: as if its iterations emitted nothing
+                est = (self.min_samples + 1) * (self.t(self.current) or 0.0)
         if self.regret + est > self.explore_share * self.elapsed:
             return None
         return pick
