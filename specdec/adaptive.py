@@ -81,6 +81,7 @@ class _Samples:
         self.values: deque[float] = deque(maxlen=window)
         self.outlier = outlier
         self._rejected = 0
+        self._median: float | None = None
 
     def add(self, x: float) -> bool:
         if len(self.values) >= 2 and x > self.outlier * self.median():
@@ -90,13 +91,39 @@ class _Samples:
             self.values.clear()  # three in a row: the cost really changed
         self._rejected = 0
         self.values.append(x)
+        self._median = None
         return True
 
     def median(self) -> float:
-        return statistics.median(self.values)
+        if self._median is None:  # cached: the controller asks every iteration
+            self._median = statistics.median(self.values)
+        return self._median
 
     def __len__(self) -> int:
         return len(self.values)
+
+
+class _Ratio:
+    """Conditional acceptance of one draft position over the last ``window`` fresh rounds (running sums)."""
+
+    def __init__(self, window: int) -> None:
+        self.pairs: deque[tuple[float, float]] = deque()
+        self.window = window
+        self.num = self.den = 0.0
+
+    def add(self, num: float, den: float) -> None:
+        if len(self.pairs) == self.window:
+            n, d = self.pairs.popleft()
+            self.num -= n
+            self.den -= d
+        self.pairs.append((num, den))
+        self.num += num
+        self.den += den
+
+    def value(self) -> float | None:
+        if not self.pairs:
+            return None
+        return self.num / self.den if self.den > 1e-12 else 0.0
 
 
 class SpeculationController:
@@ -170,7 +197,7 @@ class SpeculationController:
         self.current = self.gamma_max  # the committed arm
         self._times: dict[int, _Samples] = {}  # arm → steady-state iteration times
         # per draft position i: (share accepting >= i+1, share accepting >= i) of recent fresh rounds
-        self._pos: list[deque] = [deque(maxlen=self.accept_window) for _ in range(self.gamma_max)]
+        self._pos = [_Ratio(self.accept_window) for _ in range(self.gamma_max)]
         self.rounds = 0
         self.dense_steps = 0
         self.discarded = 0  # samples dropped (captures, compilations, outliers, stale rounds)
@@ -218,11 +245,7 @@ class SpeculationController:
 
     def accept_rate(self, i: int) -> float | None:
         """Conditional acceptance of draft position ``i`` (0-based) over recent fresh rounds."""
-        q = self._pos[i]
-        den = sum(d for _, d in q)
-        if not q:
-            return None
-        return sum(n for n, _ in q) / den if den > 0 else 0.0
+        return self._pos[i].value()
 
     def tokens(self, arm: int) -> float | None:
         """Predicted tokens per sequence of one iteration of ``arm`` (``1 + E[min(accepted, γ)]``)."""
@@ -273,7 +296,7 @@ class SpeculationController:
         if not self._probed:  # the probe: dense, once the committed arm has its samples
             self._probed = True
             return 0
-        if self.iteration - self._last_end < self.min_gap:
+        if self.iteration - self._last_end < self.min_gap or self.regret >= self.explore_share * self.elapsed:
             return None
         others = [a for a in self.arms if a != self.current]
         grow = [a for a in others if a > self.current]
@@ -323,7 +346,7 @@ class SpeculationController:
             prev = 1.0
             for i in range(min(gamma, self.gamma_max)):
                 p = float(profile[i])
-                self._pos[i].append((p, prev))
+                self._pos[i].add(p, prev)
                 prev = p
         self._observe(gamma, seconds, 1.0 + float(mean_accepted), stale)
 
