@@ -42,6 +42,7 @@ sequence's output depend on its batch mates. Fall-back needs a drafter that draf
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -172,7 +173,8 @@ class SpeculationController:
 
     def __init__(self, gamma_max: int, adapt_gamma: bool = True, fall_back: bool = True, window: int = 8,
                  min_samples: int = 2, margin: float = 0.03, explore_share: float = 0.01, min_gap: int = 16,
-                 saturate: float = 0.7, outlier: float = 4.0, accept_window: int = 64) -> None:
+                 saturate: float = 0.7, outlier: float = 4.0, accept_window: int = 64, margin_dense: float = 0.0,
+                 z: float = 0.5, min_rounds: int = 8) -> None:
         if gamma_max < 1:
             raise ValueError(f"gamma_max must be >= 1 (got {gamma_max})")
         self.gamma_max = gamma_max
@@ -189,6 +191,9 @@ class SpeculationController:
         self.saturate = saturate
         self.outlier = outlier
         self.accept_window = accept_window
+        self.margin_dense = margin_dense
+        self.z = z
+        self.min_rounds = min_rounds
         self._run_key = None
         self.reset()
 
@@ -198,6 +203,7 @@ class SpeculationController:
         self._times: dict[int, _Samples] = {}  # arm → steady-state iteration times
         # per draft position i: (share accepting >= i+1, share accepting >= i) of recent fresh rounds
         self._pos = [_Ratio(self.accept_window) for _ in range(self.gamma_max)]
+        self._emitted: dict[int, deque] = {}  # γ → tokens per sequence of its recent fresh rounds
         self.rounds = 0
         self.dense_steps = 0
         self.discarded = 0  # samples dropped (captures, compilations, outliers, stale rounds)
@@ -326,9 +332,28 @@ class SpeculationController:
             r = self.rate(a)
             if r is not None and r > rb:
                 best, rb = a, r
-        if best != self.current and rb > (1.0 + self.margin) * cur:
+        if best == self.current:
+            return
+        # speculation against dense: a few rounds' acceptance is uncertain (one sequence keeps a draft
+        # or not); decide on the bound that favours the committed arm (± one standard error of its tokens)
+        margin = self.margin
+        if self.current == 0:
+            rb = (self.tokens(best) - self.z * self._tokens_se(best)) / self.t(best)
+        elif best == 0:
+            if len(self._emitted.get(self.current, ())) < self.min_rounds:
+                return  # too few rounds to know the acceptance: a wrong dense commit would stick
+            cur = (self.tokens(self.current) + self.z * self._tokens_se(self.current)) / self.t(self.current)
+            margin = self.margin_dense
+        if rb > (1.0 + margin) * cur:
             self.current = best
             self.switches += 1
+
+    def _tokens_se(self, arm: int) -> float:
+        """Standard error of the mean tokens per fresh round of ``arm`` (infinite below two rounds)."""
+        q = self._emitted.get(arm)
+        if q is None or len(q) < 2:
+            return math.inf
+        return statistics.stdev(q) / math.sqrt(len(q))
 
     # -- observations --------------------------------------------------------------------------
     def observe_round(self, gamma: int, mean_accepted: float, seconds: float | None,
@@ -343,6 +368,7 @@ class SpeculationController:
         if profile is None:
             profile = [min(1.0, max(0.0, mean_accepted - i)) for i in range(gamma)]
         if not stale:
+            self._emitted.setdefault(gamma, deque(maxlen=self.accept_window)).append(1.0 + float(mean_accepted))
             prev = 1.0
             for i in range(min(gamma, self.gamma_max)):
                 p = float(profile[i])
