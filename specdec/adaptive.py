@@ -162,11 +162,16 @@ class SpeculationController:
         fall_back: dense is an arm (the drafter drafts from the target's cache).
         window: steady-state time samples kept per arm (their median is its cost).
         min_samples: samples an arm needs before it can be chosen.
-        margin: switch to an arm only when its rate beats the committed one's by this much.
+        margin: switch to an arm only when its rate beats the committed one's by this much (hysteresis).
         explore_share: the most exploration regret, as a share of the observed time.
         min_gap: iterations between two explorations.
         saturate: conditional acceptance of the last draft position that triggers growing.
         outlier: a sample this many times its arm's median is a warm-up, not a cost.
+        margin_dense: leave speculation for dense when dense's rate beats it by this much (after the
+            checks below); at par by default, so a B = 1 loss shows at once.
+        z: speculation's tokens are taken ``z`` standard errors high when compared with dense.
+        min_rounds: fresh rounds of the committed γ before dense may replace it (a dense commit
+            sticks: dense steps say nothing about acceptance).
         accept_window: fresh rounds per draft position kept for its acceptance (one sequence's
             accept/reject is a coin flip: a short window would make the arms' order noise).
     """
