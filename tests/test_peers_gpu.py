@@ -106,3 +106,44 @@ def test_backend_routes_through_the_peer(peer):
     torch.testing.assert_close(out.float(), _ref(q, k, v, meta), rtol=0, atol=2e-2)
     assert s is None
     assert be.peer_for(q, k, meta.replace(score_rows=[0, 4])) == "triton"
+
+
+@pytest.mark.parametrize("peer", ["fa4", "flashinfer", "sdpa"])
+@pytest.mark.parametrize("T", [1, 5])
+def test_peer_captured_in_a_cuda_graph_replays_with_new_lengths(peer, T):
+    """Under capture (the engine's default path): the backend's static call goes to the peer, is
+    warmed up as ``GraphCache`` does (the second time with host synchronisation forbidden), captured,
+    and replayed after the lengths changed (``before_replay`` re-plans FlashInfer) — matching the
+    reference at the new lengths."""
+    if peer != "sdpa":
+        _need(peer)
+    if peer == "sdpa" and T > 1:
+        pytest.skip("SDPA serves one dense row")
+    from specdec.cuda.triton_backend import TritonBackend, TritonConfig
+    from specdec.graphs import _warm_up
+
+    if peer == "sdpa":
+        be = TritonBackend(TritonConfig(peers="auto"))
+        be._graph_table = {("decode", 64): [(10**12, "sdpa")]}
+    else:
+        be = TritonBackend(TritonConfig(peers=peer))
+    q, k, v, _ = _case(3, 9, 3, T, 640, 64, seed=30 + T)
+    lens = torch.tensor([600, 17, 333], device="cuda")
+    meta = AttentionMetadata(lens, 0.125, static=True)
+    assert be.peer_for(q, k, meta) == peer
+    be.capture_begin()
+    box = {}
+    _warm_up(lambda: be.attend(q, k, v, meta))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        box["out"], _ = be.attend(q, k, v, meta)
+    token = be.capture_end()
+    assert (token is not None) == (peer == "flashinfer")
+    for new in ([600, 17, 333], [5, 630, 100]):
+        lens.copy_(torch.tensor(new, device="cuda"))
+        be.before_replay(token, lens)
+        g.replay()
+        torch.cuda.synchronize()
+        ref = _ref(q, k, v, AttentionMetadata(lens.clone(), 0.125))
+        torch.testing.assert_close(box["out"].float(), ref, rtol=0, atol=2e-2)
+    assert be.peer_calls[(peer, "decode" if T == 1 else "verify", True)] >= 3

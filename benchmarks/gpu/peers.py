@@ -19,6 +19,13 @@ Call kinds (bf16, every sequence at the same context ``L``):
   logits summed over each KV group's heads); the peers run their verify *without* scores, which
   is what a peer-based verify would have to add a second pass to.
 
+Capturable forms (the kernels the backend may run under CUDA-graph capture, ``peers.GRAPH_PICKS``):
+``flashinfer_graph`` is FlashInfer's decode / verify wrapper in CUDA-graph mode
+(:class:`specdec.cuda.peers.FlashInferGraphRunner`: fixed buffers, planned outside the capture; the
+host time of one re-plan, what a replay adds, is ``replan_host_us``) and ``sdpa_masked`` the SDPA
+decode over the whole capacity under a mask (:func:`specdec.cuda.peers.sdpa_decode_static`).
+``results.json`` also holds ``graph_picks`` (``derive_picks(rows, graph=True)``).
+
 Shapes: the embedded model (9 q / 3 KV heads, d 64) at B = 1, 16, 64 × 8k and Llama-3.1-8B
 (32 / 8, d 128) at B = 16 × 32k and B = 1 × 128k.
 
@@ -358,6 +365,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--cases", default=None, help="comma-separated indices into the case list")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated call kinds (of {','.join(KINDS)})")
     ap.add_argument("--allow-missing", action="store_true", help="a peer that cannot be imported is not a failure")
     a = ap.parse_args()
     if a.smoke:
@@ -375,6 +383,10 @@ def main() -> int:
     if a.cases:
         cases = [cases[int(i)] for i in a.cases.split(",")]
     reps = a.reps or (1 if a.smoke else 20)
+    kinds = [k for k in a.kinds.split(",") if k]
+    if not kinds or any(k not in KINDS for k in kinds):
+        print(f"--kinds {a.kinds!r}: use a comma-separated subset of {','.join(KINDS)}", file=sys.stderr)
+        return 2
     logf = open(os.path.join(a.out, "log.txt"), "a")
 
     def log(s):
@@ -405,7 +417,7 @@ def main() -> int:
 
     for case in cases:
         try:
-            run_case(case, KINDS, cuda, 256 << 20 if cuda else 1 << 20, reps, bw, log, record,
+            run_case(case, kinds, cuda, 256 << 20 if cuda else 1 << 20, reps, bw, log, record,
                      lambda: a.budget_s - (time.monotonic() - t0))
         except Exception as exc:
             record(dict(case=case[0], B=case[4], L=case[5], error=f"{type(exc).__name__}: {exc}",
