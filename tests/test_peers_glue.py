@@ -203,13 +203,14 @@ def test_fa4_dense_equals_reference(fakes, T, G):
 
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("G", [1, 3])
-@pytest.mark.parametrize("L,P", [(40, 8), (40, 16)])  # 16 does not divide 40: one page of L per sequence
-def test_flashinfer_dense_equals_reference(fakes, T, G, L, P):
-    """Pages of ``P`` tokens as strided views of the cache (ragged page counts, partial last pages)."""
+@pytest.mark.parametrize("L,P,used", [(40, 8, 8), (40, 16, 10), (41, 16, 41)])  # 40: the largest divisor <= 16; 41: prime
+def test_flashinfer_dense_equals_reference(fakes, T, G, L, P, used):
+    """Pages of ``P`` tokens (or the largest smaller divisor of ``L``, down to 4; else one page of
+    ``L``) as strided views of the cache (ragged page counts, partial last pages)."""
     q, k, v, lengths = _case(3, 2, G, T, L, 16, seed=10 + T + G)
     out = peers.FlashInferRunner(workspace_mb=1, page_size=P).dense(q, k, v, lengths, 0.3)
     torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))[0], rtol=1e-5, atol=1e-5)
-    assert _runs(fakes) == [dict(fn="decode" if T == 1 else "prefill", n_req=3, H=2 * G, Hkv=2, P=P if L % P == 0 else L)]
+    assert _runs(fakes) == [dict(fn="decode" if T == 1 else "prefill", n_req=3, H=2 * G, Hkv=2, P=used)]
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -453,7 +454,7 @@ def test_static_calls_pick_from_the_graph_table(fakes):
 
 
 @pytest.mark.parametrize("T", [1, 5])
-@pytest.mark.parametrize("L,P", [(48, 16), (40, 16)])  # 16 does not divide 40: one page of L per sequence
+@pytest.mark.parametrize("L,P", [(48, 16), (40, 16), (41, 16)])  # pages of 16, of 10 (40), one of 41 (prime)
 def test_flashinfer_graph_mode_replans_before_replay(fakes, monkeypatch, T, L, P):
     """The capture protocol: a static FlashInfer call plans its CUDA-graph wrapper at the first call
     (the capture's warm-up), ``capture_end`` names the shape, ``before_replay`` re-plans it for new
@@ -475,7 +476,7 @@ def test_flashinfer_graph_mode_replans_before_replay(fakes, monkeypatch, T, L, P
     torch.testing.assert_close(out2, ref, rtol=1e-5, atol=1e-5)
     (key,) = token
     w = be._fi_graph._plans[key]["wrapper"]
-    assert w.graph and len(w.bufs["indices"]) == B * (L // (P if L % P == 0 else L))  # sized for the capacity
+    assert w.graph and len(w.bufs["indices"]) == B * (L // peers.page_size_for(k, P))  # sized for the capacity
     new = torch.tensor([L - T - 1, 2, L // 2])
     new_ref = REF.attend(q, k, v, AttentionMetadata(new, 0.3))[0]
     stale = be._fi_graph.run(key, q, k, v)  # a replay without the re-plan reads the old page table

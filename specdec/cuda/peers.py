@@ -276,10 +276,11 @@ class FlashInferRunner:
         """Plan dense causal attention for q ``(B, H, T, D)`` over caches shaped like ``k_cache``;
         returns ``run(q, k_cache, v_cache) -> (B, H, T, D)`` (pure GPU work, reusable for every layer).
 
-        Pages of ``P = page_size`` tokens are strided views of our cache: page ``b·H_kv·(L/P) + j``
-        holds tokens ``j·P ..`` of sequence ``b`` (page stride ``P·D``, head stride ``L·D``), so
-        FlashInfer can split a long sequence across CTAs. A non-contiguous cache, or ``L`` not a
-        multiple of ``P``, falls back to one page of ``L`` tokens per sequence (no split inside it).
+        Pages of ``P`` tokens (:func:`page_size_for`: ``page_size`` or the largest smaller divisor of
+        ``L``) are strided views of our cache: page ``b·H_kv·(L/P) + j`` holds tokens ``j·P ..`` of
+        sequence ``b`` (page stride ``P·D``, head stride ``L·D``), so FlashInfer can split a long
+        sequence across CTAs. A non-contiguous cache, or no divisor of ``L`` down to
+        :data:`MIN_PAGE`, falls back to one page of ``L`` tokens per sequence (no split inside it).
         """
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
@@ -332,11 +333,21 @@ class FlashInferRunner:
         return self.plan_sparse(q, k_cache, lengths, scale, plan_indices, dense_from)(q, k_cache, v_cache)
 
 
+#: smallest page a cache is cut into before it falls back to one page of ``L`` tokens per sequence
+MIN_PAGE = 4
+
+
 def page_size_for(k_cache: torch.Tensor, page_size: int) -> int:
-    """Pages of ``page_size`` tokens when they can be strided views of the cache (contiguous, ``L`` a
-    multiple of ``page_size``), else one page of ``L`` tokens per sequence."""
+    """Pages as strided views of a contiguous cache: the largest divisor of the capacity ``L`` from
+    ``page_size`` down to :data:`MIN_PAGE` (the engine's capacity is rarely a multiple of 16: 8070 →
+    15), else one page of ``L`` tokens per sequence (no split of a sequence inside FlashInfer)."""
     L = k_cache.shape[2]
-    return page_size if (L % page_size == 0 and k_cache.is_contiguous()) else L
+    if not k_cache.is_contiguous():
+        return L
+    for P in range(min(page_size, L), MIN_PAGE - 1, -1):
+        if L % P == 0:
+            return P
+    return L
 
 
 def page_table(lengths: torch.Tensor, T: int, Hkv: int, L: int, P: int):
