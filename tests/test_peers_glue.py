@@ -440,12 +440,21 @@ def test_static_calls_pick_from_the_graph_table(fakes):
     assert be.peer_for(_call(T=5), _kc(75), st) == "flashinfer"
     assert be.peer_for(_call(T=5), _kc(76), st) == "fa4"
     assert be.peer_for(_call(), _kc(), SPARSE.replace(static=True)) == "triton"  # FlashInfer's sparse path: host lists
+    assert be.graph_fallbacks == {("flashinfer", "sparse", "triton"): 1}  # said
+    be.graph_fallbacks.clear()
     assert be.peer_for(_call(T=5), _kc(), st.replace(score_rows=[0])) == "triton"
     be._graph_table = None  # the shipped GRAPH_PICKS: ours at head dim 64
     assert be.peer_for(_call(T=5), _kc(), st) == "triton"
+    assert not be.graph_fallbacks  # FA4 (the eager pick) can be captured: the graph table just measured it slower
+    be._peer_table = {("decode", 64): [(10**9, "sdpa")], ("sparse", 64): [(10**9, "flashinfer")]}
+    assert be.peer_for(_call(), _kc(), st) == "triton" and be.peer_for(_call(), _kc(), SPARSE.replace(static=True)) == "triton"
+    # said: the eager picks these calls gave up under capture ("sdpa" is capturable in its masked form, but
+    # the table measured for capture does not name it)
+    assert be.graph_fallbacks == {("flashinfer", "sparse", "triton"): 1}
     fi = TritonBackend(TritonConfig(peers="flashinfer"))
     assert fi.peer_for(_call(T=5), _kc(), st) == "flashinfer"  # forced: wherever it can be captured
     assert fi.peer_for(_call(), _kc(), SPARSE.replace(static=True)) == "triton"
+    assert fi.graph_fallbacks == {("flashinfer", "sparse", "triton"): 1}
     assert fi.peer_for(_call(), _kc(), SPARSE) == "flashinfer"  # eagerly it serves the sparse row
     assert TritonBackend(TritonConfig(peers="fa4")).peer_for(_call(), _kc(), st) == "fa4"
     for peer, T, sparse, ok in [("fa4", 5, False, True), ("fa4", 1, True, False), ("flashinfer", 1, True, False),

@@ -126,6 +126,7 @@ def main() -> int:
                                                        "phase_seconds", "speedup_vs_dense")})
                 res["runs"].append(dict(batch=B, peers=mode, seconds=time.perf_counter() - t, rows=kept,
                                         kernels={"/".join(map(str, k)): v for k, v in sorted(be.peer_calls.items(), key=str)},
+                                        graph_fallbacks={"/".join(k): v for k, v in be.graph_fallbacks.items()},
                                         graph_replans=None if be._fi_graph is None else be._fi_graph.plans_made))
             except Exception as exc:
                 res["runs"].append(dict(batch=B, peers=mode, error=f"{type(exc).__name__}: {exc}",

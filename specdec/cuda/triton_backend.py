@@ -185,6 +185,9 @@ class TritonBackend(AttentionBackend):
         self._touched: set | None = None  # FlashInfer graph shapes run since capture_begin()
         #: ``(kernel, call kind, static)`` → Python-level calls (a captured call counts once, at its capture)
         self.peer_calls: Counter = Counter()
+        #: ``(eager pick, call kind, kernel run instead)`` → calls under capture whose eager pick cannot be
+        #: captured (e.g. FlashInfer's sparse row, the unmasked SDPA decode): what the graph path gave up
+        self.graph_fallbacks: Counter = Counter()
         # decode- and verify-sized forwards launch one or two kernels sized by tensor shapes only: no
         # host synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``,
         # which syncs; prefill-sized forwards sync too and are never captured)
@@ -211,15 +214,20 @@ class TritonBackend(AttentionBackend):
         B, _, T, D = q.shape
         if meta.sparse and not k_cache.is_contiguous():
             return "triton"
+        kind = "sparse" if meta.sparse else ("decode" if T == 1 else "verify")
         if self.config.peers == "auto":
-            kind = "sparse" if meta.sparse else ("decode" if T == 1 else "verify")
             table = self._graph_table if meta.static else self._peer_table
             want = peers.pick(kind, D, B * k_cache.shape[2], table, graph=meta.static)
+            if meta.static:  # say where the eager pick cannot be captured
+                eager = peers.pick(kind, D, B * k_cache.shape[2], self._peer_table)
+                if eager != want and eager in self._peers and not peers.capturable(eager, T, meta.sparse):
+                    self.graph_fallbacks[(eager, kind, want)] += 1
         else:
             want = self.config.peers
         if want in self._peers and peers.can_serve(want, T, meta.sparse):
             if not meta.static or peers.capturable(want, T, meta.sparse):
                 return want
+            self.graph_fallbacks[(want, kind, "triton")] += 1
         return "triton"
 
     def _run_peer(self, peer: str, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
