@@ -13,9 +13,11 @@ same shape, then the median of 3 timed runs). ``--picks``: a ``benchmarks/gpu/pe
 (``peers.GRAPH_PICKS`` / ``peers.PICKS``) on the ``auto`` backend, so the new measurement's picks
 are what runs.
 
-Per row: tokens/s (median, min–max), τ, whether the tokens equal dense's (same mode) and whether
-``auto``'s tokens equal ``off``'s, and the kernels the backend chose (``TritonBackend.peer_calls``:
-captured calls count once, at their capture). Writes ``peers_e2e.json`` after every run and
+Per row: tokens/s (median, min–max), τ, whether the tokens equal dense's (same mode: a failure if
+not) and whether ``auto``'s tokens equal ``off``'s (recorded: another kernel may round differently
+in bf16), the kernels the backend chose (``TritonBackend.peer_calls``:
+captured calls count once, at their capture) and the eager picks a captured call gave up
+(``TritonBackend.graph_fallbacks``). Writes ``peers_e2e.json`` after every run and
 ``peers_e2e.md`` at the end; a failing (B, mode) records its traceback and the next one runs.
 """
 
@@ -144,8 +146,9 @@ def main() -> int:
     save()
     (out / "peers_e2e.md").write_text(summary(res))
     print(summary(res))
-    bad = [k for k, v in res.get("auto_tokens_equal_off", {}).items() if not v]
-    bad += [f"B{r['batch']}/{r['peers']}/{x['method']}" for r in res["runs"] for x in r.get("rows", [])
+    # auto vs off may differ by bf16 rounding where another kernel runs (recorded, not a failure); vegas
+    # against dense in the same mode is losslessness (a failure)
+    bad = [f"B{r['batch']}/{r['peers']}/{x['method']}" for r in res["runs"] for x in r.get("rows", [])
             if x.get("same_tokens_as_dense") is False and x["method"] == "vegas"]
     return 1 if bad or any("error" in r for r in res["runs"]) else 0
 
@@ -162,6 +165,8 @@ def summary(res) -> str:
             lines.append(f"| {r['batch']} | – | {r['peers']} | {r.get('skipped') or r.get('error', '')[:80]} | | | |")
             continue
         kern = ", ".join(f"{k}: {v}" for k, v in r["kernels"].items())
+        if r.get("graph_fallbacks"):
+            kern += "; not capturable, ran instead: " + ", ".join(f"{k}: {v}" for k, v in r["graph_fallbacks"].items())
         for x in r["rows"]:
             tps = x["tokens_per_second"]
             lines.append(f"| {r['batch']} | {x['method']} | {r['peers']} | {tps:.0f} ({x['tokens_per_second_min']:.0f}–"
