@@ -19,14 +19,17 @@
 # (benchmarks/gpu/peers_e2e.py: embedded model /tmp/m/smol.gguf, 8k, B = 64, 16, 1, dense and vegas,
 # peers auto vs off, the benchmark's fresh picks) in the time left.
 #   smoke (this CPU, no install, ~2 min): bash benchmarks/gpu/peers.sh smoke
-# Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 80),
-#      KINDS (benchmark call kinds, decode,verify,sparse), LIMIT (seconds for the three parts, 285).
+# Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 60),
+#      KINDS (benchmark call kinds, decode,verify: what the captured path can hand a peer), CASES
+#      (benchmark cases, 0,1,2: the embedded model at B = 1, 16, 64 × 8k; 3,4 are the 8B shapes),
+#      LIMIT (seconds from the start of `run` to the end of the e2e part, 290).
 set -uo pipefail
 SITE=${SITE:-/tmp/site}
 OUT=${OUT:-/tmp/out}
-BUDGET=${BUDGET:-80}
-KINDS=${KINDS:-decode,verify,sparse}
-LIMIT=${LIMIT:-285}
+BUDGET=${BUDGET:-60}
+KINDS=${KINDS:-decode,verify}
+CASES=${CASES:-0,1,2}
+LIMIT=${LIMIT:-290}
 IR=$SITE/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 RT=$SITE/nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so
 unxz() { python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'), 1<<24)" "$1" "$2"; }
@@ -74,15 +77,15 @@ for name in ("flash_attn.cute", "flashinfer"):
 EOF
 
 rc=0
-t1=$(date +%s)
-left() { echo $(( LIMIT - ($(date +%s) - t1) )); }
+left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 # 1. parity on the GPU, the capture + replay of every peer included (JIT-compiles both peers' kernels)
-SPECDEC_TEST_DEVICE=cuda SPECDEC_REQUIRE_PEERS=1 timeout 100 python3 -m pytest -q -p no:cacheprovider \
+SPECDEC_TEST_DEVICE=cuda SPECDEC_REQUIRE_PEERS=1 timeout 90 python3 -m pytest -q -p no:cacheprovider \
     tests/test_peers_gpu.py > "$OUT/peers_pytest.log" 2>&1 || rc=1
 tail -5 "$OUT/peers_pytest.log"
 echo "pytest done after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/peers_install.txt"
 # 2. the kernels side by side, eager and capturable forms (per-kernel times under graph replay)
 timeout $(( BUDGET + 40 )) python3 benchmarks/gpu/peers.py --out "$OUT/peers" --budget-s "$BUDGET" --kinds "$KINDS" \
+    --cases "$CASES" \
     2>&1 | tail -80 || rc=1
 echo "benchmark done after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/peers_install.txt"
 # 3. end to end with the fresh picks, in the time left (B = 64 first)
