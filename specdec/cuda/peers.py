@@ -369,8 +369,9 @@ def page_table(lengths: torch.Tensor, T: int, Hkv: int, L: int, P: int):
 
 
 def page_views(B: int, Hkv: int, L: int, D: int, P: int):
-    """``pages(cache)``: a ``(B, H_kv, L, D)`` cache as FlashInfer's HND pages ``(n, H_kv, P, D)`` (a view:
-    page ``b·H_kv·(L/P) + j`` holds tokens ``j·P ..`` of sequence ``b``; page stride ``P·D``, head stride ``L·D``)."""
+    """``pages(cache)``: a ``(B, H_kv, L, D)`` cache as FlashInfer's HND pages ``(n, H_kv, P, D)`` (a
+    view: page ``b·H_kv·(L/P) + j`` holds tokens ``j·P ..`` of sequence ``b``; page stride ``P·D``, head
+    stride ``L·D``)."""
     nb = L // P
     stride_b = Hkv * nb if P < L else 1
     n_pages = (B - 1) * stride_b + nb

@@ -218,9 +218,10 @@ class TritonBackend(AttentionBackend):
         if self.config.peers == "auto":
             table = self._graph_table if meta.static else self._peer_table
             want = peers.pick(kind, D, B * k_cache.shape[2], table, graph=meta.static)
-            if meta.static:  # say where the eager pick cannot be captured
+            if meta.static:  # say where the eager pick cannot be captured (SDPA's eager form slices on the host)
                 eager = peers.pick(kind, D, B * k_cache.shape[2], self._peer_table)
-                if eager != want and eager in self._peers and not peers.capturable(eager, T, meta.sparse):
+                lost = eager == "sdpa" or not peers.capturable(eager, T, meta.sparse)
+                if eager != want and eager in self._peers and lost:
                     self.graph_fallbacks[(eager, kind, want)] += 1
         else:
             want = self.config.peers
