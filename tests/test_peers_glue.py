@@ -497,6 +497,13 @@ def test_flashinfer_graph_mode_replans_before_replay(fakes, monkeypatch, T, L, P
     assert be._fi_graph.plans_made == 2
     be.capture_begin()
     assert be.capture_end() is None  # nothing planned in this capture
+    # another graph of the same shape captured now: planned again at its first warm-up for its own
+    # lengths (the replay right after its capture reads them), once
+    be.capture_begin()
+    out3, _ = be.attend(q, k, v, meta)
+    be.attend(q, k, v, meta)
+    assert be.capture_end() == token and be._fi_graph.plans_made == 3
+    torch.testing.assert_close(be._fi_graph.run(key, q, k, v), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("ragged", [False, True])

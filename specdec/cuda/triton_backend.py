@@ -242,9 +242,11 @@ class TritonBackend(AttentionBackend):
             if self._fi_graph is None:
                 self._fi_graph = peers.FlashInferGraphRunner()
             key = self._fi_graph.key(q, k_cache, meta.scale)
-            if not self._fi_graph.planned(key):
-                # the first call of this shape: the capture's first warm-up (a host read is allowed
-                # there); replays are re-planned by before_replay
+            first = self._touched is not None and key not in self._touched
+            if first or not self._fi_graph.planned(key):
+                # the first call of this shape in this capture: its first warm-up (a host read is
+                # allowed there), planned for these lengths even when another graph planned the shape
+                # (the replay right after the capture must see them); replays re-plan in before_replay
                 if q.is_cuda and torch.cuda.is_current_stream_capturing():
                     raise SpecdecError("FlashInfer was first called under CUDA-graph capture without a plan; "
                                        "capture through GraphCache (it warms the forward up first).")
