@@ -147,3 +147,39 @@ def test_peer_captured_in_a_cuda_graph_replays_with_new_lengths(peer, T):
         ref = _ref(q, k, v, AttentionMetadata(lens.clone(), 0.125))
         torch.testing.assert_close(box["out"].float(), ref, rtol=0, atol=2e-2)
     assert be.peer_calls[(peer, "decode" if T == 1 else "verify", True)] >= 3
+
+
+@pytest.mark.parametrize("peer", ["fa4", "flashinfer"])
+def test_model_forward_captured_with_the_peer_equals_ours(peer):
+    """Through the model and ``GraphCache`` (the engine's path): a forward captured with the peer,
+    replayed at other lengths (FlashInfer re-planned by ``before_replay``), matches the same forward
+    captured with our kernel — and the lengths matter (not vacuous)."""
+    _need(peer)
+    from conftest import make_tiny
+
+    from specdec.cuda.triton_backend import TritonBackend, TritonConfig
+
+    m = make_tiny("llama", seed=5, hidden_size=256)  # 4 / 2 heads of 64
+    m.hf.to(device="cuda", dtype=torch.bfloat16)
+    be, ours = TritonBackend(TritonConfig(peers=peer)), TritonBackend(TritonConfig(peers="off"))
+    cache = m.new_cache(2, 640)
+    cache.k.normal_()
+    cache.v.normal_()
+    m.enable_cuda_graphs()
+    for T in (1, 5):
+        x = torch.arange(2 * T, device="cuda").view(2, T) + 11
+        refs, worst = [], 0.0
+        for L in ([400, 77], [12, 601], [400, 77]):
+            lengths = torch.tensor(L, device="cuda")
+            with m.using_backend(be):
+                got = m.forward(x, cache, lengths).float()
+            with m.using_backend(ours):
+                ref = m.forward(x, cache, lengths).float()
+            scale = ref.abs().max().item()
+            torch.testing.assert_close(got, ref, rtol=0, atol=0.03 * scale)
+            worst = max(worst, (got - ref).abs().max().item())
+            refs.append(ref)
+        # not vacuous: the second lengths change the answer by far more than the kernels differ
+        assert (refs[0] - refs[1]).abs().max().item() > 10 * worst
+    assert m._graphs.replays >= 4
+    assert be.peer_calls[(peer, "decode", True)] > 0 and be.peer_calls[(peer, "verify", True)] > 0
