@@ -22,7 +22,9 @@
 # Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 60),
 #      KINDS (benchmark call kinds, decode,verify: what the captured path can hand a peer), CASES
 #      (benchmark cases, 0,1,2: the embedded model at B = 1, 16, 64 × 8k; 3,4 are the 8B shapes),
-#      LIMIT (seconds from the start of `run` to the end of the e2e part, 290).
+#      LIMIT (seconds from the start of `run` to the end of the e2e part, 290), PARTS (tests,bench,e2e).
+#   the 8B shapes' capturable forms alone (a second call, same machine, after `run`):
+#   CASES=3,4 BUDGET=150 PARTS=bench bash benchmarks/gpu/peers.sh run
 set -uo pipefail
 SITE=${SITE:-/tmp/site}
 OUT=${OUT:-/tmp/out}
@@ -30,6 +32,7 @@ BUDGET=${BUDGET:-60}
 KINDS=${KINDS:-decode,verify}
 CASES=${CASES:-0,1,2}
 LIMIT=${LIMIT:-290}
+PARTS=${PARTS:-tests,bench,e2e}
 IR=$SITE/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 RT=$SITE/nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so
 unxz() { python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'), 1<<24)" "$1" "$2"; }
@@ -79,18 +82,24 @@ EOF
 rc=0
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 # 1. parity on the GPU, the capture + replay of every peer included (JIT-compiles both peers' kernels)
+if [[ ",$PARTS," == *",tests,"* ]]; then
 SPECDEC_TEST_DEVICE=cuda SPECDEC_REQUIRE_PEERS=1 timeout 90 python3 -m pytest -q -p no:cacheprovider \
     tests/test_peers_gpu.py > "$OUT/peers_pytest.log" 2>&1 || rc=1
 tail -5 "$OUT/peers_pytest.log"
 echo "pytest done after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/peers_install.txt"
+fi
 # 2. the kernels side by side, eager and capturable forms (per-kernel times under graph replay)
+if [[ ",$PARTS," == *",bench,"* ]]; then
 timeout $(( BUDGET + 40 )) python3 benchmarks/gpu/peers.py --out "$OUT/peers" --budget-s "$BUDGET" --kinds "$KINDS" \
     --cases "$CASES" \
     2>&1 | tail -80 || rc=1
 echo "benchmark done after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/peers_install.txt"
+fi
 # 3. end to end with the fresh picks, in the time left (B = 64 first)
 L=$(left)
-if [ "$L" -gt 60 ]; then
+if [[ ",$PARTS," != *",e2e,"* ]]; then
+    :
+elif [ "$L" -gt 60 ]; then
     timeout "$L" python3 benchmarks/gpu/peers_e2e.py --out "$OUT/e2e" --budget-s $(( L - 45 )) \
         --picks "$OUT/peers/results.json" 2>&1 | tail -40 || rc=1
 else
