@@ -9,7 +9,7 @@ Combined policy, per sequence and iteration: **a match → its continuation, els
 drafts** (an EAGLE head, a layer-skipping draft, ...). The inner drafter always runs (its state, e.g. the
 EAGLE head's cache, stays in step, and a batch keeps one fixed-shape draft forward); only its proposed
 tokens are replaced. When the continuation is shorter than γ (the match ends near the end of the context)
-it is extended periodically (the repetition it found goes on); positions past that keep the inner drafts.
+it is extended periodically (the repetition it found goes on), so a match always gives γ tokens.
 
 Lossless either way: a lookup draft is a deterministic proposal, ``q = one-hot`` in rejection sampling
 (:func:`specdec.sampling.accept` then accepts with probability ``p(x)`` and resamples from ``p`` without ``x``).
