@@ -55,7 +55,7 @@ def features(hf, ids: torch.Tensor, C: int, half: bool = True):
 #: training recipes: ``seq``/``teacher`` ``None`` = by device (GPU: 2048 / full, CPU: 256 / top)
 RECIPES = {
     "v1": dict(seq=256, steps=3, exact=False, teacher="top", schedule="linear", wide=False, reg_weight=1.0),
-    "v2": dict(seq=None, steps=4, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=0.2),
+    "v2": dict(seq=None, steps=4, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0),
 }
 
 
