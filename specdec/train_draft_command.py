@@ -39,7 +39,7 @@ def register(app) -> None:
         seed: int = typer.Option(0, help="seed of the adapter's initialisation and the batch order"),
         device: str = typer.Option("cpu", help="eagle only: cpu (--minutes of CPU time) or cuda (--minutes of wall time)"),
         batch: int = typer.Option(4, help="eagle only: sequences per optimizer step (--seq tokens each)"),
-        recipe: str = typer.Option("v2", help="eagle only: training recipe (v2: 4 exact unrolled steps, wide text, "
+        recipe: str = typer.Option("v2", help="eagle only: training recipe (v2: 3 exactly unrolled steps, wide text, "
                                    "cosine schedule; on a GPU 2048-token sequences and the full-vocabulary KL; "
                                    "v1: the first shipped head's)"),
         seq: Optional[int] = typer.Option(None, help="eagle only: tokens per training sequence (default: the recipe's; "

@@ -17,7 +17,7 @@ Recipes (:data:`RECIPES`; ``specdec train-draft --kind eagle --recipe``):
 
 * ``v1`` — 256-token sequences, 3 steps (approximate beyond 2), top-``C`` KL + feature regression + a
   little full-vocabulary CE, linear learning-rate decay, top-level stdlib modules + pydoc topics;
-* ``v2`` — 4 exact steps, warm-up + cosine decay, the wide training text (every stdlib package, the test
+* ``v2`` — 3 exact steps, warm-up + cosine decay, the wide training text (every stdlib package, the test
   suite, docstrings and ``.txt`` documents, held-out modules excluded: :func:`~specdec.train_draft.training_texts`);
   on a GPU also 2048-token sequences (τ fell at 2048 with 256-token training) and the KL to the target's
   **full** next-token distribution, recomputed from the stored features (``lm_head(f_{i+1})``).
@@ -55,7 +55,7 @@ def features(hf, ids: torch.Tensor, C: int, half: bool = True):
 #: training recipes: ``seq``/``teacher`` ``None`` = by device (GPU: 2048 / full, CPU: 256 / top)
 RECIPES = {
     "v1": dict(seq=256, steps=3, exact=False, teacher="top", schedule="linear", wide=False, reg_weight=1.0),
-    "v2": dict(seq=None, steps=4, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0),
+    "v2": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0),
 }
 
 

@@ -7,7 +7,7 @@ held-out documents for the new head alone and combined with prompt lookup.
 Parts (each saved as it finishes to ``<out>/dustin_eagle.json`` + ``.md``; a part that would start after
 ``--budget-s`` seconds is recorded as skipped; a failing part records its traceback and the next one runs):
 
-1. ``train`` — ``specdec.train_eagle.train`` on the GPU, recipe ``v2`` (4 exact unrolled steps, 2048-token
+1. ``train`` — ``specdec.train_eagle.train`` on the GPU, recipe ``v2`` (3 exact unrolled steps, 2048-token
    sequences, KL to the target's full next-token distribution + feature regression, warm-up + cosine
    schedule, up to 4 M tokens of the wide training text: every stdlib package, the test suite, docstrings
    and ``.txt`` documents, held-out modules and pydoc topics excluded), ``--train-minutes`` of wall time
