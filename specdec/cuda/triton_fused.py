@@ -21,19 +21,27 @@ This module imports nothing from specdec (like :mod:`specdec.cuda.triton_cache`)
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 # -- RMSNorm (+ residual add) ---------------------------------------------------------------------
 @triton.jit
-def _rms_kernel(X, Res, W, Y, RO, sx, sr, sy, so, N, eps,
-                HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_kernel(X, Res, W, Y, RO, sx, sr, sy, so, ss, N, eps,
+                HAS_RES: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     m = c < N
     x = tl.load(X + row * sx + c, mask=m, other=0.0)
+    if SPLITS > 1:  # the partial sums of a split GEMM: their sum rounded to the model dtype (the GEMM's output)
+        acc = x.to(tl.float32)
+        for s in tl.static_range(1, SPLITS):
+            acc += tl.load(X + s * ss + row * sx + c, mask=m, other=0.0).to(tl.float32)
+        x = acc.to(X.dtype.element_ty)
     if HAS_RES:
         # torch: ``residual + hidden`` rounded to the model dtype, then the norm of the rounded sum
         x = (tl.load(Res + row * sr + c, mask=m, other=0.0).to(tl.float32) + x.to(tl.float32)).to(X.dtype.element_ty)
@@ -51,41 +59,84 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             splits: int = 1) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Llama-family RMSNorm ``weight * (x / sqrt(mean(x²) + eps))`` over the last dim, in one launch.
 
     Args:
-        x: ``(..., N)`` activations (model dtype).
+        x: ``(..., N)`` activations (model dtype); with ``splits > 1``, ``(splits, ..., N)`` partial
+            sums of a split GEMM (:func:`split_linear`), whose sum over dim 0 (rounded to the model
+            dtype, as the unsplit GEMM's output) is what is normalised.
         weight: ``(N,)`` norm weight.
         eps: the module's ``variance_epsilon``.
         residual: ``(..., N)`` or ``None``. When given, ``r = residual + x`` (rounded to ``x``'s
             dtype) is normalised instead and returned too.
+        splits: number of partial sums in ``x`` (1: ``x`` is the activation itself).
 
     Returns:
         ``y`` (the dtype torch's ``weight * y.to(x.dtype)`` gives), or ``(y, r)`` with a residual.
     """
+    if splits < 1 or (splits > 1 and (x.dim() < 2 or x.shape[0] != splits)):
+        raise ValueError(f"rms_norm: {splits} splits need x of shape (splits, ..., N), got {tuple(x.shape)}")
+    shape = x.shape[1:] if splits > 1 else x.shape
     N = x.shape[-1]
     if weight.shape != (N,):
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} is not ({N},)")
-    x2 = _rows(x)
+    if splits > 1:
+        x = x.contiguous()  # (splits, R, N): partial s of row r at s * R * N + r * N
+        x2 = x.view(splits, -1, N)[0]
+    else:
+        x2 = _rows(x)
     R = x2.shape[0]
-    y = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    split_stride = x2.shape[0] * N
+    y = torch.empty(shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     y2 = y.view(-1, N)
     if residual is not None:
-        if residual.shape != x.shape:
-            raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+        if residual.shape != shape:
+            raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(shape)}")
         r2 = _rows(residual)
-        ro = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        ro = torch.empty(shape, dtype=x.dtype, device=x.device)
         ro2 = ro.view(-1, N)
     else:
         r2 = ro2 = x2
         ro = None
     if R:
         block = triton.next_power_of_2(N)
-        _rms_kernel[(R,)](x2, r2, weight, y2, ro2, x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0), N, eps,
-                          HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)))
+        _rms_kernel[(R,)](x2, r2, weight, y2, ro2, x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0),
+                          split_stride, N, eps, HAS_RES=residual is not None, SPLITS=splits, BLOCK=block,
+                          num_warps=min(16, max(1, block // 256)))
     return y if ro is None else (y, ro)
+
+
+def split_linear(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """``x @ weight.T`` as ``splits`` partial sums over slices of the input dim, in ONE batched GEMM.
+
+    At decode sizes cuBLAS splits such a GEMM over its input dim itself and adds a reduce kernel
+    (``splitKreduce_kernel``); here the split is a batch dimension of strided views of ``x`` and
+    ``weight`` (no copy) and the sum is left to the kernel that reads the result next
+    (:func:`rms_norm` with ``splits``). Partial ``s`` covers inputs ``[s·K/splits, (s+1)·K/splits)``.
+
+    Args:
+        x: ``(..., K)`` activations with unit stride along ``K`` (rows contiguous).
+        weight: ``(N, K)`` a ``Linear``'s weight (contiguous).
+        splits: number of partial sums; must divide ``K``.
+
+    Returns:
+        ``(splits, ..., N)`` partial sums in ``x``'s dtype.
+    """
+    K = x.shape[-1]
+    N = weight.shape[0]
+    if weight.shape != (N, K) or not weight.is_contiguous():
+        raise ValueError(f"split_linear: weight {tuple(weight.shape)} is not a contiguous (N, {K}) matrix")
+    if splits < 1 or K % splits:
+        raise ValueError(f"split_linear: {splits} splits do not divide the input dim {K}")
+    x2 = _rows(x)
+    if x2.stride(0) != K:
+        x2 = x2.contiguous()
+    R, kc = x2.shape[0], K // splits
+    xs = x2.as_strided((splits, R, kc), (kc, K, 1))  # (S, R, Kc): slice s of every row
+    ws = weight.as_strided((splits, kc, N), (kc, 1, K))  # (S, Kc, N): W[:, slice s].T
+    return torch.bmm(xs, ws).view(splits, *x.shape[:-1], N)
 
 
 # -- SiLU(gate) * up -----------------------------------------------------------------------------
@@ -238,3 +289,59 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1,
     )
     return qo
+
+
+# -- rotary cos/sin tables -------------------------------------------------------------------------
+@triton.jit
+def _rotary_kernel(P, F, C, S, scale, HALF: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    m = c < HALF
+    # torch: ``position_ids[..., None].float() * inv_freq``, ``cos() * attention_scaling`` in float32;
+    # libdevice's cos/sin are the ones torch's CUDA kernels call (accurate range reduction: positions
+    # reach 1e5 radians), not the approximate hardware instructions
+    f = tl.load(P + row).to(tl.float32) * tl.load(F + c, mask=m, other=0.0)
+    if LIBDEVICE:
+        co = (libdevice.cos(f) * scale).to(C.dtype.element_ty)
+        si = (libdevice.sin(f) * scale).to(S.dtype.element_ty)
+    else:  # Triton's interpreter has no libdevice: numpy's float32 cos/sin
+        co = (tl.cos(f) * scale).to(C.dtype.element_ty)
+        si = (tl.sin(f) * scale).to(S.dtype.element_ty)
+    base = row * 2 * HALF
+    tl.store(C + base + c, co, mask=m)
+    tl.store(C + base + HALF + c, co, mask=m)
+    tl.store(S + base + c, si, mask=m)
+    tl.store(S + base + HALF + c, si, mask=m)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Llama-family rotary embedding's ``(cos, sin)`` in one launch (Hugging Face's takes ~9).
+
+    Args:
+        position_ids: ``(B, T)`` integer positions.
+        inv_freq: ``(D/2,)`` float32 inverse frequencies (the module's ``inv_freq`` buffer).
+        scaling: the module's ``attention_scaling``.
+        dtype: the output dtype (the hidden states').
+
+    Returns:
+        ``cos, sin``: ``(B, T, D)`` each, ``cat([c, c], -1)`` of ``cos(position · inv_freq) · scaling``.
+    """
+    if position_ids.dim() != 2 or position_ids.is_floating_point():
+        raise ValueError(f"rotary_cos_sin: position_ids must be (B, T) integers, got {tuple(position_ids.shape)} "
+                         f"{position_ids.dtype}")
+    if inv_freq.dim() != 1 or inv_freq.dtype != torch.float32:
+        raise ValueError(f"rotary_cos_sin: inv_freq must be a float32 vector, got {tuple(inv_freq.shape)} {inv_freq.dtype}")
+    B, T = position_ids.shape
+    half = inv_freq.shape[0]
+    cos = torch.empty((B, T, 2 * half), dtype=dtype, device=position_ids.device)
+    sin = torch.empty_like(cos)
+    if B * T:
+        _rotary_kernel[(B * T,)](position_ids.contiguous(), inv_freq, cos, sin, float(scaling), HALF=half,
+                                 BLOCK=triton.next_power_of_2(half), LIBDEVICE=not _interpreted(), num_warps=1)
+    return cos, sin
+
+
+def _interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
