@@ -189,27 +189,33 @@ def set_kernels(hf_model, kernels: str) -> None:
             setattr(mod, _KERNELS_ATTR, kernels)
 
 
-def set_gemm_splits(hf_model, o_proj: int = 1) -> int:
-    """Run every fused layer's ``o_proj`` as ``o_proj`` partial GEMMs summed by the next norm kernel.
+def set_gemm_splits(hf_model, o_proj: int = 1, qkv: int = 1) -> int:
+    """Run every fused layer's o_proj (qkv projection) as ``o_proj`` (``qkv``) partial GEMMs.
 
     At decode sizes cuBLAS splits the o_proj GEMM over its input dim itself and launches a reduce
     kernel after it (``splitKreduce_kernel``, ~1.8 µs + a launch gap per layer at the Llama-3.1-8B
-    shape, B = 16); with ``o_proj > 1`` the split is one batched GEMM and the post-attention
-    RMSNorm kernel adds the partials. Only with the fused Triton kernels on; ``1`` (the default)
-    restores the single GEMM. Returns the number of layers set. Raises :class:`SpecdecError` for a
-    model that is not fused or a split that does not divide ``o_proj``'s input dim.
+    shape, B = 16), and runs the qkv GEMM on fewer CTAs than the GPU has SMs (3.1 TB/s). With a split
+    here the GEMM is ONE batched GEMM over slices of the input dim (:func:`~specdec.cuda.triton_fused.split_linear`)
+    and the kernel that reads its output next adds the partials: the post-attention RMSNorm (o_proj)
+    and the RoPE + KV-write kernel (qkv, inside a specdec forward). Only with the fused Triton kernels
+    on, and for projections without a bias; ``1`` (the default) keeps the single GEMM. Whether a split
+    is faster depends on cuBLAS' choice for the batched shape: ``benchmarks/gpu/issue14.py`` measures it.
+    Returns the number of layers set. Raises :class:`SpecdecError` for a model that is not fused or a
+    split that does not divide the projection's input dim.
     """
-    if not isinstance(o_proj, int) or o_proj < 1:
-        raise SpecdecError(f"o_proj splits must be a positive integer, got {o_proj!r}.")
+    for name, n in (("o_proj", o_proj), ("qkv", qkv)):
+        if not isinstance(n, int) or n < 1:
+            raise SpecdecError(f"{name} splits must be a positive integer, got {n!r}.")
     mods = [m for m in hf_model.modules() if isinstance(m, FusedAttention)]
     if not mods:
         raise SpecdecError("set_gemm_splits needs a fused model; call fuse_projections first.")
     for m in mods:
-        if m.o_proj.in_features % o_proj:
-            raise SpecdecError(f"o_proj splits {o_proj} do not divide o_proj's input dim {m.o_proj.in_features}; "
-                               "pick a divisor (2 or 4 for most models).")
+        for name, n, lin in (("o_proj", o_proj, m.o_proj), ("qkv", qkv, m.qkv_proj)):
+            if lin.in_features % n:
+                raise SpecdecError(f"{name} splits {n} do not divide its input dim {lin.in_features}; "
+                                   "pick a divisor (2 or 4 for most models).")
     for m in mods:
-        m.o_splits = o_proj
+        m.o_splits, m.qkv_splits = o_proj, qkv
     return len(mods)
 
 
@@ -273,14 +279,19 @@ class FusedAttention(nn.Module):
         self.k_norm = getattr(attn, "k_norm", None)
         self._rope = mod.apply_rotary_pos_emb
         self._eager = mod.eager_attention_forward
-        #: o_proj as this many partial GEMMs summed by the next norm kernel (1: one GEMM; see
-        #: :func:`set_gemm_splits`); only inside a fused decoder layer with the Triton kernels on
+        #: o_proj / qkv_proj as this many partial GEMMs summed by the kernel that reads them next (the
+        #: post-attention norm / the RoPE + KV-write kernel); 1: one GEMM. See :func:`set_gemm_splits`.
+        #: Only with the Triton kernels on, o_proj inside a fused decoder layer, qkv inside a specdec forward.
         self.o_splits = 1
+        self.qkv_splits = 1
+
+    @staticmethod
+    def _splittable(lin: nn.Linear, splits: int) -> bool:
+        return splits > 1 and lin.bias is None and lin.in_features % splits == 0 and lin.weight.is_contiguous()
 
     def o_splittable(self) -> bool:
         """Whether ``o_proj`` can run as :attr:`o_splits` partial GEMMs (no bias, input dim divisible)."""
-        return (self.o_splits > 1 and self.o_proj.bias is None
-                and self.o_proj.in_features % self.o_splits == 0 and self.o_proj.weight.is_contiguous())
+        return self._splittable(self.o_proj, self.o_splits)
 
     def _out(self, out: torch.Tensor, o_partials: bool) -> torch.Tensor:
         """``o_proj(out)``, or its :attr:`o_splits` partial sums ``(splits, ..., hidden)``."""
@@ -297,22 +308,30 @@ class FusedAttention(nn.Module):
         past = kwargs.pop("past_key_values", None)  # earlier 5.x
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
         cos, sin = position_embeddings
         attend = _attention_function(self.config._attn_implementation, self._eager)
-        ctx = _specdec_context() if _use_kernels(self, q) else None
+        ctx = _specdec_context() if _use_kernels(self, hidden_states) else None
         slot = ctx.cache.layer(self.layer_idx) if ctx is not None else None  # (k, v, window, global index)
-        if (ctx is not None and slot[2] is None and hf_cache is None and past is None
-                and self.config._attn_implementation == "specdec"):  # sliding-window rings: the route writes them
+        fused_rope = (ctx is not None and slot[2] is None and hf_cache is None and past is None
+                      and self.config._attn_implementation == "specdec")  # sliding-window rings: the route writes them
+        splits = self.qkv_splits if fused_rope and self._splittable(self.qkv_proj, self.qkv_splits) else 1
+        if splits > 1:  # partial sums of the QKV GEMM: the RoPE + write kernel adds them
+            qkv = _triton_fused().split_linear(hidden_states, self.qkv_proj.weight, splits)
+            split_stride = qkv.stride(0)
+            qkv = qkv[0]
+        else:
+            qkv, split_stride = self.qkv_proj(hidden_states), 0
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
+        if fused_rope:
             # one launch: (Qwen3's q/k norms,) RoPE of q and k, rotated keys and values into the cache
             if not ctx.static:
                 ctx.cache.check_capacity(ctx.lengths, q.shape[1])
             B = q.shape[0]
             norms = [(n.weight, n.variance_epsilon) if n is not None else None for n in (self.q_norm, self.k_norm)]
             q = _triton_fused().rope_qkv_write(q, k, v, cos.expand(B, -1, -1), sin.expand(B, -1, -1),
-                                               slot[0], slot[1],
-                                               ctx.lengths, *norms)
+                                               slot[0], slot[1], ctx.lengths, *norms, splits=splits,
+                                               split_stride=split_stride)
             out, weights = attend(self, q, None, None, attention_mask, dropout=0.0, scaling=self.scaling,
                                   kv_written=True, **kwargs)
             out = out.reshape(*input_shape, -1).contiguous()

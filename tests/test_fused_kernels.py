@@ -169,6 +169,28 @@ def test_rope_qkv_write_matches_hf_rope_and_cache_write(dtype, norm):
     torch.testing.assert_close(got_c.v, want_c.v, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_qkv_write_adds_split_qkv_partials(dtype):
+    """Given the partial sums of a split QKV GEMM, the kernel ropes and writes their (rounded) sum."""
+    B, T, H, Hkv, D, L, S = 3, 2, 4, 2, 16, 10, 3
+    g = torch.Generator().manual_seed(11)
+    parts = torch.randn(S, B, T, (H + 2 * Hkv) * D, generator=g).to(DEV, dtype)
+    whole = parts.float().sum(0).to(dtype)
+    _, _, _, cos, sin = _rope_case(dtype, B, T, H, Hkv, D)
+    lens = torch.tensor([0, 5, 7], device=DEV)
+    out = []
+    for qkv, kw in ((whole, {}), (parts[0], dict(splits=S, split_stride=parts.stride(0)))):
+        q, k, v = (x.reshape(B, T, -1, D) for x in qkv.split([H * D, Hkv * D, Hkv * D], -1))
+        kc, vc = torch.zeros(2, B, Hkv, L, D, dtype=dtype, device=DEV)
+        out.append((rope_qkv_write(q, k, v, cos, sin, kc, vc, lens, **kw), kc, vc))
+    # fp32: exact; bf16: the interpreter truncates the partials' sum where torch rounds it (an ulp)
+    tol = dict(atol=0, rtol=0) if dtype == torch.float32 else _tol(dtype)
+    for a, b in zip(out[1], out[0]):
+        torch.testing.assert_close(a, b, **tol)
+    with pytest.raises(ValueError, match="3 splits need a positive split_stride"):
+        rope_qkv_write(q, k, v, cos, sin, kc, vc, lens, splits=3)
+
+
 def test_rope_qkv_write_refuses_bad_shapes():
     q, k, v, cos, sin = _rope_case(torch.float32)
     kc = torch.zeros(3, 2, 8, 16, device=DEV)
@@ -186,13 +208,13 @@ def _pair(family, kernels="triton", seed=0):
     return plain, fused.fuse_projections(kernels=kernels)
 
 
-@pytest.mark.parametrize("family,o_splits", [("llama", 1), ("qwen2", 1), ("qwen3", 1), ("mistral", 1),
-                                             ("llama", 2), ("qwen3", 4)])
-def test_fused_kernels_logits_and_caches_match_unfused(family, o_splits):
+@pytest.mark.parametrize("family,splits", [("llama", (1, 1)), ("qwen2", (1, 1)), ("qwen3", (1, 1)), ("mistral", (1, 1)),
+                                           ("llama", (2, 4)), ("qwen3", (4, 2)), ("qwen2", (2, 2))])
+def test_fused_kernels_logits_and_caches_match_unfused(family, splits):
     from specdec.fusion import set_gemm_splits
 
-    plain, fused = _pair(family)
-    assert set_gemm_splits(fused.hf, o_splits) == len(fused.hf.model.layers)
+    plain, fused = _pair(family)  # qwen2: a qkv bias, so its qkv GEMM stays whole
+    assert set_gemm_splits(fused.hf, *splits) == len(fused.hf.model.layers)
     ids = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(1)).to(DEV)
     caches = [m.new_cache(3, 24) for m in (plain, fused)]
     for step, (sl, lens) in enumerate([(slice(0, 5), [0, 3, 7]), (slice(5, 6), [5, 8, 12]), (slice(6, 7), [6, 9, 13])]):
@@ -207,12 +229,12 @@ def test_fused_kernels_logits_and_caches_match_unfused(family, o_splits):
     torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("o_splits", [1, 2])
-def test_fused_kernels_greedy_engine_is_identical(o_splits):
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fused_kernels_greedy_engine_is_identical(splits):
     from specdec.fusion import set_gemm_splits
 
     plain, fused = _pair("qwen3")  # q/k norms in the fused RoPE kernel; the other families share the rest
-    set_gemm_splits(fused.hf, o_splits)
+    set_gemm_splits(fused.hf, splits, splits)
     prompts = [list(range(3, 17)), [5, 9, 17, 33, 2, 8] * 3]
     for method in ("dense", "magicdec", "vegas"):
         cfg = PipelineConfig.make(method=method, gamma=3, budget=8, sinks=2, recent=3)
@@ -261,13 +283,14 @@ def _launches(fn):
 @pytest.mark.skipif(not INTERPRETED, reason="counts launches through Triton's interpreter")
 @pytest.mark.parametrize("family,o_splits", [("llama", 1), ("qwen3", 1), ("llama", 2)])
 def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family, o_splits):
+    """With splits, o_proj and qkv each become one batched GEMM (bmm) and no mm."""
     from specdec.fusion import set_gemm_splits
 
     n_layers = 2
     counts = {}
     for kernels in ("torch", "triton"):
         m = make_tiny(family).fuse_projections(kernels=kernels)
-        set_gemm_splits(m.hf, o_splits)  # only read with the kernels on
+        set_gemm_splits(m.hf, o_splits, o_splits)  # only read with the kernels on
         c = m.new_cache(2, 16)
         m.forward(torch.randint(0, 96, (2, 5)), c, torch.tensor([0, 0]))
         ids, lens = torch.randint(0, 96, (2, 1)), torch.tensor([3, 5])
@@ -280,8 +303,9 @@ def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family, o_split
     # the MLP's residual add is the down GEMM's epilogue: no add left in the layers (the 3 left: the
     # position ids and the reference backend's 2); o_proj split by hand is one batched GEMM, no mm
     assert fused["addmm_.default"] == n_layers and fused["add.Tensor"] == 3, dict(fused)
-    assert fused["mm.default"] == plain["mm.default"] - n_layers - (n_layers if o_splits > 1 else 0)  # down: addmm_
-    assert fused["bmm.default"] == plain["bmm.default"] + (n_layers if o_splits > 1 else 0)
+    split = 2 * n_layers if o_splits > 1 else 0
+    assert fused["mm.default"] == plain["mm.default"] - n_layers - split  # down: addmm_
+    assert fused["bmm.default"] == plain["bmm.default"] + split
     for op in ("pow.Tensor_Scalar", "mean.dim", "neg.default", "silu.default", "index_put_.default", "cos.default"):
         assert plain[op] > 0 and fused[op] == 0, op
     # per layer: 2 norms, 1 RoPE + write, 1 SiLU·mul, 4 GEMMs (the last with the residual add), attention

@@ -169,14 +169,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 # -- (q/k norm +) RoPE + KV-cache write ------------------------------------------------------------
 @triton.jit
+def _load_sum(ptr, mask, ss, SPLITS: tl.constexpr):
+    """``ptr``'s values, or with ``SPLITS > 1`` the sum of the partials at ``ptr + s·ss`` rounded to their dtype."""
+    x = tl.load(ptr, mask=mask, other=0.0)
+    if SPLITS > 1:
+        acc = x.to(tl.float32)
+        for s in tl.static_range(1, SPLITS):
+            acc += tl.load(ptr + s * ss, mask=mask, other=0.0).to(tl.float32)
+        x = acc.to(x.dtype)
+    return x
+
+
+@triton.jit
 def _rope_qkv_kernel(
-    Q, K, V, Cos, Sin, QO, KC, VC, Lens, QW, KW,
+    Q, K, V, Cos, Sin, QO, KC, VC, Lens, QW, KW, ss,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
     scb, sct, ssb, sst,
     sob, soh, sot,
     skcb, skch, skcl, svcb, svch, svcl,
     T, Hq, L, eps,
-    NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+    NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
 ):
     bt = tl.program_id(0)
     h = tl.program_id(1)
@@ -191,8 +203,8 @@ def _rope_qkv_kernel(
         src = Q + b * sqb + t * sqt + hq * sqh
     else:
         src = K + b * skb + t * skt + kh * skh
-    x1 = tl.load(src + c, mask=m, other=0.0)
-    x2 = tl.load(src + HALF + c, mask=m, other=0.0)
+    x1 = _load_sum(src + c, m, ss, SPLITS)
+    x2 = _load_sum(src + HALF + c, m, ss, SPLITS)
     dt = x1.dtype
     if NORM:  # Qwen3: RMSNorm over each head (module weight, model dtype) before RoPE
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
@@ -228,14 +240,15 @@ def _rope_qkv_kernel(
         tl.store(kd + HALF + c, o2.to(KC.dtype.element_ty), mask=ok)
         vs = V + b * svb + t * svt + kh * svh
         vd = VC + b * svcb + kh * svch + pos * svcl
-        tl.store(vd + c, tl.load(vs + c, mask=ok).to(VC.dtype.element_ty), mask=ok)
-        tl.store(vd + HALF + c, tl.load(vs + HALF + c, mask=ok).to(VC.dtype.element_ty), mask=ok)
+        tl.store(vd + c, _load_sum(vs + c, ok, ss, SPLITS).to(VC.dtype.element_ty), mask=ok)
+        tl.store(vd + HALF + c, _load_sum(vs + HALF + c, ok, ss, SPLITS).to(VC.dtype.element_ty), mask=ok)
 
 
 def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
                    q_norm: tuple[torch.Tensor, float] | None = None,
-                   k_norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+                   k_norm: tuple[torch.Tensor, float] | None = None, splits: int = 1,
+                   split_stride: int = 0) -> torch.Tensor:
     """RoPE of q and k, and ``k_cache[b, h, lengths[b] + t] = rope(k)[b, t, h]`` (V alike), in one launch.
 
     Args:
@@ -251,6 +264,10 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
             position falls outside ``[0, L)`` are not written (callers check the capacity first).
         q_norm: ``(weight (D,), eps)`` of Qwen3's per-head query RMSNorm, applied before RoPE.
         k_norm: ``(weight (D,), eps)`` of its key RMSNorm (same ``eps``).
+        splits: with ``splits > 1``, ``q``/``k``/``v`` are views into the first of ``splits`` partial
+            sums of a split QKV GEMM (:func:`split_linear`), the others ``split_stride`` elements
+            apart; their sum (rounded to the model dtype, as the unsplit GEMM's output) is used.
+        split_stride: elements between two partials (``parts.stride(0)``).
 
     Returns:
         ``(B, H, T, D)`` the rotated queries (contiguous), as the attention function expects them.
@@ -267,6 +284,8 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         raise ValueError(f"rope_qkv_write: cos/sin shapes {tuple(cos.shape)}/{tuple(sin.shape)} are not {(B, T, D)}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("rope_qkv_write: pass both q_norm and k_norm or neither")
+    if splits < 1 or (splits > 1 and split_stride <= 0):
+        raise ValueError(f"rope_qkv_write: {splits} splits need a positive split_stride, got {split_stride}")
     for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)):
         if x.stride(-1) != 1:
             raise ValueError(f"rope_qkv_write: {name} needs unit stride along the head dim")
@@ -279,14 +298,14 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         raise ValueError(f"rope_qkv_write: q_norm eps {eps} and k_norm eps {k_norm[1]} differ")
     half = D // 2
     _rope_qkv_kernel[(B * T, H + Hkv)](
-        q, k, v, cos, sin, qo, k_cache, v_cache, lengths, qw, kw,
+        q, k, v, cos, sin, qo, k_cache, v_cache, lengths, qw, kw, split_stride,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         qo.stride(0), qo.stride(1), qo.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         T, H, k_cache.shape[2], float(eps),
-        NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1,
+        NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), SPLITS=splits, num_warps=1,
     )
     return qo
 
