@@ -20,5 +20,5 @@ if [ "${1:-}" = "--smoke" ]; then
         --variants fused_kernels,fused_kernels_r0,fused_kernels_split2,fused_kernels_fused_combine
         --no-vegas-costs --budget-s 100 --out "$OUT")
 fi
-timeout 295 python3 benchmarks/gpu/issue14.py --gguf "$GGUF" "${ARGS[@]}" 2>&1 | tee "$OUT/issue14.log"
+timeout 295 "${PYTHON:-python3}" benchmarks/gpu/issue14.py --gguf "$GGUF" "${ARGS[@]}" 2>&1 | tee "$OUT/issue14.log"
 exit "${PIPESTATUS[0]}"
