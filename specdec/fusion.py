@@ -129,10 +129,11 @@ def _layer_forward(base, self, hidden_states, *args, **kwargs):
     return residual + mlp(h)
 
 
-def _rotary_forward(base, self, x, position_ids):
+def _rotary_forward(base, self, x, position_ids, **kwargs):
     """The rotary embedding's ``(cos, sin)`` in one Triton launch (:func:`~specdec.cuda.triton_fused.rotary_cos_sin`)."""
-    if not _use_kernels(self, x) or position_ids.dim() != 2 or position_ids.is_floating_point():
-        return base(self, x, position_ids)
+    if (kwargs or not _use_kernels(self, x) or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2
+            or position_ids.is_floating_point()):
+        return base(self, x, position_ids, **kwargs)
     inv = self.inv_freq if self.inv_freq.dtype == torch.float32 else self.inv_freq.float()
     return _triton_fused().rotary_cos_sin(position_ids, inv.to(x.device), self.attention_scaling, x.dtype)
 
