@@ -236,7 +236,8 @@ def test_fused_kernels_greedy_engine_is_identical(splits):
     plain, fused = _pair("qwen3")  # q/k norms in the fused RoPE kernel; the other families share the rest
     set_gemm_splits(fused.hf, splits, splits)
     prompts = [list(range(3, 17)), [5, 9, 17, 33, 2, 8] * 3]
-    for method in ("dense", "magicdec", "vegas"):
+    # with splits only vegas (dense verify with scores, sparse drafts): the logits test covers the rest
+    for method in ("dense", "magicdec", "vegas") if splits == 1 else ("vegas",):
         cfg = PipelineConfig.make(method=method, gamma=3, budget=8, sinks=2, recent=3)
         want = build_engine(plain, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=6).tokens
         got = build_engine(fused, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=6).tokens
