@@ -7,6 +7,10 @@ import torch
 from specdec.interfaces import AttentionBackend, AttentionMetadata, per_forward
 from specdec.registry import BACKENDS, ComponentConfig
 
+#: ``sink_softmax`` scores: ``exp(min(logit - ref, SINK_CLAMP))`` (no overflow in float32 even summed
+#: over many rows and heads; the Triton kernel applies the same bound to its per-row factor)
+SINK_CLAMP = 60.0
+
 
 def visibility_mask(
     lengths: torch.Tensor,
@@ -117,7 +121,13 @@ class ReferenceBackend(AttentionBackend):
 
         scores = None
         if score_rows is not None:
-            src = logits if score_kind == "logits" else probs
+            if score_kind == "sink_softmax":  # exp(logit - logit at position 0), per row
+                ref = torch.einsum("bhgtd,bhd->bhgt", qg, k[:, :, 0]).unsqueeze(-1) * scale
+                if meta.softcap is not None:
+                    ref = torch.tanh(ref / meta.softcap) * meta.softcap
+                src = torch.exp((logits - ref).clamp(max=SINK_CLAMP))
+            else:
+                src = logits if score_kind == "logits" else probs
             rows = torch.as_tensor(list(score_rows), device=q.device, dtype=torch.long)
             s = src.index_select(3, rows)  # (B, Hkv, G, R, used)
             s = s.masked_fill(~mask.expand_as(logits).index_select(3, rows), 0.0)

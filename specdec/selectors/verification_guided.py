@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from specdec.attention.recording import stack_layers
 from specdec.cache import KVCache
@@ -53,10 +53,20 @@ class VerificationGuidedConfig(BudgetConfig):
     """Options of :class:`VerificationGuidedSelector` (budget fields: :class:`BudgetConfig`)."""
 
     rows: RowMode = Field(default="all", description="verify rows whose scores are aggregated")
-    score_kind: Literal["logits", "softmax"] = Field(
-        default="softmax", description="softmax weights (authors' code) or pre-softmax logits (paper's formula)"
+    score_kind: Literal["logits", "softmax", "sink_softmax"] = Field(
+        default="softmax",
+        description="softmax weights (authors' code), pre-softmax logits (paper's formula) or sink_softmax "
+                    "(exp(logit - the row's logit at position 0): softmax up to one factor per row, one pass "
+                    "in the Triton kernel; not with rows='last')",
     )
     per_kv_head: bool = Field(default=False, description="top-k per KV head instead of one set per layer")
+
+    @model_validator(mode="after")
+    def _kind_fits_rows(self) -> "VerificationGuidedConfig":
+        if self.rows == "last" and self.score_kind == "sink_softmax":
+            raise ValueError("score_kind='sink_softmax' sums the rows; rows='last' keeps them apart: "
+                             "use score_kind='softmax' or 'logits' with rows='last'.")
+        return self
 
 
 @SELECTORS.register("verification_guided", VerificationGuidedConfig)
