@@ -38,6 +38,7 @@ VARIANTS = {
     "vegas-all": ("vegas-all", {}),
     "vegas-last": ("vegas-last", {}),
     "vegas-logits": ("vegas", {"score_kind": "logits"}),
+    "vegas-sink": ("vegas", {"score_kind": "sink_softmax"}),
     "vegas-all-logits": ("vegas-all", {"score_kind": "logits"}),
     "vegas-headwise": ("vegas", {"per_kv_head": True}),
 }
