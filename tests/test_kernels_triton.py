@@ -315,7 +315,7 @@ def test_reduce_scores_ignores_unused_slots(softmax):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graph capture needs a GPU")
-@pytest.mark.parametrize("kind", ["logits", "softmax"])
+@pytest.mark.parametrize("kind", ["logits", "softmax", "sink_softmax"])
 def test_cuda_graph_capture_matches_eager(kind):
     """Verify with scores and a sparse step captured in CUDA graphs (first use inside the capture)."""
     lengths = [300, 1000]

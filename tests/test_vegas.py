@@ -100,6 +100,8 @@ def test_budget_ratio_with_floor():
     assert sel.config.budget_for(lengths).tolist() == [12, 50]
     with pytest.raises(SpecdecError, match="score_kind"):
         SELECTORS.build("collect2", score_kind="probs")
+    with pytest.raises(SpecdecError, match="sink_softmax.*rows='last'"):
+        SELECTORS.build("verification_guided", rows="last", score_kind="sink_softmax")
 
 
 def test_per_row_scores_match_summed_scores():
@@ -142,8 +144,8 @@ def test_presets_registered_and_option_clash():
         build_engine(model, PipelineConfig.make(method="vegas", options={"rows": "all"}))
 
 
-@pytest.mark.parametrize("rows", ["all", "collect2", "last"])
-@pytest.mark.parametrize("kind", ["logits", "softmax"])
+@pytest.mark.parametrize("rows,kind", [(r, k) for r in ("all", "collect2", "last") for k in ("logits", "softmax")]
+                         + [("collect2", "sink_softmax"), ("all", "sink_softmax")])
 def test_modes_lossless_tiny(rows, kind):
     model = make_tiny("llama", seed=5)
     prompts = [list(range(3, 70)), [5, 9, 2] * 15]
