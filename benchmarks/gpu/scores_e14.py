@@ -18,7 +18,8 @@ One layer's verify (γ + 1 = 5 rows, Collect-2-Query score rows {0, 4}, bf16, ra
 
 Shapes: SmolLM2 (9 q / 3 KV heads, d 64) B = 1, 16, 64 x 8k; Llama-3.1-8B (32 / 8, d 128) B 16 x 32k
 and B 1 x 128k. At B 1 x 128k also a few launch variants (split count, tile) of the plain verify and
-of ``sink_softmax``. Then Vegas' selection per iteration (``on_verify`` head sum + plan graph,
+of ``sink_softmax``. Then end to end on the embedded model (``--gguf``, 8k of ``ssl.py``, B = 64, γ 4, 5 %, graphs):
+dense and Vegas with each score variant (τ, tok/s, same tokens as dense). Then Vegas' selection per iteration (``on_verify`` head sum + plan graph,
 30 layers, B = 64 x 8k), with float32 and bfloat16 score buffers. Everything goes to
 ``<out>/scores_e14.json`` and ``.md`` after each part; a failing part records its traceback.
 """
@@ -248,6 +249,57 @@ def selection(a, dev, log) -> dict:
     return res
 
 
+E2E_VARIANTS = [("vegas", {}), ("vegas sink_softmax", {"score_kind": "sink_softmax"}),
+                ("vegas score_every=2", {"score_every": 2}),
+                ("vegas sink_softmax + score_every=2", {"score_kind": "sink_softmax", "score_every": 2})]
+
+
+def e2e(a, dev, log) -> list[dict]:
+    """Embedded model end to end (bf16, triton, graphs, fused), dense and each Vegas score variant."""
+    import ssl
+
+    from specdec.bench import run_bench
+    from specdec.loading import load_model
+
+    smoke = a.smoke
+    m = load_model("smollm2-135m" if smoke else a.gguf, "float32" if smoke else "bfloat16", dev.type,
+                   "reference" if smoke else "triton", not smoke, False, True)
+    common = dict(contexts=[200 if smoke else 8000], documents=[ssl.__file__], budget=None, budget_ratio=0.05,
+                  gamma=GAMMA, model=m, backend="reference" if smoke else "triton",
+                  dtype="float32" if smoke else "bfloat16", device=dev.type, output_dir=Path(a.out),
+                  cuda_graphs=not smoke, fuse=True, warmup=True, repeats=2 if smoke else 3, hf_baseline=False,
+                  adaptive=False, batch_sizes=[1 if smoke else a.e2e_batch], max_new_tokens=6 if smoke else 64)
+    keep = ("batch", "method", "tau", "tokens_per_second", "tokens_per_second_min", "tokens_per_second_max",
+            "iterations", "selection_overhead_share", "same_tokens_as_dense", "phase_seconds")
+    rows = []
+    dense_tokens = None
+    for label, opts in [("dense", {})] + E2E_VARIANTS:
+        if elapsed() > a.budget_s:
+            rows.append(dict(label=label, skipped="budget"))
+            continue
+        try:
+            r = run_bench(["dense" if label == "dense" else "vegas"], tag="scores_e14_e2e", options=opts or None,
+                          **common)[-1]
+            if label == "dense":
+                dense_tokens = r.get("tokens")
+            row = dict(label=label, options=opts, **{k: r.get(k) for k in keep if k in r})
+            if dense_tokens is not None and r.get("tokens") is not None:
+                row["same_tokens_as_dense"] = r["tokens"] == dense_tokens
+            rows.append(row)
+            log(f"e2e {label}: {r.get('tokens_per_second'):.0f} tok/s, tau {r.get('tau')}")
+        except Exception:
+            rows.append(dict(label=label, error=traceback.format_exc()))
+            log(f"e2e {label} FAILED")
+    dense = next((r.get("tokens_per_second") for r in rows if r["label"] == "dense"), None)
+    for r in rows:
+        if dense and r.get("tokens_per_second"):
+            r["x_dense"] = r["tokens_per_second"] / dense
+    del m
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
 def markdown(res) -> str:
     lines = [f"# Vegas score emission and selection ({res['date']}, {res.get('gpu') or 'cpu'})", "",
              f"command: `{res['command']}`; torch {res['torch']}; {res['total_s']:.0f} s", "",
@@ -272,6 +324,21 @@ def markdown(res) -> str:
             lines.append(f"| {label} | {r['us']:.1f} | {'' if op is None else f'{100 * op:+.1f} %'} | "
                          f"{'' if fo is None else f'{fo:.2f}×'} | {'' if err is None else f'{err:.1e}'} |")
         lines.append("")
+    if res.get("e2e"):
+        lines += ["## End to end (embedded model, 8k of ssl.py, bf16, graphs, γ 4, 5 %)", "",
+                  "| variant | tok/s (min–max) | × dense | τ | select share | same tokens as dense |", "|---|---|---|---|---|---|"]
+        for r in res["e2e"]:
+            if "tokens_per_second" not in r:
+                lines.append(f"| {r['label']} | {r.get('skipped') or r.get('error', '')[-200:]} | | | | |")
+                continue
+            x = r.get("x_dense")
+            tau = r.get("tau")
+            sel = r.get("selection_overhead_share")
+            lines.append(f"| {r['label']} | {r['tokens_per_second']:.0f} ({r.get('tokens_per_second_min') or 0:.0f}–"
+                         f"{r.get('tokens_per_second_max') or 0:.0f}) | {'' if x is None else f'{x:.3f}'} | "
+                         f"{'' if tau is None else f'{tau:.2f}'} | {'' if sel is None else f'{100 * sel:.1f} %'} | "
+                         f"{r.get('same_tokens_as_dense')} |")
+        lines.append("")
     if res.get("selection"):
         lines += ["## Selection per iteration (on_verify + plan graph)", "", "```", json.dumps(res["selection"], indent=1),
                   "```"]
@@ -285,6 +352,11 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150.0, help="no new variant starts after this many seconds")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--no-check", action="store_true", help="skip the score parity check against the reference")
+    ap.add_argument("--parts", default="shape0,shape1,shape2,e2e,shape3,shape4,selection",
+                    help="in this order: shapeN = SHAPES[N] (0 SmolLM2 B64, 1 8B B1x128k, 2 8B B16x32k, 3 SmolLM2 "
+                         "B16, 4 SmolLM2 B1), e2e (embedded model end to end), selection")
+    ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
+    ap.add_argument("--e2e-batch", type=int, default=64)
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -306,21 +378,33 @@ def main() -> None:
         (out / "scores_e14.json").write_text(json.dumps(res, indent=2, default=str))
         (out / "scores_e14.md").write_text(markdown(res))
 
-    for sh in (SMOKE_SHAPES if a.smoke else SHAPES):
-        if elapsed() > a.budget_s:
-            res["shapes"].append(f"{sh[0]}: skipped (budget)")
-            continue
-        try:
-            res["shapes"].append(run_shape(*sh, a, dev, log))
-        except Exception:
-            res["shapes"].append(f"{sh[0]}: " + traceback.format_exc())
-            log(f"{sh[0]} FAILED")
+    shapes = SMOKE_SHAPES if a.smoke else SHAPES
+    for part in a.parts.split(","):
+        if part.startswith("shape"):
+            sh = shapes[int(part[5:])] if int(part[5:]) < len(shapes) else None
+            if sh is None:
+                continue
+            if elapsed() > a.budget_s:
+                res["shapes"].append(f"{sh[0]}: skipped (budget)")
+                continue
+            try:
+                res["shapes"].append(run_shape(*sh, a, dev, log))
+            except Exception:
+                res["shapes"].append(f"{sh[0]}: " + traceback.format_exc())
+                log(f"{sh[0]} FAILED")
+        elif part == "e2e":
+            try:
+                res["e2e"] = e2e(a, dev, log)
+            except Exception:
+                res["e2e"] = [dict(label="*", error=traceback.format_exc())]
+        elif part == "selection":
+            try:
+                res["selection"] = selection(a, dev, log)
+            except Exception:
+                res["selection"] = {"error": traceback.format_exc()}
+        else:
+            raise SystemExit(f"unknown part {part!r}; use shape0..shape4, e2e, selection")
         save()
-    try:
-        res["selection"] = selection(a, dev, log)
-    except Exception:
-        res["selection"] = {"error": traceback.format_exc()}
-    save()
     print(markdown(res))
 
 
