@@ -10,6 +10,9 @@ from specdec.registry import BACKENDS, ComponentConfig
 #: ``sink_softmax`` scores: ``exp(min(logit - ref, SINK_CLAMP))`` (no overflow in float32 even summed
 #: over many rows and heads; the Triton kernel applies the same bound to its per-row factor)
 SINK_CLAMP = 60.0
+#: ``sink_softmax``: its per-row normaliser is the log-sum-exp over the first and the last
+#: ``SINK_ANCHORS`` positions of the sequence that the row sees (attention sinks and recent tokens)
+SINK_ANCHORS = 16
 
 
 def visibility_mask(
@@ -114,6 +117,7 @@ class ReferenceBackend(AttentionBackend):
             mask = window_mask(lengths, T, L, window).unsqueeze(2)  # (B, 1, 1, T, L)
         else:
             mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
+        raw = logits
         logits = logits.masked_fill(~mask, float("-inf"))
         # a row that sees no position (fully masked) attends to nothing: output 0, not NaN
         probs = torch.softmax(logits, dim=-1).masked_fill(~mask, 0.0)
@@ -121,10 +125,12 @@ class ReferenceBackend(AttentionBackend):
 
         scores = None
         if score_rows is not None:
-            if score_kind == "sink_softmax":  # exp(logit - logit at position 0), per row
-                ref = torch.einsum("bhgtd,bhd->bhgt", qg, k[:, :, 0]).unsqueeze(-1) * scale
-                if meta.softcap is not None:
-                    ref = torch.tanh(ref / meta.softcap) * meta.softcap
+            if score_kind == "sink_softmax":  # exp(logit - log-sum-exp over the row's anchor positions)
+                pos = torch.arange(used, device=q.device).view(1, 1, used)
+                row_end = (lengths.view(B, 1, 1) + torch.arange(T, device=q.device).view(1, T, 1))  # last seen
+                n_ctx = lengths.view(B, 1, 1) + T
+                anchor = ((pos < SINK_ANCHORS) | (pos >= n_ctx - SINK_ANCHORS)) & (pos <= row_end)  # (B, T, used)
+                ref = raw.masked_fill(~anchor.view(B, 1, 1, T, used), float("-inf")).logsumexp(-1, keepdim=True)
                 src = torch.exp((logits - ref).clamp(max=SINK_CLAMP))
             else:
                 src = logits if score_kind == "logits" else probs

@@ -20,9 +20,11 @@ One kernel serves three uses (``SPARSE`` and ``SCORE_MODE`` are compile-time swi
   log-sum-exp is known (``reduce_scores``). ``SCORE_MODE == 4`` reduces the tile the kernel has
   anyway: ``sum_m w_m s[m, p]`` over the visible rows (logits, the same as mode 1, no extra MMA), or
   with ``SCORE_EXP`` the one-pass softmax ``sum_m w_m exp(s[m, p] - ref_m)`` where ``ref_m`` is row
-  ``m``'s logit at position 0 (the attention sink; every row sees it): computed from the tile's ``p``
-  times one factor ``exp(m_running - ref_m)`` per row, so no second pass and no per-row buffer. It
-  equals the softmax weights times ``exp(lse_m - ref_m)`` per row (``sink_softmax`` scores).
+  ``m``'s log-sum-exp over its *anchor* positions (the first and the last ``NA = 16`` positions of the
+  sequence that it sees: attention sinks and recent tokens), computed before the loop from one extra
+  tile of K; in the loop it is the tile's ``p`` times one factor ``exp(m_running - ref_m)`` per row,
+  so no second pass and no per-row buffer. It equals the softmax weights times ``exp(lse_m - ref_m)``
+  (>= 1: one over the share of row ``m``'s attention on its anchors) (``sink_softmax`` scores).
 
 The sequence (or its virtual index list) is cut into ``num_splits`` chunks per (sequence, KV head)
 so that enough programs run at batch 1 (flash-decoding); a second small kernel combines the chunks
@@ -66,7 +68,7 @@ def _splitk_attn_kernel(
     SPARSE: tl.constexpr, SCORE_MODE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
     NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
-    FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0,
+    FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -121,9 +123,20 @@ def _splitk_attn_kernel(
         # row-weighted column sum of the tile the kernel computes anyway: no extra MMA, no pick
         w = tl.load(RowW + h * (G * T) + offs_m, mask=row_valid, other=0.0)
         if SCORE_EXP:
-            # each row's reference: its logit at position 0 (the attention sink), known before the loop
-            k0 = tl.load(k_base + offs_d).to(tl.float32)
-            ref = tl.sum(q.to(tl.float32) * k0[None, :], axis=1) * sm_scale
+            # each row's reference, known before the loop: the log-sum-exp of its logits over the anchor
+            # positions -- the first NA (attention sinks) and the last NA of the sequence (recent tokens),
+            # those the row sees -- from one extra (D, 2 NA) tile of K per program
+            offs_a = tl.arange(0, 2 * NA)
+            apos = tl.where(offs_a < NA, offs_a, n_ctx - 2 * NA + offs_a)
+            a_ok = tl.where(offs_a < NA, offs_a < n_ctx, apos >= NA)  # the recent half skips the sinks
+            apos = tl.where(a_ok, apos, 0)
+            ka = tl.load(k_base + apos[None, :] * stride_kl + offs_d[:, None], mask=a_ok[None, :], other=0.0)
+            if UPCAST:
+                ka = ka.to(tl.float32)
+            sa = tl.dot(q, ka, input_precision=DOT_PREC) * sm_scale
+            sa = tl.where(a_ok[None, :] & (apos[None, :] <= row_pos[:, None]), sa, float("-inf"))
+            ma = tl.max(sa, axis=1)  # position 0 is always seen: finite
+            ref = ma + tl.log(tl.sum(tl.math.exp2((sa - ma[:, None]) * 1.4426950408889634), axis=1))
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -525,8 +538,9 @@ def splitk_attention(
             tile the kernel computes anyway (``SCORE_MODE`` 4) instead of the suffix-sum MMA and
             in-warp pick (``SCORE_MODE`` 1); the same logits.
         sink_softmax: with ``row_weights`` (implies ``colsum``): ``sum w · exp(min(logit − ref, 60))``
-            where ``ref`` is each row's logit at position 0 (the attention sink, known before the
-            loop): softmax weights up to one factor per row, in one pass (see the module docstring).
+            where ``ref`` is each row's log-sum-exp over its anchor positions (the first and last 16
+            it sees, known before the loop): softmax weights up to one factor per row, in one pass
+            (see the module docstring).
         score_dtype: dtype of the fused score buffer (``SCORE_MODE`` 1/3/4): float32 or bfloat16.
 
     Returns:
