@@ -56,7 +56,8 @@ class VerificationGuidedConfig(BudgetConfig):
     score_kind: Literal["logits", "softmax", "sink_softmax"] = Field(
         default="softmax",
         description="softmax weights (authors' code), pre-softmax logits (paper's formula) or sink_softmax "
-                    "(exp(logit - the row's logit at position 0): softmax up to one factor per row, one pass "
+                    "(exp(logit - the row's log-sum-exp over the first and last 16 positions): softmax up to one "
+                    "factor per row, one pass "
                     "in the Triton kernel; not with rows='last')",
     )
     per_kv_head: bool = Field(default=False, description="top-k per KV head instead of one set per layer")
