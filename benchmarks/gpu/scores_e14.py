@@ -280,7 +280,7 @@ def e2e(a, dev, log) -> list[dict]:
             "iterations", "selection_overhead_share", "same_tokens_as_dense", "phase_seconds")
     rows = []
     dense_tokens = None
-    for label, opts in [("dense", {})] + E2E_VARIANTS:
+    for label, opts in [("dense", {})] + (E2E_VARIANTS[-1:] if smoke else E2E_VARIANTS):
         if elapsed() > a.budget_s:
             rows.append(dict(label=label, skipped="budget"))
             continue
