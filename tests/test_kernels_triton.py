@@ -547,14 +547,14 @@ def test_sink_softmax_is_softmax_times_one_factor_per_row():
     assert not torch.allclose(sink, soft)  # a different scale: the test would catch a softmax path
 
 
-@pytest.mark.parametrize("kind", ["logits", "sink_softmax"])
+@pytest.mark.parametrize("kind", ["logits", "sink_softmax", "softmax"])
 def test_bf16_score_buffers(kind):
     q, k, v, lens = make_case(2, 2, 3, 5, 64, 60, torch.bfloat16, [50, 13], seed=9)
     kw = dict(score_rows=[0, 4], score_kind=kind)
     _, s_ref = REF.attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
     _, s = TritonBackend(TritonConfig(block_n=16, num_splits=3, score_dtype="bfloat16",
                                       score_reduce="colsum")).attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
-    assert s.dtype == torch.bfloat16
+    assert s.dtype == (torch.float32 if kind == "softmax" else torch.bfloat16)  # softmax: bf16 raw logits
     torch.testing.assert_close(s.float(), s_ref, atol=3e-2 * (6 if kind == "logits" else 1), rtol=2e-2)
 
 

@@ -12,6 +12,7 @@ One layer's verify (γ + 1 = 5 rows, Collect-2-Query score rows {0, 4}, bf16, ra
 * ``logits_colsum``     logits, row-weighted column sum of the logit tile (``SCORE_MODE`` 4)
 * ``logits_colsum_bf16``  the same into a bf16 buffer
 * ``softmax``           exact softmax weights: raw logits per (head, row) + the reduce kernel (Vegas' default)
+* ``softmax_bf16_raw``  the same with bf16 raw logits (half their writes and reads)
 * ``sink_softmax``      one-pass softmax ``exp(logit - logit at position 0)`` (``SCORE_MODE`` 4 + exp)
 * ``sink_softmax_bf16`` the same into a bf16 buffer
 * ``flashinfer``        FlashInfer's paged verify without scores, when it is installed (``peers.sh install1``)
@@ -73,6 +74,7 @@ def variants(smoke: bool) -> list[tuple[str, str | None, dict]]:
             ("logits_colsum", "logits", dict(base, score_reduce="colsum")),
             ("logits_colsum_bf16", "logits", dict(base, score_reduce="colsum", score_dtype="bfloat16")),
             ("softmax", "softmax", base),
+            ("softmax_bf16_raw", "softmax", dict(base, score_dtype="bfloat16")),
             ("sink_softmax", "sink_softmax", base),
             ("sink_softmax_bf16", "sink_softmax", dict(base, score_dtype="bfloat16"))]
 

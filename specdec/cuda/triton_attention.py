@@ -180,7 +180,7 @@ def _splitk_attn_kernel(
                          tl.where(pos <= length + t_r, sc_r, 0.0), mask=valid & (pos < n_ctx))
         if SCORE_MODE == 2:
             r_ptrs = RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos[None, :]
-            tl.store(r_ptrs, s, mask=(slot >= 0)[:, None] & valid[None, :])
+            tl.store(r_ptrs, s.to(RawLogits.dtype.element_ty), mask=(slot >= 0)[:, None] & valid[None, :])
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
@@ -541,7 +541,8 @@ def splitk_attention(
             where ``ref`` is each row's log-sum-exp over its anchor positions (the first and last 16
             it sees, known before the loop): softmax weights up to one factor per row, in one pass
             (see the module docstring).
-        score_dtype: dtype of the fused score buffer (``SCORE_MODE`` 1/3/4): float32 or bfloat16.
+        score_dtype: dtype of the fused score buffer (``SCORE_MODE`` 1/3/4) and of the raw logits
+            (``SCORE_MODE`` 2): float32 or bfloat16.
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -607,9 +608,9 @@ def splitk_attention(
     elif row_slots is not None and n_slots > 0:
         score_mode = 2
         if sparse:  # unvisited positions must read as -inf
-            raw = torch.full((B, Hkv, n_slots, L), float("-inf"), dtype=torch.float32, device=dev)
+            raw = torch.full((B, Hkv, n_slots, L), float("-inf"), dtype=score_dtype, device=dev)
         else:  # the kernel writes every position < lengths + T; the reader masks the rest
-            raw = torch.empty((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
+            raw = torch.empty((B, Hkv, n_slots, L), dtype=score_dtype, device=dev)
         rs = row_slots
     fused_softmax = score_mode == 2 and direct and not sparse and softmax_weights is not None
     if fused_softmax:

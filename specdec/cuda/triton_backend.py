@@ -68,8 +68,9 @@ class TritonConfig(ComponentConfig):
             sums of the weighted queries, one extra 16-row MMA per tile and an in-warp pick) or
             ``"colsum"`` (a row-weighted column sum of the logit tile the kernel computes anyway).
             ``sink_softmax`` scores always use the column sum.
-        score_dtype: dtype of the fused score buffers (logits and ``sink_softmax``): ``"bfloat16"``
-            halves their writes; the selector sums them in float32.
+        score_dtype: dtype of the fused score buffers (logits and ``sink_softmax``: ``"bfloat16"``
+            halves their writes; the selector sums them in float32) and of the raw logits that exact
+            softmax scores are rebuilt from (the reduce kernel still returns float32).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -356,7 +357,7 @@ class TritonBackend(AttentionBackend):
         fuse = (self._row_weights(H, T, rows, heads, dev)
                 if kind == "softmax" and not per_row and self.config.fused_softmax_scores else None)
         out, lse, fused, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n,
-                                                cfg=self._launch, softmax_weights=fuse)
+                                                cfg=self._launch, softmax_weights=fuse, score_dtype=sdt)
         if fused is not None:
             return out, fused
         scores = reduce_scores(raw, lse, flat, to_rows if per_row else to_one, meta.lengths, T,
