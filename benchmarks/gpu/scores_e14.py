@@ -244,16 +244,23 @@ def selection(a, dev, log) -> dict:
             planner.plan(sel, lengths)
 
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-        for _ in range(3):
-            step()
-        sync()
-        ts = []
-        for _ in range(a.reps):
-            t = time.perf_counter()
-            step()
+
+        def med(fn):
+            for _ in range(3):
+                fn()
             sync()
-            ts.append(time.perf_counter() - t)
-        res[str(dt).replace("torch.", "")] = dict(ms=statistics.median(ts) * 1e3, N=N, B=B, Hkv=Hkv, L=L)
+            ts = []
+            for _ in range(a.reps):
+                t = time.perf_counter()
+                fn()
+                sync()
+                ts.append(time.perf_counter() - t)
+            return statistics.median(ts) * 1e3
+
+        # the whole step, then its parts: the head sum into the selector's buffer, the plan graph (top-k)
+        res[str(dt).replace("torch.", "")] = dict(ms=med(step), on_verify_ms=med(lambda: sel.on_verify(req, lengths)),
+                                                  plan_ms=med(lambda: planner.plan(sel, lengths)),
+                                                  N=N, B=B, Hkv=Hkv, L=L)
         log(f"selection {dt}: {res[str(dt).replace('torch.', '')]['ms']:.3f} ms")
     return res
 
