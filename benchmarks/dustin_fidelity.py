@@ -134,11 +134,13 @@ def main(argv=None) -> int:
                 assert got == ref.tokens[0], "the teacher-forced run left dense's trajectory"
                 s = eng.verifier.summary()
                 valve = {str(x): eng.verifier.valve(x) for x in margins}
+                passes = eng.verifier.passes if margins else None  # (margin, rows, equal, read, dense read) per pass
                 if a.tf_only:
                     row["budgets"][b] = dict(tf_agreement=s["tf_agreement"], tf_rows=s["tf_rows"], tf_tv_mean=s["tv_mean"],
                                              kv_read_vs_dense=eng.verifier.report().get("kv_read_vs_dense"), valve=valve,
+                                             passes=passes,
                                              agreement_free=None, first_divergence=None, tau=None, tokens_per_second=None)
-                    print(doc, b, json.dumps(row["budgets"][b]), flush=True)
+                    print(doc, b, json.dumps({k: v for k, v in row["budgets"][b].items() if k != "passes"}), flush=True)
                     continue
                 eng = dustin(b)
                 eng.generate([ids], 4, prefilled=pre)  # warm-up
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
                                          agreement_free=sum(p == q for p, q in zip(x, y)) / max(n, 1),
                                          first_divergence=next((j for j in range(n) if x[j] != y[j]), n),
                                          tau=r.stats.mean_accepted_length, tokens_per_second=r.stats.tokens_per_second,
-                                         kv_read_vs_dense=rep.get("kv_read_vs_dense"), valve=valve)
+                                         kv_read_vs_dense=rep.get("kv_read_vs_dense"), valve=valve, passes=passes)
                 print(doc, b, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row["budgets"][b].items()}),
                       flush=True)
             res["documents"].append(row)

@@ -38,7 +38,7 @@ def test_layer_sets_triton_attention_and_page_kernels_match_reference():
             return out
 
         eng.verifier._margin_valve = valve
-        return eng.generate(PROMPTS, max_new_tokens=5).tokens, torch.stack(margins)
+        return eng.generate(PROMPTS, max_new_tokens=4).tokens, torch.stack(margins)
 
     ref_tokens, ref_m = run("torch")
     with model.using_backend(TritonBackend(TritonConfig(block_n=16, num_splits=3))):
