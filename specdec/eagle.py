@@ -56,6 +56,27 @@ def _finish(layer, x, att):
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
+def _plain_copy(layer: nn.Module) -> nn.Module:
+    """A copy of a target decoder layer with separate q/k/v and gate/up projections (an artifact's layout and
+    what :func:`_qkv` runs), also when the target's projections were fused (:mod:`specdec.fusion`): the fused
+    modules are replaced by fresh ones of the family's classes (their weights come from the artifact)."""
+    import sys
+
+    from specdec.fusion import FAMILIES, FusedAttention, FusedMLP
+
+    out = copy.deepcopy(layer)
+    a, mlp = out.self_attn, out.mlp
+    if isinstance(a, FusedAttention) or isinstance(mlp, FusedMLP):
+        cfg = a.config
+        module = sys.modules[(a._rope if isinstance(a, FusedAttention) else type(a)).__module__]
+        attn_cls, mlp_cls = (getattr(module, n) for n in FAMILIES[cfg.model_type])
+        if isinstance(a, FusedAttention):
+            out.self_attn = attn_cls(cfg, a.layer_idx)
+        if isinstance(mlp, FusedMLP):
+            out.mlp = mlp_cls(cfg)
+    return out
+
+
 class EagleHead(nn.Module):
     """``fc`` (2d → d, with bias) + one decoder layer shaped like the target's layers.
 
@@ -67,7 +88,7 @@ class EagleHead(nn.Module):
     def __init__(self, target_layer: nn.Module, hidden: int) -> None:
         super().__init__()
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
-        self.layer = copy.deepcopy(target_layer)
+        self.layer = _plain_copy(target_layer)
         self.layer.requires_grad_(True)
         with torch.no_grad():  # start as "the feature itself" plus a little of the token embedding
             self.fc.weight.zero_()
@@ -219,13 +240,19 @@ class EagleDrafter(Drafter):
         self.path = Path(path)
         self.heads = heads
         self.draft_model = _HeadDims(target.dims.n_heads)
-        self.lookahead: torch.Tensor | None = None
+        self.lookahead: torch.Tensor | None = None  # (B, capacity) float32, one buffer per cache shape
         self.embed, self.norm, self.lm_head = head_components(target)
         target.keep_hidden = True  # the verify passes record what the head needs
-        self.k_cache = self.v_cache = None
-        self._qf = self._qt = self._qn = self._rows = None  # queued true rows (see _reset_queue), last verify rows
+        self.k_cache = self.v_cache = None  # (B, H_kv, C, D), one buffer per cache shape (kept across generations)
         self._feat_last = None  # (B, d) true feature at the last verified position
         self._drafted_len = None  # (B,) verified length when the last draft started
+        self._hidden = self._rows = None  # (B, R, d) target features of the last verify rows, (B, R) those rows
+        self._hs: torch.Tensor | None = None  # (n,) the lookahead heads on the device
+        self._hs_key: tuple = ()  # the same heads on the host
+        self._flags: torch.Tensor | None = None  # (2,) non-finite flags of the last greedy draft, read at on_verify
+        #: CUDA graphs of the draft (:class:`specdec.graphs.CapturedCall`), made when the target captures its own
+        self.graphs = None
+        self._graphs_of = None
 
     # -- what Dustin's builder asks ---------------------------------------------------------------
     @property
@@ -254,26 +281,126 @@ class EagleDrafter(Drafter):
         dt = self.head.fc.weight.dtype
         x = self.head.inputs(self.embed(toks).to(dt), feats.to(dt))
         cos, sin = rope(self.target, x, pos)
-        hs = sorted({int(h) for h in (self.heads or {}).get(0, [])}) if lookahead else []
-        probs = [] if hs else None
+        record = lookahead and self._hs is not None
+        probs = [] if record else None
         y = head_layer_step(self.head.layer, x, self.k_cache, self.v_cache, pos, cos, sin, probs)
-        if hs:  # (B, H, T, C) -> summed over the heads and rows
+        if record:  # (B, H, T, C) -> summed over the heads and rows; device-side head index: no host copy
             C = self.k_cache.shape[2]
-            self.lookahead[:, :C] += probs[0][:, hs].sum((1, 2))
+            self.lookahead[:, :C] += probs[0].index_select(1, self._hs).sum((1, 2))
         return self.norm(y)
 
     def _logits(self, feat: torch.Tensor) -> torch.Tensor:
         return self.lm_head(feat).float()
 
+    # -- the draft as fixed-shape functions of tensors (one CUDA graph each on a GPU) -------------------
+    # Each reads only its arguments and buffers whose addresses do not change while the cache shape does
+    # not (the head's K/V cache, the lookahead buffer, weights), makes no host read and has shapes fixed by
+    # (B, R, γ): :class:`specdec.graphs.CapturedCall` captures it once per shape and replays it.
+
+    def _first(self, feat_last: torch.Tensor, hidden: torch.Tensor, rows: torch.Tensor, drafted_len: torch.Tensor,
+               lengths: torch.Tensor, pending: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first draft forward, which also rewrites the verified positions with the target's true features.
+
+        Args:
+            feat_last: ``(B, d)`` true feature at position ``L_old - 1`` (the last draft's start).
+            hidden: ``(B, R, d)`` the target's features ``f_{L_old} .. f_{L_old+R-1}`` of the last verify rows.
+            rows: ``(B, R)`` those rows' tokens (the pending token and the drafts).
+            drafted_len: ``(B,)`` ``L_old``; ``lengths``: ``(B,)`` ``L`` now (``a = L - L_old - 1`` drafts
+                were accepted; ``-1``: nothing verified since, e.g. right after the prefill or a finished sequence).
+            pending: ``(B,)`` the token at position ``L`` (emitted, not yet in the target's cache).
+
+        One forward of ``B × (R+1)`` rows, left-aligned per sequence: the queued true rows
+        ``(f_{L_old-1}, t_{L_old}), (f_{L_old}, d_1) .. (f_{L-2}, d_a)`` at positions ``L_old-1 .. L-2``, then the row
+        ``(f_{L-1}, pending)`` at ``L-1``; the padding rows after it are rewritten by the next draft steps.
+        Returns ``(f̂_L (B, d), f_{L-1} (B, d))``.
+        """
+        B, R = rows.shape
+        d = feat_last.shape[-1]
+        C = self.k_cache.shape[2]
+        if self.lookahead is not None:
+            self.lookahead.zero_()
+        a = (lengths - drafted_len - 1).clamp(-1, R - 1)  # (B,) accepted drafts since the last draft
+        qn = a + 1  # (B,) queued true rows
+        feat_last = feat_last.to(hidden.dtype)
+        new_last = hidden.gather(1, a.clamp(min=0).view(B, 1, 1).expand(B, 1, d))[:, 0]  # f_{L-1} = f_{L_old+a}
+        new_last = torch.where((a >= 0).view(B, 1), new_last, feat_last)
+        feats = torch.cat([feat_last.view(B, 1, d), hidden[:, : R - 1], hidden.new_zeros(B, 1, d)], dim=1)  # (B, R+1, d)
+        toks = torch.cat([rows, rows.new_zeros(B, 1)], dim=1)  # (B, R+1)
+        feats = feats.scatter(1, qn.view(B, 1, 1).expand(B, 1, d), new_last.view(B, 1, d))
+        toks = toks.scatter(1, qn.view(B, 1), pending.view(B, 1))
+        pos = (lengths - 1 - qn).view(B, 1) + torch.arange(R + 1, device=rows.device)
+        pred = self._run(feats, toks, pos.clamp(0, C - 1))  # (B, R+1, d)
+        return pred.gather(1, qn.view(B, 1, 1).expand(B, 1, d))[:, 0], new_last
+
+    def _step(self, pred: torch.Tensor, tok: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """Draft steps ``2..γ``: the head fed its own feature ``pred (B, d)`` and token ``tok (B,)`` at
+        positions ``at (B, 1)``; records the lookahead signal. Returns the next ``f̂ (B, d)``."""
+        B, d = pred.shape
+        return self._run(pred.view(B, 1, d), tok.view(B, 1), at, lookahead=True)[:, 0]
+
+    def _greedy(self, gamma: int, *first_args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A whole greedy draft: :meth:`_first`, then γ × (LM head, argmax, :meth:`_step`). Returns
+        ``drafts (B, γ)``, the non-finite flags ``(2,)`` of the draft logits, ``f_{L-1}`` and ``L`` ``(B,)``."""
+        lengths = first_args[4]
+        pred, new_last = self._first(*first_args)
+        B = pred.shape[0]
+        C = self.k_cache.shape[2]
+        tokens, flags = [], None
+        for i in range(gamma):
+            logits = self._logits(pred)
+            f = nonfinite_flags(logits)
+            flags = f if flags is None else flags | f
+            tokens.append(logits.argmax(dim=-1))
+            if i + 1 < gamma:
+                pred = self._step(pred, tokens[-1], (lengths + i).clamp(max=C - 1).view(B, 1))
+        return torch.stack(tokens, dim=1), flags, new_last, lengths.clone()
+
+    def _captured(self):
+        """The :class:`~specdec.graphs.CapturedCall` replaying the draft, or ``None`` (eager): graphs are used
+        when the target captures its forwards (:meth:`SpecdecModel.enable_cuda_graphs`) and runs on a GPU."""
+        g = getattr(self.target, "_graphs", None)
+        if g is None or not self.k_cache.is_cuda:
+            return None
+        if self._graphs_of is not g:  # new target graphs (or none before): new draft graphs
+            from specdec.graphs import CapturedCall
+
+            self.graphs, self._graphs_of = CapturedCall(max_graphs=8), g
+        return self.graphs
+
+    def _call(self, name: str, fn, *inputs: torch.Tensor):
+        """``fn(*inputs)``, replayed as a CUDA graph per ``name`` and buffers when :meth:`_captured` gives one."""
+        calls = self._captured()
+        if calls is None:
+            return fn(*inputs)
+        key = ("eagle", name, self.k_cache.data_ptr(), self.lookahead.data_ptr(), self._hs_key)
+        return calls(key, fn, *inputs, keep=self)
+
     # -- engine hooks ---------------------------------------------------------------------------------
+    def _buffers(self, B: int, C: int, dev) -> None:
+        """The head's K/V cache ``(B, H_kv, C, D)`` and the lookahead buffer ``(B, C)`` (``C``: the target cache's
+        capacity; head positions are target positions), and the lookahead heads on the device. Kept while their
+        shapes stay (their addresses key the captured draft), made anew otherwise."""
+        a = self.head.layer.self_attn
+        dt = self.head.fc.weight.dtype
+        shape = (B, a.k_proj.out_features // a.head_dim, C, a.head_dim)
+        k = self.k_cache
+        if k is None or tuple(k.shape) != shape or k.dtype != dt or k.device != torch.device(dev):
+            self.k_cache = torch.zeros(shape, device=dev, dtype=dt)
+            self.v_cache = torch.zeros_like(self.k_cache)
+        la = self.lookahead
+        if la is None or tuple(la.shape) != (B, C) or la.device != torch.device(dev):
+            self.lookahead = torch.zeros(B, C, dtype=torch.float32, device=dev)
+        hs = sorted({int(h) for h in (self.heads or {}).get(0, [])})
+        if tuple(hs) != self._hs_key or (self._hs is not None and self._hs.device != torch.device(dev)):
+            self._hs = torch.tensor(hs, dtype=torch.long, device=dev) if hs else None
+            self._hs_key = tuple(hs)  # part of the captured draft's key (no host read of _hs)
+
     def prefill(self, state) -> None:
         B = state.lengths.shape[0]
         C = state.cache.capacity
-        d = self.target.dims
-        dev, dt = state.lengths.device, self.head.fc.weight.dtype
-        H_kv = self.head.layer.self_attn.k_proj.out_features // self.head.layer.self_attn.head_dim
-        self.k_cache = torch.zeros(B, H_kv, C, self.head.layer.self_attn.head_dim, device=dev, dtype=dt)
-        self.v_cache = torch.zeros_like(self.k_cache)
+        dev = state.lengths.device
+        self._buffers(B, C, dev)
+        self._flags = None
         hidden = getattr(state, "prompt_hidden", None)
         lens = [len(t) - 1 for t in state.tokens]  # verified prompt length (the pending token is emitted)
         feats, memo = [], {}
@@ -306,15 +433,11 @@ class EagleDrafter(Drafter):
                     self._run(feats[b][s:e].unsqueeze(0), toks[s:e].unsqueeze(0), pos)
                 finally:
                     self.k_cache, self.v_cache = kc, vc
-        self._reset_queue(B, dev)
-        self._drafted_len = state.lengths.clone()
-
-    def _reset_queue(self, B: int, dev, rows: int = 1) -> None:
-        """An empty queue of ``rows`` slots per sequence."""
+        # nothing verified since: one queued row (the pending token's), no accepted drafts (a = -1)
         d = self._feat_last.shape[-1]
-        self._qf = self._feat_last.new_zeros(B, rows, d)  # (B, R, d) features f_{L-1}, f_L, ...
-        self._qt = torch.zeros(B, rows, dtype=torch.long, device=dev)  # (B, R) tokens t_L, d_1, ...
-        self._qn = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) valid queued rows
+        self._hidden = self._feat_last.new_zeros(B, 1, d)
+        self._rows = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self._drafted_len = state.lengths.clone()
 
     @torch.no_grad()
     def _prompt_features(self, ids: list[int]) -> torch.Tensor:
@@ -331,57 +454,39 @@ class EagleDrafter(Drafter):
 
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         B = state.lengths.shape[0]
-        dev = state.lengths.device
-        C = self.k_cache.shape[2]
-        d = self._feat_last.shape[-1]
-        self.lookahead = torch.zeros(B, state.cache.capacity, dtype=torch.float32, device=dev)
-        # first forward (fixed shape B × (R+1)): the queued true rows at positions L_old-1 .. L-2, then the row
-        # (f_{L-1}, pending) at L-1, left-aligned; padding rows after it are rewritten by the next draft steps
-        R = self._qf.shape[1]
-        ar = torch.arange(B, device=dev)
-        feats = torch.cat([self._qf, self._qf.new_zeros(B, 1, d)], dim=1)
-        toks = torch.cat([self._qt, self._qt.new_zeros(B, 1)], dim=1)
-        feats[ar, self._qn] = self._feat_last.to(feats.dtype)
-        toks[ar, self._qn] = state.pending
-        last = state.lengths - 1  # position of the row (f_{L-1}, pending)
-        pos = (last - self._qn).view(B, 1) + torch.arange(R + 1, device=dev)
-        pred = self._run(feats, toks, pos.clamp(0, C - 1))[ar, self._qn]  # (B, d): f̂_L
-        tokens, probs = [], []
-        deferred = state.sampling.greedy
-        flags = None
-        for i in range(gamma):
-            logits = self._logits(pred)
-            if deferred:
-                f_ = nonfinite_flags(logits)
-                flags = f_ if flags is None else flags | f_
-            else:
+        first = (self._feat_last, self._hidden, self._rows, self._drafted_len, state.lengths, state.pending)
+        if state.sampling.greedy:  # the whole draft in one function (one graph replay on a GPU)
+            drafts, flags, self._feat_last, self._drafted_len = self._call(
+                f"greedy{gamma}", lambda *t: self._greedy(gamma, *t), *first)
+            # read after the engine's own host read of this iteration (on_verify): no wait on the draft here
+            self._flags = flags.clone()
+            drafts, qd = drafts.clone(), None  # the graph's buffers are rewritten by the next draft
+        else:  # sampling draws with the engine's generator between the head's forwards (eager)
+            pred, self._feat_last = self._call("first", self._first, *first)
+            self._drafted_len = state.lengths.clone()
+            C = self.k_cache.shape[2]
+            tokens, probs = [], []
+            for i in range(gamma):
+                logits = self._logits(pred)
                 check_finite(logits, "drafter")
-            cur, p = choose(logits, state.sampling, state.generator)
-            tokens.append(cur)
-            probs.append(p)
-            if i + 1 < gamma:
-                at = (last + 1 + i).clamp(max=C - 1).view(B, 1)
-                pred = self._run(pred.view(B, 1, d), cur.view(B, 1), at, lookahead=True)[:, 0]
-        if flags is not None:
-            raise_nonfinite(flags, "drafter")
-        self._drafted_len = state.lengths.clone()
-        drafts = torch.stack(tokens, dim=1)
+                cur, p = choose(logits, state.sampling, state.generator)
+                tokens.append(cur)
+                probs.append(p)
+                if i + 1 < gamma:
+                    at = (state.lengths + i).clamp(max=C - 1).view(B, 1)
+                    pred = self._call("step", self._step, pred, cur, at)
+            drafts, qd = torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
         self._rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)  # (B, γ+1) what the verifier scores
-        qd = torch.stack(probs, dim=1) if probs[0] is not None else None
         return drafts, qd
 
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
-        """Queue the accepted positions' true features: ``(f_{L-1}, t_L), (f_L, d_1) .. (f_{L+a-1}, d_a)``
-        (device tensors, no host read)."""
+        """Keep the verify rows' true features for the next draft's first forward (no launch), and raise if the
+        last greedy draft's logits were not finite (read here, after the engine's host read of the iteration)."""
+        if self._flags is not None:
+            flags, self._flags = self._flags, None
+            raise_nonfinite(flags, "drafter")
         hidden = self.target.last_hidden  # (B, γ+1, d): f_L .. f_{L+γ} of the verify rows
         if hidden is None or hidden.shape[:2] != self._rows.shape:
             raise SpecdecError("the target recorded no hidden states for the verify rows; the EAGLE drafter needs "
                                "model.keep_hidden (set when the drafter is built) and one target pass per verification.")
-        B, R = self._rows.shape
-        # accepted drafts a = new length - old length - 1; a finished (frozen) sequence gives -1: nothing queued
-        a = (state.lengths - self._drafted_len - 1).clamp(-1, R - 1)
-        self._qf = torch.cat([self._feat_last.view(B, 1, -1).to(hidden.dtype), hidden[:, : R - 1]], dim=1)  # (B, R, d)
-        self._qt = self._rows
-        self._qn = a + 1
-        ar = torch.arange(B, device=a.device)
-        self._feat_last = torch.where((a >= 0).view(B, 1), hidden[ar, a.clamp(min=0)], self._feat_last.to(hidden.dtype))
+        self._hidden = hidden

@@ -155,6 +155,7 @@ class _Graph:
     logits: torch.Tensor = field(default=None)  # type: ignore[assignment]
     backend: Any = None  # the backend captured (kept alive: the graph may read buffers it owns)
     hidden: torch.Tensor | None = None  # the captured final hidden states (``Step.hidden``)
+    replan: Any = None  # the backend's token for ``before_replay`` (peers planned on the host: FlashInfer)
 
 
 class GraphCache:
@@ -226,6 +227,8 @@ class GraphCache:
             g.lengths.copy_(lengths)
             if plan is not None:
                 _load_plan(plan, g.plan)
+            if g.replan is not None:  # a peer whose plan is host work (FlashInfer): re-plan it for these lengths
+                g.backend.before_replay(g.replan, lengths)
             g.graph.replay()
             self.replays += 1
         for live, captured in zip(scores, g.reqs):
@@ -251,14 +254,23 @@ class GraphCache:
         def step():
             return self.model._eager_forward(ids, cache, lens, splan, reqs, logits_to_keep, static=True)
 
-        _warm_up(step)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = step()
+        backend = self.model.backend
+        # a backend whose peers plan on the host (FlashInfer) records what the forward runs, plans it at
+        # the first warm-up and re-plans it before every replay (TritonBackend.capture_begin)
+        begin, end = getattr(backend, "capture_begin", None), getattr(backend, "capture_end", None)
+        if begin is not None:
+            begin()
+        try:
+            _warm_up(step)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = step()
+        finally:
+            replan = end() if end is not None else None
         graph.replay()  # the captured run leaves outputs unset until the first replay
         hidden = self.model.last_hidden if key.hidden else None  # the captured run's buffer (the hook kept it)
-        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=self.model.backend,
-                   hidden=hidden)
+        g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=backend,
+                   hidden=hidden, replan=replan)
         self.graphs[key] = g
         self.captures += 1
         _EVENTS[0] += 1

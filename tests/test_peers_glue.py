@@ -77,23 +77,49 @@ def _fake_fa4(calls):
 class _FakeWrapper:
     """Paged attention over HND pages, as FlashInfer documents it (decode and prefill)."""
 
-    def __init__(self, calls, kind, workspace, kv_layout="NHD", **kw):
+    def __init__(self, calls, kind, workspace, kv_layout="NHD", use_cuda_graph=False, **kw):
         assert kv_layout == "HND" and workspace.dtype == torch.uint8
-        self.calls, self.kind = calls, kind
+        self.calls, self.kind, self.graph = calls, kind, use_cuda_graph
+        if use_cuda_graph:  # CUDA-graph mode: the caller's fixed buffers, the batch size fixed by them
+            if kind == "decode":
+                self.bufs = dict(indptr=kw["paged_kv_indptr_buffer"], indices=kw["paged_kv_indices_buffer"],
+                                 last=kw["paged_kv_last_page_len_buffer"])
+            else:
+                self.bufs = dict(qo=kw["qo_indptr_buf"], indptr=kw["paged_kv_indptr_buf"],
+                                 indices=kw["paged_kv_indices_buf"], last=kw["paged_kv_last_page_len_buf"])
+            assert all(torch.is_tensor(b) and b.dtype == torch.int32 for b in self.bufs.values())
+            assert len(self.bufs["indptr"]) == len(self.bufs["last"]) + 1
 
     def plan(self, *args, **kw):
         if self.kind == "prefill":
-            self.qo_indptr, args = args[0], args[1:]
+            qo, args = args[0], args[1:]
             assert kw.pop("causal") is True
         indptr, indices, last, H, Hkv, D, page_size = args
         for t in (indptr, indices, last):
             assert t.dtype == torch.int32
-        self.p = dict(indptr=indptr.tolist(), indices=indices.tolist(), last=last.tolist(), H=H, Hkv=Hkv, D=D,
-                      P=page_size, scale=kw["sm_scale"])
+        if self.graph:  # as FlashInfer: copy into the fixed buffers; the (captured) run reads them
+            assert len(indptr) == len(self.bufs["indptr"]) and len(indices) <= len(self.bufs["indices"])
+            self.bufs["indptr"].copy_(indptr)
+            self.bufs["last"].copy_(last)
+            self.bufs["indices"][: len(indices)].copy_(indices)
+            if self.kind == "prefill":
+                self.bufs["qo"].copy_(qo)
+        else:
+            self.bufs = dict(indptr=indptr, indices=indices, last=last, **({"qo": qo} if self.kind == "prefill" else {}))
+        self.p = dict(H=H, Hkv=Hkv, D=D, P=page_size, scale=kw["sm_scale"])
         assert kw["q_data_type"] is not None and kw["kv_data_type"] is not None
+        self.calls.append(dict(fn="plan_" + self.kind, graph=self.graph))
 
-    def _kv(self, cache, r):
-        p = self.p
+    def _lists(self):
+        """The page table as the kernel reads it: from the buffers at run time (a graph replay)."""
+        b = self.bufs
+        p = dict(self.p, indptr=b["indptr"].tolist(), last=b["last"].tolist())
+        p["indices"] = b["indices"][: p["indptr"][-1]].tolist()
+        if self.kind == "prefill":
+            p["qo"] = b["qo"].tolist()
+        return p
+
+    def _kv(self, cache, r, p):
         pages = p["indices"][p["indptr"][r]: p["indptr"][r + 1]]
         parts = []
         for j, pg in enumerate(pages):
@@ -104,19 +130,19 @@ class _FakeWrapper:
 
     def run(self, q, kv):
         k, v = kv
-        p = self.p
+        p = self._lists()
         assert k.shape[1:] == (p["Hkv"], p["P"], p["D"]) and q.shape[-2:] == (p["H"], p["D"])
         G = p["H"] // p["Hkv"]
         out = torch.zeros_like(q)
         n_req = len(p["indptr"]) - 1
         for r in range(n_req):
-            kk, vv = self._kv(k, r), self._kv(v, r)
+            kk, vv = self._kv(k, r, p), self._kv(v, r, p)
             n = kk.shape[1]
             if self.kind == "decode":
                 for h in range(p["H"]):
                     out[r, h] = _attend_rows(q[r, h][None], kk[h // G], vv[h // G], p["scale"])[0].to(q.dtype)
             else:
-                q0, q1 = int(self.qo_indptr[r]), int(self.qo_indptr[r + 1])
+                q0, q1 = p["qo"][r], p["qo"][r + 1]
                 for i in range(q1 - q0):
                     last = i + n - (q1 - q0)
                     for h in range(p["H"]):
@@ -124,6 +150,11 @@ class _FakeWrapper:
                                                       p["scale"])[0].to(q.dtype)
         self.calls.append(dict(fn=self.kind, n_req=n_req, H=p["H"], Hkv=p["Hkv"], P=p["P"]))
         return out
+
+
+def _runs(calls):
+    """The kernel calls (plans left out)."""
+    return [c for c in calls if not c["fn"].startswith("plan_")]
 
 
 @pytest.fixture
@@ -138,8 +169,8 @@ def fakes(monkeypatch):
     fa.cute = cute
     fi = types.ModuleType("flashinfer")
     fi.__spec__ = importlib.machinery.ModuleSpec("flashinfer", loader=None)
-    fi.BatchDecodeWithPagedKVCacheWrapper = lambda ws, layout="NHD", **kw: _FakeWrapper(calls, "decode", ws, layout)
-    fi.BatchPrefillWithPagedKVCacheWrapper = lambda ws, layout="NHD", **kw: _FakeWrapper(calls, "prefill", ws, layout)
+    fi.BatchDecodeWithPagedKVCacheWrapper = lambda ws, layout="NHD", **kw: _FakeWrapper(calls, "decode", ws, layout, **kw)
+    fi.BatchPrefillWithPagedKVCacheWrapper = lambda ws, layout="NHD", **kw: _FakeWrapper(calls, "prefill", ws, layout, **kw)
     for name, mod in (("flash_attn", fa), ("flash_attn.cute", cute), ("flashinfer", fi)):
         monkeypatch.setitem(sys.modules, name, mod)
     return calls
@@ -172,13 +203,14 @@ def test_fa4_dense_equals_reference(fakes, T, G):
 
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("G", [1, 3])
-@pytest.mark.parametrize("L,P", [(40, 8), (40, 16)])  # 16 does not divide 40: one page of L per sequence
-def test_flashinfer_dense_equals_reference(fakes, T, G, L, P):
-    """Pages of ``P`` tokens as strided views of the cache (ragged page counts, partial last pages)."""
+@pytest.mark.parametrize("L,P,used", [(40, 8, 8), (40, 16, 10), (41, 16, 41)])  # 40: the largest divisor <= 16; 41: prime
+def test_flashinfer_dense_equals_reference(fakes, T, G, L, P, used):
+    """Pages of ``P`` tokens (or the largest smaller divisor of ``L``, down to 4; else one page of
+    ``L``) as strided views of the cache (ragged page counts, partial last pages)."""
     q, k, v, lengths = _case(3, 2, G, T, L, 16, seed=10 + T + G)
     out = peers.FlashInferRunner(workspace_mb=1, page_size=P).dense(q, k, v, lengths, 0.3)
     torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))[0], rtol=1e-5, atol=1e-5)
-    assert fakes == [dict(fn="decode" if T == 1 else "prefill", n_req=3, H=2 * G, Hkv=2, P=P if L % P == 0 else L)]
+    assert _runs(fakes) == [dict(fn="decode" if T == 1 else "prefill", n_req=3, H=2 * G, Hkv=2, P=used)]
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -196,7 +228,7 @@ def test_flashinfer_sparse_equals_reference(fakes, shared, tail):
     meta = AttentionMetadata(lengths, 0.3, idx, dense_from)
     out = peers.FlashInferRunner(workspace_mb=1).sparse(q, k, v, lengths, 0.3, idx, dense_from)
     torch.testing.assert_close(out, REF.attend(q, k, v, meta)[0], rtol=1e-5, atol=1e-5)
-    assert fakes == [dict(fn="decode", n_req=B * Hkv, H=G, Hkv=1, P=1)]
+    assert _runs(fakes) == [dict(fn="decode", n_req=B * Hkv, H=G, Hkv=1, P=1)]
 
 
 def test_token_lists_match_visibility_mask():
@@ -254,7 +286,7 @@ def test_auto_follows_the_table(fakes):
     assert be.peer_for(_call(T=5), _kc(), SPARSE) == "triton"  # FlashInfer's sparse path is one row
     assert be.peer_for(_call(), _kc(contiguous=False), SPARSE) == "triton"  # pages are views of the cache
     assert be.peer_for(_call(), _kc(), DENSE.replace(score_rows=[0])) == "triton"  # scores stay ours
-    assert be.peer_for(_call(), _kc(), DENSE.replace(static=True)) == "triton"  # capture stays ours
+    assert be.peer_for(_call(), _kc(), DENSE.replace(static=True)) == "triton"  # capture: GRAPH_PICKS (ours at d 64)
     assert be.peer_for(_call(dtype=torch.float32), _kc(), DENSE) == "triton"
     assert be.peer_for(_call(device=torch.device("cpu")), _kc(), DENSE) == "triton"
     be._peer_table = {}
@@ -278,11 +310,11 @@ def test_attend_routes_to_the_peer(fakes, monkeypatch):
     be._flashinfer = peers.FlashInferRunner(workspace_mb=1)
     q, k, v, lengths = _case(2, 3, 3, 5, 48, 16, seed=7)
     out, s = be.attend(q, k, v, AttentionMetadata(lengths, 0.25))
-    assert s is None and [c["fn"] for c in fakes] == ["prefill"]
+    assert s is None and [c["fn"] for c in _runs(fakes)] == ["prefill"]
     torch.testing.assert_close(out, REF.attend(q, k, v, AttentionMetadata(lengths, 0.25))[0], rtol=1e-5, atol=1e-5)
     meta = AttentionMetadata(lengths, 0.25, score_rows=[0, 4])  # scores: our kernel (interpreter)
     out, s = be.attend(q, k, v, meta)
-    assert len(fakes) == 1 and s is not None
+    assert len(_runs(fakes)) == 1 and s is not None
     torch.testing.assert_close(out, REF.attend(q, k, v, meta)[0], rtol=1e-4, atol=2e-5)
 
 
@@ -378,7 +410,7 @@ def test_auto_sends_decode_to_sdpa_where_the_table_says(no_peers):
     assert be.peer_for(_call(), _kc(), DENSE) == "sdpa"
     assert be.peer_for(_call(T=5), _kc(), DENSE) == "triton"  # SDPA serves one dense row only
     assert be.peer_for(_call(), _kc(), SPARSE) == "triton"
-    assert be.peer_for(_call(), _kc(), DENSE.replace(static=True)) == "triton"  # it syncs: not under capture
+    assert be.peer_for(_call(), _kc(), DENSE.replace(static=True)) == "triton"  # capture: the graph table
     assert be.peer_for(_call(), _kc(), DENSE.replace(score_rows=[0])) == "triton"
     assert TritonBackend(TritonConfig(peers="off")).peer_for(_call(), _kc(), DENSE) == "triton"
 
@@ -393,3 +425,157 @@ def test_sdpa_decode_through_attend_equals_reference(monkeypatch, ragged):
     out, s = be.attend(q, k, v, meta)
     assert s is None
     torch.testing.assert_close(out, REF.attend(q, k, v, meta)[0], rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ under CUDA-graph capture
+def test_static_calls_pick_from_the_graph_table(fakes):
+    """A static call (under capture) reads the graph table and takes only a capturable kernel."""
+    be = TritonBackend(TritonConfig())
+    be._peer_table = {("decode", 64): [(10**9, "fa4")], ("verify", 64): [(10**9, "fa4")]}
+    be._graph_table = {("decode", 64): [(10**9, "sdpa")], ("verify", 64): [(150, "flashinfer"), (10**9, "fa4")],
+                       ("sparse", 64): [(10**9, "flashinfer")]}
+    st = DENSE.replace(static=True)
+    assert be.peer_for(_call(), _kc(), DENSE) == "fa4"  # eager: the eager table
+    assert be.peer_for(_call(), _kc(), st) == "sdpa"  # its masked form (sdpa_decode_static)
+    assert be.peer_for(_call(T=5), _kc(75), st) == "flashinfer"
+    assert be.peer_for(_call(T=5), _kc(76), st) == "fa4"
+    assert be.peer_for(_call(), _kc(), SPARSE.replace(static=True)) == "triton"  # FlashInfer's sparse path: host lists
+    assert be.graph_fallbacks == {("flashinfer", "sparse", "triton"): 1}  # said
+    be.graph_fallbacks.clear()
+    assert be.peer_for(_call(T=5), _kc(), st.replace(score_rows=[0])) == "triton"
+    be._graph_table = None  # the shipped GRAPH_PICKS: ours at head dim 64
+    assert be.peer_for(_call(T=5), _kc(), st) == "triton"
+    assert not be.graph_fallbacks  # FA4 (the eager pick) can be captured: the graph table just measured it slower
+    be._peer_table = {("decode", 64): [(10**9, "sdpa")], ("sparse", 64): [(10**9, "flashinfer")]}
+    assert be.peer_for(_call(), _kc(), st) == "triton" and be.peer_for(_call(), _kc(), SPARSE.replace(static=True)) == "triton"
+    # said: the eager picks these calls gave up under capture (the eager SDPA decode slices on the host; its
+    # masked, capturable form is another kernel, which the table measured for capture does not name)
+    assert be.graph_fallbacks == {("flashinfer", "sparse", "triton"): 1, ("sdpa", "decode", "triton"): 1}
+    fi = TritonBackend(TritonConfig(peers="flashinfer"))
+    assert fi.peer_for(_call(T=5), _kc(), st) == "flashinfer"  # forced: wherever it can be captured
+    assert fi.peer_for(_call(), _kc(), SPARSE.replace(static=True)) == "triton"
+    assert fi.graph_fallbacks == {("flashinfer", "sparse", "triton"): 1}
+    assert fi.peer_for(_call(), _kc(), SPARSE) == "flashinfer"  # eagerly it serves the sparse row
+    assert TritonBackend(TritonConfig(peers="fa4")).peer_for(_call(), _kc(), st) == "fa4"
+    for peer, T, sparse, ok in [("fa4", 5, False, True), ("fa4", 1, True, False), ("flashinfer", 1, True, False),
+                                ("flashinfer", 5, False, True), ("sdpa", 1, False, True), ("sdpa", 5, False, False)]:
+        assert peers.capturable(peer, T, sparse) is ok, (peer, T, sparse)
+
+
+@pytest.mark.parametrize("T", [1, 5])
+@pytest.mark.parametrize("L,P", [(48, 16), (40, 16), (41, 16)])  # pages of 16, of 10 (40), one of 41 (prime)
+def test_flashinfer_graph_mode_replans_before_replay(fakes, monkeypatch, T, L, P):
+    """The capture protocol: a static FlashInfer call plans its CUDA-graph wrapper at the first call
+    (the capture's warm-up), ``capture_end`` names the shape, ``before_replay`` re-plans it for new
+    lengths, and the "replayed" kernel (reading the fixed buffers) then matches the reference at the
+    new lengths — and not without the re-plan."""
+    be = TritonBackend(TritonConfig(peers="flashinfer", block_n=16))
+    monkeypatch.setattr(be, "peer_for", lambda q, k, meta: "flashinfer")  # the CUDA condition relaxed to the CPU
+    B, Hkv, G, D = 3, 2, 3, 16
+    q, k, v, lengths = _case(B, Hkv, G, T, L, D, seed=20 + T + L)
+    be._fi_graph = peers.FlashInferGraphRunner(workspace_mb=1, page_size=P)
+    be.capture_begin()
+    meta = AttentionMetadata(lengths, 0.3, static=True)
+    out, s = be.attend(q, k, v, meta)  # the first warm-up: plans
+    out2, _ = be.attend(q, k, v, meta)  # the second warm-up / the capture: no new plan
+    token = be.capture_end()
+    assert s is None and token is not None and len(token) == 1 and be._fi_graph.plans_made == 1
+    ref = REF.attend(q, k, v, AttentionMetadata(lengths, 0.3))[0]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out2, ref, rtol=1e-5, atol=1e-5)
+    (key,) = token
+    w = be._fi_graph._plans[key]["wrapper"]
+    assert w.graph and len(w.bufs["indices"]) == B * (L // peers.page_size_for(k, P))  # sized for the capacity
+    new = torch.tensor([L - T - 1, 2, L // 2])
+    new_ref = REF.attend(q, k, v, AttentionMetadata(new, 0.3))[0]
+    stale = be._fi_graph.run(key, q, k, v)  # a replay without the re-plan reads the old page table
+    assert (stale - new_ref).abs().max() > 1e-2
+    be.before_replay(token, new)
+    assert be._fi_graph.plans_made == 2
+    torch.testing.assert_close(be._fi_graph.run(key, q, k, v), new_ref, rtol=1e-5, atol=1e-5)
+    be.before_replay(None, new)  # a forward without planned peers: nothing
+    assert be._fi_graph.plans_made == 2
+    be.capture_begin()
+    assert be.capture_end() is None  # nothing planned in this capture
+    # another graph of the same shape captured now: planned again at its first warm-up for its own
+    # lengths (the replay right after its capture reads them), once
+    be.capture_begin()
+    out3, _ = be.attend(q, k, v, meta)
+    be.attend(q, k, v, meta)
+    assert be.capture_end() == token and be._fi_graph.plans_made == 3
+    torch.testing.assert_close(be._fi_graph.run(key, q, k, v), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_sdpa_decode_static_equals_reference(monkeypatch, ragged):
+    """The capture-safe SDPA decode (mask over the whole capacity), through ``attend`` as a static call."""
+    be = TritonBackend(TritonConfig())
+    monkeypatch.setattr(be, "peer_for", lambda q, k, meta: "sdpa")
+    q, k, v, _ = _case(3, 3, 3, 1, 40, 16, seed=12)
+    lengths = torch.tensor([20, 31, 9]) if ragged else torch.full((3,), 25)
+    meta = AttentionMetadata(lengths, 0.25)
+    ref = REF.attend(q, k, v, meta)[0]
+    out, s = be.attend(q, k, v, meta.replace(static=True))
+    assert s is None
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(peers.sdpa_decode_static(q, k, v, lengths, 0.25), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_graph_cache_replans_before_each_replay():
+    """``GraphCache.run`` hands the live lengths to the captured backend's ``before_replay`` before
+    the replay (and not for a graph without planned peers)."""
+    from specdec.cache import KVCache
+    from specdec.graphs import GraphCache, _Graph, describe_step
+
+    order = []
+
+    class Backend:
+        config = None
+
+        def before_replay(self, token, lengths):
+            order.append(("plan", token, lengths.tolist()))
+
+    class Graph:
+        def replay(self):
+            order.append(("replay",))
+
+    be = Backend()
+    model = types.SimpleNamespace(backend=be, keep_hidden=False)
+    cache = KVCache(2, 2, 1, 32, 8, torch.float32, "cpu")
+    gc = GraphCache(model, pool=object())
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    key = describe_step(model, ids, cache, None, (), 1)
+    for replan in ("token", None):
+        order.clear()
+        gc.graphs[key] = _Graph(graph=Graph(), ids=ids.clone(), lengths=torch.zeros(2, dtype=torch.long), plan=None,
+                                reqs=(), logits=torch.zeros(2, 1, 3), backend=be, replan=replan)
+        gc.run(ids, cache, torch.tensor([7, 9]), None, (), 1)
+        assert order == ([("plan", "token", [7, 9]), ("replay",)] if replan else [("replay",)])
+
+
+def test_shipped_graph_table_is_the_run_derived():
+    """``peers.GRAPH_PICKS`` is ``derive_picks(rows, graph=True)`` of the H200 run: capturable kernels only."""
+    table = _bench_module().derive_picks(_run_rows(), graph=True)
+    assert {k: [tuple(e) for e in v] for k, v in table.items()} == peers.GRAPH_PICKS
+    for key, entries in peers.GRAPH_PICKS.items():
+        for _, peer in entries:
+            assert peers.capturable(peer, 1 if key[0] != "verify" else 5, key[0] == "sparse"), (key, peer)
+
+
+def test_derive_graph_picks_takes_only_capturable_kernels():
+    derive = _bench_module().derive_picks
+
+    def rows(kind, us):
+        return [dict(kind=kind, D=64, B=1, L=1000, variant=v, us=x, parity_ok=True) for v, x in us.items()]
+
+    # the unmasked SDPA is not a candidate under capture; its masked form is (as "sdpa")
+    assert derive(rows("decode", dict(triton=110.0, sdpa=50.0)), graph=True) == {("decode", 64): [(10**12, "triton")]}
+    assert derive(rows("decode", dict(triton=110.0, sdpa=50.0, sdpa_masked=90.0)), graph=True) == {
+        ("decode", 64): [(10**12, "sdpa")]}
+    # FlashInfer's graph-mode row replaces its eager row; its sparse path is never a candidate
+    assert derive(rows("verify", dict(triton=110.0, flashinfer=90.0, flashinfer_graph=120.0)), graph=True) == {
+        ("verify", 64): [(10**12, "triton")]}
+    assert derive(rows("verify", dict(triton=110.0, flashinfer=90.0)), graph=True) == {
+        ("verify", 64): [(10**12, "flashinfer")]}
+    assert derive(rows("sparse", dict(triton=110.0, flashinfer=90.0)), graph=True) == {("sparse", 64): [(10**12, "triton")]}
+    assert derive(rows("sparse", dict(triton=110.0, flashinfer=90.0))) == {("sparse", 64): [(10**12, "flashinfer")]}

@@ -106,3 +106,80 @@ def test_backend_routes_through_the_peer(peer):
     torch.testing.assert_close(out.float(), _ref(q, k, v, meta), rtol=0, atol=2e-2)
     assert s is None
     assert be.peer_for(q, k, meta.replace(score_rows=[0, 4])) == "triton"
+
+
+@pytest.mark.parametrize("peer", ["fa4", "flashinfer", "sdpa"])
+@pytest.mark.parametrize("T", [1, 5])
+def test_peer_captured_in_a_cuda_graph_replays_with_new_lengths(peer, T):
+    """Under capture (the engine's default path): the backend's static call goes to the peer, is
+    warmed up as ``GraphCache`` does (the second time with host synchronisation forbidden), captured,
+    and replayed after the lengths changed (``before_replay`` re-plans FlashInfer) — matching the
+    reference at the new lengths."""
+    if peer != "sdpa":
+        _need(peer)
+    if peer == "sdpa" and T > 1:
+        pytest.skip("SDPA serves one dense row")
+    from specdec.cuda.triton_backend import TritonBackend, TritonConfig
+    from specdec.graphs import _warm_up
+
+    if peer == "sdpa":
+        be = TritonBackend(TritonConfig(peers="auto"))
+        be._graph_table = {("decode", 64): [(10**12, "sdpa")]}
+    else:
+        be = TritonBackend(TritonConfig(peers=peer))
+    q, k, v, _ = _case(3, 9, 3, T, 640, 64, seed=30 + T)
+    lens = torch.tensor([600, 17, 333], device="cuda")
+    meta = AttentionMetadata(lens, 0.125, static=True)
+    assert be.peer_for(q, k, meta) == peer
+    be.capture_begin()
+    box = {}
+    _warm_up(lambda: be.attend(q, k, v, meta))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        box["out"], _ = be.attend(q, k, v, meta)
+    token = be.capture_end()
+    assert (token is not None) == (peer == "flashinfer")
+    for new in ([600, 17, 333], [5, 630, 100]):
+        lens.copy_(torch.tensor(new, device="cuda"))
+        be.before_replay(token, lens)
+        g.replay()
+        torch.cuda.synchronize()
+        ref = _ref(q, k, v, AttentionMetadata(lens.clone(), 0.125))
+        torch.testing.assert_close(box["out"].float(), ref, rtol=0, atol=2e-2)
+    assert be.peer_calls[(peer, "decode" if T == 1 else "verify", True)] >= 3
+
+
+@pytest.mark.parametrize("peer", ["fa4", "flashinfer"])
+def test_model_forward_captured_with_the_peer_equals_ours(peer):
+    """Through the model and ``GraphCache`` (the engine's path): a forward captured with the peer,
+    replayed at other lengths (FlashInfer re-planned by ``before_replay``), matches the same forward
+    captured with our kernel — and the lengths matter (not vacuous)."""
+    _need(peer)
+    from conftest import make_tiny
+
+    from specdec.cuda.triton_backend import TritonBackend, TritonConfig
+
+    m = make_tiny("llama", seed=5, hidden_size=256)  # 4 / 2 heads of 64
+    m.hf.to(device="cuda", dtype=torch.bfloat16)
+    be, ours = TritonBackend(TritonConfig(peers=peer)), TritonBackend(TritonConfig(peers="off"))
+    cache = m.new_cache(2, 640)
+    cache.k.normal_()
+    cache.v.normal_()
+    m.enable_cuda_graphs()
+    for T in (1, 5):
+        x = torch.arange(2 * T, device="cuda").view(2, T) + 11
+        refs, worst = [], 0.0
+        for L in ([400, 77], [12, 601], [400, 77]):
+            lengths = torch.tensor(L, device="cuda")
+            with m.using_backend(be):
+                got = m.forward(x, cache, lengths).float()
+            with m.using_backend(ours):
+                ref = m.forward(x, cache, lengths).float()
+            scale = ref.abs().max().item()
+            torch.testing.assert_close(got, ref, rtol=0, atol=0.03 * scale)
+            worst = max(worst, (got - ref).abs().max().item())
+            refs.append(ref)
+        # not vacuous: the second lengths change the answer by far more than the kernels differ
+        assert (refs[0] - refs[1]).abs().max().item() > 10 * worst
+    assert m._graphs.replays >= 4
+    assert be.peer_calls[(peer, "decode", True)] > 0 and be.peer_calls[(peer, "verify", True)] > 0

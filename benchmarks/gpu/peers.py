@@ -19,6 +19,13 @@ Call kinds (bf16, every sequence at the same context ``L``):
   logits summed over each KV group's heads); the peers run their verify *without* scores, which
   is what a peer-based verify would have to add a second pass to.
 
+Capturable forms (the kernels the backend may run under CUDA-graph capture, ``peers.GRAPH_PICKS``):
+``flashinfer_graph`` is FlashInfer's decode / verify wrapper in CUDA-graph mode
+(:class:`specdec.cuda.peers.FlashInferGraphRunner`: fixed buffers, planned outside the capture; the
+host time of one re-plan, what a replay adds, is ``replan_host_us``) and ``sdpa_masked`` the SDPA
+decode over the whole capacity under a mask (:func:`specdec.cuda.peers.sdpa_decode_static`).
+``results.json`` also holds ``graph_picks`` (``derive_picks(rows, graph=True)``).
+
 Shapes: the embedded model (9 q / 3 KV heads, d 64) at B = 1, 16, 64 × 8k and Llama-3.1-8B
 (32 / 8, d 128) at B = 16 × 32k and B = 1 × 128k.
 
@@ -194,6 +201,10 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True), None
 
             variants["sdpa"] = sdpa
+            if cuda:
+                variants["flashinfer_graph"] = "graph_dense"  # CUDA-graph mode, planned outside the capture
+            if T == 1:  # the capture-safe SDPA decode: the whole capacity under a mask, no host slice
+                variants["sdpa_masked"] = lambda i: (peers.sdpa_decode_static(q, ks[i], vs[i], lengths, scale), None)
         else:
             variants["fa4"] = None  # not served: FA4's gather needs qv (MLA) and SM100
             if cuda:
@@ -219,7 +230,7 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
                 row["skipped"] = "budget"
                 record(row)
                 continue
-            if vname in ("fa4", "flashinfer") and not peers.INSTALLED[vname]():
+            if vname.split("_")[0] in ("fa4", "flashinfer") and not peers.INSTALLED[vname.split("_")[0]]():
                 row["error"] = f"{vname} not importable"
                 row["import_failed"] = True
                 record(row)
@@ -229,6 +240,16 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
                     r = runner or peers.FlashInferRunner()
                     run = r.plan_dense(q, ks[0], lengths, scale)
                     fn = (lambda run: lambda i: (run(q, ks[i], vs[i]), None))(run)
+                elif fn == "graph_dense":
+                    gr = peers.FlashInferGraphRunner()
+                    key = gr.key(q, ks[0], scale)
+                    host = lengths.cpu()
+                    gr.plan(key, host)
+                    t_plan = time.perf_counter()
+                    for _ in range(5):  # what a replay adds on the host: one plan for these lengths
+                        gr.plan(key, host)
+                    row["replan_host_us"] = (time.perf_counter() - t_plan) / 5 * 1e6
+                    fn = (lambda gr, key: lambda i: (gr.run(key, q, ks[i], vs[i]), None))(gr, key)
                 elif fn == "plan_sparse":
                     r = runner or peers.FlashInferRunner()
                     run = r.plan_sparse(q, ks[0], lengths, scale, idx, dense_from)
@@ -287,16 +308,26 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
         torch.cuda.empty_cache()
 
 
-def derive_picks(rows, tie: float = peers.TIE) -> dict:
+def derive_picks(rows, tie: float = peers.TIE, graph: bool = False) -> dict:
     """``(kind, D) -> [(max_tokens, peer)]`` from the measured rows: at each measured ``B · L`` the
     fastest of ours, FA4, FlashInfer and (decode only: the call the backend can hand it) SDPA —
     but ours whenever it is within ``tie`` of the fastest; boundaries at the geometric middle
-    between sizes. Rows without a time or with a failed parity check do not count."""
+    between sizes. Rows without a time or with a failed parity check do not count.
+
+    ``graph``: the table for calls under CUDA-graph capture (:data:`specdec.cuda.peers.GRAPH_PICKS`):
+    only capturable kernels — ours, FA4, FlashInfer's dense calls (its CUDA-graph wrapper,
+    ``flashinfer_graph``, where the run measured it, else the eagerly planned ``flashinfer`` rows)
+    and SDPA's masked form (``sdpa_masked``, decode) — never the unmasked ``sdpa`` or FlashInfer's
+    sparse path."""
     best: dict[tuple[str, int], dict[int, dict[str, float]]] = {}
     for r in rows:
         if r.get("kind") not in ("decode", "verify", "sparse") or "us" not in r or not r.get("parity_ok"):
             continue
-        ok = ("triton", "fa4", "flashinfer") + (("sdpa",) if r["kind"] == "decode" else ())
+        if graph:
+            ok = ("triton",) + (() if r["kind"] == "sparse" else ("fa4", "flashinfer", "flashinfer_graph")) + (
+                ("sdpa_masked",) if r["kind"] == "decode" else ())
+        else:
+            ok = ("triton", "fa4", "flashinfer") + (("sdpa",) if r["kind"] == "decode" else ())
         if r["variant"] not in ok:
             continue
         key, tok = (r["kind"], r["D"]), r["B"] * r["L"]
@@ -306,7 +337,12 @@ def derive_picks(rows, tie: float = peers.TIE) -> dict:
         toks = sorted(by_tok)
         entries = []
         for j, t in enumerate(toks):
-            times = by_tok[t]
+            times = dict(by_tok[t])
+            if graph:
+                if "flashinfer_graph" in times:  # the kernel the graph path runs
+                    times["flashinfer"] = times.pop("flashinfer_graph")
+                if "sdpa_masked" in times:
+                    times["sdpa"] = times.pop("sdpa_masked")
             fastest = min(times, key=times.get)
             ours = times.get("triton")
             win = "triton" if ours is not None and ours <= times[fastest] * (1 + tie) else fastest
@@ -329,6 +365,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--cases", default=None, help="comma-separated indices into the case list")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated call kinds (of {','.join(KINDS)})")
     ap.add_argument("--allow-missing", action="store_true", help="a peer that cannot be imported is not a failure")
     a = ap.parse_args()
     if a.smoke:
@@ -346,6 +383,10 @@ def main() -> int:
     if a.cases:
         cases = [cases[int(i)] for i in a.cases.split(",")]
     reps = a.reps or (1 if a.smoke else 20)
+    kinds = [k for k in a.kinds.split(",") if k]
+    if not kinds or any(k not in KINDS for k in kinds):
+        print(f"--kinds {a.kinds!r}: use a comma-separated subset of {','.join(KINDS)}", file=sys.stderr)
+        return 2
     logf = open(os.path.join(a.out, "log.txt"), "a")
 
     def log(s):
@@ -376,13 +417,14 @@ def main() -> int:
 
     for case in cases:
         try:
-            run_case(case, KINDS, cuda, 256 << 20 if cuda else 1 << 20, reps, bw, log, record,
+            run_case(case, kinds, cuda, 256 << 20 if cuda else 1 << 20, reps, bw, log, record,
                      lambda: a.budget_s - (time.monotonic() - t0))
         except Exception as exc:
             record(dict(case=case[0], B=case[4], L=case[5], error=f"{type(exc).__name__}: {exc}",
                         traceback=traceback.format_exc()))
             log(f"case {case}: FAILED {exc}")
     res["picks"] = {f"{k[0]},{k[1]}": v for k, v in derive_picks(res["rows"]).items()}
+    res["graph_picks"] = {f"{k[0]},{k[1]}": v for k, v in derive_picks(res["rows"], graph=True).items()}
     res["wall_s"] = time.monotonic() - t0
     save()
     write_md(res, a.out)
@@ -411,17 +453,22 @@ def write_md(res, out):
         else:
             why = r.get("skipped") or ("failed: " + r.get("error", "")[:80])
             lines.append(f"| {r['case']} | {r['B']} × {r['L']} | {r['kind']} | {r['variant']} | {why} | | | |")
-    lines += ["", "Picks derived from this run (`picks.py`):", "", "```", json.dumps(res["picks"], indent=1), "```"]
+    lines += ["", "Picks derived from this run (`picks.py`):", "", "```", json.dumps(res["picks"], indent=1), "```",
+              "", "Picks under CUDA-graph capture (capturable kernels only):", "", "```",
+              json.dumps(res.get("graph_picks", {}), indent=1), "```"]
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
 def write_picks(res, out):
-    table = {tuple(k.split(",")): v for k, v in res["picks"].items()}
-    body = ",\n".join(f"    ({k[0]!r}, {int(k[1])}): {[tuple(e) for e in v]!r}" for k, v in sorted(table.items()))
+    def body(picks):
+        table = {tuple(k.split(",")): v for k, v in picks.items()}
+        return ",\n".join(f"    ({k[0]!r}, {int(k[1])}): {[tuple(e) for e in v]!r}" for k, v in sorted(table.items()))
+
     with open(os.path.join(out, "picks.py"), "w") as f:
         f.write(f"# paste into specdec/cuda/peers.py\nMEASURED = {res['date'][:10]!r}  # {res['device']}\n"
-                f"PICKS = {{\n{body}\n}}\n")
+                f"PICKS = {{\n{body(res['picks'])}\n}}\n"
+                f"GRAPH_PICKS = {{\n{body(res.get('graph_picks', {}))}\n}}\n")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,27 @@
 #         its Python files + data/{include,cutlass,cccl,spdlog} + the top-level csrc files (what the
 #         decode / prefill JIT reads). Not carried: cudnn-frontend, nccl4py (imported only inside
 #         functions we do not call). Unpacked with Python's lzma/tarfile (no xz binary needed).
-# Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 180).
+#
+# `run` (<= 5 minutes, hard limits inside): the GPU parity tests (tests/test_peers_gpu.py, incl. the
+# CUDA-graph capture + replay of each peer), the kernel benchmark (decode, verify, sparse; with the
+# capturable forms flashinfer_graph / sdpa_masked and the graph picks), then the end-to-end run
+# (benchmarks/gpu/peers_e2e.py: embedded model /tmp/m/smol.gguf, 8k, B = 64, 16, 1, dense and vegas,
+# peers auto vs off, the benchmark's fresh picks) in the time left.
+#   smoke (this CPU, no install, ~2 min): bash benchmarks/gpu/peers.sh smoke
+# Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 60),
+#      KINDS (benchmark call kinds, decode,verify: what the captured path can hand a peer), CASES
+#      (benchmark cases, 0,1,2: the embedded model at B = 1, 16, 64 × 8k; 3,4 are the 8B shapes),
+#      LIMIT (seconds from the start of `run` to the end of the e2e part, 290), PARTS (tests,bench,e2e).
+#   the 8B shapes' capturable forms alone (a second call, same machine, after `run`):
+#   CASES=3,4 BUDGET=150 PARTS=bench bash benchmarks/gpu/peers.sh run
 set -uo pipefail
 SITE=${SITE:-/tmp/site}
 OUT=${OUT:-/tmp/out}
-BUDGET=${BUDGET:-180}
+BUDGET=${BUDGET:-60}
+KINDS=${KINDS:-decode,verify}
+CASES=${CASES:-0,1,2}
+LIMIT=${LIMIT:-290}
+PARTS=${PARTS:-tests,bench,e2e}
 IR=$SITE/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 RT=$SITE/nvidia_cutlass_dsl/cu13/lib/libcute_dsl_runtime.so
 unxz() { python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'), 1<<24)" "$1" "$2"; }
@@ -27,7 +43,13 @@ install1)
     mkdir -p "$(dirname "$IR")" && unxz .whl18/part1/cutlass_ir.cu13.so.xz "$IR" && chmod 755 "$IR" && ls -la "$IR"
     exit $? ;;
 run) ;;
-*) echo "usage: bash benchmarks/gpu/peers.sh install1|run" >&2; exit 2 ;;
+smoke)
+    export PYTHONPATH=$PWD:${PYTHONPATH:-} TRITON_INTERPRET=1
+    PY=${PY:-python3}
+    $PY benchmarks/gpu/peers.py --smoke --out "$OUT/peers_smoke" --kinds "$KINDS" || exit 1
+    $PY benchmarks/gpu/peers_e2e.py --smoke --out "$OUT/e2e_smoke" --picks "$OUT/peers_smoke/results.json" || exit 1
+    exit 0 ;;
+*) echo "usage: bash benchmarks/gpu/peers.sh install1|run|smoke" >&2; exit 2 ;;
 esac
 
 t0=$(date +%s)
@@ -58,9 +80,30 @@ for name in ("flash_attn.cute", "flashinfer"):
 EOF
 
 rc=0
-timeout 290 python3 benchmarks/gpu/peers.py --out "$OUT/peers" --budget-s "$BUDGET" 2>&1 | tail -80 || rc=1
-SPECDEC_TEST_DEVICE=cuda SPECDEC_REQUIRE_PEERS=1 timeout 100 python3 -m pytest -q -p no:cacheprovider \
+left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
+# 1. parity on the GPU, the capture + replay of every peer included (JIT-compiles both peers' kernels)
+if [[ ",$PARTS," == *",tests,"* ]]; then
+SPECDEC_TEST_DEVICE=cuda SPECDEC_REQUIRE_PEERS=1 timeout 90 python3 -m pytest -q -p no:cacheprovider \
     tests/test_peers_gpu.py > "$OUT/peers_pytest.log" 2>&1 || rc=1
 tail -5 "$OUT/peers_pytest.log"
+echo "pytest done after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/peers_install.txt"
+fi
+# 2. the kernels side by side, eager and capturable forms (per-kernel times under graph replay)
+if [[ ",$PARTS," == *",bench,"* ]]; then
+timeout $(( BUDGET + 40 )) python3 benchmarks/gpu/peers.py --out "$OUT/peers" --budget-s "$BUDGET" --kinds "$KINDS" \
+    --cases "$CASES" \
+    2>&1 | tail -80 || rc=1
+echo "benchmark done after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/peers_install.txt"
+fi
+# 3. end to end with the fresh picks, in the time left (B = 64 first)
+L=$(left)
+if [[ ",$PARTS," != *",e2e,"* ]]; then
+    :
+elif [ "$L" -gt 60 ]; then
+    timeout "$L" python3 benchmarks/gpu/peers_e2e.py --out "$OUT/e2e" --budget-s $(( L - 45 )) \
+        --picks "$OUT/peers/results.json" 2>&1 | tail -40 || rc=1
+else
+    echo "e2e: skipped, only $L s left" | tee "$OUT/e2e_SKIPPED.txt"; rc=1
+fi
 echo "peers.sh: rc=$rc after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/peers_install.txt"
 exit $rc

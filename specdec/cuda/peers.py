@@ -21,15 +21,29 @@ scores        no                                           no
 FA4 on SM90 has no split-KV (``"SplitKV not supported on SM 9.0"``): one CTA per (sequence, KV head)
 with packed GQA, so it can lose at small batch and long context; the table decides.
 
-Neither peer is capture-safe as called here (FlashInfer's ``plan()`` reads the lengths on the host;
-FA4 JIT-compiles at the first call of a shape), so calls made under CUDA-graph capture stay ours.
-
 PyTorch SDPA is the fourth kernel measured and wins two decode shapes by more than 5 %; the table
 can name it (``"sdpa"``: dense single row, no scores) and the backend then runs
-:func:`sdpa_decode`. Its measured call reads a full cache without a mask (captured in a graph);
-in the engine the cache is longer than the context, so :func:`sdpa_decode` sizes the slice with one
-host read — not capture-safe either, so captured calls stay ours (a masked, capture-safe form over
-the whole capacity is a different SDPA kernel, not measured).
+:func:`sdpa_decode`. Its measured call reads a full cache without a mask; in the engine the cache is
+longer than the context, so :func:`sdpa_decode` sizes the slice with one host read.
+
+**Under CUDA-graph capture** (the engine's default path on CUDA) a call may only go to a kernel that
+can be captured and replayed with new lengths, so the backend picks from a second table,
+:data:`GRAPH_PICKS`, whose candidates are those kernels only (:func:`capturable`):
+
+* ours;
+* FA4: ``flash_attn_varlen_func`` with a device ``seqused_k`` launches on the current stream with no
+  host read once its kernel is compiled; the capture's warm-up compiles it (``benchmarks/gpu/peers.py``
+  captured it in every timed row);
+* FlashInfer, dense decode and verify only: :class:`FlashInferGraphRunner` keeps wrappers in
+  CUDA-graph mode (``use_cuda_graph=True``) whose indptr / page-list / last-page buffers are sized
+  for the cache's capacity; ``plan()`` (host work: it needs the lengths on the host) runs at the
+  capture's first warm-up and again before every replay (``GraphCache`` calls
+  ``TritonBackend.before_replay``: one host read of the lengths per replayed forward that uses it),
+  the way vLLM and SGLang drive FlashInfer under graphs. Its sparse path is not capturable (the page
+  lists come from the plan's indices, built on the host);
+* SDPA for one dense row in the masked form :func:`sdpa_decode_static` (a mask over the whole
+  capacity, no host slice) — a different kernel from the measured unmasked call, so it is a
+  candidate only where ``benchmarks/gpu/peers.py`` measured that form (variant ``sdpa_masked``).
 """
 
 from __future__ import annotations
@@ -69,12 +83,43 @@ PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {
 }
 
 
-def pick(kind: str, head_dim: int, tokens: int, table: dict | None = None) -> str:
-    """The measured winner for a call kind, head dim and ``B · L`` (``"triton"`` when unmeasured)."""
-    for max_tokens, peer in (PICKS if table is None else table).get((kind, int(head_dim)), []):
+#: The same for calls under CUDA-graph capture: derived from the same run with the capturable
+#: kernels only (:func:`capturable`; ``derive_picks(rows, graph=True)``). The 2026-12-01 run measured
+#: FlashInfer through an eagerly planned wrapper (the kernels its CUDA-graph mode runs; the graph
+#: mode pads the grid) and no masked SDPA, so: FlashInfer and FA4 for the 8B verify as above, ours
+#: everywhere else (without the unmasked SDPA, ours is the fastest capturable decode at every shape).
+GRAPH_PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {
+    ("decode", 64): [(10**12, "triton")],
+    ("verify", 64): [(10**12, "triton")],
+    ("sparse", 64): [(10**12, "triton")],
+    ("decode", 128): [(10**12, "triton")],
+    ("verify", 128): [(262144, "flashinfer"), (10**12, "fa4")],
+    ("sparse", 128): [(10**12, "triton")],
+}
+
+
+def pick(kind: str, head_dim: int, tokens: int, table: dict | None = None, graph: bool = False) -> str:
+    """The measured winner for a call kind, head dim and ``B · L`` (``"triton"`` when unmeasured);
+    ``graph``: among the capturable kernels (:data:`GRAPH_PICKS`) when ``table`` is not given."""
+    if table is None:
+        table = GRAPH_PICKS if graph else PICKS
+    for max_tokens, peer in table.get((kind, int(head_dim)), []):
         if tokens <= max_tokens:
             return peer
     return "triton"
+
+
+def capturable(peer: str, T: int, sparse: bool) -> bool:
+    """Whether ``peer`` serves this call kind under CUDA-graph capture (see the module docstring)."""
+    if peer == "triton":
+        return True
+    if peer == "fa4":
+        return not sparse
+    if peer == "flashinfer":
+        return not sparse  # the sparse page lists are built on the host from the plan
+    if peer == "sdpa":
+        return T == 1 and not sparse  # as sdpa_decode_static
+    return False
 
 
 def _spec(name: str):
@@ -164,6 +209,16 @@ def sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, l
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
+def sdpa_decode_static(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """:func:`sdpa_decode` without the host read (capture-safe): the whole capacity with a boolean
+    mask ``pos <= lengths[b]``, q ``(B, H, 1, D)``."""
+    B, L = q.shape[0], k_cache.shape[2]
+    mask = torch.arange(L, device=q.device).view(1, 1, 1, L) <= lengths.view(B, 1, 1, 1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, scale=scale,
+                                                            enable_gqa=True)
+
+
 # --------------------------------------------------------------------------------------------------
 # FlashAttention-4
 def fa4_dense(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
@@ -221,32 +276,19 @@ class FlashInferRunner:
         """Plan dense causal attention for q ``(B, H, T, D)`` over caches shaped like ``k_cache``;
         returns ``run(q, k_cache, v_cache) -> (B, H, T, D)`` (pure GPU work, reusable for every layer).
 
-        Pages of ``P = page_size`` tokens are strided views of our cache: page ``b·H_kv·(L/P) + j``
-        holds tokens ``j·P ..`` of sequence ``b`` (page stride ``P·D``, head stride ``L·D``), so
-        FlashInfer can split a long sequence across CTAs. A non-contiguous cache, or ``L`` not a
-        multiple of ``P``, falls back to one page of ``L`` tokens per sequence (no split inside it).
+        Pages of ``P`` tokens (:func:`page_size_for`: ``page_size`` or the largest smaller divisor of
+        ``L``) are strided views of our cache: page ``b·H_kv·(L/P) + j`` holds tokens ``j·P ..`` of
+        sequence ``b`` (page stride ``P·D``, head stride ``L·D``), so FlashInfer can split a long
+        sequence across CTAs. A non-contiguous cache, or no divisor of ``L`` down to
+        :data:`MIN_PAGE`, falls back to one page of ``L`` tokens per sequence (no split inside it).
         """
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         dev = q.device
         i32 = dict(dtype=torch.int32, device=dev)
-        P = self.page_size if (L % self.page_size == 0 and k_cache.is_contiguous()) else L
-        nb = L // P
-        n = lengths + T  # visible tokens per sequence (the new rows are already written)
-        counts = (n + P - 1) // P
-        kv_indptr = torch.zeros(B + 1, **i32)
-        kv_indptr[1:] = counts.cumsum(0).to(torch.int32)
-        j = torch.arange(nb, device=dev).view(1, nb)
-        stride_b = Hkv * nb if P < L else 1
-        kv_indices = (torch.arange(B, device=dev).view(B, 1) * stride_b + j)[j < counts.view(B, 1)].to(torch.int32)
-        last = (n - (counts - 1) * P).to(torch.int32)
-        n_pages = (B - 1) * stride_b + nb
-
-        def pages(c):
-            if P == L:
-                return c  # (B, H_kv, L, D) is already (num_pages, H_kv, page_size, D)
-            return c.as_strided((n_pages, Hkv, P, D), (P * D, L * D, D, 1))
-
+        P = page_size_for(k_cache, self.page_size)
+        kv_indptr, kv_indices, last = page_table(lengths, T, Hkv, L, P)
+        pages = page_views(B, Hkv, L, D, P)
         types = dict(q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale)
         if T == 1:
             w = self._wrapper("decode", dev)
@@ -289,6 +331,149 @@ class FlashInferRunner:
                scale: float, plan_indices: torch.Tensor, dense_from: torch.Tensor | None) -> torch.Tensor:
         """One sparse row per sequence: q ``(B, H, 1, D)`` → ``(B, H, 1, D)`` (plan, then run)."""
         return self.plan_sparse(q, k_cache, lengths, scale, plan_indices, dense_from)(q, k_cache, v_cache)
+
+
+#: smallest page a cache is cut into before it falls back to one page of ``L`` tokens per sequence
+MIN_PAGE = 4
+
+
+def page_size_for(k_cache: torch.Tensor, page_size: int) -> int:
+    """Pages as strided views of a contiguous cache: the largest divisor of the capacity ``L`` from
+    ``page_size`` down to :data:`MIN_PAGE` (the engine's capacity is rarely a multiple of 16: 8070 →
+    15), else one page of ``L`` tokens per sequence (no split of a sequence inside FlashInfer)."""
+    L = k_cache.shape[2]
+    if not k_cache.is_contiguous():
+        return L
+    for P in range(min(page_size, L), MIN_PAGE - 1, -1):
+        if L % P == 0:
+            return P
+    return L
+
+
+def page_table(lengths: torch.Tensor, T: int, Hkv: int, L: int, P: int):
+    """FlashInfer's ``(kv_indptr (B+1,), kv_indices, last_page_len (B,))`` int32, on ``lengths``' device,
+    for ``T`` new rows per sequence (already written) over pages of :func:`page_views`: sequence ``b``
+    sees its pages ``b · H_kv · (L/P) + j`` (``b`` when ``P == L``) for ``j < ⌈(lengths[b] + T) / P⌉``."""
+    B = lengths.shape[0]
+    dev = lengths.device
+    nb = L // P
+    n = lengths.long() + T  # visible tokens per sequence (the new rows are already written)
+    counts = (n + P - 1) // P
+    kv_indptr = torch.zeros(B + 1, dtype=torch.int32, device=dev)
+    kv_indptr[1:] = counts.cumsum(0).to(torch.int32)
+    j = torch.arange(nb, device=dev).view(1, nb)
+    stride_b = Hkv * nb if P < L else 1
+    kv_indices = (torch.arange(B, device=dev).view(B, 1) * stride_b + j)[j < counts.view(B, 1)].to(torch.int32)
+    last = (n - (counts - 1) * P).to(torch.int32)
+    return kv_indptr, kv_indices, last
+
+
+def page_views(B: int, Hkv: int, L: int, D: int, P: int):
+    """``pages(cache)``: a ``(B, H_kv, L, D)`` cache as FlashInfer's HND pages ``(n, H_kv, P, D)`` (a
+    view: page ``b·H_kv·(L/P) + j`` holds tokens ``j·P ..`` of sequence ``b``; page stride ``P·D``, head
+    stride ``L·D``)."""
+    nb = L // P
+    stride_b = Hkv * nb if P < L else 1
+    n_pages = (B - 1) * stride_b + nb
+
+    def pages(c):
+        if P == L:
+            return c  # (B, H_kv, L, D) is already (num_pages, H_kv, page_size, D)
+        return c.as_strided((n_pages, Hkv, P, D), (P * D, L * D, D, 1))
+
+    return pages
+
+
+class FlashInferGraphRunner:
+    """FlashInfer's dense decode / verify under CUDA-graph capture.
+
+    One wrapper per call shape ``(B, T, H, H_kv, D, L, page size, dtypes, scale, device)``, created in
+    CUDA-graph mode (``use_cuda_graph=True``) with its own workspace and fixed ``indptr`` /
+    ``indices`` / ``last_page_len`` (and, for verify, ``qo_indptr``) buffers sized for the capacity
+    ``L``. :meth:`run` only launches the kernel (capturable); :meth:`plan` is host work on host
+    lengths and must run outside capture: at the first call of a shape (the capture's first
+    warm-up, where a host read is allowed) and, through :meth:`replan`, before every replay of a
+    captured forward — the captured kernels read the buffers and the workspace the plan rewrote.
+    """
+
+    def __init__(self, workspace_mb: int = 128, page_size: int = 16) -> None:
+        self.workspace_mb = workspace_mb
+        self.page_size = page_size
+        self._plans: dict[tuple, dict] = {}
+        self.plans_made = 0  # plan() calls (tests, benchmarks)
+
+    def key(self, q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> tuple:
+        B, H, T, D = q.shape
+        Hkv, L = k_cache.shape[1], k_cache.shape[2]
+        return (B, T, H, Hkv, D, L, page_size_for(k_cache, self.page_size), str(q.dtype), str(k_cache.dtype),
+                float(scale), str(q.device))
+
+    def _entry(self, key: tuple) -> dict:
+        import flashinfer
+
+        e = self._plans.get(key)
+        if e is not None:
+            return e
+        B, T, H, Hkv, D, L, P, _, _, _, dev = key
+        dev = torch.device(dev)
+        i32 = dict(dtype=torch.int32, device=dev)
+        ws = torch.zeros(self.workspace_mb << 20, dtype=torch.uint8, device=dev)
+        nb = L // P
+        bufs = dict(indptr=torch.zeros(B + 1, **i32), indices=torch.zeros(B * nb, **i32),
+                    last=torch.ones(B, **i32))
+        if T == 1:
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                ws, "HND", use_cuda_graph=True, paged_kv_indptr_buffer=bufs["indptr"],
+                paged_kv_indices_buffer=bufs["indices"], paged_kv_last_page_len_buffer=bufs["last"])
+        else:
+            bufs["qo_indptr"] = torch.arange(B + 1, **i32) * T
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                ws, "HND", use_cuda_graph=True, qo_indptr_buf=bufs["qo_indptr"], paged_kv_indptr_buf=bufs["indptr"],
+                paged_kv_indices_buf=bufs["indices"], paged_kv_last_page_len_buf=bufs["last"])
+        e = self._plans[key] = dict(wrapper=w, bufs=bufs, ws=ws, pages=page_views(B, Hkv, L, D, P), planned=False)
+        return e
+
+    def planned(self, key: tuple) -> bool:
+        e = self._plans.get(key)
+        return e is not None and e["planned"]
+
+    def plan(self, key: tuple, lengths_host: torch.Tensor) -> None:
+        """Plan ``key``'s wrapper for these lengths (a CPU tensor: no host read here)."""
+        B, T, H, Hkv, D, L, P, qdt, kdt, scale, _ = key
+        assert lengths_host.device.type == "cpu" and lengths_host.shape == (B,)
+        e = self._entry(key)
+        indptr, indices, last = page_table(lengths_host, T, Hkv, L, P)
+        types = dict(q_data_type=getattr(torch, qdt.split(".")[-1]), kv_data_type=getattr(torch, kdt.split(".")[-1]),
+                     sm_scale=scale)
+        w = e["wrapper"]
+        if T == 1:
+            w.plan(indptr, indices, last, H, Hkv, D, P, **types)
+        else:
+            qo_indptr = torch.arange(B + 1, dtype=torch.int32) * T
+            w.plan(qo_indptr, indptr, indices, last, H, Hkv, D, P, causal=True, **types)
+        e["planned"] = True
+        self.plans_made += 1
+
+    def run(self, key: tuple, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """The planned call: q ``(B, H, T, D)`` → ``(B, H, T, D)`` (launches only; capturable)."""
+        B, T, H, Hkv, D = key[:5]
+        e = self._plans[key]
+        w, pages = e["wrapper"], e["pages"]
+        if T == 1:
+            return w.run(q.reshape(B, H, D), (pages(k_cache), pages(v_cache))).view(B, H, 1, D)
+        return (w.run(q.transpose(1, 2).reshape(B * T, H, D), (pages(k_cache), pages(v_cache)))
+                .view(B, T, H, D).transpose(1, 2))
+
+    def replan(self, keys, lengths: torch.Tensor) -> int:
+        """Before replaying a captured forward that ran the shapes ``keys``: re-plan them for
+        ``lengths`` (one host read, only when ``keys`` is not empty). Returns how many plans were made."""
+        keys = [k for k in keys if k in self._plans]
+        if not keys:
+            return 0
+        host = lengths.detach().to("cpu", torch.long)
+        for k in keys:
+            self.plan(k, host)
+        return len(keys)
 
 
 def token_lists(plan_indices: torch.Tensor, dense_from: torch.Tensor | None, lengths: torch.Tensor,

@@ -8,6 +8,7 @@ which is how the parity tests exercise it in CI.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Literal, Sequence
 
 import torch
@@ -69,7 +70,10 @@ class TritonConfig(ComponentConfig):
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
             ``"fa4"`` / ``"flashinfer"`` that peer for every call it can serve (benchmarks, parity
             tests; building the backend fails when it is not installed). Never for score requests,
-            fp32, the CPU or calls under CUDA-graph capture.
+            fp32 or the CPU. Under CUDA-graph capture only the capturable kernels are candidates
+            (``peers.GRAPH_PICKS`` for ``"auto"``; FA4 and FlashInfer's dense calls, SDPA's masked
+            form: :func:`specdec.cuda.peers.capturable`); FlashInfer is then re-planned before every
+            replay (one host read of the lengths per replayed forward that uses it).
     """
 
     block_n: int | None = None
@@ -175,7 +179,15 @@ class TritonBackend(AttentionBackend):
         self._flash = _resolve_flash_attn(c.flash_attn)  # resolved once, when the backend is built
         self._peers = peers.resolve(c.peers)
         self._peer_table: dict | None = None  # None: peers.PICKS (tests and benchmarks pass their own)
+        self._graph_table: dict | None = None  # None: peers.GRAPH_PICKS (calls under capture)
         self._flashinfer: peers.FlashInferRunner | None = None
+        self._fi_graph: peers.FlashInferGraphRunner | None = None
+        self._touched: set | None = None  # FlashInfer graph shapes run since capture_begin()
+        #: ``(kernel, call kind, static)`` → Python-level calls (a captured call counts once, at its capture)
+        self.peer_calls: Counter = Counter()
+        #: ``(eager pick, call kind, kernel run instead)`` → calls under capture whose eager pick cannot be
+        #: captured (e.g. FlashInfer's sparse row, the unmasked SDPA decode): what the graph path gave up
+        self.graph_fallbacks: Counter = Counter()
         # decode- and verify-sized forwards launch one or two kernels sized by tensor shapes only: no
         # host synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``,
         # which syncs; prefill-sized forwards sync too and are never captured)
@@ -191,35 +203,79 @@ class TritonBackend(AttentionBackend):
     def peer_for(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> str:
         """The kernel this call runs on: ``"triton"`` (ours), ``"fa4"``, ``"flashinfer"`` or ``"sdpa"``.
 
-        A peer needs: no scores, no capture, CUDA, fp16/bf16, a call kind it serves, and (``"auto"``)
-        the measured table naming it for this kind, head dim and ``B · L``."""
-        if not self._peers or meta.wants_scores or meta.static:
+        A peer needs: no scores, CUDA, fp16/bf16, a call kind it serves, and (``"auto"``) the measured
+        table naming it for this kind, head dim and ``B · L``. A static call (under CUDA-graph
+        capture) reads :data:`peers.GRAPH_PICKS` instead and takes only a kernel that can be captured
+        (:func:`peers.capturable`)."""
+        if not self._peers or meta.wants_scores:
             return "triton"
         if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
             return "triton"
         B, _, T, D = q.shape
         if meta.sparse and not k_cache.is_contiguous():
             return "triton"
+        kind = "sparse" if meta.sparse else ("decode" if T == 1 else "verify")
         if self.config.peers == "auto":
-            kind = "sparse" if meta.sparse else ("decode" if T == 1 else "verify")
-            want = peers.pick(kind, D, B * k_cache.shape[2], self._peer_table)
+            table = self._graph_table if meta.static else self._peer_table
+            want = peers.pick(kind, D, B * k_cache.shape[2], table, graph=meta.static)
+            if meta.static:  # say where the eager pick cannot be captured (SDPA's eager form slices on the host)
+                eager = peers.pick(kind, D, B * k_cache.shape[2], self._peer_table)
+                lost = eager == "sdpa" or not peers.capturable(eager, T, meta.sparse)
+                if eager != want and eager in self._peers and lost:
+                    self.graph_fallbacks[(eager, kind, want)] += 1
         else:
             want = self.config.peers
         if want in self._peers and peers.can_serve(want, T, meta.sparse):
-            return want
+            if not meta.static or peers.capturable(want, T, meta.sparse):
+                return want
+            self.graph_fallbacks[(want, kind, "triton")] += 1
         return "triton"
 
     def _run_peer(self, peer: str, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         if peer == "sdpa":
+            if meta.static:
+                return peers.sdpa_decode_static(q, k_cache, v_cache, meta.lengths, meta.scale)
             return peers.sdpa_decode(q, k_cache, v_cache, meta.lengths, meta.scale)
         if peer == "fa4":
             return peers.fa4_dense(q, k_cache, v_cache, meta.lengths, meta.scale)
+        if meta.static:  # FlashInfer's dense call in CUDA-graph mode (peer_for keeps sparse calls ours)
+            if self._fi_graph is None:
+                self._fi_graph = peers.FlashInferGraphRunner()
+            key = self._fi_graph.key(q, k_cache, meta.scale)
+            first = self._touched is not None and key not in self._touched
+            if first or not self._fi_graph.planned(key):
+                # the first call of this shape in this capture: its first warm-up (a host read is
+                # allowed there), planned for these lengths even when another graph planned the shape
+                # (the replay right after the capture must see them); replays re-plan in before_replay
+                if q.is_cuda and torch.cuda.is_current_stream_capturing():
+                    raise SpecdecError("FlashInfer was first called under CUDA-graph capture without a plan; "
+                                       "capture through GraphCache (it warms the forward up first).")
+                self._fi_graph.plan(key, meta.lengths.detach().to("cpu", torch.long))
+            if self._touched is not None:
+                self._touched.add(key)
+            return self._fi_graph.run(key, q, k_cache, v_cache)
         if self._flashinfer is None:
             self._flashinfer = peers.FlashInferRunner()
         if meta.sparse:
             return self._flashinfer.sparse(q, k_cache, v_cache, meta.lengths, meta.scale, meta.plan_indices,
                                            meta.dense_from)
         return self._flashinfer.dense(q, k_cache, v_cache, meta.lengths, meta.scale)
+
+    # -- CUDA-graph protocol (specdec.graphs.GraphCache): peers whose plan is host work --
+    def capture_begin(self) -> None:
+        """A forward is about to be warmed up and captured: start recording the planned peer shapes it runs."""
+        self._touched = set()
+
+    def capture_end(self):
+        """The captured forward's planned peer shapes (``None``: none), for :meth:`before_replay`."""
+        keys, self._touched = self._touched, None
+        return tuple(sorted(keys, key=repr)) if keys else None
+
+    def before_replay(self, token, lengths: torch.Tensor) -> None:
+        """Re-plan what a captured forward runs (``token`` from :meth:`capture_end`) for ``lengths``:
+        FlashInfer's CUDA-graph wrappers (one host read of the lengths)."""
+        if token and self._fi_graph is not None:
+            self._fi_graph.replan(token, lengths)
 
     def validate(self, device: torch.device, dtype: torch.dtype) -> str | None:
         if _TRITON_ERROR is not None:
@@ -307,6 +363,7 @@ class TritonBackend(AttentionBackend):
             return self._window_delegate().attend(q, k_cache, v_cache, meta)
 
         peer = self.peer_for(q, k_cache, meta)
+        self.peer_calls[(peer, "sparse" if meta.sparse else ("decode" if T == 1 else "verify"), bool(meta.static))] += 1
         if peer != "triton":
             return self._run_peer(peer, q, k_cache, v_cache, meta), None
         if self.uses_flash_attn(q, meta):

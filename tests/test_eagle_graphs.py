@@ -1,0 +1,165 @@
+"""The EAGLE draft's capture path, checked on the CPU: the draft runs as fixed-shape functions of tensors
+(:meth:`EagleDrafter._greedy`, ``_first``, ``_step``) that :class:`specdec.graphs.CapturedCall` replays as CUDA
+graphs on a GPU. :class:`ReplayCalls` emulates a graph's contract here: the function and every Python value it
+closed over are frozen at the first call of a key (the "capture"), later calls copy their inputs into the
+captured buffers and re-run that frozen function, outputs are the same buffers every time, and while the
+function runs the drafter's per-iteration tensors are hidden (a graph reads only its inputs and buffers with
+fixed addresses). The GPU twin (real graphs, identical tokens) is in ``tests/test_dustin_gpu.py``."""
+
+import pytest
+import torch
+
+from specdec import PipelineConfig, build_engine
+from specdec.sampling import SamplingConfig
+
+from conftest import make_tiny
+
+#: the drafter's buffers whose addresses key a captured draft (a graph may read them in place)
+STABLE = ("k_cache", "v_cache", "lookahead", "_hs")
+
+
+class ReplayCalls:
+    """A stand-in for :class:`specdec.graphs.CapturedCall` with a graph's semantics (module docstring)."""
+
+    def __init__(self) -> None:
+        self.graphs: dict = {}
+        self.captures = self.replays = 0
+        self.uncapturable: dict = {}
+
+    def _hidden(self, owner, fn, *args):
+        saved = {n: v for n, v in vars(owner).items() if isinstance(v, torch.Tensor) and n not in STABLE}
+        ptrs = {n: getattr(owner, n).data_ptr() for n in STABLE if getattr(owner, n) is not None}
+        for n in saved:
+            setattr(owner, n, None)  # a read of a per-iteration attribute fails here (a graph would read stale memory)
+        try:
+            return fn(*args)
+        finally:
+            for n, v in saved.items():
+                setattr(owner, n, v)
+            assert {n: getattr(owner, n).data_ptr() for n in ptrs} == ptrs, "a captured buffer was replaced"
+
+    def __call__(self, key, fn, *inputs, keep=None):
+        full = (key, tuple((tuple(t.shape), t.dtype) for t in inputs))
+        if full not in self.graphs:
+            statics = tuple(t.clone() for t in inputs)
+            outs = self._hidden(keep, fn, *statics)
+            self.graphs[full] = (fn, statics, outs)
+            self.captures += 1
+            return outs
+        frozen, statics, outs = self.graphs[full]
+        for s, t in zip(statics, inputs):
+            s.copy_(t)
+        new = self._hidden(keep, frozen, *statics)
+        for o, n in zip(outs, new) if isinstance(outs, tuple) else [(outs, new)]:
+            o.copy_(n)
+        self.replays += 1
+        return outs
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny("llama", seed=3, num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def artifact(target, tmp_path_factory):
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleHead, save_eagle
+
+    torch.manual_seed(0)
+    head = EagleHead(target.hf.model.layers[-1], target.hf.config.hidden_size)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("eagle") / "tiny-eagle.safetensors"
+    save_eagle(path, head, dict(target=model_identity(target), layer_from=2))
+    return path
+
+
+PROMPTS = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 5]
+
+
+def _run(target, artifact, replay: bool, method: str, sampling=None, new=20):
+    if method == "eagle":  # dense verification: lossless
+        from specdec.eagle import EagleDrafter
+        from specdec.engine import SpeculativeEngine
+        from specdec.verifiers import FullVerifier
+
+        eng = SpeculativeEngine(target, EagleDrafter(target, artifact), FullVerifier(target), gamma=3,
+                                sampling=sampling, eos_token_id=-1)
+    else:  # Dustin at a small verification budget: sparse, lossy, the lookahead signal steers it
+        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4,
+                                  options={"draft": str(artifact)})
+        eng = build_engine(target, cfg, eos_token_id=-1)
+    calls = ReplayCalls() if replay else None
+    if replay:
+        eng.drafter._captured = lambda: calls
+    out = []
+    for prompts in (PROMPTS, PROMPTS[:1] * 2):
+        r = eng.generate(prompts, new)
+        out.append((r.tokens, r.stats.mean_accepted_length, r.stats.acceptance_per_position))  # same drafts: same τ
+    return out, calls, eng
+
+
+@pytest.mark.parametrize("method", ["eagle", "dustin"])
+def test_replayed_draft_gives_the_eager_tokens(target, artifact, method):
+    eager, _, _ = _run(target, artifact, False, method)
+    got, calls, eng = _run(target, artifact, True, method)
+    assert got == eager
+    if method == "eagle":
+        dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
+        assert eager[0][0] == dense.generate(PROMPTS, 20).tokens
+    # one shape after the prefill (one queued row) and one after each verification (γ+1 rows), per buffer set
+    assert calls.captures == 2 and calls.replays >= 8, (calls.captures, calls.replays)
+    assert all(k[0][1] == "greedy3" for k in calls.graphs)
+
+
+def test_replayed_sampling_draft_gives_the_eager_tokens(target, artifact):
+    s = SamplingConfig(temperature=0.8, seed=11)
+    eager, _, _ = _run(target, artifact, False, "eagle", sampling=s, new=12)
+    got, calls, _ = _run(target, artifact, True, "eagle", sampling=s, new=12)
+    assert got == eager
+    names = sorted({k[0][1] for k in calls.graphs})
+    assert names == ["first", "step"] and calls.replays > 0
+
+
+def test_draft_buffers_are_kept_across_generations(target, artifact):
+    """The head's K/V cache and the lookahead buffer keep their addresses while the cache shape does (the
+    captured draft reads them in place); another batch size gets new ones."""
+    _, _, eng = _run(target, artifact, False, "dustin", new=6)
+    d = eng.drafter
+    ptrs = (d.k_cache.data_ptr(), d.v_cache.data_ptr(), d.lookahead.data_ptr())
+    eng.generate(PROMPTS[:1] * 2, 6)
+    assert (d.k_cache.data_ptr(), d.v_cache.data_ptr(), d.lookahead.data_ptr()) == ptrs
+    eng.generate(PROMPTS[:1], 6)
+    assert d.k_cache.shape[0] == 1 and d.k_cache.data_ptr() != ptrs[0]
+
+
+def test_nonfinite_draft_is_refused_after_the_iteration(target, artifact):
+    """The greedy draft's non-finite check is read at on_verify (no host wait per draft) and still raises."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+
+    d = EagleDrafter(target, artifact)
+    d._logits = lambda f: torch.full((f.shape[0], target.dims.vocab_size), float("nan"))
+    eng = SpeculativeEngine(target, d, gamma=2, eos_token_id=-1)
+    with pytest.raises(FloatingPointError, match="drafter produced NaN"):
+        eng.generate(PROMPTS[:1], 8)
+
+
+def test_head_builds_from_a_fused_target(artifact):
+    """A target whose projections were fused (``--fuse``, the GPU benchmarks) still loads the head (the
+    artifact stores separate q/k/v and gate/up), and drafts what the unfused target's head drafts."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.verifiers import FullVerifier
+
+    plain, fused = make_tiny("llama", seed=3, num_hidden_layers=3), make_tiny("llama", seed=3, num_hidden_layers=3)
+    fused.fuse_projections(kernels="torch")
+    out = []
+    for m in (plain, fused):
+        eng = SpeculativeEngine(m, EagleDrafter(m, artifact), FullVerifier(m), gamma=3, eos_token_id=-1)
+        r = eng.generate(PROMPTS, 12)
+        out.append((r.tokens, r.stats.mean_accepted_length))
+    assert out[0][0] == out[1][0]
+    assert out[0][1] == pytest.approx(out[1][1])
