@@ -3,24 +3,28 @@
 :class:`SpeculationController` decides, before each iteration of :meth:`SpeculativeEngine.generate`,
 how many tokens to draft — γ_t on a ladder ``γ, ⌈γ/2⌉, …, 1`` (the configured γ is the ceiling:
 caches and plans are sized for it; the ladder keeps the verify shapes, hence CUDA-graph captures,
-to a few) — or ``0``: one plain dense step instead of a draft/verify round.
+to a few) — or ``0``: one plain dense step instead of a draft/verify round. It is an
+explore-then-commit bandit over these choices:
 
-- **γ per iteration.** After each round the mean accepted length ``a`` (over the active sequences)
-  moves γ_t: ``a ≥ γ_t − ½`` (acceptance saturates) climbs one rung; ``a < γ_t / 2`` (acceptance
-  collapses) in two consecutive rounds steps down to the largest rung ``≤ ⌈a⌉ + 1``.
-- **Dense fall-back, by measured steady-state costs.** Speculation pays when its tokens per second
-  per sequence, ``(a + 1) / T_iter(γ_t)``, beat plain decoding's ``1 / T_dense``
-  (``speedup ≈ τ·T_dense / (γ·T_draft + T_verify + T_select)``). Each cost is the *median* of the
-  last ``window`` wall-clock samples of its kind (the engine reads the device back once per
-  iteration, so these are real end-to-end costs). A sample is discarded when a CUDA-graph capture
-  or a ``torch.compile`` compilation happened during its iteration (:func:`specdec.graphs.capture_events`,
-  dynamo's graph count), and when it is ``outlier``× the median of its kind (an unseen warm-up);
-  three such in a row are a real change and restart the estimate. Acceptance of a round right after
-  dense steps (its plan predates them) does not count. A dense step is probed once speculation has
-  two samples and again every ``4·probe_every`` rounds; while dense wins, every ``probe_every``
-  dense steps two speculative rounds probe back (the gap doubles, up to 8×, while probes confirm
-  dense). Hysteresis: dense is chosen when speculation is 2 % slower, speculation again when it is
-  3 % faster — no flapping.
+- **Arms.** The ladder's rungs and, where dense steps may run, dense (``0``). The controller commits to
+  one arm — at first the configured γ, so with no evidence it is fixed-γ speculation — and switches
+  only to an arm whose measured rate beats it by ``margin`` (3 %: hysteresis, no flapping).
+- **Rate = tokens per sequence / steady-state iteration time**, per arm: the median of the arm's own
+  last ``window`` samples (the engine reads the device back once per iteration, so these are real
+  end-to-end costs, selection and score emission included). A sample is discarded when a CUDA-graph
+  capture or a ``torch.compile`` compilation happened during its iteration
+  (:func:`specdec.graphs.capture_events`, dynamo's graph count), when it is ``outlier``× its arm's
+  median (an unseen warm-up), and for the round right after dense steps (it re-plans and drafts
+  from a stale plan). Tokens come from the per-position acceptance of every fresh round (a
+  self-speculative draft at position ``i`` does not depend on γ), so every rung's tokens are
+  predicted from whatever rung runs: acceptance that collapses makes a smaller measured rung win at
+  once; acceptance that saturates the last position explores the next larger rung first.
+- **Bounded exploration.** Dense is probed once, when the committed arm has its samples; any later
+  exploration of another arm must fit, with its expected regret (time beyond what the committed arm
+  needs for the same tokens), in ``explore_share`` of the observed time. Against the best arm it loses
+  at most the probe, ``explore_share`` and ``margin``. The first controller (probes every 16–128
+  dense steps, dense re-measured every 64 rounds) lost 7 % at B = 1 (vegas) and 14 % at B = 64
+  (magicdec) on the H200.
 - **Steady state across calls.** The engine keeps its controller between ``generate`` calls of the
   same batch size and context scale (:meth:`SpeculationController.start_run`), so a warmed-up
   engine decides from its first iteration.
@@ -78,6 +82,7 @@ class _Samples:
         self.values: deque[float] = deque(maxlen=window)
         self.outlier = outlier
         self._rejected = 0
+        self._median: float | None = None
 
     def add(self, x: float) -> bool:
         if len(self.values) >= 2 and x > self.outlier * self.median():
@@ -87,66 +92,141 @@ class _Samples:
             self.values.clear()  # three in a row: the cost really changed
         self._rejected = 0
         self.values.append(x)
+        self._median = None
         return True
 
     def median(self) -> float:
-        return statistics.median(self.values)
+        if self._median is None:  # cached: the controller asks every iteration
+            self._median = statistics.median(self.values)
+        return self._median
 
     def __len__(self) -> int:
         return len(self.values)
 
 
+class _Ratio:
+    """Conditional acceptance of one draft position over the last ``window`` fresh rounds (running sums)."""
+
+    def __init__(self, window: int) -> None:
+        self.pairs: deque[tuple[float, float]] = deque()
+        self.window = window
+        self.num = self.den = 0.0
+
+    def add(self, num: float, den: float) -> None:
+        if len(self.pairs) == self.window:
+            n, d = self.pairs.popleft()
+            self.num -= n
+            self.den -= d
+        self.pairs.append((num, den))
+        self.num += num
+        self.den += den
+
+    def value(self) -> float | None:
+        if not self.pairs:
+            return None
+        return self.num / self.den if self.den > 1e-12 else 0.0
+
+
 class SpeculationController:
-    """Chooses γ_t (``0`` = a dense step) per iteration from observed acceptance and steady-state times.
+    """Chooses γ_t (``0`` = a dense step) per iteration: explore-then-commit over measured arms.
+
+    The *arms* are the γ ladder's rungs and, with ``fall_back``, dense (``0``). The controller
+    commits to one arm (at first the configured γ: with no evidence it is fixed-γ speculation) and
+    leaves it only for an arm measured faster by ``margin``:
+
+    - **Cost per emitted token, per arm.** An arm's rate is its tokens per sequence and iteration
+      over the median of its steady-state iteration times (``1 / T`` for dense). Only samples of the
+      arm itself count (its own captured shapes), never an iteration that captured a graph or compiled
+      (``seconds=None``), an outlier (``outlier``× its median: a warm-up it could not see), nor a
+      round right after dense steps (its plan predates them: stale).
+    - **Acceptance from every round.** Rounds report the share of sequences that accepted at least
+      ``i + 1`` drafts; the conditional acceptance per draft position (sums over the last rounds that
+      reached it) predicts the tokens of *every* rung without running it — a self-speculative draft
+      of position ``i`` does not depend on γ. When acceptance collapses, a smaller rung measured
+      earlier wins at once (shrink); when the last position keeps being accepted (``≥ saturate``),
+      the next larger rung is explored first (grow).
+    - **Bounded exploration.** Running another arm than the committed one is exploration; its regret
+      is the time it took beyond what the committed arm needed for the same tokens. Dense is explored
+      once as soon as the committed arm has ``min_samples`` samples (the *probe*); later explorations
+      start only while the regret so far plus the arm's last exploration regret stays within
+      ``explore_share`` of the time observed, at least ``min_gap`` iterations apart. So, against the
+      best arm, the controller loses at most the probe, ``explore_share`` of the time, and ``margin``
+      (hysteresis, which also keeps it from flapping).
+    - **Steady state across calls.** The engine keeps its controller between ``generate`` calls of the
+      same batch size and context scale (:meth:`start_run`), so a warmed-up engine decides from its
+      first iteration.
 
     Args:
-        gamma_max: the configured γ (upper bound).
-        adapt_gamma: move γ_t with the acceptance (``False``: always ``gamma_max``).
-        fall_back: allow dense steps when the measured costs say drafting cannot pay.
-        probe_every: dense steps between probes of speculation (and ``4·probe_every`` rounds between
-            dense probes).
-        warmup_rounds: steady-state speculative samples before the first dense probe.
-        window: samples per cost kept for its median.
-        enter_margin: hysteresis, lower side: dense when ``rate_spec < (1 − enter_margin)·rate_dense``
-            (small: a losing speculation stays above 0.98× dense).
-        exit_margin: hysteresis, upper side: speculation again when ``rate_spec > (1 + exit_margin)·rate_dense``
-            (with ``enter_margin`` a 5 % band: no flapping).
-        outlier: a sample this many times its kind's median is a warm-up, not a cost.
+        gamma_max: the configured γ (upper bound: caches and plans are sized for it).
+        adapt_gamma: explore the ladder's smaller rungs (``False``: γ is ``gamma_max`` or dense).
+        fall_back: dense is an arm (the drafter drafts from the target's cache).
+        window: steady-state time samples kept per arm (their median is its cost).
+        min_samples: samples an arm needs before it can be chosen.
+        margin: switch to an arm only when its rate beats the committed one's by this much (hysteresis).
+        explore_share: the most exploration regret, as a share of the observed time.
+        min_gap: iterations between two explorations.
+        saturate: conditional acceptance of the last draft position that triggers growing.
+        outlier: a sample this many times its arm's median is a warm-up, not a cost.
+        margin_dense: leave speculation for dense when dense's rate beats it by this much (after the
+            checks below); at par by default, so a B = 1 loss shows at once.
+        z: speculation's tokens are taken ``z`` standard errors high when compared with dense.
+        min_rounds: fresh rounds of the committed γ before dense may replace it (a dense commit
+            sticks: dense steps say nothing about acceptance).
+        accept_window: fresh rounds per draft position kept for its acceptance (one sequence's
+            accept/reject is a coin flip: a short window would make the arms' order noise).
     """
 
-    def __init__(self, gamma_max: int, adapt_gamma: bool = True, fall_back: bool = True, probe_every: int = 16,
-                 warmup_rounds: int = 2, window: int = 8, enter_margin: float = 0.02, exit_margin: float = 0.03,
-                 outlier: float = 4.0) -> None:
+    def __init__(self, gamma_max: int, adapt_gamma: bool = True, fall_back: bool = True, window: int = 8,
+                 min_samples: int = 2, margin: float = 0.03, explore_share: float = 0.01, min_gap: int = 16,
+                 saturate: float = 0.7, outlier: float = 4.0, accept_window: int = 64, margin_dense: float = 0.0,
+                 z: float = 0.5, min_rounds: int = 8) -> None:
         if gamma_max < 1:
             raise ValueError(f"gamma_max must be >= 1 (got {gamma_max})")
         self.gamma_max = gamma_max
         self.ladder = gamma_ladder(gamma_max)
         self.adapt_gamma = adapt_gamma
         self.fall_back = fall_back
-        self.probe_every = probe_every
-        self.warmup_rounds = warmup_rounds
+        spec = tuple(reversed(self.ladder)) if adapt_gamma else (gamma_max,)
+        self.arms = spec + ((0,) if fall_back else ())  # γ descending, then dense
         self.window = window
-        self.enter_margin = enter_margin
-        self.exit_margin = exit_margin
+        self.min_samples = min_samples
+        self.margin = margin
+        self.explore_share = explore_share
+        self.min_gap = min_gap
+        self.saturate = saturate
         self.outlier = outlier
+        self.accept_window = accept_window
+        self.margin_dense = margin_dense
+        self.z = z
+        self.min_rounds = min_rounds
         self._run_key = None
         self.reset()
 
     def reset(self) -> None:
         """Forget every estimate (a new batch size or context scale)."""
-        self.gamma = self.gamma_max
-        self._times: dict[int, _Samples] = {}  # γ → round times; 0 → dense step times
-        self._acc: dict[int, deque] = {}  # γ → mean accepted drafts of rounds with a fresh plan
+        self.current = self.gamma_max  # the committed arm
+        self._times: dict[int, _Samples] = {}  # arm → steady-state iteration times
+        # per draft position i: (share accepting >= i+1, share accepting >= i) of recent fresh rounds
+        self._pos = [_Ratio(self.accept_window) for _ in range(self.gamma_max)]
+        self._emitted: dict[int, deque] = {}  # γ → tokens per sequence of its recent fresh rounds
         self.rounds = 0
         self.dense_steps = 0
-        self.discarded = 0  # samples dropped (captures, compilations, outliers)
-        self.dense_mode = False
-        self._since_dense = 0  # rounds since the last dense step
-        self._since_probe = 0  # dense steps since the last speculative probe (dense mode)
-        self._probe_left = 0  # speculative probe rounds still to run (dense mode)
-        self._probe_gap = self.probe_every  # dense steps between probes; doubles while probes confirm dense
+        self.discarded = 0  # samples dropped (captures, compilations, outliers, stale rounds)
+        self.switches = 0  # changes of the committed arm
+        self.explorations = 0
+        self.iteration = 0
+        self.elapsed = 0.0  # seconds of the observed (timed) iterations
+        self.regret = 0.0  # seconds spent exploring beyond the committed arm's cost for the same tokens
+        self._probed = not self.fall_back  # the initial dense probe is done
+        self._exploring: int | None = None  # the arm under exploration
+        self._explore_need = 0  # steady samples it still has to give
+        self._explore_left = 0  # iterations it may still take
+        self._explore_regret = 0.0
+        self._charge_next = False  # the round after a dense exploration is stale: charged to it
+        self._last_regret: dict[int, float] = {}  # arm → regret of its last exploration
+        self._explored_at: dict[int, int] = {}  # arm → iteration its last exploration ended
+        self._last_end = -10 ** 9
         self._last_dense = False
-        self._low = 0  # consecutive rounds of collapsed acceptance
 
     def start_run(self, batch: int, context: int) -> None:
         """A ``generate`` call of ``batch`` sequences of about ``context`` tokens begins: estimates from
@@ -156,110 +236,192 @@ class SpeculationController:
             self.reset()
             self._run_key = key
         self._last_dense = False  # the drafter plans afresh after the prefill
-        self._probe_left = 0
+        self._charge_next = False
 
     # -- estimates ---------------------------------------------------------------------------
     @property
-    def t_dense(self) -> float | None:
-        d = self._times.get(0)
-        return d.median() if d is not None and len(d) else None
+    def dense_mode(self) -> bool:
+        """Whether the committed arm is dense."""
+        return self.current == 0
 
-    def rate_spec(self, gamma: int | None = None) -> float | None:
-        """Tokens/s per sequence of speculative rounds at ``gamma`` (default γ_t), or ``None``."""
-        g = self.gamma if gamma is None else gamma
-        t, a = self._times.get(g), self._acc.get(g)
-        if t is None or not len(t) or not a:
-            return None
-        return (sum(a) / len(a) + 1.0) / t.median()
+    @property
+    def gamma(self) -> int:
+        """The committed γ (``0``: dense)."""
+        return self.current
+
+    def t(self, arm: int) -> float | None:
+        """Median steady-state seconds of one iteration of ``arm``, or ``None`` (too few samples)."""
+        s = self._times.get(arm)
+        return s.median() if s is not None and len(s) >= self.min_samples else None
+
+    def accept_rate(self, i: int) -> float | None:
+        """Conditional acceptance of draft position ``i`` (0-based) over recent fresh rounds."""
+        return self._pos[i].value()
+
+    def tokens(self, arm: int) -> float | None:
+        """Predicted tokens per sequence of one iteration of ``arm`` (``1 + E[min(accepted, γ)]``)."""
+        out, p = 1.0, 1.0
+        for i in range(arm):
+            c = self.accept_rate(i)
+            if c is None:
+                return None
+            p *= c
+            out += p
+        return out
+
+    def rate(self, arm: int) -> float | None:
+        """Tokens per second per sequence of ``arm``, or ``None`` (not measured yet)."""
+        t, n = self.t(arm), self.tokens(arm)
+        return None if t is None or n is None or t <= 0 else n / t
+
+    # compatibility with the first controller's names
+    @property
+    def t_dense(self) -> float | None:
+        return self.t(0)
 
     def dense_rate(self) -> float | None:
-        t = self.t_dense
-        return None if not t else 1.0 / t
+        return self.rate(0)
+
+    def rate_spec(self, gamma: int | None = None) -> float | None:
+        return self.rate(self.current if gamma is None else gamma)
 
     # -- decision ------------------------------------------------------------------------------
     def next_gamma(self) -> int:
         """γ for the coming iteration, ``0`` for a dense step."""
-        if not self.fall_back:
-            return self.gamma
-        if self.dense_mode:
-            if self._probe_left > 0:
-                return self.gamma
-            if self._since_probe >= self._probe_gap:
-                self._probe_left = 2  # the first round drafts from a stale plan: its acceptance does not count
-                return self.gamma
+        if self._exploring is None:
+            arm = self._explore_candidate()
+            if arm is not None:
+                self._exploring = arm
+                fresh = self._times.get(arm)
+                have = 0 if fresh is None else len(fresh)
+                self._explore_need = max(1, self.min_samples - have)
+                # a capture, and the stale round after dense steps, may come first
+                self._explore_left = self._explore_need + 2
+                self._explore_regret = 0.0
+                self.explorations += 1
+        return self.current if self._exploring is None else self._exploring
+
+    def _explore_candidate(self) -> int | None:
+        if len(self.arms) == 1 or self.t(self.current) is None:
+            return None
+        if not self._probed:  # the probe: dense, once the committed arm has its samples
+            self._probed = True
             return 0
-        dense = self._times.get(0)
-        spec = self._times.get(self.gamma)
-        if (dense is None or len(dense) < 2) and spec is not None and len(spec) >= self.warmup_rounds:
-            return 0  # measure a dense step (twice: a first one may be discarded as a capture)
-        if self._since_dense >= 4 * self.probe_every:  # re-measure the dense cost now and then
-            return 0
-        return self.gamma
+        if self.iteration - self._last_end < self.min_gap or self.regret >= self.explore_share * self.elapsed:
+            return None
+        others = [a for a in self.arms if a != self.current]
+        grow = [a for a in others if a > self.current]
+        c = self.accept_rate(self.current - 1) if self.current > 0 else None
+        if grow and c is not None and c >= self.saturate:  # the last position keeps being accepted: grow
+            pick = min(grow)
+        else:  # the arm measured longest ago (never measured: first)
+            pick = min(others, key=lambda a: (self._explored_at.get(a, -1), -a))
+        est = self._last_regret.get(pick)
+        if est is None:
+            t_pick, r_pick, cur = self.t(pick), self.rate(pick), self.rate(self.current)
+            if t_pick is not None and r_pick is not None and cur:  # measured before (the first committed arm)
+                stale = t_pick if self.current == 0 else 0.0  # its first round re-plans after dense steps
+                est = stale + max(0.0, t_pick - self.tokens(pick) / cur)
+            else:  # never measured: as if its iterations emitted nothing
+                est = (self.min_samples + 1) * (self.t(self.current) or 0.0)
+        if self.regret + est > self.explore_share * self.elapsed:
+            return None
+        return pick
+
+    def _decide(self) -> None:
+        cur = self.rate(self.current)
+        if cur is None:
+            return
+        best, rb = self.current, cur
+        for a in self.arms:
+            r = self.rate(a)
+            if r is not None and r > rb:
+                best, rb = a, r
+        if best == self.current:
+            return
+        # speculation against dense: a few rounds' acceptance is uncertain (one sequence keeps a draft
+        # or not); decide on the bound that favours the committed arm (± one standard error of its tokens)
+        margin = self.margin
+        if self.current == 0:
+            rb = (self.tokens(best) - self.z * self._tokens_se(best)) / self.t(best)
+        elif best == 0:
+            if len(self._emitted.get(self.current, ())) < self.min_rounds:
+                return  # too few rounds to know the acceptance: a wrong dense commit would stick
+            cur = (self.tokens(self.current) + self.z * self._tokens_se(self.current)) / self.t(self.current)
+            margin = self.margin_dense
+        if rb > (1.0 + margin) * cur:
+            self.current = best
+            self.switches += 1
+
+    def _tokens_se(self, arm: int) -> float:
+        """Standard error of the mean tokens per fresh round of ``arm`` (infinite below two rounds)."""
+        q = self._emitted.get(arm)
+        if q is None or len(q) < 2:
+            return math.inf
+        return statistics.stdev(q) / math.sqrt(len(q))
 
     # -- observations --------------------------------------------------------------------------
-    def observe_round(self, gamma: int, mean_accepted: float, seconds: float | None) -> None:
+    def observe_round(self, gamma: int, mean_accepted: float, seconds: float | None,
+                      profile=None) -> None:
         """A speculative round of ``gamma`` drafts took ``seconds`` (``None``: a warm-up, not a cost);
-        ``mean_accepted`` drafts were kept per active sequence."""
+        ``mean_accepted`` drafts were kept per active sequence; ``profile[i]``: the share of active
+        sequences that kept at least ``i + 1`` drafts (default: from ``mean_accepted``, as if every
+        sequence kept the same)."""
         self.rounds += 1
-        self._since_dense += 1
         stale = self._last_dense
         self._last_dense = False
-        probe_done = False
-        if self._probe_left > 0:
-            self._probe_left -= 1
-            if self._probe_left == 0:
-                self._since_probe, probe_done = 0, True
-        self._sample(gamma, seconds)
+        if profile is None:
+            profile = [min(1.0, max(0.0, mean_accepted - i)) for i in range(gamma)]
         if not stale:
-            self._acc.setdefault(gamma, deque(maxlen=self.window)).append(float(mean_accepted))
-            if self.adapt_gamma:
-                self._adapt(gamma, mean_accepted)
-        self._decide()
-        if probe_done and self.dense_mode:  # the probe confirmed dense: probe less often (at most 8x)
-            self._probe_gap = min(8 * self.probe_every, 2 * self._probe_gap)
+            self._emitted.setdefault(gamma, deque(maxlen=self.accept_window)).append(1.0 + float(mean_accepted))
+            prev = 1.0
+            for i in range(min(gamma, self.gamma_max)):
+                p = float(profile[i])
+                self._pos[i].add(p, prev)
+                prev = p
+        self._observe(gamma, seconds, 1.0 + float(mean_accepted), stale)
 
     def observe_dense(self, seconds: float | None) -> None:
         """A dense step took ``seconds`` (``None``: a warm-up, not a cost)."""
         self.dense_steps += 1
-        self._since_dense = 0
-        self._since_probe += 1
+        self._observe(0, seconds, 1.0, False)
         self._last_dense = True
-        self._sample(0, seconds)
-        self._decide()
 
-    def _sample(self, kind: int, seconds: float | None) -> None:
-        if seconds is None or seconds <= 0:
+    def _observe(self, arm: int, seconds: float | None, tokens: float, stale: bool) -> None:
+        self.iteration += 1
+        timed = seconds is not None and seconds > 0
+        if timed:
+            self.elapsed += seconds
+        exploring = self._exploring is not None
+        charged = exploring or (self._charge_next and stale)
+        self._charge_next = False
+        if charged and timed:
+            cur = self.rate(self.current)
+            r = max(0.0, seconds - tokens / cur) if cur else 0.0
+            self.regret += r
+            if exploring:
+                self._explore_regret += r
+            elif self._last_regret.get(0) is not None:
+                self._last_regret[0] += r
+        steady = False
+        if not timed or stale:
             self.discarded += 1
-            return
-        samples = self._times.setdefault(kind, _Samples(self.window, self.outlier))
-        if not samples.add(float(seconds)):
-            self.discarded += 1
-
-    def _adapt(self, gamma: int, a: float) -> None:
-        i = self.ladder.index(gamma) if gamma in self.ladder else len(self.ladder) - 1
-        if a >= gamma - 0.5:
-            self._low = 0
-            self.gamma = self.ladder[min(i + 1, len(self.ladder) - 1)]
-        elif a < gamma / 2:
-            self._low += 1
-            if self._low >= 2:
-                self._low = 0
-                cap = max(1, math.ceil(a) + 1)
-                lower = [g for g in self.ladder[:i] if g <= cap]
-                self.gamma = lower[-1] if lower else self.ladder[0]
         else:
-            self._low = 0
-
-    def _decide(self) -> None:
-        if not self.fall_back:
-            return
-        rd, rs = self.dense_rate(), self.rate_spec()
-        if rd is None or rs is None:
-            return
-        if not self.dense_mode and rs < (1.0 - self.enter_margin) * rd:
-            self.dense_mode, self._since_probe = True, 0
-        elif self.dense_mode and self._probe_left == 0 and rs > (1.0 + self.exit_margin) * rd:
-            self.dense_mode, self._probe_gap = False, self.probe_every
+            steady = self._times.setdefault(arm, _Samples(self.window, self.outlier)).add(float(seconds))
+            if not steady:
+                self.discarded += 1
+        if exploring:
+            self._explore_left -= 1
+            if steady and arm == self._exploring:
+                self._explore_need -= 1
+            if self._explore_need <= 0 or self._explore_left <= 0:
+                done = self._exploring
+                self._exploring = None
+                self._last_regret[done] = self._explore_regret
+                self._explored_at[done] = self._last_end = self.iteration
+                self._charge_next = done == 0 and self.current != 0  # the stale round after it
+        if self._exploring is None:
+            self._decide()
 
 
 class Pacing:
@@ -308,10 +470,11 @@ class Pacing:
         stale, self._stale_plan = self._stale_plan, False
         return stale
 
-    def round_done(self, gamma: int, mean_accepted: float) -> None:
-        """A speculative round of ``gamma`` drafts ended; ``mean_accepted`` drafts per active sequence were kept."""
+    def round_done(self, gamma: int, mean_accepted: float, profile=None) -> None:
+        """A speculative round of ``gamma`` drafts ended; ``mean_accepted`` drafts per active sequence were
+        kept; ``profile[i]``: the share of active sequences that kept at least ``i + 1``."""
         if self.controller is not None:
-            self.controller.observe_round(gamma, mean_accepted, self._seconds())
+            self.controller.observe_round(gamma, mean_accepted, self._seconds(), profile=profile)
 
 
 class AcceptanceReplay:

@@ -323,7 +323,7 @@ class SpeculativeEngine:
             with timer("select"):  # next iteration's plan from this verification's scores
                 self.verifier.on_verify(state)
                 self.drafter.on_verify(state, request)
-            pace.round_done(gamma, mean_accepted)
+            pace.round_done(gamma, mean_accepted, run.profile)
         run.stats.dense_steps = pace.dense_steps
         return self._finish(run, timer, time.perf_counter() - t_start)
 
@@ -407,6 +407,7 @@ class SpeculativeEngine:
         run.accepted_at[:gamma] += torch.tensor(hits_h, dtype=torch.float64)  # γ_t ≤ γ (adaptive)
         run.stats.gamma_per_round.append(gamma)
         run.stats.acceptance_trace += trace
+        run.profile = [h / max(1, int(n_active[0])) for h in hits_h]  # share keeping >= i + 1 drafts
         return sum(hits_h) / max(1, int(n_active[0]))
 
     def _finish(self, run: "_Run", timer: PhaseTimer, decode_seconds: float) -> GenerationResult:
@@ -508,6 +509,7 @@ class _Run:
     max_new_tokens: int
     accepted_at: torch.Tensor  # (γ,) float64: iterations whose draft i was accepted, summed over sequences
     trials: int = 0  # (iteration, active sequence) pairs
+    profile: list | None = None  # last round: share of active sequences that kept >= i + 1 drafts
 
 
 def read_host(*tensors: torch.Tensor, broadcast=None) -> list[list[int]]:

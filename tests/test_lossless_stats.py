@@ -142,7 +142,7 @@ class _Scripted:
         self.i += 1
         return self.script[(self.i - 1) % len(self.script)]
 
-    def observe_round(self, *a):
+    def observe_round(self, *a, **kw):
         pass
 
     def observe_dense(self, *a):
