@@ -133,10 +133,12 @@ def main(argv=None) -> int:
                 got = eng.generate([ids], a.new_tokens, prefilled=pre).tokens[0]
                 assert got == ref.tokens[0], "the teacher-forced run left dense's trajectory"
                 s = eng.verifier.summary()
+                s["beyond_rows"], s["beyond_wrong"] = eng.verifier.beyond_rows, eng.verifier.beyond_wrong
                 valve = {str(x): eng.verifier.valve(x) for x in margins}
                 passes = eng.verifier.passes if margins else None  # (margin, rows, equal, read, dense read) per pass
                 if a.tf_only:
                     row["budgets"][b] = dict(tf_agreement=s["tf_agreement"], tf_rows=s["tf_rows"], tf_tv_mean=s["tv_mean"],
+                                             beyond_rows=s["beyond_rows"], beyond_wrong=s["beyond_wrong"],
                                              kv_read_vs_dense=eng.verifier.report().get("kv_read_vs_dense"), valve=valve,
                                              passes=passes,
                                              agreement_free=None, first_divergence=None, tau=None, tokens_per_second=None)
@@ -199,8 +201,18 @@ class PassLog(DenseTwin):
         super().__init__(inner, forced=forced)
         self.passes: list[tuple] = []
 
+    beyond_rows = beyond_wrong = 0  # emitted rows past the valve's deciding rows (teacher forcing only), and wrong ones
+
     def on_verify(self, state) -> None:
         eq0, rows0 = self.tf_equal, self.tf_rows
+        old, act, tv, mine, want = self._pending
+        dec = getattr(self.inner, "last_deciding", None)
+        if dec is not None and want is not None and self.inner.last_margin is not None and bool(act[0]):
+            k = min(max(len(state.tokens[0]) - old[0], 1), tv.shape[1])
+            d = int(dec[0])
+            if k > d:
+                self.beyond_rows += k - d
+                self.beyond_wrong += int(((mine[0, d:k] != want[0, d:k]) & (want[0, d:k] >= 0)).sum())
         super().on_verify(state)
         m = self.inner.last_margin
         r, d = self.inner.last_read.tolist()

@@ -108,6 +108,7 @@ class SparseVerifier(Verifier):
         self.dense_first = dense_first
         self.margin = margin
         self.last_margin: torch.Tensor | None = None  # (B,) smallest deciding-row margin of the last sparse pass
+        self.last_deciding: torch.Tensor | None = None  # (B,) how many rows decided in it
         self._state = None
         self._scores: torch.Tensor | None = None
         self.last_plan = None
@@ -206,6 +207,7 @@ class SparseVerifier(Verifier):
         low = gap.masked_fill(~deciding, float("inf")).amin(1)
         low = torch.where(state.active, low, torch.full_like(low, float("inf")))
         self.last_margin = low
+        self.last_deciding = first_no.view(-1).clamp(max=T - 1) + 1  # (B,) rows that decide
         redo = low < self.margin
         if not bool(redo.any()):  # one host read per sparse pass, only with the valve on
             return logits, logits.new_zeros((), dtype=state.lengths.dtype)

@@ -214,6 +214,7 @@ def test_margin_valve_deciding_rows():
     state = SimpleNamespace(active=torch.tensor([True]), lengths=torch.tensor([10]), cache=None)
     out, redo = v._margin_valve(state, tokens, logits, None, None)
     assert out is logits and int(redo) == 0 and float(v.last_margin[0]) == pytest.approx(5.0)
+    assert int(v.last_deciding[0]) == 2
     logits[0, 1, 2] = 5.0  # row 1 now accepts draft 2 (tie with 4: margin 0): the valve must fire
     logits[0, 1, 4] = 4.95
     called = []
