@@ -38,6 +38,9 @@ VARIANTS = {
     "vegas-all": ("vegas-all", {}),
     "vegas-last": ("vegas-last", {}),
     "vegas-logits": ("vegas", {"score_kind": "logits"}),
+    "vegas-sink": ("vegas", {"score_kind": "sink_softmax"}),
+    "vegas-every2": ("vegas", {"score_every": 2}),
+    "vegas-sink-every2": ("vegas", {"score_kind": "sink_softmax", "score_every": 2}),
     "vegas-all-logits": ("vegas-all", {"score_kind": "logits"}),
     "vegas-headwise": ("vegas", {"per_kv_head": True}),
 }

@@ -199,7 +199,8 @@ def run_bench(
     meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
                 machine=machine_info(str(m.device)), model=shape or model, backend=backend, dtype=dtype, gamma=gamma,
                 budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
-                cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, warmup=warmup, repeats=repeats,
+                cuda_graphs=cuda_graphs, compile=compile and getattr(m, "compile_skipped", None) is None,
+                compile_skipped=getattr(m, "compile_skipped", None), fuse=fuse, warmup=warmup, repeats=repeats,
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
                 replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None,
                 adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive)
@@ -300,6 +301,7 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"- machine: {json.dumps(meta.get('machine'))}",
         "",
         f"- tokens/s: median of {meta.get('repeats', 1)} timed runs (min–max); HF baselines warmed up at the same shape",
+        *([f"- {meta['compile_skipped']}"] if meta.get("compile_skipped") else []),
         "",
         "| document | context | batch | method | τ | tokens/s (min–max) | speedup vs dense | select share "
         "| dense steps | mean γ | same tokens as dense |",

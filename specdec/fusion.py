@@ -102,15 +102,50 @@ def _norm_forward(base, self, hidden_states):
 
 
 def _layer_forward(base, self, hidden_states, *args, **kwargs):
-    """The Llama-family decoder layer with the residual add fused into the post-attention RMSNorm."""
+    """The Llama-family decoder layer in 10 launches plus cuBLAS's split-K reduces (at most 2).
+
+    ``norm → qkv GEMM → RoPE + KV write → attention (+ combine) → o_proj GEMM → residual add + norm →
+    gate/up GEMM → SiLU·mul → down GEMM + residual add``: the last residual add is the down GEMM's own
+    epilogue (``residual.addmm_(act, W_down.T)``, β = 1, on the residual tensor the norm kernel just
+    wrote), and with ``self_attn.o_splits > 1`` the o_proj GEMM is split by hand (:func:`split_linear`)
+    and its partial sums are added by the norm kernel, so cuBLAS adds no reduce kernel of its own.
+    """
     if args or not _use_kernels(self, hidden_states):
         return base(self, hidden_states, *args, **kwargs)
     tf = _triton_fused()
     ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
     h = tf.rms_norm(hidden_states, ln1.weight, ln1.variance_epsilon)
-    h, _ = self.self_attn(hidden_states=h, **kwargs)
-    h, residual = tf.rms_norm(h, ln2.weight, ln2.variance_epsilon, residual=hidden_states)  # residual + h, norm
-    return residual + self.mlp(h)
+    attn = self.self_attn
+    splits = attn.o_splits if isinstance(attn, FusedAttention) and attn.o_splittable() else 1
+    if splits > 1:
+        h, _ = attn(hidden_states=h, o_partials=True, **kwargs)  # (splits, B, T, hidden)
+    else:
+        h, _ = attn(hidden_states=h, **kwargs)
+    # residual + h (h: the sum of the partials), then the norm
+    h, residual = tf.rms_norm(h, ln2.weight, ln2.variance_epsilon, residual=hidden_states, splits=splits)
+    mlp = self.mlp
+    if isinstance(mlp, FusedMLP):
+        return mlp.forward_add(h, residual)  # residual (ours: the norm kernel's output) += down(act(h))
+    return residual + mlp(h)
+
+
+def _rotary_forward(base, self, x, position_ids, **kwargs):
+    """The rotary embedding's ``(cos, sin)`` in one Triton launch (:func:`~specdec.cuda.triton_fused.rotary_cos_sin`)."""
+    if (kwargs or not _use_kernels(self, x) or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2
+            or position_ids.is_floating_point()):
+        return base(self, x, position_ids, **kwargs)
+    inv = self.inv_freq if self.inv_freq.dtype == torch.float32 else self.inv_freq.float()
+    return _triton_fused().rotary_cos_sin(position_ids, inv.to(x.device), self.attention_scaling, x.dtype)
+
+
+#: rotary embeddings whose ``forward`` is ``cat([f, f]).cos() * attention_scaling`` of ``position · inv_freq``
+#: (rope types whose frequencies change with the position, "dynamic" and "longrope", keep Hugging Face's code)
+_ROTARY = ("LlamaRotaryEmbedding", "Qwen2RotaryEmbedding", "Qwen3RotaryEmbedding", "MistralRotaryEmbedding")
+
+
+def _is_plain_rotary(mod) -> bool:
+    return (type(mod).__name__ in _ROTARY and getattr(mod, "rope_type", None) not in ("dynamic", "longrope")
+            and isinstance(getattr(mod, "inv_freq", None), torch.Tensor) and hasattr(mod, "attention_scaling"))
 
 
 def _is_llama_norm(mod) -> bool:
@@ -153,6 +188,36 @@ def set_kernels(hf_model, kernels: str) -> None:
     for mod in hf_model.modules():
         if getattr(type(mod), "_specdec_fused", False) or isinstance(mod, (FusedAttention, FusedMLP)):
             setattr(mod, _KERNELS_ATTR, kernels)
+
+
+def set_gemm_splits(hf_model, o_proj: int = 1, qkv: int = 1) -> int:
+    """Run every fused layer's o_proj (qkv projection) as ``o_proj`` (``qkv``) partial GEMMs.
+
+    At decode sizes cuBLAS splits the o_proj GEMM over its input dim itself and launches a reduce
+    kernel after it (``splitKreduce_kernel``, ~1.8 µs + a launch gap per layer at the Llama-3.1-8B
+    shape, B = 16), and runs the qkv GEMM on fewer CTAs than the GPU has SMs (3.1 TB/s). With a split
+    here the GEMM is ONE batched GEMM over slices of the input dim (:func:`~specdec.cuda.triton_fused.split_linear`)
+    and the kernel that reads its output next adds the partials: the post-attention RMSNorm (o_proj)
+    and the RoPE + KV-write kernel (qkv, inside a specdec forward). Only with the fused Triton kernels
+    on, and for projections without a bias; ``1`` (the default) keeps the single GEMM. Whether a split
+    is faster depends on cuBLAS' choice for the batched shape: ``benchmarks/gpu/issue14.py`` measures it.
+    Returns the number of layers set. Raises :class:`SpecdecError` for a model that is not fused or a
+    split that does not divide the projection's input dim.
+    """
+    for name, n in (("o_proj", o_proj), ("qkv", qkv)):
+        if not isinstance(n, int) or n < 1:
+            raise SpecdecError(f"{name} splits must be a positive integer, got {n!r}.")
+    mods = [m for m in hf_model.modules() if isinstance(m, FusedAttention)]
+    if not mods:
+        raise SpecdecError("set_gemm_splits needs a fused model; call fuse_projections first.")
+    for m in mods:
+        for name, n, lin in (("o_proj", o_proj, m.o_proj), ("qkv", qkv, m.qkv_proj)):
+            if lin.in_features % n:
+                raise SpecdecError(f"{name} splits {n} do not divide its input dim {lin.in_features}; "
+                                   "pick a divisor (2 or 4 for most models).")
+    for m in mods:
+        m.o_splits, m.qkv_splits = o_proj, qkv
+    return len(mods)
 
 
 def _cat_linear(parts: list[nn.Linear]) -> nn.Linear:
@@ -215,34 +280,63 @@ class FusedAttention(nn.Module):
         self.k_norm = getattr(attn, "k_norm", None)
         self._rope = mod.apply_rotary_pos_emb
         self._eager = mod.eager_attention_forward
+        #: o_proj / qkv_proj as this many partial GEMMs summed by the kernel that reads them next (the
+        #: post-attention norm / the RoPE + KV-write kernel); 1: one GEMM. See :func:`set_gemm_splits`.
+        #: Only with the Triton kernels on, o_proj inside a fused decoder layer, qkv inside a specdec forward.
+        self.o_splits = 1
+        self.qkv_splits = 1
 
-    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, **kwargs):
+    @staticmethod
+    def _splittable(lin: nn.Linear, splits: int) -> bool:
+        return splits > 1 and lin.bias is None and lin.in_features % splits == 0 and lin.weight.is_contiguous()
+
+    def o_splittable(self) -> bool:
+        """Whether ``o_proj`` can run as :attr:`o_splits` partial GEMMs (no bias, input dim divisible)."""
+        return self._splittable(self.o_proj, self.o_splits)
+
+    def _out(self, out: torch.Tensor, o_partials: bool) -> torch.Tensor:
+        """``o_proj(out)``, or its :attr:`o_splits` partial sums ``(splits, ..., hidden)``."""
+        if o_partials:
+            return _triton_fused().split_linear(out, self.o_proj.weight, self.o_splits)
+        return self.o_proj(out)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
+                o_partials: bool = False, **kwargs):
+        # ``o_partials`` (the fused decoder layer, with :meth:`o_splittable`): return o_proj's partial sums
         # Hugging Face's own KV cache (generate() on a fused model): specdec forwards pass none
         # (use_cache=False; the routed attention function owns specdec's cache)
         hf_cache = kwargs.pop("cache", None)  # transformers >= 5.2x
         past = kwargs.pop("past_key_values", None)  # earlier 5.x
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
         cos, sin = position_embeddings
         attend = _attention_function(self.config._attn_implementation, self._eager)
-        ctx = _specdec_context() if _use_kernels(self, q) else None
+        ctx = _specdec_context() if _use_kernels(self, hidden_states) else None
         slot = ctx.cache.layer(self.layer_idx) if ctx is not None else None  # (k, v, window, global index)
-        if (ctx is not None and slot[2] is None and hf_cache is None and past is None
-                and self.config._attn_implementation == "specdec"):  # sliding-window rings: the route writes them
+        fused_rope = (ctx is not None and slot[2] is None and hf_cache is None and past is None
+                      and self.config._attn_implementation == "specdec")  # sliding-window rings: the route writes them
+        splits = self.qkv_splits if fused_rope and self._splittable(self.qkv_proj, self.qkv_splits) else 1
+        if splits > 1:  # partial sums of the QKV GEMM: the RoPE + write kernel adds them
+            qkv = _triton_fused().split_linear(hidden_states, self.qkv_proj.weight, splits)
+            split_stride = qkv.stride(0)
+            qkv = qkv[0]
+        else:
+            qkv, split_stride = self.qkv_proj(hidden_states), 0
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
+        if fused_rope:
             # one launch: (Qwen3's q/k norms,) RoPE of q and k, rotated keys and values into the cache
             if not ctx.static:
                 ctx.cache.check_capacity(ctx.lengths, q.shape[1])
             B = q.shape[0]
             norms = [(n.weight, n.variance_epsilon) if n is not None else None for n in (self.q_norm, self.k_norm)]
             q = _triton_fused().rope_qkv_write(q, k, v, cos.expand(B, -1, -1), sin.expand(B, -1, -1),
-                                               slot[0], slot[1],
-                                               ctx.lengths, *norms)
+                                               slot[0], slot[1], ctx.lengths, *norms, splits=splits,
+                                               split_stride=split_stride)
             out, weights = attend(self, q, None, None, attention_mask, dropout=0.0, scaling=self.scaling,
                                   kv_written=True, **kwargs)
             out = out.reshape(*input_shape, -1).contiguous()
-            return self.o_proj(out), weights
+            return self._out(out, o_partials), weights
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -258,7 +352,7 @@ class FusedAttention(nn.Module):
                               dropout=0.0 if not self.training else self.attention_dropout,
                               scaling=self.scaling, **kwargs)
         out = out.reshape(*input_shape, -1).contiguous()
-        return self.o_proj(out), weights
+        return self._out(out, o_partials), weights
 
 
 class FusedMLP(nn.Module):
@@ -277,6 +371,17 @@ class FusedMLP(nn.Module):
             return self.down_proj(_triton_fused().silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + forward(x)`` with the add in the down GEMM (``residual.addmm_``, β = 1): one
+        launch less. ``residual`` is overwritten: pass a tensor nothing else reads (the fused layer's own)."""
+        if (not (self.silu and _use_kernels(self, x)) or self.down_proj.bias is not None
+                or not residual.is_contiguous() or residual.shape[:-1] != x.shape[:-1]):
+            return residual + self.forward(x)
+        act = _triton_fused().silu_mul(self.gate_up_proj(x))
+        r2 = residual.view(-1, residual.shape[-1])
+        r2.addmm_(act.view(-1, act.shape[-1]), self.down_proj.weight.t())
+        return residual
 
 
 def _decoder_layers(hf_model) -> list:
@@ -328,5 +433,8 @@ def fuse_projections(hf_model, kernels: str = "auto") -> int:
         final = getattr(hf_model.model, "norm", None)
         if _is_llama_norm(final):
             _patched(final, _norm_forward)
+        rotary = getattr(hf_model.model, "rotary_emb", None)
+        if _is_plain_rotary(rotary):
+            _patched(rotary, _rotary_forward)
     set_kernels(hf_model, kernels)
     return fused

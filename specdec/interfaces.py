@@ -28,7 +28,7 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover
     from specdec.cache import KVCache
 
-ScoreKind = Literal["logits", "softmax"]
+ScoreKind = Literal["logits", "softmax", "sink_softmax"]
 
 
 @dataclass
@@ -81,7 +81,10 @@ class ScoreRequest:
     Attributes:
         rows: query rows (0-based within the ``T`` rows of this forward) whose scores are kept.
         kind: ``"logits"`` (pre-softmax ``q·k·scale``, the Vegas formula) or ``"softmax"``
-            (attention weights, the authors' public code).
+            (attention weights, the authors' public code) or ``"sink_softmax"`` (one-pass softmax:
+            ``exp(logit - ref)`` with ``ref`` the row's log-sum-exp over its anchor positions -- the
+            first and the last 16 of the sequence that it sees --, i.e. the softmax weights times one
+            factor per row; exponent clamped at 60; no second pass in a kernel).
         heads: ``"group"`` sums over the ``G`` query heads of each KV group → ``(B, H_kv, L)``;
             ``"all"`` sums over every query head → broadcast to ``(B, H_kv, L)``; ``"each"`` keeps
             the query heads apart → ``(B, h, L)`` for the ``h`` heads of ``query_heads[layer]`` (all

@@ -6,6 +6,7 @@ Library layer: the commands (``bench``, ``tune``, ``profile-srh``, ``fidelity``,
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -61,9 +62,15 @@ def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: b
     reason = be.validate(torch.device(dev), torch_dtype)
     if reason:
         raise SpecdecError(f"backend {backend!r} cannot run here: {reason}")
+    skipped = None
     if shape is not None:
-        from specdec.shapes import random_model
+        from specdec.shapes import compile_skip_reason, random_model
 
+        if compile:
+            skipped = compile_skip_reason(shape)
+            if skipped is not None:
+                print(f"note: {skipped}", file=sys.stderr, flush=True)
+                compile = False
         m = SpecdecModel(random_model(shape, dev, torch_dtype), None, be)
     else:
         m = SpecdecModel.from_pretrained(model, dtype=dtype, device=dev, backend=be)
@@ -77,6 +84,7 @@ def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: b
         m.enable_compile()
     if cuda_graphs:
         m.enable_cuda_graphs()
+    m.compile_skipped = skipped  # the reason torch.compile was skipped at this shape (bench records it)
     return m
 
 

@@ -431,6 +431,26 @@ def test_random_shape_configs_match_the_published_sizes():
     assert round(n["smollm2-135m"] / 1e6) == 135
 
 
+def test_compile_is_skipped_with_a_message_above_the_size_limit(tmp_path, monkeypatch, capsys):
+    """torch.compile at the 8B shape did not finish in 4 minutes (limit: 2): skipped there, with one line."""
+    import specdec.shapes as shapes
+    from specdec.bench import run_bench
+    from specdec.loading import load_model
+
+    why = shapes.compile_skip_reason("llama-3.1-8b")
+    assert why.startswith("torch.compile skipped at shape llama-3.1-8b (8.0B parameters > 2B")
+    assert shapes.compile_skip_reason("tiny") is None and shapes.compile_skip_reason("smollm2-135m") is None
+    monkeypatch.setattr(shapes, "COMPILE_MAX_PARAMS", 1e3)  # "tiny" over the limit: nothing is compiled
+    m = load_model("x", "float32", "cpu", "reference", compile=True, shape="tiny")
+    assert m._compiled is None and m.compile_skipped.startswith("torch.compile skipped at shape tiny")
+    assert "note: torch.compile skipped at shape tiny" in capsys.readouterr().err
+    run_bench(["dense"], [32], [1], ["x"], 4, 16, None, 3, "x", "reference", "float32", "cpu", False, tmp_path, "c",
+              compile=True, shape="tiny")
+    meta = json.loads((tmp_path / "c.json").read_text())["meta"]
+    assert meta["compile"] is False and meta["compile_skipped"].startswith("torch.compile skipped")
+    assert "- torch.compile skipped at shape tiny" in (tmp_path / "c.md").read_text()
+
+
 @pytest.mark.parametrize("args,expect", [
     (["--shape", "llama-9b"], "unknown model shape 'llama-9b'; known: llama-3.1-8b"),
     (["--acceptance-trace", "vegas="], "--acceptance-trace takes FILE or method=FILE"),

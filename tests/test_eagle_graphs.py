@@ -6,6 +6,8 @@ captured buffers and re-run that frozen function, outputs are the same buffers e
 function runs the drafter's per-iteration tensors are hidden (a graph reads only its inputs and buffers with
 fixed addresses). The GPU twin (real graphs, identical tokens) is in ``tests/test_dustin_gpu.py``."""
 
+import os
+
 import pytest
 import torch
 
@@ -147,15 +149,21 @@ def test_nonfinite_draft_is_refused_after_the_iteration(target, artifact):
         eng.generate(PROMPTS[:1], 8)
 
 
-def test_head_builds_from_a_fused_target(artifact):
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_head_builds_from_a_fused_target(artifact, kernels):
     """A target whose projections were fused (``--fuse``, the GPU benchmarks) still loads the head (the
-    artifact stores separate q/k/v and gate/up), and drafts what the unfused target's head drafts."""
+    artifact stores separate q/k/v and gate/up), and drafts what the unfused target's head drafts; also
+    with the fused Triton kernels (the head reads the final norm's output and the rotary cos/sin)."""
     from specdec.eagle import EagleDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.verifiers import FullVerifier
 
+    if kernels == "triton":  # the kernels on these CPU models: Triton's interpreter (CI sets it)
+        pytest.importorskip("triton", reason="the fused kernels need the optional 'triton' package")
+        if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            pytest.skip("fused Triton kernels on CPU tensors need TRITON_INTERPRET=1")
     plain, fused = make_tiny("llama", seed=3, num_hidden_layers=3), make_tiny("llama", seed=3, num_hidden_layers=3)
-    fused.fuse_projections(kernels="torch")
+    fused.fuse_projections(kernels=kernels)
     out = []
     for m in (plain, fused):
         eng = SpeculativeEngine(m, EagleDrafter(m, artifact), FullVerifier(m), gamma=3, eos_token_id=-1)

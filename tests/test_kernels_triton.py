@@ -315,7 +315,7 @@ def test_reduce_scores_ignores_unused_slots(softmax):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graph capture needs a GPU")
-@pytest.mark.parametrize("kind", ["logits", "softmax"])
+@pytest.mark.parametrize("kind", ["logits", "softmax", "sink_softmax"])
 def test_cuda_graph_capture_matches_eager(kind):
     """Verify with scores and a sparse step captured in CUDA graphs (first use inside the capture)."""
     lengths = [300, 1000]
@@ -502,3 +502,64 @@ def test_fused_combine_graph_replays():
         torch.testing.assert_close(o, r, atol=1e-2, rtol=1e-2)
     assert ta._SEMAPHORES and all(int(c.abs().sum()) == 0 for c in ta._SEMAPHORES.values())
     check(TritonConfig(num_splits=7, fused_combine=True), q, k, v, lens, plan_indices=idx, dense_from=df)
+
+
+# -- one-pass scores (issue 14 item 4): column sums of the tile, sink-relative softmax, bf16 buffers --
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind,reduce", [("logits", "colsum"), ("sink_softmax", "mma"), ("sink_softmax", "colsum")])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("T,rows,heads", [(5, [0, 4], None), (3, [1], [1, 5]), (1, [0], None)])
+def test_onepass_scores_match_reference(dtype, kind, reduce, splits, T, rows, heads):
+    """``SCORE_MODE`` 4 (a weighted column sum of the tile the kernel computes anyway, no extra MMA)
+    gives the reference's logits, and with ``sink_softmax`` its ``exp(logit - logit at 0)`` sums, in
+    one split (the direct-output path) and over several splits + combine."""
+    lengths = [50, 13, 0] if not ON_GPU else [4000, 777, 0]
+    q, k, v, lens = make_case(3, 2, 3, T, 64, max(lengths) + T + 4, dtype, lengths, seed=31 + T)
+    cfg = TritonConfig(block_n=16, num_splits=splits, score_reduce=reduce)
+    check(cfg, q, k, v, lens, score_rows=rows, score_kind=kind, score_heads=heads)
+
+
+@pytest.mark.parametrize("kind", ["logits", "sink_softmax"])
+def test_onepass_scores_sparse(kind):
+    lengths = [60, 21]
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 70, torch.float32, lengths, seed=12)
+    idx, df = make_plan(2, 2, 12, lengths, 5)
+    check(TritonConfig(block_n=16, num_splits=3, score_reduce="colsum"), q, k, v, lens, plan_indices=idx,
+          dense_from=df, score_rows=[0, 4], score_kind=kind)
+
+
+def test_sink_softmax_is_softmax_times_one_factor_per_row():
+    """The definition: for one requested row and one query head per KV head, ``sink_softmax`` scores
+    are the softmax weights times ``exp(lse - ref)``, one constant per (sequence, KV head)."""
+    q, k, v, lens = make_case(2, 2, 1, 3, 16, 40, torch.float32, [30, 17], seed=5)
+    meta = lambda kind: AttentionMetadata(lens, 0.25, score_rows=[2], score_kind=kind)  # noqa: E731
+    _, soft = REF.attend(q, k, v, meta("softmax"))
+    _, sink = REF.attend(q, k, v, meta("sink_softmax"))
+    _, got = TritonBackend(SMALL).attend(q, k, v, meta("sink_softmax"))
+    vis = soft > 0
+    ratio = torch.where(vis, sink / soft.clamp_min(1e-30), torch.nan)
+    for b in range(2):
+        for h in range(2):
+            r = ratio[b, h][vis[b, h]]
+            torch.testing.assert_close(r, r[:1].expand_as(r), rtol=1e-4, atol=0.0)
+    torch.testing.assert_close(got, sink, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(sink, soft)  # a different scale: the test would catch a softmax path
+
+
+@pytest.mark.parametrize("kind", ["logits", "sink_softmax", "softmax"])
+def test_bf16_score_buffers(kind):
+    q, k, v, lens = make_case(2, 2, 3, 5, 64, 60, torch.bfloat16, [50, 13], seed=9)
+    kw = dict(score_rows=[0, 4], score_kind=kind)
+    _, s_ref = REF.attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
+    _, s = TritonBackend(TritonConfig(block_n=16, num_splits=3, score_dtype="bfloat16",
+                                      score_reduce="colsum")).attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
+    assert s.dtype == (torch.float32 if kind == "softmax" else torch.bfloat16)  # softmax: bf16 raw logits
+    torch.testing.assert_close(s.float(), s_ref, atol=3e-2 * (6 if kind == "logits" else 1), rtol=2e-2)
+
+
+def test_sink_softmax_per_row_is_refused():
+    q, k, v, lens = make_case(1, 2, 3, 5, 16, 30, torch.float32, [20], seed=2)
+    with pytest.raises(ValueError, match="per_row"):
+        TritonBackend(SMALL).attend(q, k, v, AttentionMetadata(lens, 0.25, score_rows=[0, 4], score_kind="sink_softmax",
+                                                              score_per_row=True))

@@ -100,6 +100,8 @@ def test_budget_ratio_with_floor():
     assert sel.config.budget_for(lengths).tolist() == [12, 50]
     with pytest.raises(SpecdecError, match="score_kind"):
         SELECTORS.build("collect2", score_kind="probs")
+    with pytest.raises(SpecdecError, match="sink_softmax.*rows='last'"):
+        SELECTORS.build("verification_guided", rows="last", score_kind="sink_softmax")
 
 
 def test_per_row_scores_match_summed_scores():
@@ -142,8 +144,8 @@ def test_presets_registered_and_option_clash():
         build_engine(model, PipelineConfig.make(method="vegas", options={"rows": "all"}))
 
 
-@pytest.mark.parametrize("rows", ["all", "collect2", "last"])
-@pytest.mark.parametrize("kind", ["logits", "softmax"])
+@pytest.mark.parametrize("rows,kind", [(r, k) for r in ("all", "collect2", "last") for k in ("logits", "softmax")]
+                         + [("collect2", "sink_softmax"), ("all", "sink_softmax")])
 def test_modes_lossless_tiny(rows, kind):
     model = make_tiny("llama", seed=5)
     prompts = [list(range(3, 70)), [5, 9, 2] * 15]
@@ -166,3 +168,34 @@ def test_real_model_greedy_equals_dense(smol):
         res = eng.generate([ids], max_new_tokens=24, prefilled=pre)
         assert res.tokens == ref, name
         assert res.stats.mean_accepted_length > 1.0
+
+
+def test_score_every_skips_requests_and_keeps_scores():
+    """``score_every=2``: every other verification asks for no scores and the plan reuses the last ones;
+    still lossless (scores only steer which positions the drafter reads)."""
+    sel = SELECTORS.build("collect2", budget=12, sinks=2, recent=3, score_every=2)
+    model = make_tiny("llama", seed=5)
+    cache = model.new_cache(1, 64)
+    sel.reset(cache)
+    lengths = torch.tensor([40])
+    assert sel.score_request(4) is not None  # no scores yet: always collect
+    req = ScoreRequest(rows=[0, 4], kind="softmax", heads="group")
+    N, Hkv = model.dims.n_layers, model.dims.n_kv_heads
+    req.scores = {i: torch.rand(1, Hkv, 64) for i in range(N)}
+    sel.on_verify(req, lengths)
+    kept = sel.score(cache, lengths).clone()
+    assert sel.score_request(4) is None  # the second verification: no scores
+    sel.on_verify(None, lengths + 3)
+    torch.testing.assert_close(sel.score(cache, lengths + 3), kept)
+    assert sel.score_request(4) is not None  # the third collects again
+    sel.on_verify(None, lengths + 5)  # a None after a real request (e.g. dense steps): scores dropped
+    assert sel._scores is None
+    prompts = [list(range(3, 70)), [5, 9, 2] * 15]
+    ref = SpeculativeEngine(model, eos_token_id=-1).generate(prompts, max_new_tokens=12).tokens
+    calls = []
+    sel = SELECTORS.build("collect2", budget=12, sinks=2, recent=3, score_every=2, score_kind="sink_softmax")
+    orig = sel.score_request
+    sel.score_request = lambda g: calls.append(orig(g)) or calls[-1]
+    res = SpeculativeEngine(model, SparseSelfDrafter(model, sel), gamma=4, eos_token_id=-1).generate(prompts, max_new_tokens=12)
+    assert res.tokens == ref
+    assert [c is None for c in calls[:4]] == [False, True, False, True]

@@ -2,6 +2,7 @@
 
     python benchmarks/gpu/issue14.py --gguf /tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
     python benchmarks/gpu/issue14.py --smoke --out /tmp/smoke      # CPU, tiny shapes, a minute or two
+    bash benchmarks/gpu/issue14_8b.sh                              # the 8B step table + replayed rows, <= 5 min
 
 Parts, run in the order traces, steps, replay, e2e (each saved as it finishes to ``<out>/issue14.json``;
 ``--parts`` picks some; a part that would
@@ -23,6 +24,15 @@ start after ``--budget-s`` seconds is recorded as skipped):
    finish in 4 minutes on 2026-12-01; with the fused kernels it is optional).
 4. ``replay`` — ``run_bench(shape="llama-3.1-8b")`` at 32k, B = 16: dense, and magicdec / vegas
    replaying part 1's traces (rows labelled replayed), graphs + fused kernels.
+
+Step variants (``--variants``): ``unfused``, ``fused_projections``, ``fused_kernels`` (today's: 12
+launches per Llama layer at the 8B shape), ``fused_kernels_r0`` (as of 2026-12-01b: the MLP's residual
+add a kernel of its own, Hugging Face's rotary cos/sin), ``fused_kernels_split2`` / ``_split4`` (o_proj and
+qkv as hand-split batched GEMMs, ``specdec.fusion.set_gemm_splits``), ``fused_kernels_fused_combine`` and
+``fused_kernels_legacy_sparse`` (sparse step only: the attention combine inside the split kernel; the
+pre-table sparse launch). Each row carries the prediction made before measuring (``PREDICTED_MS``, 8B
+shape), launches per layer and a kernel table; ``issue14.md`` sums it up after every part.
+``bash benchmarks/gpu/issue14_8b.sh`` is the ≤ 5-minute run of traces, 8B steps and replay.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -45,7 +56,40 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 T0 = time.perf_counter()
 #: the fused-kernels step with the sparse launch of before LAUNCH_TABLE (sparse step only)
 LEGACY_VARIANT = "fused_kernels_legacy_sparse"
-VARIANTS = ("unfused", "fused_projections", "fused_kernels", LEGACY_VARIANT)
+#: fused kernels as of 2026-12-01b (13 launches per layer): the residual add after the MLP a kernel of
+#: its own, HF's rotary cos/sin (~9 launches per forward)
+BEFORE_VARIANT = "fused_kernels_r0"
+#: o_proj and qkv split by hand into 2 / 4 partial GEMMs (specdec.fusion.set_gemm_splits)
+SPLIT_VARIANTS = {"fused_kernels_split2": 2, "fused_kernels_split4": 4}
+#: the sparse step with the attention combine inside the split kernel (LaunchConfig.fused_combine)
+COMBINE_VARIANT = "fused_kernels_fused_combine"
+VARIANTS = ("unfused", "fused_projections", "fused_kernels", LEGACY_VARIANT, BEFORE_VARIANT, *SPLIT_VARIANTS,
+            COMBINE_VARIANT)
+#: variants that only differ from ``fused_kernels`` in the sparse step
+SPARSE_ONLY = (LEGACY_VARIANT, COMBINE_VARIANT)
+
+#: predicted ms per step at the Llama-3.1-8B shape, B 16 x 32k, before measuring (DESIGN.md section 4):
+#: the 2026-12-01b step (sparse 6.19 ms: 5.70 ms of kernels + 0.49 ms of gaps = 1.11 us per launch,
+#: 441 launches) minus, per launch removed, its kernel time and one gap:
+#: residual add -> down GEMM epilogue: 32 x (1.45 + 1.1) us = 0.08 ms; rotary cos/sin 9 -> 1 launch: ~8 x
+#: (2 + 1.1) us = 0.025 ms; o_proj split by hand: its reduce, 32 x (1.8 + 1.1) us = 0.09 ms, if cuBLAS runs the
+#: batched halves as fast as its own split-K (unknown); qkv split: 96 -> 192 CTAs, if it lifts the qkv GEMM from
+#: 3.1 to ~3.9 TB/s: 32 x 3 us = 0.1 ms (unknown). Dense/verify drop the same launches (~0.1 ms).
+PREDICTED_MS = {
+    (BEFORE_VARIANT, "dense_T1"): 20.59, (BEFORE_VARIANT, "sparse5%_T1"): 6.19, (BEFORE_VARIANT, "verify_T5"): 22.27,
+    ("fused_kernels", "dense_T1"): 20.49, ("fused_kernels", "sparse5%_T1"): 6.09, ("fused_kernels", "verify_T5"): 22.17,
+    ("fused_kernels_split2", "sparse5%_T1"): 5.90, ("fused_kernels_split4", "sparse5%_T1"): 5.90,
+    ("fused_kernels_split2", "dense_T1"): 20.30, ("fused_kernels_split2", "verify_T5"): 21.98,
+}
+
+
+def _forward_add():
+    from specdec.fusion import FusedMLP
+
+    return FusedMLP.forward_add
+
+
+_FORWARD_ADD = None
 
 
 def elapsed() -> float:
@@ -58,8 +102,11 @@ def _sync(dev):
 
 
 def timed(fn, dev, n=15):
-    """Median seconds of ``fn`` (CUDA events on a GPU, wall clock on the CPU), after 3 warm-up calls."""
-    for _ in range(3):
+    """Median seconds of ``fn`` (CUDA events on a GPU, wall clock on the CPU), after 3 warm-up calls
+    (on the CPU: 1 warm-up and at most 2 calls; the smoke checks the script, not the numbers)."""
+    if dev.type != "cuda":
+        n = min(n, 2)
+    for _ in range(3 if dev.type == "cuda" else 1):
         fn()
     _sync(dev)
     ts = []
@@ -76,6 +123,52 @@ def timed(fn, dev, n=15):
             fn()
             ts.append(time.perf_counter() - t)
     return statistics.median(ts)
+
+
+_NOT_LAUNCHES = ("view", "transpose", "split", "slice", "expand", "unsqueeze", "select", "t.default", "reshape",
+                 "alias", "as_strided", "detach", "permute", "_local_scalar_dense", "empty")
+
+
+def launch_table(fn) -> dict:
+    """CPU stand-in for ``kernel_table``: the aten ops (views left out) and Triton launches of one call of
+    ``fn`` (Triton's interpreter's own ops not counted), in the same layout, without times."""
+    import collections
+
+    import triton.runtime.interpreter as ti
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: collections.Counter = collections.Counter()
+    inside = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not inside[0] and not any(v in str(func) for v in _NOT_LAUNCHES):
+                ops[str(func).removeprefix("aten.")] += 1
+            return func(*args, **(kwargs or {}))
+
+    orig = ti.GridExecutor.__call__
+
+    def call(self, *args, **kwargs):
+        ops["triton:" + self.fn.__name__] += 1
+        inside[0] += 1
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    ti.GridExecutor.__call__ = call
+    try:
+        with Count():
+            fn()
+    finally:
+        ti.GridExecutor.__call__ = orig
+    cats: dict = {}
+    for k, n in ops.items():
+        c = ("gemm" if any(g in k for g in ("mm", "linear")) else "other" if k.startswith("triton:")
+             else "torch_elementwise")
+        cats.setdefault(c, dict(count=0, us=0.0))["count"] += n
+    return dict(kernels_per_call=float(sum(ops.values())), kernel_us_per_call=0.0, categories=cats,
+                top=[dict(name=k, count=float(n), us=0.0) for k, n in ops.most_common()])
 
 
 def part_traces(a, res):
@@ -161,6 +254,21 @@ def _sparse_layer_costs(model, cache, L, B, budget, bw, dev):
     return out
 
 
+def _fused_variant(model, variant: str) -> None:
+    """Set a fused model to ``variant``: today's fused kernels, with GEMM splits, or as of 2026-12-01b."""
+    from specdec import fusion
+
+    fusion.set_gemm_splits(model.hf, *(2 * (SPLIT_VARIANTS.get(variant, 1),)))
+    rotary = getattr(model.hf.model, "rotary_emb", None)
+    before = variant == BEFORE_VARIANT
+    if rotary is not None and getattr(type(rotary), "_specdec_fused", False):
+        rotary._specdec_kernels = "torch" if before else getattr(model.hf.model.norm, "_specdec_kernels", "auto")
+    if before:  # the residual add after the MLP as its own kernel again
+        fusion.FusedMLP.forward_add = lambda self, x, residual: residual + self.forward(x)
+    else:
+        fusion.FusedMLP.forward_add = _FORWARD_ADD
+
+
 def part_steps(a, res, bw):
     from specdec import SparsePlan, SpecdecModel
     from specdec.registry import BACKENDS
@@ -195,9 +303,11 @@ def part_steps(a, res, bw):
                 rows.append(dict(shape=shape, variant=variant, skipped="out of time"))
                 continue
             model.disable_cuda_graphs()
-            if variant in ("fused_projections", "fused_kernels") or (variant == LEGACY_VARIANT and not kernels_fused):
-                model.fuse_projections(kernels="torch" if variant == "fused_projections" else "auto")
+            if variant in ("fused_projections", "fused_kernels") or (variant != "unfused" and not kernels_fused):
+                model.fuse_projections(kernels="torch" if variant == "fused_projections" else a.kernels)
                 kernels_fused = variant != "fused_projections"
+            if kernels_fused:
+                _fused_variant(model, variant)
             if launch is not None:  # the backend's launch; the legacy variant swaps in the pre-table sparse one
                 model.backend._launch = launch
                 if variant == LEGACY_VARIANT:
@@ -206,28 +316,33 @@ def part_steps(a, res, bw):
                     bn, w, st, c, e, m = SPARSE_LEGACY
                     model.backend._launch = dataclasses.replace(launch, block_n=bn, num_warps=w, num_stages=st,
                                                                 ctas_per_sm=c, v_early=e, min_tiles=m)
+                elif variant == COMBINE_VARIANT:
+                    model.backend._launch = dataclasses.replace(launch, fused_combine=True)
             if a.graphs:
                 model.enable_cuda_graphs()
             for name, (fn, nbytes) in steps.items():
-                if variant == LEGACY_VARIANT and not name.startswith("sparse"):
-                    continue  # the legacy launch only differs for sparse plans
+                if variant in SPARSE_ONLY and not name.startswith("sparse"):
+                    continue  # the launch only differs for sparse plans
                 try:
                     t = timed(fn, dev)
                     row = dict(shape=shape, B=B, context=ctx, variant=variant, step=name, ms=t * 1e3,
-                               roofline_ms=nbytes / bw * 1e3, over_roofline=t / (nbytes / bw))
-                    if dev.type == "cuda":
-                        row["kernels"] = kernel_table(fn)
-                        if name.startswith("sparse"):  # the attention kernels of the step against copy bandwidth
-                            att = row["kernels"]["categories"].get("attention", {}).get("us", 0.0)
-                            att_bytes = B * budget * kvt + B * d.n_layers * d.n_kv_heads * budget * 8
-                            row["attention_us"] = att
-                            row["attention_share_of_copy_bw"] = att_bytes / (att * 1e-6) / bw if att else None
+                               roofline_ms=nbytes / bw * 1e3, over_roofline=t / (nbytes / bw),
+                               predicted_ms=PREDICTED_MS.get((variant, name)) if shape == "llama-3.1-8b" else None,
+                               layers=d.n_layers)
+                    row["kernels"] = kernel_table(fn, top=24) if dev.type == "cuda" else launch_table(fn)
+                    if dev.type == "cuda" and name.startswith("sparse"):  # the attention kernels of the step against copy bandwidth
+                        att = row["kernels"]["categories"].get("attention", {}).get("us", 0.0)
+                        att_bytes = B * budget * kvt + B * d.n_layers * d.n_kv_heads * budget * 8
+                        row["attention_us"] = att
+                        row["attention_share_of_copy_bw"] = att_bytes / (att * 1e-6) / bw if att else None
                 except Exception:
                     row = dict(shape=shape, variant=variant, step=name, error=traceback.format_exc(limit=4))
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
         if launch is not None:
             model.backend._launch = launch
+        if kernels_fused:
+            _fused_variant(model, "fused_kernels")
         try:
             if a.vegas_costs:
                 res.setdefault("vegas_costs", {})[shape] = _vegas_costs(model, cache, L, B, budget, a.gamma, bw, dev)
@@ -238,10 +353,15 @@ def part_steps(a, res, bw):
         except Exception:
             res.setdefault("vegas_costs", {})[shape] = dict(error=traceback.format_exc(limit=4))
         if shape == "llama-3.1-8b":
-            res["compile_8b"] = ("skipped: torch.compile did not finish within 4 minutes at this shape (2026-12-01); "
-                                 "the fused Triton kernels make it optional")
-        del model, hf, cache
+            from specdec.shapes import compile_skip_reason
+
+            # what `specdec bench --shape llama-3.1-8b` (compile on by default on CUDA) does at this shape
+            res["compile_8b"] = compile_skip_reason(shape) or "torch.compile runs at this shape"
+        del model, hf, cache, steps
         if dev.type == "cuda":
+            import gc
+
+            gc.collect()
             torch.cuda.empty_cache()
 
 
@@ -281,11 +401,14 @@ def main() -> None:
         a.model, a.device, a.dtype, a.backend, a.graphs = "smollm2-135m", "cpu", "float32", "reference", False
         a.context, a.new, a.batches, a.repeats, a.trace_batch = 300, 8, [1, 2], 2, 2
         a.step_shapes = [("tiny", 2, 256)]
+        # the fused Triton kernels under the interpreter when TRITON_INTERPRET=1 (else the torch code)
+        a.kernels = "triton" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "auto"
         a.replay_shape, a.replay_new = ("tiny", 2, 256), 8
     else:
         a.model, a.device, a.dtype, a.backend, a.graphs = a.gguf, "cuda", "bfloat16", "triton", True
         a.context, a.new, a.batches, a.repeats, a.trace_batch = 8000, 64, [1, 16, 64], 3, 4
         a.step_shapes = [("llama-3.1-8b", 16, 32768), ("smollm2-135m", 64, 8000)]
+        a.kernels = "auto"
         a.replay_shape, a.replay_new = ("llama-3.1-8b", 16, 32768), 32
     if a.only_shapes:
         keep = a.only_shapes.split(",")
@@ -294,6 +417,9 @@ def main() -> None:
             ap.error(f"--step-shapes {a.only_shapes!r} matches none of this mode's shapes")
     from e2e_gpu import copy_bandwidth
     import transformers
+
+    global _FORWARD_ADD
+    _FORWARD_ADD = _forward_add()
 
     bw = copy_bandwidth() if a.device == "cuda" else 20e9
     res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), torch=torch.__version__,
@@ -313,9 +439,77 @@ def main() -> None:
             res["parts"][part] = "error: " + traceback.format_exc(limit=6)
         print(part, res["parts"][part][:2000], flush=True)
         path.write_text(json.dumps(res, indent=2, default=str))
-        if a.device == "cuda":
+        (Path(a.out) / "issue14.md").write_text(report_md(res))
+        if a.device == "cuda":  # the 8B shape's model + cache (~85 GB) must be gone before the next part
+            import gc
+
+            gc.collect()
             torch.cuda.empty_cache()
     path.write_text(json.dumps(res, indent=2, default=str))
+    (Path(a.out) / "issue14.md").write_text(report_md(res))
+
+
+def report_md(res: dict) -> str:
+    """``issue14.md``: the step table (time, roofline, prediction, launches per layer, kernel categories),
+    the kernel table of each sparse step, the replayed rows, torch.compile and the parts' status."""
+    out = [f"# Issue 14 on {res.get('gpu') or 'the CPU (smoke)'} ({res['date']})", "",
+           f"torch {res['torch']}, transformers {res['transformers']}; copy bandwidth {res['copy_GBps']:.0f} GB/s "
+           "(read + write of a 2 GiB copy_); step times: medians of 15 graph replays (CUDA events); kernels: "
+           "torch.profiler, per call.", ""]
+    steps = [r for r in res.get("steps", []) if "ms" in r]
+    if steps:
+        out += ["## One step", "",
+                "| shape | B × ctx | variant | step | ms | roofline ms | × roofline | predicted ms | kernels | "
+                "per layer | kernel ms | gaps ms | gemm | attention | other | torch elementwise |",
+                "|" + "---|" * 16]
+        for r in steps:
+            kt = r.get("kernels") or {}
+            cats = kt.get("categories", {})
+            cell = lambda c: (f"{cats[c]['count']:.0f} / {cats[c]['us'] / 1e3:.2f} ms" if c in cats else "")  # noqa: E731
+            n = kt.get("kernels_per_call")
+            kms = kt.get("kernel_us_per_call", 0) / 1e3
+            pred = r.get("predicted_ms")
+            pred_s = "" if pred is None else f"{pred:.2f}"
+            n_s = "" if n is None else f"{n:.0f}"
+            per_layer = "" if n is None else f"{n / r['layers']:.1f}"
+            gaps = "" if n is None else f"{r['ms'] - kms:.2f}"
+            out.append(f"| {r['shape']} | {r['B']} × {r['context']} | {r['variant']} | {r['step']} | {r['ms']:.2f} | "
+                       f"{r['roofline_ms']:.2f} | {r['over_roofline']:.3f}× | {pred_s} | {n_s} | {per_layer} | "
+                       f"{kms:.2f} | {gaps} | {cell('gemm')} | {cell('attention')} | {cell('other')} | "
+                       f"{cell('torch_elementwise')} |")
+        out.append("")
+        for r in steps:
+            if not r["step"].startswith("sparse") or not r.get("kernels"):
+                continue
+            out += [f"### Kernels of the sparse step, {r['shape']}, {r['variant']} ({r['ms']:.2f} ms)", "",
+                    "| kernel | per call | µs per call |", "|---|---|---|"]
+            out += [f"| `{k['name']}` | {k['count']:.0f} | {k['us']:.1f} |" for k in r["kernels"]["top"]]
+            out.append("")
+    errs = [r for r in res.get("steps", []) if "error" in r or "skipped" in r]
+    for r in errs:
+        out += [f"- {r.get('shape')} {r.get('variant')} {r.get('step', '')}: "
+                f"{r.get('skipped') or r['error'].strip().splitlines()[-1]}"]
+    if res.get("replay"):
+        rows = res["replay"]
+        out += ["", "## Replayed rows (random-weight model of the shape; acceptance replayed from the embedded "
+                "model's recorded runs, part `traces`)", "",
+                "| context | B | method | τ | tok/s (min–max) | × dense |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            sp = r.get("speedup_vs_dense")
+            label = r["method"] + (" (replayed)" if r.get("replayed") else "")
+            sp_s = "" if sp is None else f"{sp:.2f}×"
+            out.append(f"| {r['context']} | {r['batch']} | {label} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} "
+                       f"({r.get('tokens_per_second_min', 0):.1f}–{r.get('tokens_per_second_max', 0):.1f}) | {sp_s} |")
+        tps = {r["method"]: r["tokens_per_second"] for r in rows}
+        if "vegas" in tps and "magicdec" in tps:
+            out.append(f"\nvegas / magicdec = {tps['vegas'] / tps['magicdec']:.3f}")
+    if res.get("traces"):
+        out += ["", "Traces: " + ", ".join(f"{k} τ {v['tau']:.2f} over {v['rounds']} rounds"
+                                           for k, v in res["traces"].items())]
+    if "compile_8b" in res:
+        out += ["", f"torch.compile at the 8B shape: {res['compile_8b']}"]
+    out += ["", "Parts: " + "; ".join(f"{k}: {v.splitlines()[0][:200]}" for k, v in res["parts"].items()), ""]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,13 @@ import torch
 from specdec.interfaces import AttentionBackend, AttentionMetadata, per_forward
 from specdec.registry import BACKENDS, ComponentConfig
 
+#: ``sink_softmax`` scores: ``exp(min(logit - ref, SINK_CLAMP))`` (no overflow in float32 even summed
+#: over many rows and heads; the Triton kernel applies the same bound to its per-row factor)
+SINK_CLAMP = 60.0
+#: ``sink_softmax``: its per-row normaliser is the log-sum-exp over the first and the last
+#: ``SINK_ANCHORS`` positions of the sequence that the row sees (attention sinks and recent tokens)
+SINK_ANCHORS = 16
+
 
 def visibility_mask(
     lengths: torch.Tensor,
@@ -110,6 +117,7 @@ class ReferenceBackend(AttentionBackend):
             mask = window_mask(lengths, T, L, window).unsqueeze(2)  # (B, 1, 1, T, L)
         else:
             mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
+        raw = logits
         logits = logits.masked_fill(~mask, float("-inf"))
         # a row that sees no position (fully masked) attends to nothing: output 0, not NaN
         probs = torch.softmax(logits, dim=-1).masked_fill(~mask, 0.0)
@@ -117,7 +125,15 @@ class ReferenceBackend(AttentionBackend):
 
         scores = None
         if score_rows is not None:
-            src = logits if score_kind == "logits" else probs
+            if score_kind == "sink_softmax":  # exp(logit - log-sum-exp over the row's anchor positions)
+                pos = torch.arange(used, device=q.device).view(1, 1, used)
+                row_end = (lengths.view(B, 1, 1) + torch.arange(T, device=q.device).view(1, T, 1))  # last seen
+                n_ctx = lengths.view(B, 1, 1) + T
+                anchor = ((pos < SINK_ANCHORS) | (pos >= n_ctx - SINK_ANCHORS)) & (pos <= row_end)  # (B, T, used)
+                ref = raw.masked_fill(~anchor.view(B, 1, 1, T, used), float("-inf")).logsumexp(-1, keepdim=True)
+                src = torch.exp((logits - ref).clamp(max=SINK_CLAMP))
+            else:
+                src = logits if score_kind == "logits" else probs
             rows = torch.as_tensor(list(score_rows), device=q.device, dtype=torch.long)
             s = src.index_select(3, rows)  # (B, Hkv, G, R, used)
             s = s.masked_fill(~mask.expand_as(logits).index_select(3, rows), 0.0)

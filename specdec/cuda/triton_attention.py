@@ -17,7 +17,14 @@ One kernel serves three uses (``SPARSE`` and ``SCORE_MODE`` are compile-time swi
   and an in-warp pick of one row per column. ``SCORE_MODE == 3`` does the same per requested row
   (``(B, H_kv, R, L)``, ``score_per_row``). ``SCORE_MODE == 2`` stores the raw logits of each
   requested (head, row) so that softmax weights can be rebuilt after the combine, once the final
-  log-sum-exp is known (``reduce_scores``).
+  log-sum-exp is known (``reduce_scores``). ``SCORE_MODE == 4`` reduces the tile the kernel has
+  anyway: ``sum_m w_m s[m, p]`` over the visible rows (logits, the same as mode 1, no extra MMA), or
+  with ``SCORE_EXP`` the one-pass softmax ``sum_m w_m exp(s[m, p] - ref_m)`` where ``ref_m`` is row
+  ``m``'s log-sum-exp over its *anchor* positions (the first and the last ``NA = 16`` positions of the
+  sequence that it sees: attention sinks and recent tokens), computed before the loop from one extra
+  tile of K; in the loop it is the tile's ``p`` times one factor ``exp(m_running - ref_m)`` per row,
+  so no second pass and no per-row buffer. It equals the softmax weights times ``exp(lse_m - ref_m)``
+  (>= 1: one over the share of row ``m``'s attention on its anchors) (``sink_softmax`` scores).
 
 The sequence (or its virtual index list) is cut into ``num_splits`` chunks per (sequence, KV head)
 so that enough programs run at batch 1 (flash-decoding); a second small kernel combines the chunks
@@ -61,7 +68,7 @@ def _splitk_attn_kernel(
     SPARSE: tl.constexpr, SCORE_MODE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
     NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
-    FUSED_SOFTMAX: tl.constexpr = False,
+    FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -112,6 +119,24 @@ def _splitk_attn_kernel(
         qs = tl.dot(amat, q.to(tl.float32), input_precision="ieee").to(q.dtype)  # (16, D)
     if SCORE_MODE == 2:
         slot = tl.load(RowSlot + h * (G * T) + offs_m, mask=row_valid, other=-1)
+    if SCORE_MODE == 4:
+        # row-weighted column sum of the tile the kernel computes anyway: no extra MMA, no pick
+        w = tl.load(RowW + h * (G * T) + offs_m, mask=row_valid, other=0.0)
+        if SCORE_EXP:
+            # each row's reference, known before the loop: the log-sum-exp of its logits over the anchor
+            # positions -- the first NA (attention sinks) and the last NA of the sequence (recent tokens),
+            # those the row sees -- from one extra (D, 2 NA) tile of K per program
+            offs_a = tl.arange(0, 2 * NA)
+            apos = tl.where(offs_a < NA, offs_a, n_ctx - 2 * NA + offs_a)
+            a_ok = tl.where(offs_a < NA, offs_a < n_ctx, apos >= NA)  # the recent half skips the sinks
+            apos = tl.where(a_ok, apos, 0)
+            ka = tl.load(k_base + apos[None, :] * stride_kl + offs_d[:, None], mask=a_ok[None, :], other=0.0)
+            if UPCAST:
+                ka = ka.to(tl.float32)
+            sa = tl.dot(q, ka, input_precision=DOT_PREC) * sm_scale
+            sa = tl.where(a_ok[None, :] & (apos[None, :] <= row_pos[:, None]), sa, float("-inf"))
+            ma = tl.max(sa, axis=1)  # position 0 is always seen: finite
+            ref = ma + tl.log(tl.sum(tl.math.exp2((sa - ma[:, None]) * 1.4426950408889634), axis=1))
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -155,11 +180,20 @@ def _splitk_attn_kernel(
                          tl.where(pos <= length + t_r, sc_r, 0.0), mask=valid & (pos < n_ctx))
         if SCORE_MODE == 2:
             r_ptrs = RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos[None, :]
-            tl.store(r_ptrs, s, mask=(slot >= 0)[:, None] & valid[None, :])
+            tl.store(r_ptrs, s.to(RawLogits.dtype.element_ty), mask=(slot >= 0)[:, None] & valid[None, :])
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
         p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
+        if SCORE_MODE == 4:
+            if SCORE_EXP:
+                # exp(s - ref) = p * exp(m - ref): the tile's p times one factor per row (16 exps, not 16 x N)
+                cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
+                sc = tl.sum(p * cw[:, None], axis=0)
+            else:
+                sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
+            tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc.to(Scores.dtype.element_ty),
+                     mask=valid & (pos < n_ctx))
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not V_EARLY:
             vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
@@ -237,7 +271,7 @@ def _splitk_attn_kernel(
         zper = tl.cdiv(zlen, NUM_SPLITS)
         zs = n_ctx + pid_s * zper
         ze = tl.minimum(zs + zper, L)
-        zero = tl.zeros([BLOCK_N], tl.float32)
+        zero = tl.zeros([BLOCK_N], tl.float32).to(Scores.dtype.element_ty)
         for z0 in range(zs, ze, BLOCK_N):
             offs_z = z0 + tl.arange(0, BLOCK_N)
             for r in tl.static_range(NOUT):
@@ -478,6 +512,9 @@ def splitk_attention(
     row_ids: torch.Tensor | None = None,
     cfg: LaunchConfig = LaunchConfig(),
     softmax_weights: torch.Tensor | None = None,
+    colsum: bool = False,
+    sink_softmax: bool = False,
+    score_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -497,6 +534,15 @@ def splitk_attention(
             score sum. When the call is dense and runs in one split, the kernel itself then returns
             ``scores`` ``(B, H_kv, L)`` = ``sum w · exp(logit − lse)`` (no reduce launch); otherwise
             ``scores`` is ``None`` and the caller reduces ``raw`` (``reduce_scores``).
+        colsum: with ``row_weights``: reduce the scores as a row-weighted column sum of the logit
+            tile the kernel computes anyway (``SCORE_MODE`` 4) instead of the suffix-sum MMA and
+            in-warp pick (``SCORE_MODE`` 1); the same logits.
+        sink_softmax: with ``row_weights`` (implies ``colsum``): ``sum w · exp(min(logit − ref, 60))``
+            where ``ref`` is each row's log-sum-exp over its anchor positions (the first and last 16
+            it sees, known before the loop): softmax weights up to one factor per row, in one pass
+            (see the module docstring).
+        score_dtype: dtype of the fused score buffer (``SCORE_MODE`` 1/3/4) and of the raw logits
+            (``SCORE_MODE`` 2): float32 or bfloat16.
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -547,20 +593,24 @@ def splitk_attention(
     # dense: the kernel writes every score position itself (0 where no requested row sees it), so
     # the buffer needs no fill; sparse: unselected positions are never visited and must read 0
     alloc = torch.zeros if sparse else torch.empty
+    if score_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"score_dtype must be torch.float32 or torch.bfloat16, not {score_dtype}.")
+    if sink_softmax and row_weights is None:
+        raise ValueError("sink_softmax scores need row_weights (the weight of each (head, row)).")
     if row_weights is not None:
-        score_mode = 1
-        scores = alloc((B, Hkv, L), dtype=torch.float32, device=dev)
+        score_mode = 4 if (colsum or sink_softmax) else 1
+        scores = alloc((B, Hkv, L), dtype=score_dtype, device=dev)
         rw = row_weights
     elif row_queries is not None:
         score_mode = 3  # n_slots = number of output rows R
-        scores = alloc((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
+        scores = alloc((B, Hkv, n_slots, L), dtype=score_dtype, device=dev)
         rw, rs = row_queries, row_ids
     elif row_slots is not None and n_slots > 0:
         score_mode = 2
         if sparse:  # unvisited positions must read as -inf
-            raw = torch.full((B, Hkv, n_slots, L), float("-inf"), dtype=torch.float32, device=dev)
+            raw = torch.full((B, Hkv, n_slots, L), float("-inf"), dtype=score_dtype, device=dev)
         else:  # the kernel writes every position < lengths + T; the reader masks the rest
-            raw = torch.empty((B, Hkv, n_slots, L), dtype=torch.float32, device=dev)
+            raw = torch.empty((B, Hkv, n_slots, L), dtype=score_dtype, device=dev)
         rs = row_slots
     fused_softmax = score_mode == 2 and direct and not sparse and softmax_weights is not None
     if fused_softmax:
@@ -582,7 +632,8 @@ def splitk_attention(
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,
         NOUT=1 if fused_softmax else max(1, n_slots),
-        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and (score_mode in (1, 3) or fused_softmax),
+        DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and (score_mode in (1, 3, 4) or fused_softmax),
+        SCORE_EXP=bool(sink_softmax),
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

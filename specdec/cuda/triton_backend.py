@@ -65,6 +65,13 @@ class TritonConfig(ComponentConfig):
             that runs in one split are normalised by the attention kernel itself, once it knows each
             row's log-sum-exp, instead of by a second kernel over the raw logits. Off by default:
             on the H200 it was slower (190 vs 134 us at SmolLM2 B=64 x 8k, 2026-12-01).
+        score_reduce: how the fused kernel reduces logits scores summed over rows: ``"mma"`` (suffix
+            sums of the weighted queries, one extra 16-row MMA per tile and an in-warp pick) or
+            ``"colsum"`` (a row-weighted column sum of the logit tile the kernel computes anyway).
+            ``sink_softmax`` scores always use the column sum.
+        score_dtype: dtype of the fused score buffers (logits and ``sink_softmax``: ``"bfloat16"``
+            halves their writes; the selector sums them in float32) and of the raw logits that exact
+            softmax scores are rebuilt from (the reduce kernel still returns float32).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -91,6 +98,8 @@ class TritonConfig(ComponentConfig):
     flash_attn: Literal["auto", "off", "on"] = "auto"
     fused_softmax_scores: bool = False
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
+    score_reduce: Literal["mma", "colsum"] = "mma"
+    score_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -376,21 +385,27 @@ class TritonBackend(AttentionBackend):
         if rows is None:
             out, _, _, _ = splitk_attention(q, k_cache, v_cache, meta, cfg=self._launch)
             return out, None
-        if kind not in ("logits", "softmax"):
-            raise ValueError(f"unknown score kind {kind!r}; use 'logits' or 'softmax'.")
+        if kind not in ("logits", "softmax", "sink_softmax"):
+            raise ValueError(f"unknown score kind {kind!r}; use 'logits', 'softmax' or 'sink_softmax'.")
+        if kind == "sink_softmax" and per_row:
+            raise ValueError("sink_softmax scores are summed over the rows; per-row scores (per_row=True) "
+                             "need kind 'logits' or 'softmax'.")
         R = len(rows)
         if R == 0 or (heads is not None and len(heads) == 0):
             out, _, _, _ = splitk_attention(q, k_cache, v_cache, meta, cfg=self._launch)
             shape = (B, Hkv, R, L) if per_row else (B, Hkv, L)
             return out, torch.zeros(shape, dtype=torch.float32, device=dev)
-        if kind == "logits" and not per_row:  # fused: reduced in registers
+        sdt = torch.bfloat16 if self.config.score_dtype == "bfloat16" else torch.float32
+        if kind in ("logits", "sink_softmax") and not per_row:  # fused: reduced in registers, one pass
             w = self._row_weights(H, T, rows, heads, dev)
-            out, _, scores, _ = splitk_attention(q, k_cache, v_cache, meta, row_weights=w, cfg=self._launch)
+            out, _, scores, _ = splitk_attention(q, k_cache, v_cache, meta, row_weights=w, cfg=self._launch,
+                                                 colsum=self.config.score_reduce == "colsum",
+                                                 sink_softmax=kind == "sink_softmax", score_dtype=sdt)
             return out, scores
         if kind == "logits" and R <= 16:  # per-row logits, in the kernel
             rq, rid = self._row_queries(H, Hkv, T, rows, heads, dev)
             out, _, scores, _ = splitk_attention(q, k_cache, v_cache, meta, row_queries=rq, row_ids=rid, n_slots=R,
-                                                 cfg=self._launch)
+                                                 cfg=self._launch, score_dtype=sdt)
             return out, scores
         # raw logits of each requested (head, row), reduced after the combine (softmax needs the
         # final log-sum-exp; per-row output keeps the rows apart)
@@ -399,7 +414,7 @@ class TritonBackend(AttentionBackend):
         fuse = (self._row_weights(H, T, rows, heads, dev)
                 if kind == "softmax" and not per_row and self.config.fused_softmax_scores else None)
         out, lse, fused, raw = splitk_attention(q, k_cache, v_cache, meta, row_slots=slots, n_slots=n,
-                                                cfg=self._launch, softmax_weights=fuse)
+                                                cfg=self._launch, softmax_weights=fuse, score_dtype=sdt)
         if fused is not None:
             return out, fused
         scores = reduce_scores(raw, lse, flat, to_rows if per_row else to_one, meta.lengths, T,

@@ -21,19 +21,27 @@ This module imports nothing from specdec (like :mod:`specdec.cuda.triton_cache`)
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 # -- RMSNorm (+ residual add) ---------------------------------------------------------------------
 @triton.jit
-def _rms_kernel(X, Res, W, Y, RO, sx, sr, sy, so, N, eps,
-                HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_kernel(X, Res, W, Y, RO, sx, sr, sy, so, ss, N, eps,
+                HAS_RES: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     m = c < N
     x = tl.load(X + row * sx + c, mask=m, other=0.0)
+    if SPLITS > 1:  # the partial sums of a split GEMM: their sum rounded to the model dtype (the GEMM's output)
+        acc = x.to(tl.float32)
+        for s in tl.static_range(1, SPLITS):
+            acc += tl.load(X + s * ss + row * sx + c, mask=m, other=0.0).to(tl.float32)
+        x = acc.to(X.dtype.element_ty)
     if HAS_RES:
         # torch: ``residual + hidden`` rounded to the model dtype, then the norm of the rounded sum
         x = (tl.load(Res + row * sr + c, mask=m, other=0.0).to(tl.float32) + x.to(tl.float32)).to(X.dtype.element_ty)
@@ -51,41 +59,84 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             splits: int = 1) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Llama-family RMSNorm ``weight * (x / sqrt(mean(x²) + eps))`` over the last dim, in one launch.
 
     Args:
-        x: ``(..., N)`` activations (model dtype).
+        x: ``(..., N)`` activations (model dtype); with ``splits > 1``, ``(splits, ..., N)`` partial
+            sums of a split GEMM (:func:`split_linear`), whose sum over dim 0 (rounded to the model
+            dtype, as the unsplit GEMM's output) is what is normalised.
         weight: ``(N,)`` norm weight.
         eps: the module's ``variance_epsilon``.
         residual: ``(..., N)`` or ``None``. When given, ``r = residual + x`` (rounded to ``x``'s
             dtype) is normalised instead and returned too.
+        splits: number of partial sums in ``x`` (1: ``x`` is the activation itself).
 
     Returns:
         ``y`` (the dtype torch's ``weight * y.to(x.dtype)`` gives), or ``(y, r)`` with a residual.
     """
+    if splits < 1 or (splits > 1 and (x.dim() < 2 or x.shape[0] != splits)):
+        raise ValueError(f"rms_norm: {splits} splits need x of shape (splits, ..., N), got {tuple(x.shape)}")
+    shape = x.shape[1:] if splits > 1 else x.shape
     N = x.shape[-1]
     if weight.shape != (N,):
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} is not ({N},)")
-    x2 = _rows(x)
+    if splits > 1:
+        x = x.contiguous()  # (splits, R, N): partial s of row r at s * R * N + r * N
+        x2 = x.view(splits, -1, N)[0]
+    else:
+        x2 = _rows(x)
     R = x2.shape[0]
-    y = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    split_stride = x2.shape[0] * N
+    y = torch.empty(shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     y2 = y.view(-1, N)
     if residual is not None:
-        if residual.shape != x.shape:
-            raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+        if residual.shape != shape:
+            raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} differs from x {tuple(shape)}")
         r2 = _rows(residual)
-        ro = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        ro = torch.empty(shape, dtype=x.dtype, device=x.device)
         ro2 = ro.view(-1, N)
     else:
         r2 = ro2 = x2
         ro = None
     if R:
         block = triton.next_power_of_2(N)
-        _rms_kernel[(R,)](x2, r2, weight, y2, ro2, x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0), N, eps,
-                          HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)))
+        _rms_kernel[(R,)](x2, r2, weight, y2, ro2, x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0),
+                          split_stride, N, eps, HAS_RES=residual is not None, SPLITS=splits, BLOCK=block,
+                          num_warps=min(16, max(1, block // 256)))
     return y if ro is None else (y, ro)
+
+
+def split_linear(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """``x @ weight.T`` as ``splits`` partial sums over slices of the input dim, in ONE batched GEMM.
+
+    At decode sizes cuBLAS splits such a GEMM over its input dim itself and adds a reduce kernel
+    (``splitKreduce_kernel``); here the split is a batch dimension of strided views of ``x`` and
+    ``weight`` (no copy) and the sum is left to the kernel that reads the result next
+    (:func:`rms_norm` with ``splits``). Partial ``s`` covers inputs ``[s·K/splits, (s+1)·K/splits)``.
+
+    Args:
+        x: ``(..., K)`` activations with unit stride along ``K`` (rows contiguous).
+        weight: ``(N, K)`` a ``Linear``'s weight (contiguous).
+        splits: number of partial sums; must divide ``K``.
+
+    Returns:
+        ``(splits, ..., N)`` partial sums in ``x``'s dtype.
+    """
+    K = x.shape[-1]
+    N = weight.shape[0]
+    if weight.shape != (N, K) or not weight.is_contiguous():
+        raise ValueError(f"split_linear: weight {tuple(weight.shape)} is not a contiguous (N, {K}) matrix")
+    if splits < 1 or K % splits:
+        raise ValueError(f"split_linear: {splits} splits do not divide the input dim {K}")
+    x2 = _rows(x)
+    if x2.stride(0) != K:
+        x2 = x2.contiguous()
+    R, kc = x2.shape[0], K // splits
+    xs = x2.as_strided((splits, R, kc), (kc, K, 1))  # (S, R, Kc): slice s of every row
+    ws = weight.as_strided((splits, kc, N), (kc, 1, K))  # (S, Kc, N): W[:, slice s].T
+    return torch.bmm(xs, ws).view(splits, *x.shape[:-1], N)
 
 
 # -- SiLU(gate) * up -----------------------------------------------------------------------------
@@ -118,14 +169,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 # -- (q/k norm +) RoPE + KV-cache write ------------------------------------------------------------
 @triton.jit
+def _load_sum(ptr, mask, ss, SPLITS: tl.constexpr):
+    """``ptr``'s values, or with ``SPLITS > 1`` the sum of the partials at ``ptr + s·ss`` rounded to their dtype."""
+    x = tl.load(ptr, mask=mask, other=0.0)
+    if SPLITS > 1:
+        acc = x.to(tl.float32)
+        for s in tl.static_range(1, SPLITS):
+            acc += tl.load(ptr + s * ss, mask=mask, other=0.0).to(tl.float32)
+        x = acc.to(x.dtype)
+    return x
+
+
+@triton.jit
 def _rope_qkv_kernel(
-    Q, K, V, Cos, Sin, QO, KC, VC, Lens, QW, KW,
+    Q, K, V, Cos, Sin, QO, KC, VC, Lens, QW, KW, ss,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
     scb, sct, ssb, sst,
     sob, soh, sot,
     skcb, skch, skcl, svcb, svch, svcl,
     T, Hq, L, eps,
-    NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+    NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
 ):
     bt = tl.program_id(0)
     h = tl.program_id(1)
@@ -140,8 +203,8 @@ def _rope_qkv_kernel(
         src = Q + b * sqb + t * sqt + hq * sqh
     else:
         src = K + b * skb + t * skt + kh * skh
-    x1 = tl.load(src + c, mask=m, other=0.0)
-    x2 = tl.load(src + HALF + c, mask=m, other=0.0)
+    x1 = _load_sum(src + c, m, ss, SPLITS)
+    x2 = _load_sum(src + HALF + c, m, ss, SPLITS)
     dt = x1.dtype
     if NORM:  # Qwen3: RMSNorm over each head (module weight, model dtype) before RoPE
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
@@ -177,14 +240,15 @@ def _rope_qkv_kernel(
         tl.store(kd + HALF + c, o2.to(KC.dtype.element_ty), mask=ok)
         vs = V + b * svb + t * svt + kh * svh
         vd = VC + b * svcb + kh * svch + pos * svcl
-        tl.store(vd + c, tl.load(vs + c, mask=ok).to(VC.dtype.element_ty), mask=ok)
-        tl.store(vd + HALF + c, tl.load(vs + HALF + c, mask=ok).to(VC.dtype.element_ty), mask=ok)
+        tl.store(vd + c, _load_sum(vs + c, ok, ss, SPLITS).to(VC.dtype.element_ty), mask=ok)
+        tl.store(vd + HALF + c, _load_sum(vs + HALF + c, ok, ss, SPLITS).to(VC.dtype.element_ty), mask=ok)
 
 
 def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
                    q_norm: tuple[torch.Tensor, float] | None = None,
-                   k_norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+                   k_norm: tuple[torch.Tensor, float] | None = None, splits: int = 1,
+                   split_stride: int = 0) -> torch.Tensor:
     """RoPE of q and k, and ``k_cache[b, h, lengths[b] + t] = rope(k)[b, t, h]`` (V alike), in one launch.
 
     Args:
@@ -200,6 +264,10 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
             position falls outside ``[0, L)`` are not written (callers check the capacity first).
         q_norm: ``(weight (D,), eps)`` of Qwen3's per-head query RMSNorm, applied before RoPE.
         k_norm: ``(weight (D,), eps)`` of its key RMSNorm (same ``eps``).
+        splits: with ``splits > 1``, ``q``/``k``/``v`` are views into the first of ``splits`` partial
+            sums of a split QKV GEMM (:func:`split_linear`), the others ``split_stride`` elements
+            apart; their sum (rounded to the model dtype, as the unsplit GEMM's output) is used.
+        split_stride: elements between two partials (``parts.stride(0)``).
 
     Returns:
         ``(B, H, T, D)`` the rotated queries (contiguous), as the attention function expects them.
@@ -216,6 +284,8 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         raise ValueError(f"rope_qkv_write: cos/sin shapes {tuple(cos.shape)}/{tuple(sin.shape)} are not {(B, T, D)}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("rope_qkv_write: pass both q_norm and k_norm or neither")
+    if splits < 1 or (splits > 1 and split_stride <= 0):
+        raise ValueError(f"rope_qkv_write: {splits} splits need a positive split_stride, got {split_stride}")
     for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)):
         if x.stride(-1) != 1:
             raise ValueError(f"rope_qkv_write: {name} needs unit stride along the head dim")
@@ -228,13 +298,69 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         raise ValueError(f"rope_qkv_write: q_norm eps {eps} and k_norm eps {k_norm[1]} differ")
     half = D // 2
     _rope_qkv_kernel[(B * T, H + Hkv)](
-        q, k, v, cos, sin, qo, k_cache, v_cache, lengths, qw, kw,
+        q, k, v, cos, sin, qo, k_cache, v_cache, lengths, qw, kw, split_stride,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         qo.stride(0), qo.stride(1), qo.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         T, H, k_cache.shape[2], float(eps),
-        NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1,
+        NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), SPLITS=splits, num_warps=1,
     )
     return qo
+
+
+# -- rotary cos/sin tables -------------------------------------------------------------------------
+@triton.jit
+def _rotary_kernel(P, F, C, S, scale, HALF: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    m = c < HALF
+    # torch: ``position_ids[..., None].float() * inv_freq``, ``cos() * attention_scaling`` in float32;
+    # libdevice's cos/sin are the ones torch's CUDA kernels call (accurate range reduction: positions
+    # reach 1e5 radians), not the approximate hardware instructions
+    f = tl.load(P + row).to(tl.float32) * tl.load(F + c, mask=m, other=0.0)
+    if LIBDEVICE:
+        co = (libdevice.cos(f) * scale).to(C.dtype.element_ty)
+        si = (libdevice.sin(f) * scale).to(S.dtype.element_ty)
+    else:  # Triton's interpreter has no libdevice: numpy's float32 cos/sin
+        co = (tl.cos(f) * scale).to(C.dtype.element_ty)
+        si = (tl.sin(f) * scale).to(S.dtype.element_ty)
+    base = row * 2 * HALF
+    tl.store(C + base + c, co, mask=m)
+    tl.store(C + base + HALF + c, co, mask=m)
+    tl.store(S + base + c, si, mask=m)
+    tl.store(S + base + HALF + c, si, mask=m)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Llama-family rotary embedding's ``(cos, sin)`` in one launch (Hugging Face's takes ~9).
+
+    Args:
+        position_ids: ``(B, T)`` integer positions.
+        inv_freq: ``(D/2,)`` float32 inverse frequencies (the module's ``inv_freq`` buffer).
+        scaling: the module's ``attention_scaling``.
+        dtype: the output dtype (the hidden states').
+
+    Returns:
+        ``cos, sin``: ``(B, T, D)`` each, ``cat([c, c], -1)`` of ``cos(position · inv_freq) · scaling``.
+    """
+    if position_ids.dim() != 2 or position_ids.is_floating_point():
+        raise ValueError(f"rotary_cos_sin: position_ids must be (B, T) integers, got {tuple(position_ids.shape)} "
+                         f"{position_ids.dtype}")
+    if inv_freq.dim() != 1 or inv_freq.dtype != torch.float32:
+        raise ValueError(f"rotary_cos_sin: inv_freq must be a float32 vector, got {tuple(inv_freq.shape)} {inv_freq.dtype}")
+    B, T = position_ids.shape
+    half = inv_freq.shape[0]
+    cos = torch.empty((B, T, 2 * half), dtype=dtype, device=position_ids.device)
+    sin = torch.empty_like(cos)
+    if B * T:
+        _rotary_kernel[(B * T,)](position_ids.contiguous(), inv_freq, cos, sin, float(scaling), HALF=half,
+                                 BLOCK=triton.next_power_of_2(half), LIBDEVICE=not _interpreted(), num_warps=1)
+    return cos, sin
+
+
+def _interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

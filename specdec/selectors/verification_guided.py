@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from specdec.attention.recording import stack_layers
 from specdec.cache import KVCache
@@ -53,10 +53,24 @@ class VerificationGuidedConfig(BudgetConfig):
     """Options of :class:`VerificationGuidedSelector` (budget fields: :class:`BudgetConfig`)."""
 
     rows: RowMode = Field(default="all", description="verify rows whose scores are aggregated")
-    score_kind: Literal["logits", "softmax"] = Field(
-        default="softmax", description="softmax weights (authors' code) or pre-softmax logits (paper's formula)"
+    score_kind: Literal["logits", "softmax", "sink_softmax"] = Field(
+        default="softmax",
+        description="softmax weights (authors' code), pre-softmax logits (paper's formula) or sink_softmax "
+                    "(exp(logit - the row's log-sum-exp over the first and last 16 positions): softmax up to one "
+                    "factor per row, one pass "
+                    "in the Triton kernel; not with rows='last')",
     )
     per_kv_head: bool = Field(default=False, description="top-k per KV head instead of one set per layer")
+    score_every: int = Field(default=1, ge=1, description="collect scores at every n-th verification only; "
+                             "the plans in between reuse the last scores (newer tokens come from the recent window "
+                             "and the dense tail): verify passes without score emission")
+
+    @model_validator(mode="after")
+    def _kind_fits_rows(self) -> "VerificationGuidedConfig":
+        if self.rows == "last" and self.score_kind == "sink_softmax":
+            raise ValueError("score_kind='sink_softmax' sums the rows; rows='last' keeps them apart: "
+                             "use score_kind='softmax' or 'logits' with rows='last'.")
+        return self
 
 
 @SELECTORS.register("verification_guided", VerificationGuidedConfig)
@@ -78,18 +92,32 @@ class VerificationGuidedSelector(BudgetSelector):
         self._lengths: torch.Tensor | None = None  # (B,) lengths when the last request was made
         self._gamma: int | None = None
         self._buf: torch.Tensor | None = None  # owns the memory of self._scores (stable address)
+        self._since = 0  # verifications since the last one that collected scores
+        self._skipped = False  # the coming on_verify follows a verification without a score request
 
     # -- the contract -------------------------------------------------------------------------
     def reset(self, cache: KVCache) -> None:
         self._scores, self._lengths, self._gamma = None, None, None
+        self._since, self._skipped = 0, False
 
-    def score_request(self, gamma: int) -> ScoreRequest:
+    def score_request(self, gamma: int) -> ScoreRequest | None:
         c = self.config
         self._gamma = gamma
+        # score_every = n: scores at every n-th verification; in between the verify pass emits none and
+        # the next plan reuses the last scores (their positions are still in the cache, unchanged)
+        self._skipped = self._scores is not None and self._since + 1 < c.score_every
+        if self._skipped:
+            return None
         return ScoreRequest(rows=collected_rows(c.rows, gamma), kind=c.score_kind, heads="group",
                             per_row=c.rows == "last")
 
     def on_verify(self, scores: ScoreRequest | None, lengths: torch.Tensor) -> None:
+        if self._skipped and scores is None:  # a verification without scores (score_every): keep the last ones
+            self._skipped = False
+            self._since += 1
+            self._lengths = lengths.clone()
+            return
+        self._skipped, self._since = False, 0
         if scores is None or not scores.scores:
             self._scores = None
         else:
