@@ -173,6 +173,11 @@ def test_layer_share_sets_differ_per_layer_and_head_within_the_budget(target):
                 assert {0, 1} | set(range(L - 4, L)) <= set(s)
                 distinct.add(tuple(sorted(s)))
     assert len(distinct) > 1  # the per-layer part follows each layer's and KV head's queries
+    from specdec.verifiers import plan_reads
+
+    # the cost counts the shared part, the per-layer slots and the page bounds read (one K+V entry per page)
+    want = (p.indices[0, :, 0] >= 0).sum(1) + p.room + (p.lengths + 3) // 4
+    assert torch.equal(plan_reads(p, p.lengths), want)
     rep = eng.verifier.report()
     assert 0 < rep["kv_read_vs_dense"] < 1
 
