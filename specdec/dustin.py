@@ -18,7 +18,10 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 * ``draft_model``: a separate draft model (embedded name, directory or hub id) sharing the target's tokenizer;
 * ``m`` / ``m_ratio``: the static split; ``adaptive``: input-aware ``m`` per iteration;
 * ``history_decay``: EMA of the target history; ``dense_every`` / ``disagree``: the safety valve;
-* ``dense_first``: the first verification of a generation is dense (default true; it seeds the target history).
+* ``dense_first``: the first verification of a generation is dense (default true; it seeds the target history);
+* ``layer_share`` / ``page_size``: a share of the free slots chosen per layer and KV head by Quest page bounds of
+  the verify rows' queries (beyond the paper; 0 = the paper's one shared set);
+* ``margin``: confidence-gated dense re-verification of a pass whose deciding rows have a small logit margin;
 * ``lookup_min`` / ``lookup_max``: prompt lookup (:mod:`specdec.lookup`): where the context holds an earlier
   occurrence of the last ``n`` tokens (``n = lookup_max .. lookup_min``), its continuation is the draft, else
   the draft model's; ``lookup_min=0`` turns it off. ``lookup_trust``: a match shorter than this is used only
@@ -42,7 +45,8 @@ LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST = 2, 4, 2
 
 
 class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
-                                      include={"m", "m_ratio", "m_grid", "history_decay", "adaptive"})):
+                                      include={"m", "m_ratio", "m_grid", "history_decay", "adaptive",
+                                               "layer_share", "page_size", "page_kernels"})):
     """Options of ``dustin`` / ``dustin-adaptive``. The split and history fields are
     :class:`~specdec.selectors.hybrid_srh.HybridSRHConfig`'s (defaults there); an unset ``m_ratio``
     comes from the ``srh`` artifact when one is given; an unset ``adaptive`` is the method's
@@ -57,6 +61,8 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
     dense_every: int = Field(default=0, ge=0, description="dense verification every N passes (0 = never)")
     disagree: Optional[float] = Field(default=None, ge=0, le=1, description="dense when the signals disagree more")
     dense_first: bool = Field(default=True, description="the first verification is dense (seeds the target history)")
+    margin: Optional[float] = Field(default=None, ge=0, description="re-verify densely when a deciding row's sparse "
+                                    "top-1/top-2 logit margin is below this (None = off, 0 = record margins only)")
     lookup_min: int = Field(default=LOOKUP_MIN, ge=0, description="prompt lookup: shortest context n-gram whose "
                             "continuation replaces the draft's tokens (0 = off, draft only)")
     lookup_max: int = Field(default=LOOKUP_MAX, ge=1, description="prompt lookup: longest n-gram tried (first)")
@@ -128,7 +134,9 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
         if N < 2:
             raise SpecdecError("dustin's early-exit drafter needs a target with at least 2 layers; pass draft_model.")
         drafter = EarlyExitDrafter(model, min(max(1, round(0.3 * N), first_global), N - 1) if o.draft_layers is None else o.draft_layers)
-    split = {k: getattr(o, k) for k in ("m", "m_ratio", "m_grid", "history_decay") if k in o.model_fields_set}
+    split = {k: getattr(o, k) for k in ("m", "m_ratio", "m_grid", "history_decay", "layer_share", "page_size",
+                                    "page_kernels")
+             if k in o.model_fields_set}
     sel_kw: dict[str, Any] = dict(cfg.budget_kwargs(), **split)
     sel_kw["adaptive"] = o.adaptive if "adaptive" in o.model_fields_set else cfg.method == "dustin-adaptive"
     if o.srh:
@@ -149,5 +157,5 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
 
         drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max, o.lookup_trust)
     verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
-                              dense_first=o.dense_first)
+                              dense_first=o.dense_first, margin=o.margin)
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

@@ -368,7 +368,10 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
                     raise SpecdecError(f"the teacher-forced run of {label} left dense's trajectory; this is a bug in specdec eval.")
                 fs = forced.verifier.summary()
                 tf = dict(tf_agreement=fs["tf_agreement"], tf_rows=fs["tf_rows"], tf_tv_mean=fs["tv_mean"])
+            rep = getattr(getattr(eng, "verifier", None), "report", None)
+            kv = (rep() if callable(rep) else {}).get("kv_read_vs_dense")  # a sparse verifier's cost (valve re-runs included)
             row["methods"][label] = dict(agreement=sum(x == y for x, y in zip(a, b)) / max(n, 1), first_divergence=first,
+                                         kv_read_vs_dense=kv,
                                          identical=a == b, tau=res.stats.mean_accepted_length,
                                          tokens_per_second=res.stats.tokens_per_second, **tv, **tf)
         doc_rows.append(row)
@@ -405,8 +408,15 @@ def summarize(result: dict[str, Any], labels: Sequence[str]) -> dict[str, Any]:
                           (sum(d["tf_agreement"] for d in docs) / len(docs) if docs else None)),
             tv_mean=sum(d["tv_mean"] for d in docs) / max(len(docs), 1) if docs else None,
             tau=sum(d["tau"] for d in docs) / max(len(docs), 1) if docs else None,
+            kv_read_vs_dense=(sum(d["kv_read_vs_dense"] for d in docs) / len(docs)
+                              if docs and all(d.get("kv_read_vs_dense") is not None for d in docs) else None),
         )
     return out
+
+
+def _pct(v: float | None) -> str:
+    """``0.257`` → ``25.7%``; ``None`` (a verifier that does not count its KV reads, e.g. a dense one) → ``–``."""
+    return "–" if v is None else f"{v:.1%}"
 
 
 def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -438,14 +448,17 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
                   "prefix (the method runs on dense's trajectory; rows = positions scored). *Free-running*: share of "
                   "equal positions when the method follows its own output (one early divergence shifts the rest).", "",
                   "| document | method | agreement, teacher-forced (rows) | agreement, free-running | first divergence | "
-                  "TV mean | TV max | τ |", "|---|---|---|---|---|---|---|---|"]
+                  "TV mean | TV max | τ | KV read vs dense |", "|---|---|---|---|---|---|---|---|---|"]
         for r in result["documents"]:
             for l, m in r["methods"].items():
                 lines.append(f"| {r['document']} | {l} | {m['tf_agreement']:.2%} ({m['tf_rows']}) | {m['agreement']:.2%} | "
-                             f"{m['first_divergence']} | {m['tv_mean']:.4f} | {m['tv_max']:.4f} | {m['tau']:.2f} |")
-        lines += ["", "| method | agreement, teacher-forced (all rows) | agreement, free-running (mean) |", "|---|---|---|"]
+                             f"{m['first_divergence']} | {m['tv_mean']:.4f} | {m['tv_max']:.4f} | {m['tau']:.2f} | "
+                             f"{_pct(m.get('kv_read_vs_dense'))} |")
+        lines += ["", "| method | agreement, teacher-forced (all rows) | agreement, free-running (mean) | KV read vs dense |",
+                  "|---|---|---|---|"]
         for l in labels:
-            lines.append(f"| {l} | {summ[l]['tf_agreement']:.2%} | {summ[l]['agreement']:.2%} |")
+            lines.append(f"| {l} | {summ[l]['tf_agreement']:.2%} | {summ[l]['agreement']:.2%} | "
+                         f"{_pct(summ[l].get('kv_read_vs_dense'))} |")
     return "\n".join(lines) + "\n"
 
 

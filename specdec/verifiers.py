@@ -46,6 +46,17 @@ def srh_scores(req: ScoreRequest | None, like: torch.Tensor) -> torch.Tensor:
     return sum(s.sum(1) for s in req.scores.values())
 
 
+def plan_reads(plan, lengths: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` KV entries one layer and KV head of a sparse pass reads: the plan's positions, plus for a plan
+    with a per-layer part (:class:`~specdec.selectors.hybrid_srh.LayerSetPlan`) its ``room`` entries and the
+    page key bounds it scores (min and max keys of a page: one K+V entry's worth per page)."""
+    read = (plan.indices[0, :, 0] >= 0).sum(1)
+    room = getattr(plan, "room", None)
+    if room is not None:
+        read = read + room.to(read.dtype) + (lengths + plan.page_size - 1) // plan.page_size
+    return read
+
+
 class SparseVerifier(Verifier):
     """The target verifies the γ+1 rows attending only to ``I_verify`` plus the new tokens.
 
@@ -78,13 +89,16 @@ class SparseVerifier(Verifier):
     lossless = False
 
     def __init__(self, model: SpecdecModel, selector, drafter=None, dense_every: int = 0,
-                 disagree: float | None = None, dense_first: bool = True) -> None:
+                 disagree: float | None = None, dense_first: bool = True, margin: float | None = None) -> None:
         from specdec.errors import SpecdecError
 
         if dense_every < 0:
             raise SpecdecError(f"dense_every must be >= 0 (got {dense_every}); use 0 to turn the periodic dense pass off.")
         if disagree is not None and not 0 <= disagree <= 1:
             raise SpecdecError(f"disagree must be in [0, 1] (got {disagree}); e.g. 0.9, or leave it unset.")
+        if margin is not None and not margin >= 0:
+            raise SpecdecError(f"margin must be >= 0 (got {margin}); e.g. 2.0 (logits), 0 to record margins only, "
+                               "or leave it unset.")
         selector.check_heads(model.dims.n_global, model.dims.n_heads, "target")  # heads index global layers
         self.model = model
         self.selector = selector
@@ -92,6 +106,9 @@ class SparseVerifier(Verifier):
         self.dense_every = dense_every
         self.disagree = disagree
         self.dense_first = dense_first
+        self.margin = margin
+        self.last_margin: torch.Tensor | None = None  # (B,) smallest deciding-row margin of the last sparse pass
+        self.last_deciding: torch.Tensor | None = None  # (B,) how many rows decided in it
         self._state = None
         self._scores: torch.Tensor | None = None
         self.last_plan = None
@@ -111,7 +128,7 @@ class SparseVerifier(Verifier):
         self._state = state
         self.selector.reset(state.cache)
         self.iteration = 0
-        self._stats = dict(passes=0, dense_passes=0, dense_periodic=0, dense_disagree=0, dense_first=0, dense_local=0,
+        self._stats = dict(passes=0, dense_passes=0, dense_periodic=0, dense_disagree=0, dense_first=0, dense_local=0, dense_margin=0,
                            kv_read=0.0, kv_dense=0.0, select_seconds=0.0, srh_seconds=0.0,
                            dense_seconds=0.0, sparse_seconds=0.0)
         self._kv = torch.zeros(2, dtype=torch.float64, device=state.lengths.device)
@@ -136,6 +153,7 @@ class SparseVerifier(Verifier):
         if self._state is not state:  # driven without the engine's prefill hook (a test, a probe)
             self._reset(state)
         self.iteration += 1
+        self.last_margin = None
         st = self._stats
         t0 = time.perf_counter()
         self.selector.observe_draft(getattr(self.drafter, "lookahead", None))
@@ -153,12 +171,16 @@ class SparseVerifier(Verifier):
         like = state.cache.k[0, :, 0, :, 0] if state.cache.n_layers else state.lengths.new_zeros(len(state.lengths), 1)
         self._scores = srh_scores(srh, like)
         st["srh_seconds"] += srh.seconds if srh is not None else 0.0
-        dt = time.perf_counter() - t1
         # KV entries read by this pass vs a dense pass (active sequences), summed on the device
         act = state.active.to(state.lengths.dtype)
         dense_read = (state.lengths * act).sum()
-        read = dense_read if reason else ((plan.indices[0, :, 0] >= 0).sum(1) * act).sum()
-        self._kv += torch.stack([read, dense_read]).to(self._kv.dtype)
+        read = dense_read if reason else (plan_reads(plan, state.lengths) * act).sum()
+        if plan is not None and self.margin is not None:
+            logits, redo = self._margin_valve(state, tokens, logits, scores, like)
+            read = read + redo
+        dt = time.perf_counter() - t1
+        self.last_read = torch.stack([read, dense_read]).to(self._kv.dtype)  # this pass's (read, dense read)
+        self._kv += self.last_read
         st["passes"] += 1
         if reason:
             st["dense_passes"] += 1
@@ -167,6 +189,34 @@ class SparseVerifier(Verifier):
         else:
             st["sparse_seconds"] += dt
         return logits
+
+    def _margin_valve(self, state, tokens: torch.Tensor, logits: torch.Tensor, scores, like) -> tuple[torch.Tensor, torch.Tensor]:
+        """Confidence-gated dense re-verification (beyond the paper).
+
+        The deciding rows of a sparse pass are the rows up to the first one whose greedy token rejects the next
+        draft token (all rows when every draft is accepted). When a sequence's smallest top-1/top-2 logit margin
+        on those rows is below ``margin``, the pass is run again densely and that sequence's logits are the dense
+        ones. Returns the logits and the KV entries the re-run read (0 when none ran). ``last_margin`` keeps the
+        smallest margin per sequence (``inf`` for inactive ones), so ``margin=0`` only records it."""
+        top = logits.float().topk(2, dim=-1).values  # (B, T, 2)
+        gap = top[..., 0] - top[..., 1]
+        B, T = tokens.shape
+        ok = logits.argmax(-1)[:, :-1] == tokens[:, 1:]  # (B, T-1) row j accepts draft j+1
+        first_no = torch.where(ok, T, torch.arange(T - 1, device=ok.device).view(1, -1)).amin(1, keepdim=True)
+        deciding = torch.arange(T, device=ok.device).view(1, -1) <= first_no.clamp(max=T - 1)
+        low = gap.masked_fill(~deciding, float("inf")).amin(1)
+        low = torch.where(state.active, low, torch.full_like(low, float("inf")))
+        self.last_margin = low
+        self.last_deciding = first_no.view(-1).clamp(max=T - 1) + 1  # (B,) rows that decide
+        redo = low < self.margin
+        if not bool(redo.any()):  # one host read per sparse pass, only with the valve on
+            return logits, logits.new_zeros((), dtype=state.lengths.dtype)
+        srh = srh_request(self.selector.target_heads, T)
+        dense = self.model.forward(tokens, state.cache, state.lengths, scores=[r for r in (scores, srh) if r is not None])
+        self._scores = srh_scores(srh, like)
+        self._stats["dense_margin"] += int(redo.sum())
+        act = state.active.to(state.lengths.dtype)
+        return torch.where(redo.view(B, 1, 1), dense, logits), (state.lengths * act).sum()
 
     def on_verify(self, state) -> None:
         if self._scores is not None:

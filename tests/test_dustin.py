@@ -131,3 +131,99 @@ def test_bad_heads_and_missing_artifact(target):
         SparseVerifier(target, HybridSRHSelector(HybridSRHConfig(budget=8, target_heads=[(5, 0)])))
     with pytest.raises(SpecdecError, match="profile-srh"):
         engine(target, srh="/nonexistent/srh.json")
+
+
+# -- per-layer verification sets and the confidence valve (issue 15) -------------------------------------------
+def _plans(eng):
+    """Record every sparse plan the verifier hands the model."""
+    seen = []
+    fwd = eng.verifier.model.forward
+
+    def forward(*a, plan=None, **k):
+        if plan is not None:
+            seen.append(plan)
+        return fwd(*a, plan=plan, **k)
+
+    eng.verifier.model.forward = forward
+    return seen
+
+
+def test_layer_share_sets_differ_per_layer_and_head_within_the_budget(target):
+    from specdec.selectors.hybrid_srh import LayerSetPlan
+
+    eng = engine(target, budget=16, layer_share=0.5, page_size=4)
+    seen = _plans(eng)
+    try:
+        eng.generate(PROMPTS, max_new_tokens=8)
+    finally:
+        del eng.verifier.model.forward
+    assert seen and all(isinstance(p, LayerSetPlan) for p in seen)
+    p = seen[-1]
+    D = target.dims.head_dim
+    H = target.dims.n_heads
+    distinct = set()
+    for layer in range(target.dims.n_global):
+        q = torch.randn(len(PROMPTS), H, 4, D)
+        idx = p.indices_for(layer, q)  # (B, H_kv, K)
+        for b in range(idx.shape[0]):
+            L = int(p.lengths[b])
+            for h in range(idx.shape[1]):
+                s = [int(i) for i in idx[b, h] if i >= 0]
+                assert len(s) == len(set(s)) <= 16 and max(s) < L  # no duplicate, within the budget, cached only
+                assert {0, 1} | set(range(L - 4, L)) <= set(s)
+                distinct.add(tuple(sorted(s)))
+    assert len(distinct) > 1  # the per-layer part follows each layer's and KV head's queries
+    from specdec.verifiers import plan_reads
+
+    # the cost counts the shared part, the per-layer slots and the page bounds read (one K+V entry per page)
+    want = (p.indices[0, :, 0] >= 0).sum(1) + p.room + (p.lengths + 3) // 4
+    assert torch.equal(plan_reads(p, p.lengths), want)
+    rep = eng.verifier.report()
+    assert 0 < rep["kv_read_vs_dense"] < 1
+
+
+def test_layer_share_full_budget_equals_dense(target):
+    dense = SpeculativeEngine(target, eos_token_id=-1).generate(PROMPTS, max_new_tokens=10).tokens
+    assert engine(target, budget=10_000, layer_share=1.0, page_size=4).generate(PROMPTS, max_new_tokens=10).tokens == dense
+
+
+def test_margin_valve_reverifies_low_margin_passes_densely(target):
+    dense = SpeculativeEngine(target, eos_token_id=-1).generate(PROMPTS, max_new_tokens=10).tokens
+    # margin 0 records the margins and re-verifies nothing
+    eng = engine(target, budget=8, margin=0)
+    sparse = eng.generate(PROMPTS, max_new_tokens=10).tokens
+    rep0 = eng.verifier.report()
+    assert rep0["dense_margin"] == 0 and eng.verifier.last_margin is not None
+    assert sparse != dense  # a budget this small does leave dense decoding here
+    # every sparse pass below an infinite margin: each one is re-verified densely, the output is dense's
+    eng = engine(target, budget=8, margin=1e9)
+    assert eng.generate(PROMPTS, max_new_tokens=10).tokens == dense
+    rep = eng.verifier.report()
+    assert rep["dense_margin"] >= rep["passes"] - rep["dense_passes"] > 0
+    assert rep["kv_read_vs_dense"] > 1.0  # the re-runs cost a dense read on top of the sparse one
+
+
+def test_margin_valve_deciding_rows():
+    """Only the rows up to the first rejected draft decide; a low margin after it does not fire the valve."""
+    from types import SimpleNamespace
+
+    from specdec.verifiers import SparseVerifier
+
+    v = SparseVerifier.__new__(SparseVerifier)
+    v.margin, v._stats = 1.0, dict(dense_margin=0)
+    tokens = torch.tensor([[7, 1, 2, 3]])  # pending 7, drafts 1 2 3
+    logits = torch.zeros(1, 4, 5)
+    logits[0, 0, 1] = 5.0  # row 0 accepts draft 1 (margin 5)
+    logits[0, 1, 4] = 5.0  # row 1 rejects draft 2 (margin 5): rows 0-1 decide
+    logits[0, 2, 3] = 0.1  # row 2: tiny margin, but after the rejection
+    state = SimpleNamespace(active=torch.tensor([True]), lengths=torch.tensor([10]), cache=None)
+    out, redo = v._margin_valve(state, tokens, logits, None, None)
+    assert out is logits and int(redo) == 0 and float(v.last_margin[0]) == pytest.approx(5.0)
+    assert int(v.last_deciding[0]) == 2
+    logits[0, 1, 2] = 5.0  # row 1 now accepts draft 2 (tie with 4: margin 0): the valve must fire
+    logits[0, 1, 4] = 4.95
+    called = []
+    v.model = SimpleNamespace(forward=lambda *a, **k: (called.append(1), torch.ones(1, 4, 5))[1])
+    v.selector = SimpleNamespace(target_heads={})
+    out, redo = v._margin_valve(state, tokens, logits, None, torch.zeros(1, 10))
+    assert called and torch.equal(out, torch.ones(1, 4, 5)) and int(redo) == 10

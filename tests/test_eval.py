@@ -100,6 +100,8 @@ def test_sparse_verification_shows_tv(tok, tiny_vocab):
                    max_new_tokens=4)
     s = res["summary"]["dustin:draft=early-exit"]
     assert s["tv_mean"] > 0
+    assert 0 < s["kv_read_vs_dense"] < 1  # the cost of a lossy verifier is reported beside its fidelity
+    assert f"{s['kv_read_vs_dense']:.1%} |" in markdown(res, {})
 
 
 def test_cli_bad_input_one_line(tmp_path):

@@ -16,6 +16,8 @@ from the last verification pass (an online ARR proxy on the SRHs; see :meth:`Hyb
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from pydantic import Field
 
@@ -24,6 +26,7 @@ from specdec.errors import SpecdecError
 from specdec.interfaces import KVSelector, SparsePlan
 from specdec.registry import SELECTORS
 from specdec.selectors.base import BudgetConfig, fixed_positions
+from specdec.selectors.quest import Quest, QuestConfig, QuestPlan
 
 Heads = list[tuple[int, int]]
 
@@ -46,6 +49,11 @@ class HybridSRHConfig(BudgetConfig):
     target_heads: Heads | None = Field(default=None, description="target SRHs as [layer, head] pairs")
     draft_heads: Heads | None = Field(default=None, description="draft SRHs as [layer, head] pairs")
     layer_map: list[int] | None = Field(default=None, description="draft layer of each target layer")
+    layer_share: float = Field(default=0.0, ge=0, le=1, description="share of the free slots picked per layer and KV head "
+                               "by Quest page bounds of the verify rows' queries (0 = one shared set, the paper)")
+    page_size: int = Field(default=16, gt=0, description="tokens per page of the per-layer part (layer_share > 0)")
+    page_kernels: Literal["auto", "torch", "triton"] = Field(default="auto", description="page bounds of the per-layer "
+                                                             "part: Triton kernels as Quest's ('auto': on CUDA)")
 
 
 def heads_by_layer(heads: Heads | None) -> dict[int, list[int]]:
@@ -154,6 +162,10 @@ class HybridSRHSelector(KVSelector):
         self.m_ratio: torch.Tensor | None = None  # (B,) per-sequence ratio when adaptive
         self._proxy: torch.Tensor | None = None  # (B, m_grid) smoothed ARR proxy
         self._last: tuple | None = None  # (lengths, draft, target) of the last plan
+        if getattr(self, "_quest", None) is None:
+            self._quest: Quest | None = None  # page bounds of the per-layer part (layer_share > 0)
+        elif cache is not None:
+            self._quest.reset(cache)
 
     @property
     def target_heads(self) -> dict[int, list[int]]:
@@ -245,10 +257,40 @@ class HybridSRHSelector(KVSelector):
         if t is None or d is None:  # one signal missing (first pass / no drafter signal): the other takes all slots
             _, room = fixed_positions(lengths, self.budget_for(lengths), self.config.sinks, self.config.recent)
             m = room if t is None else torch.zeros_like(room)
+        if self.config.layer_share > 0:
+            return self._layer_plan(cache, lengths, m)
         idx = self.select(lengths, m=m, draft=d, target=t)  # (B, K)
         self.mark(lengths)
         B, K = idx.shape
         return SparsePlan(indices=idx.view(1, B, 1, K).expand(1, B, cache.n_kv_heads, K), dense_from=lengths.clone())
+
+    def _layer_plan(self, cache: KVCache, lengths: torch.Tensor, m: torch.Tensor | None) -> "LayerSetPlan":
+        """Per layer and KV head (beyond the paper): a share ``layer_share`` of the free slots goes to the
+        pages with the best Quest bound for the verify rows' own queries in that layer and KV head; the
+        rest is the shared hybrid set (sinks + recent + draft top-m + target history)."""
+        c = self.config
+        budget = self.budget_for(lengths)
+        _, room = fixed_positions(lengths, budget, c.sinks, c.recent)
+        per = torch.round(room.double() * c.layer_share).long()
+        shared_room = room - per
+        if m is None:
+            m = self.m_for(lengths)
+        m = torch.round(m.double() * (1 - c.layer_share)).long() if c.layer_share < 1 else torch.zeros_like(room)
+        m = torch.minimum(m, shared_room)
+        shared = hybrid_select(lengths, budget - per, c.sinks, c.recent, self.draft_signal, self.target_signal, m)
+        self.mark(lengths)
+        q = self._quest
+        if q is None or q.config.page_size != c.page_size:
+            q = self._quest = Quest(QuestConfig(page_size=c.page_size, sinks=c.sinks, recent=c.recent, budget=1,
+                                                kernels=c.page_kernels))
+        q.update(cache, lengths)
+        k = int(per.max()) if per.numel() else 0
+        width = cache.capacity
+        k_sel = min(-(-k // q.config.k_bucket) * q.config.k_bucket, width) if k else 0
+        B = lengths.shape[0]
+        return LayerSetPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
+                            room=per, kmin=q.kmin, kmax=q.kmax, width=width, k_sel=k_sel, page_size=c.page_size,
+                            sinks=c.sinks, recent=c.recent, use_triton=q.use_triton(cache.k.device), clock=q._clock)
 
     def mark(self, lengths: torch.Tensor) -> None:
         """Remember this iteration's signals so the next :meth:`observe_target` can adapt ``m``."""
@@ -269,3 +311,40 @@ class HybridSRHSelector(KVSelector):
             both.scatter_add_(1, torch.where(idx < 0, torch.full_like(idx, L), idx), torch.ones_like(idx, dtype=torch.float32))
         overlap = (both[:, :L] >= 2).sum(1) - (budget - room)  # the fixed positions are in both
         return torch.where(room > 0, 1 - overlap.float() / room.clamp(min=1).float(), torch.zeros_like(overlap, dtype=torch.float32))
+
+
+class LayerSetPlan(QuestPlan):
+    """A verification plan with a part per layer and KV head (``HybridSRHConfig.layer_share``).
+
+    ``indices`` ``(1, B, 1, F)`` is the shared part (sinks + recent + the hybrid set, ``-1`` padded); in each
+    layer the backend adds, per KV head, the ``room`` positions of the pages with the best Quest bound for the
+    verify rows' queries, never one already in the shared part (:meth:`indices_for`)."""
+
+    def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """``(B, H_kv, F + k_sel)``: the shared part + the per-layer top pages outside it."""
+        import time as _time
+
+        from specdec.selectors.quest import _quest_token_scores
+
+        t0 = _time.perf_counter()
+        fixed = self.indices[0]  # (B, 1, F)
+        B = q.shape[0]
+        kmin, kmax = self.kmin[layer], self.kmax[layer]  # (B, H_kv, P, D)
+        Hkv = kmin.shape[1]
+        if self.k_sel == 0:
+            out = fixed.expand(B, Hkv, -1)
+        else:
+            tok = _quest_token_scores(q, kmin, kmax, self.lengths, self.width, self.page_size, self.sinks,
+                                      self.recent, self.use_triton)  # (B, H_kv, width)
+            W = tok.shape[-1]
+            pad = torch.nn.functional.pad(tok, (0, 1))  # column W takes the -1 pads of the shared part
+            f = fixed[:, 0]
+            pad.scatter_(-1, torch.where(f < 0, torch.full_like(f, W), f).view(B, 1, -1).expand(B, Hkv, -1),
+                         float("-inf"))
+            top = torch.topk(pad[..., :W], self.k_sel, dim=-1)
+            slot = torch.arange(self.k_sel, device=q.device).view(1, 1, -1)
+            keep = (slot < self.room.view(B, 1, 1)) & (top.values > float("-inf"))
+            sel = torch.where(keep, top.indices, torch.full_like(top.indices, -1))
+            out = torch.cat([fixed.expand(B, Hkv, -1), sel], dim=-1)
+        self.clock[0] += _time.perf_counter() - t0
+        return out
