@@ -209,6 +209,11 @@ class SpeculationController:
         # per draft position i: (share accepting >= i+1, share accepting >= i) of recent fresh rounds
         self._pos = [_Ratio(self.accept_window) for _ in range(self.gamma_max)]
         self._emitted: dict[int, deque] = {}  # γ → tokens per sequence of its recent fresh rounds
+        # tokens(arm) and _tokens_se(arm) change only with a fresh round: cached per acceptance version, so
+        # a dense step (B = 1: ~1.2 ms on the H200) does not recompute every arm's prediction (~20 µs)
+        self._acc_version = 0
+        self._tok_cache: dict[int, tuple[int, float | None]] = {}
+        self._se_cache: dict[int, tuple[int, float]] = {}
         self.rounds = 0
         self.dense_steps = 0
         self.discarded = 0  # samples dropped (captures, compilations, outliers, stale rounds)
@@ -260,13 +265,18 @@ class SpeculationController:
 
     def tokens(self, arm: int) -> float | None:
         """Predicted tokens per sequence of one iteration of ``arm`` (``1 + E[min(accepted, γ)]``)."""
+        hit = self._tok_cache.get(arm)
+        if hit is not None and hit[0] == self._acc_version:
+            return hit[1]
         out, p = 1.0, 1.0
         for i in range(arm):
             c = self.accept_rate(i)
             if c is None:
-                return None
+                out = None
+                break
             p *= c
             out += p
+        self._tok_cache[arm] = (self._acc_version, out)
         return out
 
     def rate(self, arm: int) -> float | None:
@@ -355,10 +365,13 @@ class SpeculationController:
 
     def _tokens_se(self, arm: int) -> float:
         """Standard error of the mean tokens per fresh round of ``arm`` (infinite below two rounds)."""
+        hit = self._se_cache.get(arm)
+        if hit is not None and hit[0] == self._acc_version:
+            return hit[1]
         q = self._emitted.get(arm)
-        if q is None or len(q) < 2:
-            return math.inf
-        return statistics.stdev(q) / math.sqrt(len(q))
+        se = math.inf if q is None or len(q) < 2 else statistics.stdev(q) / math.sqrt(len(q))
+        self._se_cache[arm] = (self._acc_version, se)
+        return se
 
     # -- observations --------------------------------------------------------------------------
     def observe_round(self, gamma: int, mean_accepted: float, seconds: float | None,
@@ -373,6 +386,7 @@ class SpeculationController:
         if profile is None:
             profile = [min(1.0, max(0.0, mean_accepted - i)) for i in range(gamma)]
         if not stale:
+            self._acc_version += 1  # every arm's predicted tokens change
             self._emitted.setdefault(gamma, deque(maxlen=self.accept_window)).append(1.0 + float(mean_accepted))
             prev = 1.0
             for i in range(min(gamma, self.gamma_max)):

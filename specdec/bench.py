@@ -84,6 +84,16 @@ def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cach
     return {**_stats(out), "attn_implementation": impl}
 
 
+def _free_memory(device) -> None:
+    """Collect what was dropped (engines hold reference cycles) and, on a GPU, hand cached blocks back, so the
+    next allocation and :func:`specdec.memory.check_fits` see the memory as free."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _prefilled(eng, m, ids: list[int], batch: int, random_cache: bool):
     """``ids`` prefilled once (or, for a random-weight shape, a random cache: no prefill), as ``batch`` views."""
     from specdec.engine import Prefilled
@@ -158,6 +168,7 @@ def run_bench(
     from specdec.memory import check_fits
     from specdec.outputs import check_output_dir, write_text
     from specdec.presets import build_engine
+    from specdec.engine import cache_positions
 
     from specdec.adaptive import AcceptanceReplay
 
@@ -223,15 +234,23 @@ def run_bench(
                     g = torch.Generator().manual_seed(ctx)
                     ids = torch.randint(0, m.dims.vocab_size, (ctx,), generator=g).tolist()
                 for bs in batch_sizes:
+                    # the previous setting's engine, prefill and cache go before this one allocates (at the 8B
+                    # shape, B 16 x 32k, a cache is 64 GiB: two do not fit next to the model on an H200)
+                    eng = pre = None
+                    m.release_cache()
+                    _free_memory(m.device)
                     check_fits(m, bs, len(ids), max_new_tokens, gamma)
+                    # one cache for every method of this setting (sized for γ draft rows; dense needs fewer)
+                    m.new_cache(bs, cache_positions(len(ids), max_new_tokens, gamma), reuse=True)
                     dense_tps = None
-                    pre = None
                     for name in methods:
                         cfg = pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
                         upd = {**({"adaptive": adaptive} if adaptive is not None else {}),
                                **({"options": options} if options else {})}
                         cfg = cfg.model_copy(update=upd)
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} {name}")
+                        eng = None  # the previous method's engine (its buffers, its last run's state) goes first
+                        _free_memory(m.device)
                         eng = build_engine(m, cfg, eos_token_id=-1 if shape is not None else None)
                         if name in replays:
                             eng.replay = replays[name]

@@ -30,6 +30,14 @@ from specdec.sampling import SamplingConfig, accept, check_finite, choose, nonfi
 PHASES = ("prefill", "draft", "select", "verify", "sample")
 
 
+def cache_positions(longest: int, max_new_tokens: int, gamma: int) -> int:
+    """Positions of the cache :meth:`SpeculativeEngine.generate` allocates for a ``longest``-token prompt
+    (γ draft rows past the last token included; γ = 0 for dense). ``specdec.bench`` allocates it once per
+    setting with the methods' γ, so every method of that setting reuses one cache
+    (:meth:`~specdec.models.SpecdecModel.new_cache` with ``reuse=True``)."""
+    return longest + max_new_tokens + gamma + 2
+
+
 class PhaseTimer:
     """Wall time per phase; synchronizes CUDA at phase edges so GPU time lands in the right phase."""
 
@@ -334,7 +342,7 @@ class SpeculativeEngine:
         B = len(ids)
         longest = max(len(p) for p in ids)
         gamma = self.gamma if self.drafter is not None else 0
-        cache = self.model.new_cache(B, longest + max_new_tokens + gamma + 2, reuse=True)
+        cache = self.model.new_cache(B, cache_positions(longest, max_new_tokens, gamma), reuse=True)
         cache.bounded = True  # every write stays below longest + max_new_tokens + gamma + 1: no host checks
         if cache.ring_k is not None and gamma + 1 > cache.RING_SLACK:
             raise SpecdecError(f"gamma {gamma} is too large for the sliding-window rings ({cache.RING_SLACK} slots of "

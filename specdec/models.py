@@ -590,6 +590,10 @@ class SpecdecModel:
     def dtype(self) -> torch.dtype:
         return next(self.hf.parameters()).dtype
 
+    def release_cache(self) -> None:
+        """Let go of the cache kept for reuse (:meth:`new_cache`); its memory is freed once no engine holds it."""
+        self._reusable_cache = None
+
     def new_cache(self, batch: int, capacity: int, n_layers: int | None = None, reuse: bool = False,
                   slack: int | None = None) -> KVCache:
         """A KV cache for ``batch`` sequences of ``capacity`` positions.
@@ -601,6 +605,9 @@ class SpecdecModel:
         With ``reuse=True`` the last cache made with ``reuse=True`` is returned again when it has the
         same batch size and layers and enough capacity: consecutive generations then keep their
         memory and, with CUDA graphs, their captured graphs (which are tied to the cache's buffers).
+        When it does not fit, the model lets go of it *before* allocating the new one, so two caches
+        of a long context are not held at once (at Llama-3.1-8B, B 16 x 32k, each is 64 GiB); an
+        engine still holding it (its last run's state) keeps it alive until that engine is dropped.
         """
         d = self.dims
         n = n_layers or d.n_layers
@@ -608,6 +615,8 @@ class SpecdecModel:
         if (reuse and slack is None and c is not None and c.batch == batch and c.n_model_layers == n
                 and c.capacity >= capacity):
             return c
+        if reuse:
+            self._reusable_cache = c = None  # freed now unless someone else holds it
         cache = KVCache(n, batch, d.n_kv_heads, capacity, d.head_dim, self.dtype, self.device, windows=d.windows[:n],
                         slack=slack)
         if reuse:

@@ -124,6 +124,32 @@ def test_b1_where_a_draft_step_costs_a_dense_step_dense_wins(costs):
     assert c.dense_mode
 
 
+def test_committed_dense_steps_do_not_recompute_the_arms_predictions(monkeypatch):
+    """B = 1 ssl.py on the H200: the controller committed to dense in the warm-up call and ran every timed step
+    dense at 0.970x the dense method's tokens/s, with device phases equal to 0.3 %: host time. Each dense step
+    (~1.2 ms) re-derived every arm's predicted tokens from the per-position acceptance (~20 µs of Python per
+    step); those change only with a fresh round, so committed dense steps must not recompute them."""
+    import specdec.adaptive as ad
+
+    calls = {"n": 0}
+    value = ad._Ratio.value
+
+    def counting(self):
+        calls["n"] += 1
+        return value(self)
+
+    monkeypatch.setattr(ad._Ratio, "value", counting)
+    clock, c = FakeClock(**B1_TINY), SpeculationController(4)
+    clock.fixed = None
+    clock.call(c)  # the warm-up call: rounds, the probe, the dense commit
+    assert c.dense_mode
+    calls["n"], steps = 0, c.dense_steps
+    for _ in range(3):  # the timed calls
+        clock.call(c)
+    assert c.dense_mode and c.dense_steps - steps >= 3 * 60  # the same decisions: every timed step dense
+    assert calls["n"] <= 3 * len(c.arms), calls["n"]  # not once per step and arm
+
+
 # B = 16: γ = 4 a few % over dense on most texts (the H200: 1.06x magicdec, 1.09x vegas)
 B16 = dict(t_dense=1.0, t_round=lambda g: 1.07 + 0.7 * g, alpha=_alpha(0.9), B=16, noise=0.03, stale_alpha=0.6,
            stale_extra=0.2)

@@ -342,6 +342,8 @@ def test_fa4_package_is_not_flash_attn_2(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the measured table (H200, 2026-12-01)
 RUN = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "gpu_peers_2026-12-01.json")
+# the re-run of 15:13 UTC: d 64 decode / verify only, with the capturable forms (flashinfer_graph, sdpa_masked)
+RERUN = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "gpu_peers_2026-12-01c.json")
 
 
 def _bench_module():
@@ -358,7 +360,12 @@ def _run_rows():
     import json
 
     with open(RUN) as f:
-        return json.load(f)["rows"]
+        rows = json.load(f)["rows"]
+    with open(RERUN) as f:
+        fresh = json.load(f)["rows"]
+    redone = {(r["kind"], r["D"], r["B"], r["L"]) for r in fresh if "us" in r}
+    assert len(redone) == 6  # d 64 decode, verify × B = 1, 16, 64
+    return [r for r in rows if (r.get("kind"), r.get("D"), r.get("B"), r.get("L")) not in redone] + fresh
 
 
 def test_shipped_table_is_the_run_derived():
@@ -575,7 +582,11 @@ def test_derive_graph_picks_takes_only_capturable_kernels():
     # FlashInfer's graph-mode row replaces its eager row; its sparse path is never a candidate
     assert derive(rows("verify", dict(triton=110.0, flashinfer=90.0, flashinfer_graph=120.0)), graph=True) == {
         ("verify", 64): [(10**12, "triton")]}
+    # ... but an eager verify time does not stand in for the graph mode (measured 1.6-2.4x slower);
+    # for decode it does (measured equal)
     assert derive(rows("verify", dict(triton=110.0, flashinfer=90.0)), graph=True) == {
-        ("verify", 64): [(10**12, "flashinfer")]}
+        ("verify", 64): [(10**12, "triton")]}
+    assert derive(rows("decode", dict(triton=110.0, flashinfer=90.0)), graph=True) == {
+        ("decode", 64): [(10**12, "flashinfer")]}
     assert derive(rows("sparse", dict(triton=110.0, flashinfer=90.0)), graph=True) == {("sparse", 64): [(10**12, "triton")]}
     assert derive(rows("sparse", dict(triton=110.0, flashinfer=90.0))) == {("sparse", 64): [(10**12, "flashinfer")]}

@@ -368,9 +368,14 @@ def part_steps(a, res, bw):
 def part_replay(a, res):
     from specdec.bench import run_bench
 
+    if a.traces:  # recorded earlier (--traces): no embedded model needed
+        from specdec.adaptive import AcceptanceReplay
+
+        res["traces"] = {k: dict(file=v, tau=1.0 + AcceptanceReplay.load(v).mean_accepted,
+                                 rounds=len(json.loads(Path(v).read_text())["rounds"])) for k, v in a.traces.items()}
     traces = {k: v["file"] for k, v in res.get("traces", {}).items() if "file" in v}
     if not traces:
-        raise RuntimeError("no traces (part 'traces' did not run or failed)")
+        raise RuntimeError("no traces (part 'traces' did not run or failed; or pass --traces)")
     shape, B, ctx = a.replay_shape
     res["replay"] = run_bench(["dense", "magicdec", "vegas"], [ctx], [B], ["random"], a.replay_new, None, a.ratio,
                               a.gamma, "random", a.backend, a.dtype, a.device, False, Path(a.out), "replay_8b",
@@ -390,7 +395,16 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"'steps' variants, from {', '.join(VARIANTS)}")
     ap.add_argument("--no-vegas-costs", dest="vegas_costs", action="store_false",
                     help="'steps': skip the verify/score timings, keep the graph-replayed sparse layer")
+    ap.add_argument("--traces", default=None,
+                    help="'replay' from recorded traces instead of part 'traces': METHOD=FILE,METHOD=FILE "
+                         "(e.g. benchmarks/results/traces/smollm2_8k_vegas_trace_2026-12-01.json)")
     a = ap.parse_args()
+    if a.traces:
+        pairs = [t.split("=", 1) for t in a.traces.split(",") if t]
+        bad = [t for t in pairs if len(t) != 2 or not Path(t[1]).is_file()]
+        if bad:
+            ap.error(f"--traces wants METHOD=FILE pairs of existing files, comma separated; got {a.traces!r}")
+        a.traces = dict(pairs)
     a.variants = [v for v in a.variants.split(",") if v]
     bad = [v for v in a.variants if v not in VARIANTS]
     if bad:
@@ -409,7 +423,8 @@ def main() -> None:
         a.context, a.new, a.batches, a.repeats, a.trace_batch = 8000, 64, [1, 16, 64], 3, 4
         a.step_shapes = [("llama-3.1-8b", 16, 32768), ("smollm2-135m", 64, 8000)]
         a.kernels = "auto"
-        a.replay_shape, a.replay_new = ("llama-3.1-8b", 16, 32768), 32
+        # 64 new tokens: the whole recorded traces (64 tokens each), so the replayed τ is the recorded one
+        a.replay_shape, a.replay_new = ("llama-3.1-8b", 16, 32768), 64
     if a.only_shapes:
         keep = a.only_shapes.split(",")
         a.step_shapes = [s for s in a.step_shapes if s[0] in keep]

@@ -316,16 +316,18 @@ def derive_picks(rows, tie: float = peers.TIE, graph: bool = False) -> dict:
 
     ``graph``: the table for calls under CUDA-graph capture (:data:`specdec.cuda.peers.GRAPH_PICKS`):
     only capturable kernels — ours, FA4, FlashInfer's dense calls (its CUDA-graph wrapper,
-    ``flashinfer_graph``, where the run measured it, else the eagerly planned ``flashinfer`` rows)
-    and SDPA's masked form (``sdpa_masked``, decode) — never the unmasked ``sdpa`` or FlashInfer's
-    sparse path."""
+    ``flashinfer_graph``, where the run measured it; for decode only, else the eagerly planned
+    ``flashinfer`` row: the H200 run of 2026-12-01 15:13 UTC measured the graph wrapper equal to the
+    eager one for decode but 1.6–2.4× slower for verify at B = 16, 64, so an eager verify time does
+    not stand in for it) and SDPA's masked form (``sdpa_masked``, decode) — never the unmasked
+    ``sdpa`` or FlashInfer's sparse path."""
     best: dict[tuple[str, int], dict[int, dict[str, float]]] = {}
     for r in rows:
         if r.get("kind") not in ("decode", "verify", "sparse") or "us" not in r or not r.get("parity_ok"):
             continue
         if graph:
-            ok = ("triton",) + (() if r["kind"] == "sparse" else ("fa4", "flashinfer", "flashinfer_graph")) + (
-                ("sdpa_masked",) if r["kind"] == "decode" else ())
+            ok = ("triton",) + (() if r["kind"] == "sparse" else ("fa4", "flashinfer_graph")) + (
+                ("flashinfer", "sdpa_masked") if r["kind"] == "decode" else ())
         else:
             ok = ("triton", "fa4", "flashinfer") + (("sdpa",) if r["kind"] == "decode" else ())
         if r["variant"] not in ok:

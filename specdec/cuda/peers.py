@@ -60,7 +60,8 @@ Peer = Literal["triton", "fa4", "flashinfer", "sdpa"]
 Kind = Literal["decode", "verify", "sparse"]
 
 #: Date of the measurement behind :data:`PICKS` (``benchmarks/gpu/peers.py`` on an H200;
-#: ``benchmarks/results/gpu_peers_2026-12-01.json``).
+#: ``benchmarks/results/gpu_peers_2026-12-01.json``, its d 64 decode / verify rows re-measured in
+#: ``gpu_peers_2026-12-01c.json``: the same picks).
 MEASURED: str | None = "2026-12-01"
 
 #: Ours stays the pick unless the fastest kernel beats it by more than this fraction (fewer moving
@@ -71,10 +72,10 @@ TIE = 0.03
 #: (cached tokens over the batch) is at most ``max_tokens`` (first match wins; no match: ours).
 #: Measured sizes: d 64 at B·L = 8k, 128k, 512k (B = 1, 16, 64 × 8k), d 128 at 128k (B = 1 × 128k)
 #: and 512k (B = 16 × 32k); boundaries at the geometric middle. Ours within :data:`TIE` of the
-#: fastest keeps the call (d 64 decode at B = 64: SDPA 2.4 % faster; d 128 decode at 16 × 32k:
+#: fastest keeps the call (d 64 decode at B = 64: SDPA 2.6 % faster in the re-run; d 128 decode at 16 × 32k:
 #: SDPA 1.4 %, FA4 0.2 %; d 128 sparse at 1 × 128k: FlashInfer 0.1 %).
 PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {
-    ("decode", 64): [(32768, "triton"), (262144, "sdpa"), (10**12, "triton")],  # B=16×8k: 31.1 vs 35.7 µs
+    ("decode", 64): [(32768, "triton"), (262144, "sdpa"), (10**12, "triton")],  # B=16×8k: 30.5 vs 35.8 µs (re-run)
     ("verify", 64): [(10**12, "triton")],
     ("sparse", 64): [(10**12, "triton")],
     ("decode", 128): [(262144, "sdpa"), (10**12, "triton")],  # 1×128k: 131.6 vs 145.7 µs
@@ -83,17 +84,20 @@ PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {
 }
 
 
-#: The same for calls under CUDA-graph capture: derived from the same run with the capturable
-#: kernels only (:func:`capturable`; ``derive_picks(rows, graph=True)``). The 2026-12-01 run measured
-#: FlashInfer through an eagerly planned wrapper (the kernels its CUDA-graph mode runs; the graph
-#: mode pads the grid) and no masked SDPA, so: FlashInfer and FA4 for the 8B verify as above, ours
-#: everywhere else (without the unmasked SDPA, ours is the fastest capturable decode at every shape).
+#: The same for calls under CUDA-graph capture: derived with the capturable kernels only
+#: (:func:`capturable`; ``derive_picks(rows, graph=True)``) from the 2026-12-01 run, its head-dim-64
+#: decode / verify rows replaced by the 15:13 UTC re-run (``gpu_peers_2026-12-01c.json``), which timed
+#: FlashInfer's CUDA-graph wrapper and the masked SDPA: ours is the fastest capturable kernel at every
+#: d 64 shape (masked SDPA 41.3 vs 35.8 µs at B = 16 × 8k; FlashInfer's graph-mode verify 279.5 vs
+#: ours 102.6 µs at B = 64 × 8k, its eager plan 115.0). The graph-mode verify being up to 2.4× its eager
+#: time, an eager FlashInfer verify no longer stands in for it: at d 128 (unmeasured in graph mode) the
+#: verify goes to FA4 only where it beats ours (16 × 32k: 491.8 vs 523.4 µs), ours elsewhere.
 GRAPH_PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {
     ("decode", 64): [(10**12, "triton")],
     ("verify", 64): [(10**12, "triton")],
     ("sparse", 64): [(10**12, "triton")],
     ("decode", 128): [(10**12, "triton")],
-    ("verify", 128): [(262144, "flashinfer"), (10**12, "fa4")],
+    ("verify", 128): [(262144, "triton"), (10**12, "fa4")],
     ("sparse", 128): [(10**12, "triton")],
 }
 
