@@ -63,6 +63,38 @@ def test_hybrid_set_sinks_recent_top_m_then_target():
         assert max(s) < L
 
 
+@pytest.mark.parametrize("signals", ["both", "draft", "target", "none"])
+def test_hybrid_plan_builds_fixed_positions_once_and_equals_the_selection(monkeypatch, signals):
+    """A plan computes the budget's fixed positions once (they were built twice, ~35 launches each on a GPU)
+    and still picks what the paper's pieces spelled out pick (first-pass cases: one signal missing)."""
+    import types
+
+    import specdec.selectors.hybrid_srh as hs
+    from specdec.selectors.base import fixed_positions
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([300, 180, 41])
+    sel = HybridSRHSelector(HybridSRHConfig(budget_ratio=0.25, sinks=4, recent=8, m_ratio=0.6))
+    d, t = torch.rand(3, 320, generator=g), torch.rand(3, 320, generator=g)
+    sel.draft_signal = d if signals in ("both", "draft") else None
+    sel.target_signal = t if signals in ("both", "target") else None
+    budget = sel.config.budget_for(lengths)
+    _, room = fixed_positions(lengths, budget, 4, 8)
+    m = (room if sel.target_signal is None else torch.zeros_like(room) if sel.draft_signal is None
+         else torch.round(room.double() * 0.6).long())
+    ref = hybrid_select(lengths, budget, 4, 8, sel.draft_signal, sel.target_signal, m)
+    calls = []
+    real = hs.fixed_positions
+    monkeypatch.setattr(hs, "fixed_positions", lambda *a: calls.append(1) or real(*a))
+    plan = sel.plan(types.SimpleNamespace(n_kv_heads=2), lengths)
+    assert torch.equal(plan.indices[0, :, 0], ref) and torch.equal(plan.indices[0, :, 1], ref)
+    assert len(calls) == 1
+    want = hybrid_select(lengths, budget, 4, 8, d, t, torch.round(room.double() * 0.6).long())
+    calls.clear()
+    assert torch.equal(sel.select(lengths, draft=d, target=t), want)
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize("method", ["dustin", "dustin-adaptive"])
 def test_full_budget_sparse_verification_equals_dense(target, method):
     dense = SpeculativeEngine(target, eos_token_id=-1).generate(PROMPTS, max_new_tokens=14).tokens

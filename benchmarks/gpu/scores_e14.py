@@ -8,10 +8,10 @@ One layer's verify (γ + 1 = 5 rows, Collect-2-Query score rows {0, 4}, bf16, ra
 (working set >= 400 MB, beyond the L2), replayed ``reps`` times, median per call (the timing of
 ``sparse_attn.py``). Variants, each against the same run's verify without scores:
 
-* ``logits_mma``        logits, suffix-sum MMA + in-warp pick (``SCORE_MODE`` 1, the default until now)
+* ``logits_mma``        logits, suffix-sum MMA + in-warp pick (``SCORE_MODE`` 1, the default before 2026-12-01c)
 * ``logits_colsum``     logits, row-weighted column sum of the logit tile (``SCORE_MODE`` 4)
 * ``logits_colsum_bf16``  the same into a bf16 buffer
-* ``softmax``           exact softmax weights: raw logits per (head, row) + the reduce kernel (Vegas' default)
+* ``softmax``           exact softmax weights: raw logits per (head, row) + the reduce kernel (Vegas' default before 2026-12-01c)
 * ``softmax_bf16_raw``  the same with bf16 raw logits (half their writes and reads)
 * ``sink_softmax``      one-pass softmax ``exp(logit - logit at position 0)`` (``SCORE_MODE`` 4 + exp)
 * ``sink_softmax_bf16`` the same into a bf16 buffer
@@ -81,7 +81,8 @@ def variants(smoke: bool) -> list[tuple[str, str | None, dict]]:
 
 def launch_sweep(name: str, smoke: bool) -> list[tuple[str, dict]]:
     """Launch variants tried per shape, each for the plain verify and for ``sink_softmax``: at B 1 x 128k
-    (head dim 128: the table's dense row is 64-position tiles, 2 stages, 2/SM; FlashInfer was 10 % faster)
+    (head dim 128: the table's dense row was 64-position tiles, 2 stages, 2/SM, FlashInfer 10 % faster; since
+    2026-12-01c the table picks ``bn128w4s2c4`` there, so ``plain`` is that launch)
     the split count and tiles; at SmolLM2 B 64 (one split per (sequence, KV head): ~1.5 programs per SM)
     more warps, stages or two splits to hide the score work."""
     if smoke:
@@ -265,8 +266,10 @@ def selection(a, dev, log) -> dict:
     return res
 
 
-E2E_VARIANTS = [("vegas", {}), ("vegas sink_softmax", {"score_kind": "sink_softmax"}),
-                ("vegas score_every=2", {"score_every": 2}),
+# explicit score kinds: the default changed to sink_softmax after the run of 2026-12-01
+# (benchmarks/results/gpu_scores_2026-12-01c.md, where "vegas" was exact softmax)
+E2E_VARIANTS = [("vegas softmax", {"score_kind": "softmax"}), ("vegas sink_softmax", {"score_kind": "sink_softmax"}),
+                ("vegas softmax + score_every=2", {"score_kind": "softmax", "score_every": 2}),
                 ("vegas sink_softmax + score_every=2", {"score_kind": "sink_softmax", "score_every": 2})]
 
 

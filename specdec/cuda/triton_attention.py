@@ -376,7 +376,8 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 
 
 #: Launch table: the first row whose key matches picks the tunables that a ``LaunchConfig`` leaves at
-#: ``None``. Key: ``(sparse, largest head dim, raw_scores)`` (``raw_scores`` ``None`` matches both);
+#: ``None``. Key: ``(sparse, largest head dim, raw_scores, most (sequence, KV head) pairs, least cache
+#: length)`` (``raw_scores`` ``None`` matches both; ``None`` pairs any batch; length 0 any cache);
 #: value: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``.
 #:
 #: * sparse plans (measured on an H200 on 2026-12-01 by ``benchmarks/gpu/sparse_attn.sh``,
@@ -387,21 +388,36 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #: * dense (measured on an H200, ``benchmarks/results/gpu_kernels_2026-11-29.md``): head dim <= 64:
 #:   3 stages and 8 programs per SM; head dim 128: 64-position tiles, 2 stages, 2 programs per SM;
 #:   softmax scores at head dim 128: 737 us vs 944 us with the plain default.
+#: * dense, head dim 128, few sequences over a long cache (measured on an H200 on 2026-12-01 by
+#:   ``benchmarks/gpu/scores_e14.sh``, ``benchmarks/results/gpu_scores_2026-12-01c.md``): at
+#:   Llama-3.1-8B B 1 x 128k verify (T = 5, 8 KV heads) 128-position tiles, 2 stages, 4 programs per
+#:   SM took 150.6 us vs 165.7 us for the 64-position row (FlashInfer 148.1 us), 161.4 vs 181.5 us with
+#:   ``sink_softmax`` scores; at B 16 x 32k 128-position tiles were slower (611 vs 516 us), so the row is
+#:   keyed to at most 8 (sequence, KV head) pairs (one 8B sequence) and caches of 64k positions or more
+#:   (only 128k measured).
 #: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
 SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
-LAUNCH_TABLE: tuple[tuple[tuple[bool, int, bool | None], tuple[int, int, int, int, bool, int]], ...] = (
-    ((True, 64, None), (128, 4, 3, 4, True, 1)),
-    ((True, 1 << 30, None), SPARSE_LEGACY),
-    ((False, 64, None), (128, 4, 3, 8, False, 1)),
-    ((False, 1 << 30, True), (128, 4, 2, 4, False, 1)),
-    ((False, 1 << 30, None), (64, 4, 2, 2, False, 1)),
+#: dense head dim 128 at few (sequence, KV head) pairs over a long cache (see above)
+DENSE_FEW_LONG = (128, 4, 2, 4, False, 1)
+LaunchKey = tuple[bool, int, bool | None, int | None, int]
+LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...] = (
+    ((True, 64, None, None, 0), (128, 4, 3, 4, True, 1)),
+    ((True, 1 << 30, None, None, 0), SPARSE_LEGACY),
+    ((False, 64, None, None, 0), (128, 4, 3, 8, False, 1)),
+    ((False, 1 << 30, True, None, 0), (128, 4, 2, 4, False, 1)),
+    ((False, 1 << 30, None, 8, 1 << 16), DENSE_FEW_LONG),
+    ((False, 1 << 30, None, None, 0), (64, 4, 2, 2, False, 1)),
 )
 
 
-def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False) -> tuple[int, int, int, int, bool, int]:
-    """The ``LAUNCH_TABLE`` row for a launch: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``."""
-    for (sp, dmax, raw), entry in LAUNCH_TABLE:
-        if sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores):
+def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
+                length: int = 0) -> tuple[int, int, int, int, bool, int]:
+    """The ``LAUNCH_TABLE`` row for a launch of ``pairs`` (sequence, KV head) programs over a cache of
+    ``length`` positions (``pairs=None``: unknown, only rows for any batch match):
+    ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``."""
+    for (sp, dmax, raw, most, least), entry in LAUNCH_TABLE:
+        if sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores) and (
+                most is None or (pairs is not None and pairs <= most and length >= least)):
             return entry
     raise LookupError(f"no launch table row for sparse={sparse}, head_dim={head_dim}")  # pragma: no cover
 
@@ -436,8 +452,9 @@ class LaunchConfig:
     # atomic counter per pair) instead of a second combine launch; off until measured on a GPU
     fused_combine: bool = False
 
-    def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False) -> "LaunchConfig":
-        auto = table_entry(sparse, head_dim, raw_scores)
+    def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
+                length: int = 0) -> "LaunchConfig":
+        auto = table_entry(sparse, head_dim, raw_scores, pairs, length)
         pick = lambda v, a: a if v is None else v  # noqa: E731
         dense_one = self.dense_single_split_at
         if dense_one == "auto":
@@ -554,7 +571,8 @@ def splitk_attention(
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv
     dev = q.device
-    cfg = cfg.resolve(plan_indices is not None, D, raw_scores=row_slots is not None)
+    cfg = cfg.resolve(plan_indices is not None, D, raw_scores=row_slots is not None, pairs=B * Hkv,
+                      length=k_cache.shape[2])
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:

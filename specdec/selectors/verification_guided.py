@@ -21,7 +21,7 @@ token. Collection modes:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -54,16 +54,25 @@ class VerificationGuidedConfig(BudgetConfig):
 
     rows: RowMode = Field(default="all", description="verify rows whose scores are aggregated")
     score_kind: Literal["logits", "softmax", "sink_softmax"] = Field(
-        default="softmax",
-        description="softmax weights (authors' code), pre-softmax logits (paper's formula) or sink_softmax "
-                    "(exp(logit - the row's log-sum-exp over the first and last 16 positions): softmax up to one "
-                    "factor per row, one pass "
-                    "in the Triton kernel; not with rows='last')",
+        default="sink_softmax",
+        description="sink_softmax (the default: exp(logit - the row's log-sum-exp over the first and last 16 "
+                    "positions): softmax up to one factor per row, one pass in the Triton kernel; not with "
+                    "rows='last', where the default is softmax), softmax weights (authors' code) or pre-softmax "
+                    "logits (paper's formula)",
     )
     per_kv_head: bool = Field(default=False, description="top-k per KV head instead of one set per layer")
     score_every: int = Field(default=1, ge=1, description="collect scores at every n-th verification only; "
                              "the plans in between reuse the last scores (newer tokens come from the recent window "
                              "and the dense tail): verify passes without score emission")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kind_for_rows(cls, data: Any) -> Any:
+        """``rows='last'`` keeps the rows apart, which ``sink_softmax`` (the default) cannot: there the
+        default is ``softmax``; an explicit ``score_kind`` is kept (and checked below)."""
+        if isinstance(data, dict) and data.get("rows") == "last" and "score_kind" not in data:
+            data = {**data, "score_kind": "softmax"}
+        return data
 
     @model_validator(mode="after")
     def _kind_fits_rows(self) -> "VerificationGuidedConfig":
