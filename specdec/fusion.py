@@ -47,6 +47,12 @@ FAMILIES = {
 }
 _SUPPORTED = "supported: Llama, Qwen2, Qwen3 and Mistral decoder layers"
 KERNELS = ("auto", "triton", "torch")
+#: The GEMM-split switch: every layer :func:`fuse_projections` fuses runs its o_proj and qkv projection as
+#: this many partial GEMMs (:func:`set_gemm_splits`; only with the Triton kernels on, for projections
+#: without a bias whose input dim it divides). 2 measured fastest on the H200 at the Llama-3.1-8B shape,
+#: B 16 x 32k (benchmarks/results/gpu_8b_steps_2026-12-01c.md): sparse draft step 5.99 vs 6.27 ms, dense
+#: 20.28 vs 20.43 ms, verify 22.33 vs 22.27 ms (its GEMMs unchanged). 1: one GEMM each, as before.
+GEMM_SPLITS = 2
 _KERNELS_ATTR = "_specdec_kernels"
 
 
@@ -190,7 +196,7 @@ def set_kernels(hf_model, kernels: str) -> None:
             setattr(mod, _KERNELS_ATTR, kernels)
 
 
-def set_gemm_splits(hf_model, o_proj: int = 1, qkv: int = 1) -> int:
+def set_gemm_splits(hf_model, o_proj: int | None = None, qkv: int | None = None) -> int:
     """Run every fused layer's o_proj (qkv projection) as ``o_proj`` (``qkv``) partial GEMMs.
 
     At decode sizes cuBLAS splits the o_proj GEMM over its input dim itself and launches a reduce
@@ -199,11 +205,14 @@ def set_gemm_splits(hf_model, o_proj: int = 1, qkv: int = 1) -> int:
     here the GEMM is ONE batched GEMM over slices of the input dim (:func:`~specdec.cuda.triton_fused.split_linear`)
     and the kernel that reads its output next adds the partials: the post-attention RMSNorm (o_proj)
     and the RoPE + KV-write kernel (qkv, inside a specdec forward). Only with the fused Triton kernels
-    on, and for projections without a bias; ``1`` (the default) keeps the single GEMM. Whether a split
-    is faster depends on cuBLAS' choice for the batched shape: ``benchmarks/gpu/issue14.py`` measures it.
+    on, and for projections without a bias; ``1`` keeps the single GEMM; ``None`` (the default) is
+    :data:`GEMM_SPLITS` (2), what :func:`fuse_projections` sets. Whether a split is faster depends on
+    cuBLAS' choice for the batched shape: ``benchmarks/gpu/issue14.py`` measures it.
     Returns the number of layers set. Raises :class:`SpecdecError` for a model that is not fused or a
     split that does not divide the projection's input dim.
     """
+    o_proj = GEMM_SPLITS if o_proj is None else o_proj
+    qkv = GEMM_SPLITS if qkv is None else qkv
     for name, n in (("o_proj", o_proj), ("qkv", qkv)):
         if not isinstance(n, int) or n < 1:
             raise SpecdecError(f"{name} splits must be a positive integer, got {n!r}.")
@@ -283,8 +292,9 @@ class FusedAttention(nn.Module):
         #: o_proj / qkv_proj as this many partial GEMMs summed by the kernel that reads them next (the
         #: post-attention norm / the RoPE + KV-write kernel); 1: one GEMM. See :func:`set_gemm_splits`.
         #: Only with the Triton kernels on, o_proj inside a fused decoder layer, qkv inside a specdec forward.
-        self.o_splits = 1
-        self.qkv_splits = 1
+        #: Starts at :data:`GEMM_SPLITS` (the switch; a split that does not apply runs the single GEMM).
+        self.o_splits = GEMM_SPLITS
+        self.qkv_splits = GEMM_SPLITS
 
     @staticmethod
     def _splittable(lin: nn.Linear, splits: int) -> bool:

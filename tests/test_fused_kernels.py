@@ -209,12 +209,17 @@ def _pair(family, kernels="triton", seed=0):
 
 
 @pytest.mark.parametrize("family,splits", [("llama", (1, 1)), ("qwen2", (1, 1)), ("qwen3", (1, 1)), ("mistral", (1, 1)),
-                                           ("llama", (2, 4)), ("qwen3", (4, 2)), ("qwen2", (2, 2))])
+                                           ("llama", (2, 4)), ("qwen3", (4, 2)), ("qwen2", (2, 2)),
+                                           ("llama", None), ("mistral", None)])
 def test_fused_kernels_logits_and_caches_match_unfused(family, splits):
+    """``splits=None``: the default a fused model starts with (``fusion.GEMM_SPLITS`` = 2 for o_proj and qkv)."""
     from specdec.fusion import set_gemm_splits
 
     plain, fused = _pair(family)  # qwen2: a qkv bias, so its qkv GEMM stays whole
-    assert set_gemm_splits(fused.hf, *splits) == len(fused.hf.model.layers)
+    if splits is None:
+        assert {(l.self_attn.o_splits, l.self_attn.qkv_splits) for l in fused.hf.model.layers} == {(2, 2)}
+    else:
+        assert set_gemm_splits(fused.hf, *splits) == len(fused.hf.model.layers)
     ids = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(1)).to(DEV)
     caches = [m.new_cache(3, 24) for m in (plain, fused)]
     for step, (sl, lens) in enumerate([(slice(0, 5), [0, 3, 7]), (slice(5, 6), [5, 8, 12]), (slice(6, 7), [6, 9, 13])]):
@@ -231,10 +236,13 @@ def test_fused_kernels_logits_and_caches_match_unfused(family, splits):
 
 @pytest.mark.parametrize("splits", [1, 2])
 def test_fused_kernels_greedy_engine_is_identical(splits):
+    """``splits=2``: the default (``fusion.GEMM_SPLITS``), left as ``fuse_projections`` set it."""
     from specdec.fusion import set_gemm_splits
 
     plain, fused = _pair("qwen3")  # q/k norms in the fused RoPE kernel; the other families share the rest
-    set_gemm_splits(fused.hf, splits, splits)
+    if splits == 1:
+        set_gemm_splits(fused.hf, 1, 1)
+    assert {l.self_attn.o_splits for l in fused.hf.model.layers} == {splits}
     prompts = [list(range(3, 17)), [5, 9, 17, 33, 2, 8] * 3]
     # with splits only vegas (dense verify with scores, sparse drafts): the logits test covers the rest
     for method in ("dense", "magicdec", "vegas") if splits == 1 else ("vegas",):
@@ -282,16 +290,18 @@ def _launches(fn):
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts launches through Triton's interpreter")
-@pytest.mark.parametrize("family,o_splits", [("llama", 1), ("qwen3", 1), ("llama", 2)])
+@pytest.mark.parametrize("family,o_splits", [("llama", 1), ("qwen3", 1), ("llama", 2), ("qwen3", None)])
 def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family, o_splits):
-    """With splits, o_proj and qkv each become one batched GEMM (bmm) and no mm."""
+    """With splits, o_proj and qkv each become one batched GEMM (bmm) and no mm. ``None``: the default
+    (``fusion.GEMM_SPLITS`` = 2), which must split."""
     from specdec.fusion import set_gemm_splits
 
     n_layers = 2
     counts = {}
     for kernels in ("torch", "triton"):
         m = make_tiny(family).fuse_projections(kernels=kernels)
-        set_gemm_splits(m.hf, o_splits, o_splits)  # only read with the kernels on
+        if o_splits is not None:
+            set_gemm_splits(m.hf, o_splits, o_splits)  # only read with the kernels on
         c = m.new_cache(2, 16)
         m.forward(torch.randint(0, 96, (2, 5)), c, torch.tensor([0, 0]))
         ids, lens = torch.randint(0, 96, (2, 1)), torch.tensor([3, 5])
@@ -304,7 +314,7 @@ def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family, o_split
     # the MLP's residual add is the down GEMM's epilogue: no add left in the layers (the 3 left: the
     # position ids and the reference backend's 2); o_proj split by hand is one batched GEMM, no mm
     assert fused["addmm_.default"] == n_layers and fused["add.Tensor"] == 3, dict(fused)
-    split = 2 * n_layers if o_splits > 1 else 0
+    split = 2 * n_layers if o_splits is None or o_splits > 1 else 0
     assert fused["mm.default"] == plain["mm.default"] - n_layers - split  # down: addmm_
     assert fused["bmm.default"] == plain["bmm.default"] + split
     for op in ("pow.Tensor_Scalar", "mean.dim", "neg.default", "silu.default", "index_put_.default", "cos.default"):
@@ -327,3 +337,19 @@ def test_kernel_settings_compile_and_refusals():
     m.fuse_projections(kernels="triton")
     m.enable_compile()  # inductor fuses the torch code itself: the modules switch to it
     assert layer._specdec_kernels == "torch" and layer.self_attn._specdec_kernels == "torch"
+
+
+def test_gemm_splits_default_is_one_switch(monkeypatch):
+    """``fusion.GEMM_SPLITS`` alone sets what a freshly fused model (and ``set_gemm_splits(hf)``) uses."""
+    from specdec import fusion
+
+    assert fusion.GEMM_SPLITS == 2  # measured best at the 8B shape for dense, sparse and verify steps
+    m = make_tiny("llama").fuse_projections(kernels="triton")
+    assert {(l.self_attn.o_splits, l.self_attn.qkv_splits) for l in m.hf.model.layers} == {(2, 2)}
+    monkeypatch.setattr(fusion, "GEMM_SPLITS", 1)
+    m1 = make_tiny("llama").fuse_projections(kernels="triton")
+    assert {(l.self_attn.o_splits, l.self_attn.qkv_splits) for l in m1.hf.model.layers} == {(1, 1)}
+    fusion.set_gemm_splits(m.hf)  # no arguments: the switch
+    assert {(l.self_attn.o_splits, l.self_attn.qkv_splits) for l in m.hf.model.layers} == {(1, 1)}
+    fusion.set_gemm_splits(m.hf, qkv=2)
+    assert {(l.self_attn.o_splits, l.self_attn.qkv_splits) for l in m.hf.model.layers} == {(1, 2)}

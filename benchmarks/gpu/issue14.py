@@ -25,10 +25,11 @@ start after ``--budget-s`` seconds is recorded as skipped):
 4. ``replay`` — ``run_bench(shape="llama-3.1-8b")`` at 32k, B = 16: dense, and magicdec / vegas
    replaying part 1's traces (rows labelled replayed), graphs + fused kernels.
 
-Step variants (``--variants``): ``unfused``, ``fused_projections``, ``fused_kernels`` (today's: 12
-launches per Llama layer at the 8B shape), ``fused_kernels_r0`` (as of 2026-12-01b: the MLP's residual
+Step variants (``--variants``): ``unfused``, ``fused_projections``, ``fused_kernels`` (12
+launches per Llama layer at the 8B shape, o_proj and qkv one GEMM each: splits set to 1), ``fused_kernels_r0`` (as of 2026-12-01b: the MLP's residual
 add a kernel of its own, Hugging Face's rotary cos/sin), ``fused_kernels_split2`` / ``_split4`` (o_proj and
-qkv as hand-split batched GEMMs, ``specdec.fusion.set_gemm_splits``), ``fused_kernels_fused_combine`` and
+qkv as hand-split batched GEMMs, ``specdec.fusion.set_gemm_splits``; split 2 is the library's default since
+2026-12-01c, ``fusion.GEMM_SPLITS``), ``fused_kernels_fused_combine`` and
 ``fused_kernels_legacy_sparse`` (sparse step only: the attention combine inside the split kernel; the
 pre-table sparse launch). Each row carries the prediction made before measuring (``PREDICTED_MS``, 8B
 shape), launches per layer and a kernel table; ``issue14.md`` sums it up after every part.
