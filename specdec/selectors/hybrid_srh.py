@@ -334,31 +334,14 @@ class LayerSetPlan(QuestPlan):
     layer the backend adds, per KV head, the ``room`` positions of the pages with the best Quest bound for the
     verify rows' queries, never one already in the shared part (:meth:`indices_for`)."""
 
-    def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """``(B, H_kv, F + k_sel)``: the shared part + the per-layer top pages outside it."""
-        import time as _time
-
-        from specdec.selectors.quest import _quest_token_scores
-
-        t0 = _time.perf_counter()
-        fixed = self.indices[0]  # (B, 1, F)
-        B = q.shape[0]
-        kmin, kmax = self.kmin[layer], self.kmax[layer]  # (B, H_kv, P, D)
-        Hkv = kmin.shape[1]
-        if self.k_sel == 0:
-            out = fixed.expand(B, Hkv, -1)
-        else:
-            tok = _quest_token_scores(q, kmin, kmax, self.lengths, self.width, self.page_size, self.sinks,
-                                      self.recent, self.use_triton)  # (B, H_kv, width)
-            W = tok.shape[-1]
-            pad = torch.nn.functional.pad(tok, (0, 1))  # column W takes the -1 pads of the shared part
-            f = fixed[:, 0]
-            pad.scatter_(-1, torch.where(f < 0, torch.full_like(f, W), f).view(B, 1, -1).expand(B, Hkv, -1),
-                         float("-inf"))
-            top = torch.topk(pad[..., :W], self.k_sel, dim=-1)
-            slot = torch.arange(self.k_sel, device=q.device).view(1, 1, -1)
-            keep = (slot < self.room.view(B, 1, 1)) & (top.values > float("-inf"))
-            sel = torch.where(keep, top.indices, torch.full_like(top.indices, -1))
-            out = torch.cat([fixed.expand(B, Hkv, -1), sel], dim=-1)
-        self.clock[0] += _time.perf_counter() - t0
-        return out
+    def _pick(self, tok: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
+        """``(B, H_kv, k_sel)``: the per-layer top pages outside the shared part ``fixed``, ``-1`` padded."""
+        B, Hkv, W = tok.shape
+        pad = torch.nn.functional.pad(tok, (0, 1))  # column W takes the -1 pads of the shared part
+        f = fixed[:, 0]
+        pad.scatter_(-1, torch.where(f < 0, torch.full_like(f, W), f).view(B, 1, -1).expand(B, Hkv, -1),
+                     float("-inf"))
+        top = torch.topk(pad[..., :W], self.k_sel, dim=-1)
+        slot = torch.arange(self.k_sel, device=tok.device).view(1, 1, -1)
+        keep = (slot < self.room.view(B, 1, 1)) & (top.values > float("-inf"))
+        return torch.where(keep, top.indices, torch.full_like(top.indices, -1))

@@ -158,13 +158,17 @@ class QuestPlan(SparsePlan):
             out = fixed.expand(B, Hkv, -1)
         else:
             tok = _quest_token_scores(q, kmin, kmax, self.lengths, self.width, self.page_size, self.sinks,
-                                      self.recent, self.use_triton)
-            top = torch.topk(tok, self.k_sel, dim=-1).indices  # (B, H_kv, k_sel)
-            slot = torch.arange(self.k_sel, device=q.device).view(1, 1, -1)
-            top = torch.where(slot < self.room.view(B, 1, 1), top, torch.full_like(top, -1))
-            out = torch.cat([fixed.expand(B, Hkv, -1), top], dim=-1)
+                                      self.recent, self.use_triton)  # (B, H_kv, width)
+            out = torch.cat([fixed.expand(B, Hkv, -1), self._pick(tok, fixed)], dim=-1)
         self.clock[0] += time.perf_counter() - t0
         return out
+
+    def _pick(self, tok: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
+        """``(B, H_kv, k_sel)``: the top ``room`` positions of the token scores ``tok``, ``-1`` padded."""
+        B = tok.shape[0]
+        top = torch.topk(tok, self.k_sel, dim=-1).indices
+        slot = torch.arange(self.k_sel, device=tok.device).view(1, 1, -1)
+        return torch.where(slot < self.room.view(B, 1, 1), top, torch.full_like(top, -1))
 
 
 @SELECTORS.register("quest", QuestConfig)
