@@ -9,7 +9,6 @@ rounding: bf16 is compared within an ulp or two there); on a CUDA machine
 
 from __future__ import annotations
 
-import collections
 import os
 
 _DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
@@ -24,6 +23,7 @@ pytest.importorskip("triton", reason="the fused kernels need the optional 'trito
 from specdec import PipelineConfig, build_engine  # noqa: E402
 from specdec.cuda.triton_fused import rms_norm, rope_qkv_write, rotary_cos_sin, silu_mul, split_linear  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
+from specdec.testing.launches import count_launches  # noqa: E402
 
 from conftest import make_tiny  # noqa: E402
 
@@ -252,41 +252,7 @@ def test_fused_kernels_greedy_engine_is_identical(splits):
         assert got == want, method
 
 
-_VIEWS = ("view", "transpose", "split", "slice", "expand", "unsqueeze", "select", "t.default", "reshape", "alias",
-          "as_strided", "detach", "permute", "_local_scalar_dense", "promote_types", "empty")
-
-
-def _launches(fn):
-    """Non-view aten ops and Triton launches one call makes (the interpreter's own ops not counted)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    import triton.runtime.interpreter as ti
-
-    ops: collections.Counter = collections.Counter()
-    inside = [0]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not inside[0] and not any(v in str(func) for v in _VIEWS):
-                ops[str(func).removeprefix("aten.")] += 1
-            return func(*args, **(kwargs or {}))
-
-    orig = ti.GridExecutor.__call__
-
-    def call(self, *a, **k):
-        ops["triton:" + self.fn.__name__] += 1
-        inside[0] += 1
-        try:
-            return orig(self, *a, **k)
-        finally:
-            inside[0] -= 1
-
-    ti.GridExecutor.__call__ = call
-    try:
-        with Count():
-            fn()
-    finally:
-        ti.GridExecutor.__call__ = orig
-    return ops
+_launches = count_launches  # non-view aten ops and Triton launches of one call
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts launches through Triton's interpreter")

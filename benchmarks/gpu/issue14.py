@@ -131,43 +131,12 @@ def timed(fn, dev, n=15):
     return statistics.median(ts)
 
 
-_NOT_LAUNCHES = ("view", "transpose", "split", "slice", "expand", "unsqueeze", "select", "t.default", "reshape",
-                 "alias", "as_strided", "detach", "permute", "_local_scalar_dense", "empty")
-
-
 def launch_table(fn) -> dict:
     """CPU stand-in for ``kernel_table``: the aten ops (views left out) and Triton launches of one call of
     ``fn`` (Triton's interpreter's own ops not counted), in the same layout, without times."""
-    import collections
+    from specdec.testing.launches import count_launches
 
-    import triton.runtime.interpreter as ti
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    ops: collections.Counter = collections.Counter()
-    inside = [0]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not inside[0] and not any(v in str(func) for v in _NOT_LAUNCHES):
-                ops[str(func).removeprefix("aten.")] += 1
-            return func(*args, **(kwargs or {}))
-
-    orig = ti.GridExecutor.__call__
-
-    def call(self, *args, **kwargs):
-        ops["triton:" + self.fn.__name__] += 1
-        inside[0] += 1
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            inside[0] -= 1
-
-    ti.GridExecutor.__call__ = call
-    try:
-        with Count():
-            fn()
-    finally:
-        ti.GridExecutor.__call__ = orig
+    ops = count_launches(fn)
     cats: dict = {}
     for k, n in ops.items():
         c = ("gemm" if any(g in k for g in ("mm", "linear")) else "other" if k.startswith("triton:")
