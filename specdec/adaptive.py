@@ -81,8 +81,15 @@ class _Samples:
     def __init__(self, window: int, outlier: float) -> None:
         self.values: deque[float] = deque(maxlen=window)
         self.outlier = outlier
+        self.need = 0  # samples the committed arm must give again before a decision (confirmation)
         self._rejected = 0
         self._median: float | None = None
+
+    def clear(self, need: int = 0) -> None:
+        """Forget the samples (a re-measurement from scratch); ``need``: how many it must give before use."""
+        self.values.clear()
+        self._median = None
+        self.need = need
 
     def add(self, x: float) -> bool:
         if len(self.values) >= 2 and x > self.outlier * self.median():
@@ -174,12 +181,16 @@ class SpeculationController:
             sticks: dense steps say nothing about acceptance).
         accept_window: fresh rounds per draft position kept for its acceptance (one sequence's
             accept/reject is a coin flip: a short window would make the arms' order noise).
+        confirm: before leaving the committed arm, its samples are dropped and this many fresh ones
+            measured (it keeps running meanwhile, so this costs nothing); the switch happens only if the
+            other arm still wins against them. Early samples of a fresh engine (first launches, allocator
+            growth, caches) are slow without being captures; this keeps them from deciding.
     """
 
     def __init__(self, gamma_max: int, adapt_gamma: bool = True, fall_back: bool = True, window: int = 8,
                  min_samples: int = 2, margin: float = 0.03, explore_share: float = 0.01, min_gap: int = 16,
                  saturate: float = 0.7, outlier: float = 4.0, accept_window: int = 64, margin_dense: float = 0.0,
-                 z: float = 0.5, min_rounds: int = 8) -> None:
+                 z: float = 0.5, min_rounds: int = 8, confirm: int = 4) -> None:
         if gamma_max < 1:
             raise ValueError(f"gamma_max must be >= 1 (got {gamma_max})")
         self.gamma_max = gamma_max
@@ -199,6 +210,7 @@ class SpeculationController:
         self.margin_dense = margin_dense
         self.z = z
         self.min_rounds = min_rounds
+        self.confirm = confirm
         self._run_key = None
         self.reset()
 
@@ -232,6 +244,7 @@ class SpeculationController:
         self._explored_at: dict[int, int] = {}  # arm → iteration its last exploration ended
         self._last_end = -10 ** 9
         self._last_dense = False
+        self._confirming: int | None = None  # the arm that beat the committed one: re-measuring the latter
 
     def start_run(self, batch: int, context: int) -> None:
         """A ``generate`` call of ``batch`` sequences of about ``context`` tokens begins: estimates from
@@ -302,9 +315,10 @@ class SpeculationController:
             arm = self._explore_candidate()
             if arm is not None:
                 self._exploring = arm
-                fresh = self._times.get(arm)
-                have = 0 if fresh is None else len(fresh)
-                self._explore_need = max(1, self.min_samples - have)
+                old = self._times.get(arm)
+                if old is not None:  # re-measured from scratch: one stale estimate must not outlive it
+                    old.clear()
+                self._explore_need = self.min_samples
                 # a capture, and the stale round after dense steps, may come first
                 self._explore_left = self._explore_need + 2
                 self._explore_regret = 0.0
@@ -332,6 +346,7 @@ class SpeculationController:
             if t_pick is not None and r_pick is not None and cur:  # measured before (the first committed arm)
                 stale = t_pick if self.current == 0 else 0.0  # its first round re-plans after dense steps
                 est = stale + max(0.0, t_pick - self.tokens(pick) / cur)
+                est += (self.min_samples - 1) * max(0.0, t_pick - self.tokens(pick) / cur)
             else:  # never measured: as if its iterations emitted nothing
                 est = (self.min_samples + 1) * (self.t(self.current) or 0.0)
         if self.regret + est > self.explore_share * self.elapsed:
@@ -339,6 +354,9 @@ class SpeculationController:
         return pick
 
     def _decide(self) -> None:
+        own = self._times.get(self.current)
+        if own is not None and len(own) < own.need:
+            return  # confirming: the committed arm's fresh samples are still coming
         cur = self.rate(self.current)
         if cur is None:
             return
@@ -360,8 +378,17 @@ class SpeculationController:
             cur = (self.tokens(self.current) + self.z * self._tokens_se(self.current)) / self.t(self.current)
             margin = self.margin_dense
         if rb > (1.0 + margin) * cur:
+            if self.confirm and self._confirming != best:  # re-measure the committed arm before leaving it
+                self._confirming = best
+                own = self._times.get(self.current)
+                if own is not None:
+                    own.clear(need=self.confirm)
+                return
+            self._confirming = None
             self.current = best
             self.switches += 1
+        else:
+            self._confirming = None
 
     def _tokens_se(self, arm: int) -> float:
         """Standard error of the mean tokens per fresh round of ``arm`` (infinite below two rounds)."""
@@ -375,11 +402,12 @@ class SpeculationController:
 
     # -- observations --------------------------------------------------------------------------
     def observe_round(self, gamma: int, mean_accepted: float, seconds: float | None,
-                      profile=None) -> None:
+                      profile=None, wall: float | None = None) -> None:
         """A speculative round of ``gamma`` drafts took ``seconds`` (``None``: a warm-up, not a cost);
         ``mean_accepted`` drafts were kept per active sequence; ``profile[i]``: the share of active
         sequences that kept at least ``i + 1`` drafts (default: from ``mean_accepted``, as if every
-        sequence kept the same)."""
+        sequence kept the same). ``wall``: the iteration's wall time even when it is no cost sample (a
+        capture during an exploration is the exploration's regret)."""
         self.rounds += 1
         stale = self._last_dense
         self._last_dense = False
@@ -393,25 +421,27 @@ class SpeculationController:
                 p = float(profile[i])
                 self._pos[i].add(p, prev)
                 prev = p
-        self._observe(gamma, seconds, 1.0 + float(mean_accepted), stale)
+        self._observe(gamma, seconds, 1.0 + float(mean_accepted), stale, wall)
 
-    def observe_dense(self, seconds: float | None) -> None:
-        """A dense step took ``seconds`` (``None``: a warm-up, not a cost)."""
+    def observe_dense(self, seconds: float | None, wall: float | None = None) -> None:
+        """A dense step took ``seconds`` (``None``: a warm-up, not a cost; ``wall``: its time anyway)."""
         self.dense_steps += 1
-        self._observe(0, seconds, 1.0, False)
+        self._observe(0, seconds, 1.0, False, wall)
         self._last_dense = True
 
-    def _observe(self, arm: int, seconds: float | None, tokens: float, stale: bool) -> None:
+    def _observe(self, arm: int, seconds: float | None, tokens: float, stale: bool,
+                 wall: float | None = None) -> None:
         self.iteration += 1
         timed = seconds is not None and seconds > 0
-        if timed:
-            self.elapsed += seconds
+        spent = seconds if timed else (wall if wall is not None and wall > 0 else None)
+        if spent is not None:
+            self.elapsed += spent
         exploring = self._exploring is not None
         charged = exploring or (self._charge_next and stale)
         self._charge_next = False
-        if charged and timed:
+        if charged and spent is not None:
             cur = self.rate(self.current)
-            r = max(0.0, seconds - tokens / cur) if cur else 0.0
+            r = max(0.0, spent - tokens / cur) if cur else 0.0
             self.regret += r
             if exploring:
                 self._explore_regret += r
@@ -467,14 +497,16 @@ class Pacing:
         self._t0 = time.perf_counter()
         return self.controller.next_gamma()
 
-    def _seconds(self) -> float | None:
+    def _seconds(self) -> tuple[float | None, float]:
+        """(the iteration's time as a cost sample, ``None`` if it captured or compiled; its wall time)"""
         t = time.perf_counter() - self._t0
-        return None if warm_up_events() != self._events else t
+        return (None if warm_up_events() != self._events else t), t
 
     def dense_done(self) -> None:
         """A dense step ended."""
         if self.controller is not None:
-            self.controller.observe_dense(self._seconds())
+            t, wall = self._seconds()
+            self.controller.observe_dense(t, wall=wall)
             self.dense_steps += 1
             self._stale_plan = True
 
@@ -488,7 +520,8 @@ class Pacing:
         """A speculative round of ``gamma`` drafts ended; ``mean_accepted`` drafts per active sequence were
         kept; ``profile[i]``: the share of active sequences that kept at least ``i + 1``."""
         if self.controller is not None:
-            self.controller.observe_round(gamma, mean_accepted, self._seconds(), profile=profile)
+            t, wall = self._seconds()
+            self.controller.observe_round(gamma, mean_accepted, t, profile=profile, wall=wall)
 
 
 class AcceptanceReplay:

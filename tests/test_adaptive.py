@@ -36,8 +36,13 @@ class FakeClock:
     times get ``±noise`` jitter; the first iteration of each kind is a capture (``None``). Every call
     replays the same acceptance draws, as ``specdec bench`` decodes the same prompt each time."""
 
-    def __init__(self, t_dense, t_round, alpha, B=1, groups=1, stale_extra=0.0, stale_alpha=None, noise=0.0, seed=0):
+    def __init__(self, t_dense, t_round, alpha, B=1, groups=1, stale_extra=0.0, stale_alpha=None, noise=0.0, seed=0,
+                 slow_first=(0, 1.0), capture=0.0):
         import random
+
+        # slow_first = (n, f): the first n timed iterations of each speculative γ of this engine take f times
+        # their cost without being captures (a fresh engine's first launches); capture: a capture's wall time
+        self.slow_first, self.capture, self.timed = slow_first, capture, {}
 
         self.t_dense, self.t_round, self.alpha, self.B, self.groups = t_dense, t_round, alpha, B, groups
         self.stale_extra, self.stale_alpha, self.noise = stale_extra, stale_alpha, noise
@@ -64,6 +69,10 @@ class FakeClock:
                     left[b] -= 1
             else:
                 t = self.t_round(g) * jitter + (self.stale_extra if last_dense else 0.0)
+                if g in self.seen:
+                    self.timed[g] = self.timed.get(g, 0) + 1
+                    if self.timed[g] <= self.slow_first[0]:
+                        t *= self.slow_first[1]
                 a = self.stale_alpha if (last_dense and self.stale_alpha is not None) else self.alpha(self.it)
                 kept = []
                 for b in active:
@@ -73,14 +82,16 @@ class FakeClock:
                     kept.append(n)
                     left[b] -= n + 1
                 profile = [sum(k > i for k in kept) / len(kept) for i in range(g)]
-            seconds += t
             warm = g not in self.seen
+            if warm:
+                t += self.capture
+            seconds += t
             self.seen.add(g)
             if ctrl is not None:
                 if g == 0:
-                    ctrl.observe_dense(None if warm else t)
+                    ctrl.observe_dense(None if warm else t, wall=t)
                 else:
-                    ctrl.observe_round(g, sum(kept) / len(kept), None if warm else t, profile=profile)
+                    ctrl.observe_round(g, sum(kept) / len(kept), None if warm else t, profile=profile, wall=t)
             last_dense = g == 0
             self.it += 1
         return seconds, new_tokens - 1, kinds
@@ -167,6 +178,59 @@ def test_where_speculation_pays_it_stays_at_fixed_gamma(batch, seed):
     c = SpeculationController(4)
     got = _rate(costs, c)
     assert got >= 0.98 * fixed, (got / fixed, c.current, c.explorations, c.switches)
+
+
+# The H200 run of 2026-12-01 15:41 (gpu_adaptive_2026-12-01c_run2.json, SmolLM2 8k, prose, 256 tokens), in ms of
+# wall time per iteration (call time / iterations): dense 4096 / 6,987 tok/s / 255 = 2.30 ms at B = 16 and
+# 1 / 680 = 1.47 ms at B = 1; magicdec γ = 4: 8.21 ms (B = 16, τ 3.82) and 7.60 ms (B = 1, τ 3.88), of which
+# 1.29 ms per draft step (draft phase / draft steps). The adaptive engine's warm-up call ran 240 dense steps and
+# 9 rounds in 748 ms: ~23 ms per round against 8.2 ms steady — its first rounds were ~2.5x slow without
+# capturing (the engines share the model's graphs). Acceptance 0.9 per position: τ 3.8-4.3 over 256 tokens (seeds).
+PROSE_B16 = dict(t_dense=2.30, t_round=lambda g: 3.05 + 1.29 * g, alpha=_alpha(0.9), B=16, noise=0.05,
+                 stale_alpha=0.6, stale_extra=0.5, slow_first=(8, 2.5), capture=40.0)
+PROSE_B1 = dict(PROSE_B16, t_dense=1.47, t_round=lambda g: 2.44 + 1.29 * g, B=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_prose_b16_slow_first_rounds_do_not_commit_to_dense(seed):
+    """prose B = 16 on the H200: adaptive ran 183-255 of 256 tokens dense (0.93x / 0.88x of fixed γ) because
+    its γ = 4 estimate came from the first rounds of a fresh engine (~2.5x slow, not captures) and, once dense
+    was committed, each re-exploration added one sample to a window of slow ones. The controller must
+    re-measure before it leaves the committed arm and measure an explored arm afresh."""
+    costs = dict(PROSE_B16, seed=seed)
+    fixed = _rate(costs, fixed=4, calls=6, new_tokens=256)
+    assert fixed > 1.04 * _rate(costs, fixed=0, calls=6, new_tokens=256)  # the premise: γ = 4 pays (1.08x)
+    c = SpeculationController(4)
+    got = _rate(costs, c, calls=6, new_tokens=256)
+    assert got >= 0.98 * fixed, (got / fixed, c.current, c.explorations, c.switches)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_prose_b1_goes_dense(seed):
+    """prose B = 1 on the H200: fixed magicdec / vegas were 0.75x / 0.81x dense; adaptive must reach >= 0.97x
+    dense in the timed calls (one warm-up call, then 5 of 256 tokens)."""
+    costs = dict(PROSE_B1, seed=seed)
+    dense = _rate(costs, fixed=0, calls=6, new_tokens=256)
+    assert _rate(costs, fixed=4, calls=6, new_tokens=256) < 0.9 * dense  # the premise
+    c = SpeculationController(4)
+    got = _rate(costs, c, calls=6, new_tokens=256)
+    assert c.dense_mode and got >= 0.97 * dense, (got / dense, c.current, c.explorations)
+
+
+def test_an_explored_arm_is_measured_afresh():
+    """Once dense was committed on slow γ = 4 samples, an exploration of γ = 4 must replace them: one new sample
+    in a window of old ones (the H200's prose B = 16) left the wrong estimate for many explorations."""
+    c = SpeculationController(4, adapt_gamma=False, explore_share=0.05)
+    slow = [True]
+    kinds = _drive(c, lambda g: 20.0 if slow[0] else 8.2, 2.3, accepted=3.0, n=40)
+    assert c.dense_mode and kinds[-10:].count(0) == 10  # committed to dense on the slow samples
+    slow[0] = False
+    start = c.explorations
+    while c.explorations == start or c._exploring is not None:
+        _drive(c, lambda g: 8.2, 2.3, accepted=3.0, n=1)
+    assert c.t(4) == pytest.approx(8.2)  # the fresh samples only
+    _drive(c, lambda g: 8.2, 2.3, accepted=3.0, n=20)
+    assert c.current == 4
 
 
 def _phases(a0, a1, at):
@@ -296,14 +360,15 @@ def test_pacing_discards_iterations_that_captured(monkeypatch):
 
     events = [0]
     monkeypatch.setattr(adaptive, "warm_up_events", lambda: events[0])
-    seen = []
+    seen, walls = [], []
 
     class Rec:
         def next_gamma(self):
             return 4
 
-        def observe_round(self, g, a, t, profile=None):
+        def observe_round(self, g, a, t, profile=None, wall=None):
             seen.append(t)
+            walls.append(wall)
 
     p = Pacing(Rec(), 4)
     p.next_gamma()
@@ -312,6 +377,7 @@ def test_pacing_discards_iterations_that_captured(monkeypatch):
     p.next_gamma()
     p.round_done(4, 3.0)
     assert seen[0] is None and seen[1] is not None and seen[1] >= 0
+    assert walls[0] is not None and walls[0] >= 0  # a capture's time still counts as time (regret)
 
 
 def test_one_switch_for_the_default():
@@ -344,10 +410,10 @@ class _Script:
         self.i += 1
         return g
 
-    def observe_round(self, g, a, t, profile=None):
+    def observe_round(self, g, a, t, profile=None, wall=None):
         self.seen.append(("round", g))
 
-    def observe_dense(self, t):
+    def observe_dense(self, t, wall=None):
         self.seen.append(("dense", 0))
 
 

@@ -145,7 +145,7 @@ class _Scripted:
     def observe_round(self, *a, **kw):
         pass
 
-    def observe_dense(self, *a):
+    def observe_dense(self, *a, **kw):
         pass
 
 
