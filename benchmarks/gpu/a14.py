@@ -1,6 +1,6 @@
 """Issue 14 item 5 (speculation that never loses): fixed γ vs adaptive, interleaved, with a noise floor.
 
-    timeout 300 python3 benchmarks/gpu/a14.py --out $OUT/a14 --budget-s 270
+    timeout 280 python3 benchmarks/gpu/a14.py --out $OUT/a14      # H200, <= 4.5 minutes, $OUT/a14.tgz
     python3 benchmarks/gpu/a14.py --smoke --out /tmp/a14_smoke        # CPU, tiny shapes, ~1 minute
 
 Embedded model (``/tmp/m/smol.gguf``, bf16, ``--backend triton``, CUDA graphs, fused projections +
@@ -38,6 +38,11 @@ iterations and phases; ``<out>/a14.md``: the tables and the verdict). No part or
 round: the warm-up's), so the run ends near ``--budget-s`` (its rows record the rounds done). A failing part
 records its traceback and the next one runs. ``--hf`` adds Hugging Face static-cache ``generate`` at B = 16
 (32 new tokens) last, for the "vegas ≥ 10× HF static" row (off by default: it does not decide the switch).
+
+Hard budget: a watchdog ends the process at ``--hard-s`` (default ``--budget-s`` + 20 s) after writing what it has.
+At the end (or at the watchdog) the output folder is packed into ``<out>.tgz`` (``$OUT/a14.tgz``) and one verdict
+line per (document, B) is printed: ``VERDICT <doc>_B<B>: never-loses=<True|False|within noise> noise-floor=…``
+with each method's paired ratio against its bar.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ import json
 import os
 import statistics
 import sys
+import tarfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -239,7 +246,9 @@ def main() -> None:
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, not the numbers")
-    ap.add_argument("--budget-s", type=float, default=270.0, help="no part or round starts after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="no part or round starts after this many seconds (default 235; smoke 100)")
+    ap.add_argument("--hard-s", type=float, default=None, help="the watchdog ends the run here (default budget + 20)")
     ap.add_argument("--parts", default=None, help="default: ssl_B64,ssl_B1,ssl_B16,prose_B64,prose_B1,prose_B16 "
                     "(smoke: ssl_B1,prose_B2)")
     ap.add_argument("--new", type=int, default=None, help="new tokens per call (default 256; smoke 6)")
@@ -252,6 +261,7 @@ def main() -> None:
 
     docs = {"ssl": ssl.__file__, "prose": email_docstrings(out / "email_docstrings.txt")}
     a.gamma, a.ratio = 4, 0.05
+    a.budget_s = a.budget_s if a.budget_s is not None else (100.0 if a.smoke else 235.0)
     if a.smoke:
         a.model, a.device, a.dtype, a.backend, a.graphs = "smollm2-135m", "cpu", "float32", "reference", False
         a.context, a.hf_new, a.hf_batch = 200, 4, 1
@@ -289,6 +299,26 @@ def main() -> None:
         (out / "a14.json").write_text(json.dumps(res, indent=2, default=str))
         (out / "a14.md").write_text(summary(res))
 
+    def finish(code: int | None) -> None:
+        """Pack ``out`` into ``<out>.tgz`` and print the per-(doc, B) verdicts; ``code``: exit now (watchdog)."""
+        if code is not None:
+            res["watchdog"] = f"hard budget {a.hard_s:.0f} s reached: the run was ended there"
+            try:
+                analyse(res)
+                save()
+            except Exception:  # the main thread may be mid-update; the last round's files are on disk
+                print("a14.py: watchdog could not write the final state:", traceback.format_exc(limit=2), flush=True)
+        with tarfile.open(out.parent / f"{out.name}.tgz", "w:gz") as tar:
+            tar.add(out, arcname=out.name)
+        print("\n".join(verdict_lines(res)), flush=True)
+        if code is not None:
+            os._exit(code)
+
+    a.hard_s = a.hard_s if a.hard_s is not None else a.budget_s + 20
+    dog = threading.Timer(max(1.0, a.hard_s - (time.perf_counter() - T0)), finish, args=(3,))
+    dog.daemon = True
+    dog.start()
+
     parts = [(f"{d}_B{b}", lambda d=d, b=b: part_interleaved(a, res, m, d, docs[d], b, save)) for d, b in todo]
     if a.hf:
         parts.append((f"hf_static_B{a.hf_batch}", lambda: part_hf(a, res, m, docs["ssl"], a.hf_batch)))
@@ -309,7 +339,27 @@ def main() -> None:
             torch.cuda.empty_cache()
     res["total_s"] = time.perf_counter() - T0
     save()
+    dog.cancel()
     print(summary(res))
+    finish(None)
+
+
+def verdict_lines(res) -> list[str]:
+    """One line per (doc, B): never-loses for that part, its noise floor, each method's ratio against its bar."""
+    out = []
+    for key, p in res["runs"].items():
+        rows = [r for r in res.get("rows", []) if f"{r['doc']}_B{r['batch']}" == key]
+        if not rows:
+            out.append(f"VERDICT {key}: no rounds ({p.get('stopped', 'not run')})")
+            continue
+        v = False if any(r["loses"] for r in rows) else True if all(r["ok"] for r in rows) else "within noise"
+        what = ", ".join(f"{r['method']} {(r['adaptive_over_dense'] if r['batch'] == 1 else r['adaptive_over_fixed'])['median']:.3f}"
+                         f" ({r['criterion']})" for r in rows)
+        out.append(f"VERDICT {key}: never-loses={v} noise-floor={rows[0]['noise_floor']:.3f} rounds={rows[0]['rounds']}: "
+                   f"{what}")
+    out.append(f"VERDICT all: adaptive_never_loses={res.get('adaptive_never_loses')} "
+               f"noise_floor_max={res.get('noise_floor_max')} resolves_2pct={res.get('noise_resolves_2pct')}")
+    return out
 
 
 def summary(res) -> str:
@@ -343,6 +393,7 @@ def summary(res) -> str:
               f"tokens; False only if a row is below its bar by more than its noise floor), over "
               f"{res.get('verdict_covers')}: **{res.get('adaptive_never_loses')}**; noise floor max "
               f"{f(res.get('noise_floor_max'))}, resolves 2 %: {res.get('noise_resolves_2pct')}", ""]
+    lines += ["## Verdict per (document, B)", ""] + [f"- {x}" for x in verdict_lines(res)] + [""]
     h = res.get("hf_static")
     if h:
         lines.append(f"- HF static generate B={h['batch']}: {h['median']:.1f} tok/s ({h.get('attn_implementation')}); "
