@@ -131,6 +131,13 @@ def main(argv=None) -> int:
 
     margins = [float(x) for x in a.margins.split(",") if x.strip()]
 
+    def report() -> None:  # after every part: a hard timeout keeps the tables of the parts that finished
+        res["summary"] = summarize(res, budgets)
+        dump()
+        (out / "fidelity.md").write_text(markdown(res, budgets))
+        if res["documents"]:
+            plot(res, budgets, out / "curve.png")
+
     def dustin(b, forced=None, extra=None):
         o = {**opts, **(extra or {})}
         if forced is not None and margins:
@@ -180,6 +187,8 @@ def main(argv=None) -> int:
             print(traceback.format_exc(), flush=True)
         dump()
     res["meta"]["tf_s"] = time.time() - p0
+    free_memory()
+    report()
     # part 2: free-running, every variant on its own (no twin pass, so its tokens/s are its own)
     p0 = time.time()
     for doc, (ids, pre, y, row) in ([] if a.tf_only else refs.items()):
@@ -207,6 +216,8 @@ def main(argv=None) -> int:
                     print(traceback.format_exc(), flush=True)
                 dump()
     res["meta"]["free_s"] = time.time() - p0
+    free_memory()
+    report()
     # part 3: specdec eval's tasks (run_eval, one sample of one task at a time so a time box keeps whole samples;
     # samples in the outer loop so every task gets some)
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
@@ -231,26 +242,30 @@ def main(argv=None) -> int:
                 except Exception:
                     res["failures"].append(dict(part=f"{task}#{i}", error=traceback.format_exc()))
                     print(traceback.format_exc(), flush=True)
-            if rows:
-                ev = dict(tasks=rows, documents=[])
-                ev["summary"] = eval_summarize(ev, list(methods))
-                emeta = dict(date=res["meta"]["date"], command=res["meta"]["command"], model=a.model, context=tctx,
-                             samples=a.samples, budget=kw.get("budget"), budget_ratio=kw.get("budget_ratio"),
-                             gamma=a.gamma, backend=backend, methods={k: v[1] for k, v in methods.items()})
-                res["tasks"], res["task_summary"] = rows, ev["summary"]
-                (out / "tasks.json").write_text(json.dumps(dict(meta=emeta, **ev), indent=1))
-                (out / "tasks.md").write_text(eval_markdown(ev, emeta))
-            dump()
+                if rows:
+                    ev = dict(tasks=rows, documents=[])
+                    ev["summary"] = eval_summarize(ev, list(methods))
+                    emeta = dict(date=res["meta"]["date"], command=res["meta"]["command"], model=a.model, context=tctx,
+                                 samples=a.samples, budget=kw.get("budget"), budget_ratio=kw.get("budget_ratio"),
+                                 gamma=a.gamma, backend=backend, methods={k: v[1] for k, v in methods.items()})
+                    res["tasks"], res["task_summary"] = rows, ev["summary"]
+                    (out / "tasks.json").write_text(json.dumps(dict(meta=emeta, **ev), indent=1))
+                    (out / "tasks.md").write_text(eval_markdown(ev, emeta))
+                dump()
     res["meta"]["task_s"] = time.time() - p0
-    res["summary"] = summarize(res, budgets)
-    dump()
-    (out / "fidelity.md").write_text(markdown(res, budgets))
-    if res["documents"]:
-        plot(res, budgets, out / "curve.png")
+    report()
     print((out / "fidelity.md").read_text())
     if (out / "tasks.md").is_file():
         print((out / "tasks.md").read_text())
     return 0
+
+
+def free_memory() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def pick_backend(load_model, name: str, device: str, context: int):
@@ -275,12 +290,11 @@ def pick_backend(load_model, name: str, device: str, context: int):
         timing[be] = sorted(ts)[1]
         models[be] = m
     pick = min(timing, key=timing.get) if outs["reference"] == outs["torch"] else "reference"
-    for be in models:
-        if be != pick:
-            del models[be]
+    model = models.pop(pick)
+    models.clear()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return models[pick], pick, dict(seconds_per_32_tokens=timing, same_tokens=outs["reference"] == outs["torch"])
+    return model, pick, dict(seconds_per_32_tokens=timing, same_tokens=outs["reference"] == outs["torch"])
 
 
 class PassLog(DenseTwin):
