@@ -50,8 +50,9 @@ from collections import deque
 
 import torch
 
-#: whether adaptive γ / dense fall-back is on by default (PipelineConfig.adaptive, the CLI): off until an
-#: H200 run shows it never loses (B = 64 and 16 within ~2 % of fixed γ, B = 1 >= 0.97x dense)
+#: whether adaptive γ / dense fall-back is on by default (PipelineConfig.adaptive, engine.adaptive, ``--adaptive`` /
+#: ``--no-adaptive`` of generate and bench). Turning it on is this one line, after ``benchmarks/gpu/a14.py`` on an
+#: H200 prints never-loses for every (document, B): B = 1 >= 0.97x dense, B = 16 / 64 >= 0.98x fixed γ.
 ADAPTIVE_DEFAULT = False
 
 

@@ -97,7 +97,7 @@ def generate(
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive",
         help="adapt γ per iteration and fall back to dense steps when drafting cannot pay "
-             "(default: specdec.adaptive.ADAPTIVE_DEFAULT, off today; lossless)"),
+             "(default: specdec.adaptive.ADAPTIVE_DEFAULT; lossless)"),
     record_acceptance: Optional[Path] = typer.Option(
         None, "--record-acceptance", help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace)"),
     encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
@@ -232,7 +232,7 @@ def bench(
         help="replay accepted lengths recorded by generate --record-acceptance: FILE, or method=FILE,method=FILE"),
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive",
-        help="adaptive γ and dense fall-back (default: specdec.adaptive.ADAPTIVE_DEFAULT, off today; lossless)"),
+        help="adaptive γ and dense fall-back (default: specdec.adaptive.ADAPTIVE_DEFAULT; lossless)"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench

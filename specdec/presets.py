@@ -36,7 +36,7 @@ class PipelineConfig(BudgetConfig):
     method: str = "magicdec"
     gamma: int = Field(default=4, ge=1, le=64, description="draft length γ")
     sampling: SamplingConfig = SamplingConfig()
-    adaptive: bool = Field(default=ADAPTIVE_DEFAULT, description="adaptive γ per iteration and dense fall-back (specdec.adaptive); default: specdec.adaptive.ADAPTIVE_DEFAULT (off until an H200 run shows it never loses)")
+    adaptive: bool = Field(default=ADAPTIVE_DEFAULT, description="adaptive γ per iteration and dense fall-back (specdec.adaptive); default: specdec.adaptive.ADAPTIVE_DEFAULT")
     options: dict[str, Any] = Field(default_factory=dict, description="method-specific options")
 
     @model_validator(mode="after")
