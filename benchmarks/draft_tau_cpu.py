@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +37,14 @@ def main() -> None:
                          "(for text from outside the training set: licenses, third-party package sources)")
     ap.add_argument("--early-exit", type=int, default=0, help="also run the untrained early exit at this depth")
     a = ap.parse_args()
+    files = []  # checked before the model loads
+    for spec in a.file:
+        name, _, rest = spec.partition("=")
+        kind, _, path = rest.partition(":")
+        if not name or kind not in ("prose", "code") or not Path(path).is_file():
+            print(f"--file {spec!r}: expected NAME=prose:PATH or NAME=code:PATH with an existing file", file=sys.stderr)
+            raise SystemExit(2)
+        files.append((name, Path(path).read_text(encoding="utf-8", errors="replace"), kind))
     torch.set_num_threads(1)
     from specdec import SpecdecModel
     from specdec.data import context_ids
@@ -73,12 +82,7 @@ def main() -> None:
     rows = []
     docs = [(n, t, "prose" if n.startswith("pydoc") else "code") for n, t in held_out_texts()
             if a.documents is None or n in a.documents.split(",")]
-    for spec in a.file:
-        name, _, rest = spec.partition("=")
-        kind, _, path = rest.partition(":")
-        if not name or kind not in ("prose", "code") or not Path(path).is_file():
-            raise SystemExit(f"--file {spec!r}: expected NAME=prose:PATH or NAME=code:PATH with an existing file")
-        docs.append((name, Path(path).read_text(encoding="utf-8", errors="replace"), kind))
+    docs += files
     for context, (name, text, kind) in [(int(c), doc) for c in a.contexts.split(",") for doc in docs]:
         ids = context_ids(m.tokenizer, text, context, offset=a.new + 16)
         pre = dense.prefill([ids])
