@@ -144,9 +144,10 @@ def make_plan(B, Hkv, L, lengths, dev, gen):
     return idx, dense_from, K
 
 
-def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left, ours=None):
+def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left, ours=None, only_ours=False):
     """Every variant of each call kind at one shape. ``ours``: ``kind -> {label: TritonConfig fields}``,
-    our kernel's variants for that kind (default: one, ``"triton"``, with the table's launch)."""
+    our kernel's variants for that kind (default: one, ``"triton"``, with the table's launch);
+    ``only_ours``: no peers (a second pass over more of our variants)."""
     name, H, Hkv, D, B, L = case
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -191,7 +192,7 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
             be = TritonBackend(TritonConfig(**dict(dict(peers="off", flash_attn="off"), **fields)))
             variants[label] = (lambda be: lambda i: be.attend(q, ks[i], vs[i], meta))(be)
             configs[label] = fields
-        if kind in ("verify_scores", "verify_sink"):
+        if kind in ("verify_scores", "verify_sink") or only_ours:
             pass  # ours only: the peers' verify (no scores) is the "verify" rows
         elif kind in ("decode", "verify"):
             plain = meta.without_scores()

@@ -14,6 +14,7 @@ reference on the first two sequences). Per shape (8B first: the targets):
 * ``verify_sink`` (the same with ``sink_softmax`` scores of rows {0, 4}, Vegas' default): ours with each
   row reduction (``TritonConfig.sink_reduce``: ``tile`` today's default, ``tdot``, ``rowmma``), the bf16
   score buffer, and the launch variants for ``tile`` and ``tdot``;
+* first every shape with the core variants and the peers, then the launch variants (ours only);
 * then, if time is left, ``decode`` at the two 8B shapes (their capturable forms: ``flashinfer_graph``,
   ``sdpa_masked``; ``peers.sh`` cut those last time).
 
@@ -54,19 +55,22 @@ PREDICTED = {4: "tdot ~+2-3 % over plain (tile +5 %); with c8/s3 plain ~145 us: 
              2: "tdot ~+5-8 % (tile +12 %): ~1.03x", 1: "~1.10x", 0: "~1.25x"}
 
 
-def ours_for(idx: int, smoke: bool) -> dict[str, dict[str, dict]]:
+def ours_for(idx: int, smoke: bool, launch_pass: bool = False) -> dict[str, dict[str, dict]]:
+    """Our variants per kind: the core ones (pass 1, with the peers), or the launch variants (pass 2)."""
     base = dict(block_n=16, num_splits=2) if smoke else {}
-    launch = {"s2": dict(num_splits=3)} if smoke and idx == 0 else LAUNCH.get(idx, {})
-    plain = {"triton": dict(base)}
-    sink = {"sink_tile": dict(base), "sink_tile_bf16": dict(base, score_dtype="bfloat16"),
-            "sink_tdot": dict(base, sink_reduce="tdot"), "sink_tdot_bf16": dict(base, sink_reduce="tdot",
-                                                                               score_dtype="bfloat16"),
-            "sink_rowmma": dict(base, sink_reduce="rowmma")}
-    for lab, f in launch.items():
-        plain[f"triton@{lab}"] = dict(base, **f)
-        sink[f"sink_tile@{lab}"] = dict(base, **f)
-        sink[f"sink_tdot@{lab}"] = dict(base, sink_reduce="tdot", **f)
-    return {"verify": plain, "verify_sink": sink}
+    if launch_pass:
+        launch = {"s3": dict(num_splits=3)} if smoke and idx == 0 else LAUNCH.get(idx, {})
+        plain, sink = {}, {}
+        for lab, f in launch.items():
+            plain[f"triton@{lab}"] = dict(base, **f)
+            sink[f"sink_tile@{lab}"] = dict(base, **f)
+            sink[f"sink_tdot@{lab}"] = dict(base, sink_reduce="tdot", **f)
+        return {"verify": plain, "verify_sink": sink}
+    return {"verify": {"triton": dict(base)},
+            "verify_sink": {"sink_tile": dict(base), "sink_tile_bf16": dict(base, score_dtype="bfloat16"),
+                            "sink_tdot": dict(base, sink_reduce="tdot"),
+                            "sink_tdot_bf16": dict(base, sink_reduce="tdot", score_dtype="bfloat16"),
+                            "sink_rowmma": dict(base, sink_reduce="rowmma")}}
 
 
 def kl(L: int) -> str:
@@ -167,15 +171,20 @@ def main() -> int:
         save()
 
     budget_left = lambda: a.budget_s - (time.monotonic() - t0)  # noqa: E731
-    for idx in order:
-        case = cases[idx]
-        try:
-            pb.run_case(case, ["verify", "verify_sink"], cuda, 256 << 20 if cuda else 1, reps, bw, log, record,
-                        budget_left, ours=ours_for(idx, a.smoke))
-        except Exception as exc:
-            record(dict(case=case[0], B=case[4], L=case[5], error=f"{type(exc).__name__}: {exc}",
-                        traceback=traceback.format_exc()))
-            log(f"case {case}: FAILED {exc}")
+    # pass 1: every shape, the core variants and the peers; pass 2: the launch variants (ours only)
+    for launch_pass in (False, True):
+        for idx in order:
+            case = cases[idx]
+            ours = ours_for(idx, a.smoke, launch_pass)
+            if not any(ours.values()):
+                continue
+            try:
+                pb.run_case(case, ["verify", "verify_sink"], cuda, 256 << 20 if cuda else 1, reps, bw, log, record,
+                            budget_left, ours=ours, only_ours=launch_pass)
+            except Exception as exc:
+                record(dict(case=case[0], B=case[4], L=case[5], error=f"{type(exc).__name__}: {exc}",
+                            traceback=traceback.format_exc()))
+                log(f"case {case}: FAILED {exc}")
     if cuda:  # the 8B shapes' capturable decode forms, in the time left
         for idx in (3, 4):
             if budget_left() > 15:
