@@ -167,6 +167,25 @@ def test_head_attention_full_equals_sliced():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("heads", [[0, 1, 2, 3, 4, 5], [4], [0, 2, 5], [1, 1, 3]])
+@pytest.mark.parametrize("rows,full", [(None, False), ([0, 2], True)])
+def test_group_attention_equals_head_attention_summed_per_group(heads, rows, full):
+    """Dustin's target history without a key copy per query head: the sum per KV group of head_attention (all
+    heads, one group, uneven groups, a head listed twice), bf16 keys as on the GPU."""
+    from specdec.attention.recording import group_attention
+
+    g = torch.Generator().manual_seed(2)
+    B, H, Hkv, T, L, D = 2, 6, 3, 3, 24, 8
+    q = torch.randn(B, H, T, D, generator=g).to(torch.bfloat16)
+    k = torch.randn(B, Hkv, L, D, generator=g).to(torch.bfloat16)
+    lengths = torch.tensor([5, 17])
+    r = None if rows is None else torch.tensor(rows)
+    per_head = head_attention(q, k, lengths, heads, 0.3, rows=rows)  # (B, h, L)
+    want = torch.zeros(B, Hkv, L).index_add_(1, torch.tensor(heads) // (H // Hkv), per_head)
+    got = group_attention(q, k, lengths, heads, 0.3, rows=r, full=full)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_srh_request_gives_each_passs_signal(target):
     heads = {1: [0, 3], 2: [2]}
     cache = target.new_cache(2, 40)
