@@ -419,7 +419,10 @@ class PlanGraphs:
         names = sorted(n for n, v in vars(selector).items() if isinstance(v, torch.Tensor))
         state = [getattr(selector, n) for n in names]
         absent = tuple(sorted(n for n, v in vars(selector).items() if v is None))
-        key = (type(selector), cache.k.data_ptr(), cache.capacity, tuple(names), absent)
+        # the settings too: two selectors of one type on one cache (engines built in turn on a reused cache)
+        # must not replay each other's plan
+        key = (type(selector), repr(getattr(selector, "config", None)), cache.k.data_ptr(), cache.capacity,
+               tuple(names), absent)
 
         def build(lens, *tensors):
             saved = [getattr(selector, n) for n in names]

@@ -322,7 +322,7 @@ class HybridSRHSelector(KVSelector):
         elif c.m is not None:
             m_max = min(c.m, room)
         else:
-            m_max = int(torch.round(torch.tensor(float(room), dtype=torch.float64) * c.m_ratio))
+            m_max = round(room * c.m_ratio)  # float64 product, half to even: torch.round's (m_for)
         return capacity, m_max, room - m_max
 
     def _layer_plan(self, cache: KVCache, lengths: torch.Tensor, m: torch.Tensor | None) -> "LayerSetPlan":
