@@ -1,7 +1,7 @@
 """Issue 15, d15: why Dustin's sparse verify at B = 64 x 8k is slower than a dense verify, and the iteration after the
 captured plan and the per-group SRH scores (≤ 3 minutes on one H200).
 
-    python3 benchmarks/gpu/d15_dustin_verify.py --out $OUT --budget-s 150     # GPU; tars $OUT/d15.tgz at the end
+    python3 benchmarks/gpu/d15_dustin_verify.py --out $OUT --budget-s 130 --tests-s 40   # GPU; tars $OUT/d15.tgz
     python3 benchmarks/gpu/d15_dustin_verify.py --smoke --out /tmp/d15smoke    # CPU, embedded model, tiny shapes
 
 Part ``forward`` (first: it answers the question even if the rest runs out of time): the verify forward alone at
@@ -168,6 +168,8 @@ def markdown(res) -> str:
                      f"| {r['tau']:.2f} | {agree} | {'' if kv is None else f'{kv:.1%}'} | {fmt(s.get('draft'))} "
                      f"| {fmt(s.get('plan'))} | {fmt(s.get('forward'))} | {fmt(s.get('sample_select'))} "
                      f"| {fmt(s.get('host'))} | {fmt(s.get('iteration'))} |")
+    for t in res.get("tests", []):
+        lines += ["", f"GPU tests (`tests/test_dustin_gpu.py -k '{t['select']}'`): rc {t['returncode']}, {t['summary']}"]
     for k, v in res.get("errors", {}).items():
         lines += ["", f"**{k} failed**:", "```", v[-3000:], "```"]
     if res.get("skipped"):
@@ -183,6 +185,7 @@ def main() -> None:
     ap.add_argument("--batches", default="64,16")
     ap.add_argument("--methods", default="dense,dustin-25%,dustin-default")
     ap.add_argument("--forward-batch", type=int, default=64)
+    ap.add_argument("--tests-s", type=float, default=0, help="after the budget: seconds for tests/test_dustin_gpu.py")
     ap.add_argument("--draft", default=None)
     ap.add_argument("--module", default="tarfile")
     ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 2, 8 tokens")
@@ -230,6 +233,12 @@ def main() -> None:
             except Exception:
                 res["errors"][f"rows B={B}"] = traceback.format_exc()
     save()
+    if a.tests_s > 0:
+        try:  # the GPU tests of Dustin (real graphs, the captured plan included) with the time left
+            dg.part_tests(a, res)
+        except Exception:
+            res["errors"]["tests"] = traceback.format_exc()
+        save()
     files = [p.name for p in out.iterdir() if p.is_file() and p.name != "d15.tgz"]
     subprocess.run(["tar", "czf", str(out / "d15.tgz"), "-C", str(out), *files], check=False)
     print(markdown(res))
