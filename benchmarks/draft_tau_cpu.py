@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -31,8 +32,19 @@ def main() -> None:
                     "several settings separated by ';' give one KIND+lookup(MIN-MAX,tTRUST) row each")
     ap.add_argument("--draft", default=None, help="an artifact instead of the shipped one of its kind")
     ap.add_argument("--documents", default=None, help="comma-separated held-out document names (default: all)")
+    ap.add_argument("--file", action="append", default=[], metavar="NAME=KIND:PATH",
+                    help="also (or, with --documents none, only) this text file as a document; KIND is prose or code "
+                         "(for text from outside the training set: licenses, third-party package sources)")
     ap.add_argument("--early-exit", type=int, default=0, help="also run the untrained early exit at this depth")
     a = ap.parse_args()
+    files = []  # checked before the model loads
+    for spec in a.file:
+        name, _, rest = spec.partition("=")
+        kind, _, path = rest.partition(":")
+        if not name or kind not in ("prose", "code") or not Path(path).is_file():
+            print(f"--file {spec!r}: expected NAME=prose:PATH or NAME=code:PATH with an existing file", file=sys.stderr)
+            raise SystemExit(2)
+        files.append((name, Path(path).read_text(encoding="utf-8", errors="replace"), kind))
     torch.set_num_threads(1)
     from specdec import SpecdecModel
     from specdec.data import context_ids
@@ -68,8 +80,10 @@ def main() -> None:
         drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
     rows = []
-    docs = [d for d in held_out_texts() if a.documents is None or d[0] in a.documents.split(",")]
-    for context, (name, text) in [(int(c), doc) for c in a.contexts.split(",") for doc in docs]:
+    docs = [(n, t, "prose" if n.startswith("pydoc") else "code") for n, t in held_out_texts()
+            if a.documents is None or n in a.documents.split(",")]
+    docs += files
+    for context, (name, text, kind) in [(int(c), doc) for c in a.contexts.split(",") for doc in docs]:
         ids = context_ids(m.tokenizer, text, context, offset=a.new + 16)
         pre = dense.prefill([ids])
         ref = dense.generate([ids], a.new, prefilled=pre)
@@ -78,7 +92,7 @@ def main() -> None:
                                     eos_token_id=-1)
             t0 = time.perf_counter()
             res = eng.generate([ids], a.new, prefilled=pre)
-            row = dict(document=name, context=context, kind="prose" if name.startswith("pydoc") else "code", drafter=label,
+            row = dict(document=name, context=context, kind=kind, drafter=label,
                        tau=res.stats.mean_accepted_length, acceptance_per_position=res.stats.acceptance_per_position,
                        equals_dense=res.tokens[0] == ref.tokens[0], seconds=time.perf_counter() - t0)
             if isinstance(d, LookupDrafter):
@@ -86,7 +100,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), contexts=a.contexts,
-                new_tokens=a.new, gamma=a.gamma, lookup=looks, drafts={k: str(p) for k, p in paths.items()},
+                new_tokens=a.new, gamma=a.gamma, lookup=looks, files=a.file, drafts={k: str(p) for k, p in paths.items()},
                 machine="2-core shared CPU, float32, 1 thread")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

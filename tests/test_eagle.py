@@ -247,8 +247,10 @@ def test_sampling_with_the_eagle_head_follows_the_target(setting, tmp_path):
 @pytest.mark.slow
 def test_shipped_eagle_head_is_default_and_accepted(smol):
     """The EAGLE head shipped for the embedded model (trained on the H200, float16) is Dustin's default draft and
-    `draft=eagle`; it fits the 10 MB package budget; in float32 on the CPU, with dense verification on a held-out
-    module, it is lossless and accepted more often than the shipped layer-skipping draft."""
+    `draft=eagle`; it fits the 10 MB package budget; it is the recipe-v2 head of the 5.5-minute H200 run
+    (its metadata: 2,646,016 tokens, 3,553 steps; docs/dustin.md has the provenance); in float32 on the CPU,
+    with dense verification on a held-out module, it is lossless and accepted more often than the shipped
+    layer-skipping draft."""
     from specdec.data import context_ids, load_document
     from specdec.eagle import EagleDrafter, read_meta
     from specdec.engine import SpeculativeEngine
@@ -259,7 +261,9 @@ def test_shipped_eagle_head_is_default_and_accepted(smol):
 
     path = shipped_draft(smol, "eagle")
     assert path == DRAFTS_DIR / "smollm2-135m-eagle.safetensors" and shipped_draft(smol) == path
-    assert path.stat().st_size < 10 * 2**20 and read_meta(path)["kind"] == "eagle"
+    meta = read_meta(path)
+    assert path.stat().st_size < 10 * 2**20 and meta["kind"] == "eagle"
+    assert (meta.get("recipe"), meta["tokens"], meta["optimizer_steps"]) == ("v2", 2_646_016, 3553), meta
     for options in ({}, {"draft": "eagle"}):
         eng = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64, options=options))
         from specdec.lookup import base_drafter
