@@ -394,11 +394,14 @@ class PlanGraphs:
     @staticmethod
     def applies(selector, lengths: torch.Tensor) -> bool:
         """Whether ``selector``'s plans are built through a graph: a :class:`BudgetSelector` that keeps
-        the base ``plan`` (a selector overriding it, e.g. Quest or Dustin's hybrid, runs eagerly), on a GPU."""
+        the base ``plan``, or one whose ``capturable_plan`` is true (Dustin's hybrid set with a static split:
+        a pure function of the lengths and its signals, widths known on the host), on a GPU; others (Quest,
+        the adaptive or per-layer hybrid) run eagerly."""
         from specdec.selectors.base import BudgetSelector
 
-        return (lengths.is_cuda and isinstance(selector, BudgetSelector)
-                and type(selector).plan is BudgetSelector.plan and not torch.cuda.is_current_stream_capturing())
+        pure = ((isinstance(selector, BudgetSelector) and type(selector).plan is BudgetSelector.plan)
+                or getattr(selector, "capturable_plan", False) is True)  # a plan() that declares itself pure
+        return lengths.is_cuda and pure and not torch.cuda.is_current_stream_capturing()
 
     @property
     def captures(self) -> int:
@@ -416,7 +419,10 @@ class PlanGraphs:
         names = sorted(n for n, v in vars(selector).items() if isinstance(v, torch.Tensor))
         state = [getattr(selector, n) for n in names]
         absent = tuple(sorted(n for n, v in vars(selector).items() if v is None))
-        key = (type(selector), cache.k.data_ptr(), cache.capacity, tuple(names), absent)
+        # the settings too: two selectors of one type on one cache (engines built in turn on a reused cache)
+        # must not replay each other's plan
+        key = (type(selector), repr(getattr(selector, "config", None)), cache.k.data_ptr(), cache.capacity,
+               tuple(names), absent)
 
         def build(lens, *tensors):
             saved = [getattr(selector, n) for n in names]

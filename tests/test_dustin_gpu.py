@@ -25,6 +25,30 @@ from conftest import make_tiny  # noqa: E402
 PROMPTS = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
 
 
+def test_dustin_plan_replays_as_one_graph_and_equals_eager():
+    """The hybrid plan (static split) is built by the planner's plan graph on a GPU: the same tokens as eager plan
+    construction, the plan graph captured and replayed, no plan refused (a host read would be)."""
+    from specdec.graphs import PlanGraphs
+    from specdec.planner import planner_for
+
+    m = make_tiny("llama", seed=5, num_hidden_layers=4)
+    m.hf.cuda()
+    m.backend = BACKENDS.build("triton")
+    cfg = PipelineConfig.make(method="dustin", gamma=3, budget_ratio=0.25, sinks=2, recent=4,
+                              options={"draft_layers": 2, "lookup_min": 0})
+    eng = build_engine(m, cfg, eos_token_id=-1)
+    captured = eng.generate(PROMPTS, 16).tokens
+    pg = planner_for(eng.verifier._state.cache).plan_graphs
+    assert pg is not None and pg.captures >= 1 and pg.replays >= 1 and not pg.uncapturable, pg and pg.uncapturable
+    real = PlanGraphs.__dict__["applies"]  # the staticmethod itself
+    PlanGraphs.applies = staticmethod(lambda sel, lengths: False)
+    try:
+        eager = build_engine(m, cfg, eos_token_id=-1).generate(PROMPTS, 16).tokens
+    finally:
+        PlanGraphs.applies = real
+    assert captured == eager
+
+
 def test_dustin_compiled_with_graphs_full_budget_equals_dense_and_replays():
     be = BACKENDS.build("triton")
     m = make_tiny("llama", seed=5, num_hidden_layers=4)

@@ -13,6 +13,7 @@ from specdec.drafters import EarlyExitDrafter, TruncatedModel, truncated_model
 from specdec.errors import SpecdecError
 from specdec.graphs import GraphCache, describe_step
 from specdec.attention.recording import head_attention
+from specdec.engine import SpeculativeEngine
 from specdec.verifiers import srh_request, srh_scores
 
 from conftest import make_tiny
@@ -167,6 +168,25 @@ def test_head_attention_full_equals_sliced():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("heads", [[0, 1, 2, 3, 4, 5], [4], [0, 2, 5], [1, 1, 3]])
+@pytest.mark.parametrize("rows,full", [(None, False), ([0, 2], True)])
+def test_group_attention_equals_head_attention_summed_per_group(heads, rows, full):
+    """Dustin's target history without a key copy per query head: the sum per KV group of head_attention (all
+    heads, one group, uneven groups, a head listed twice), bf16 keys as on the GPU."""
+    from specdec.attention.recording import group_attention
+
+    g = torch.Generator().manual_seed(2)
+    B, H, Hkv, T, L, D = 2, 6, 3, 3, 24, 8
+    q = torch.randn(B, H, T, D, generator=g).to(torch.bfloat16)
+    k = torch.randn(B, Hkv, L, D, generator=g).to(torch.bfloat16)
+    lengths = torch.tensor([5, 17])
+    r = None if rows is None else torch.tensor(rows)
+    per_head = head_attention(q, k, lengths, heads, 0.3, rows=rows)  # (B, h, L)
+    want = torch.zeros(B, Hkv, L).index_add_(1, torch.tensor(heads) // (H // Hkv), per_head)
+    got = group_attention(q, k, lengths, heads, 0.3, rows=r, full=full)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_srh_request_gives_each_passs_signal(target):
     heads = {1: [0, 3], 2: [2]}
     cache = target.new_cache(2, 40)
@@ -224,3 +244,99 @@ def test_view_follows_the_parents_backend(target):
     with view.using_backend(mine):
         assert view.backend is mine and target.backend is not mine
     assert view.backend is target.backend
+
+
+class _FrozenPlanCalls:
+    """A stand-in for :class:`specdec.graphs.CapturedCall` in :class:`PlanGraphs` on the CPU: the build and every
+    Python value it closed over are frozen at the first call of a key, later calls copy their inputs into the
+    captured buffers and re-run the frozen build while any host read of a tensor (``tolist``, ``item``, ``int``,
+    ``bool``: what a CUDA graph cannot replay) raises; outputs are the same buffers every time."""
+
+    def __init__(self) -> None:
+        self.graphs: dict = {}
+        self.captures = self.replays = 0
+        self.uncapturable: dict = {}
+
+    @staticmethod
+    def _no_host_reads(fn, *args):
+        def refuse(*a, **k):
+            raise AssertionError("a host read of a device tensor inside a captured plan")
+
+        names = ("tolist", "item", "__int__", "__bool__", "__index__")
+        saved = {n: getattr(torch.Tensor, n) for n in names}
+        for n in names:
+            setattr(torch.Tensor, n, refuse)
+        try:
+            return fn(*args)
+        finally:
+            for n, f in saved.items():
+                setattr(torch.Tensor, n, f)
+
+    def __call__(self, key, fn, *inputs, keep=None):
+        full = (key, tuple((tuple(t.shape), t.dtype) for t in inputs))
+        if full not in self.graphs:
+            statics = tuple(t.clone() for t in inputs)
+            outs = self._no_host_reads(fn, *statics)
+            self.graphs[full] = (fn, statics, outs)
+            self.captures += 1
+            return outs
+        frozen, statics, outs = self.graphs[full]
+        for s, t in zip(statics, inputs):
+            s.copy_(t)
+        new = self._no_host_reads(frozen, *statics)
+        for name in ("indices", "dense_from"):
+            getattr(outs, name).copy_(getattr(new, name))
+        self.replays += 1
+        return outs
+
+
+@pytest.mark.parametrize("budget,split", [(dict(budget_ratio=0.25), {}), (dict(budget_ratio=1.0), {}),
+                                          (dict(budget=12), dict(m=3))])
+def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
+    """The hybrid plan replayed as a graph (stand-in above: no host read, frozen build) gives the eager plan
+    at every iteration of a greedy Dustin generation, and the tokens are the eager run's; at budget = the whole
+    context both equal dense greedy decoding."""
+    from specdec.graphs import PlanGraphs
+    from specdec.planner import planner_for
+
+    prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 5]
+    cfg = PipelineConfig.make(method="dustin", gamma=3, sinks=2, recent=4,
+                              options=dict(draft="early-exit", draft_layers=1, lookup_min=0, **split), **budget)
+
+    def run(captured: bool):
+        eng = build_engine(target, cfg, eos_token_id=-1)
+        plans = []
+        if captured:
+            monkeypatch.setattr(PlanGraphs, "applies", staticmethod(
+                lambda sel, lengths: getattr(sel, "capturable_plan", False) is True))
+            real = PlanGraphs.__init__
+
+            def init(self, max_graphs=4):
+                real(self, max_graphs)
+                self.calls = _FrozenPlanCalls()
+
+            monkeypatch.setattr(PlanGraphs, "__init__", init)
+        orig = eng.verifier.verify
+
+        def verify(state, tokens, scores):
+            out = orig(state, tokens, scores)
+            p = eng.verifier.last_plan
+            if p is not None:
+                plans.append((p.indices.clone(), eng.verifier.selector.plan(state.cache, state.lengths).indices))
+            return out
+
+        eng.verifier.verify = verify
+        out = eng.generate(prompts, 16)
+        pg = planner_for(eng.verifier._state.cache).plan_graphs if captured else None
+        monkeypatch.undo()
+        return out.tokens, plans, pg
+
+    eager, eager_plans, _ = run(False)
+    got, plans, pg = run(True)
+    assert got == eager
+    assert len(plans) >= 2 and pg is not None and pg.captures >= 1 and pg.replays >= 1
+    for replayed, direct in plans:
+        assert torch.equal(replayed, direct)  # the replayed buffers hold this iteration's plan
+    if budget.get("budget_ratio") == 1.0:
+        dense = SpeculativeEngine(target, method="dense", eos_token_id=-1).generate(prompts, 16).tokens
+        assert got == dense

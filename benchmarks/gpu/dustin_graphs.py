@@ -101,7 +101,8 @@ def measure(eng, prompts, pre, a) -> dict:
     row = dict(tokens_per_second=statistics.median(tps), tokens_per_second_runs=tps, tau=med.stats.mean_accepted_length,
                iterations=med.stats.iterations, tokens=med.tokens,
                phase_ms_per_iteration={k: 1e3 * v / it for k, v in st.phase_seconds.items() if k != "prefill"},
-               phase_seconds=dict(st.phase_seconds), timed_iterations=st.iterations)
+               phase_seconds=dict(st.phase_seconds), timed_iterations=st.iterations,
+               decode_seconds=st.decode_seconds)
     v = getattr(eng, "verifier", None)
     if v is not None and hasattr(v, "report"):
         rep = v.report()

@@ -16,6 +16,7 @@ from the last verification pass (an online ARR proxy on the SRHs; see :meth:`Hyb
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -73,6 +74,7 @@ def hybrid_select(
     target: torch.Tensor | None,
     m: torch.Tensor,
     fixed: tuple[torch.Tensor, torch.Tensor] | None = None,
+    bounds: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """``I_verify`` per sequence.
 
@@ -84,6 +86,10 @@ def hybrid_select(
         m: ``(B,)`` slots chosen by the draft signal (clipped to the free slots).
         fixed: ``fixed_positions(lengths, budget, sinks, recent)`` when the caller already has it (a plan
             computes it once for ``m`` and the selection: ~35 small launches fewer per plan).
+        bounds: host-known ``(L, m_max, r_max)``: signal width scanned and the most slots of the draft and target
+            parts (:meth:`HybridSRHSelector.static_bounds`). With them the selection reads nothing from the
+            device (CUDA-graph capturable) and its width is fixed per cache; without them the four maxima are
+            read from the device in one synchronisation and the width follows this call's lengths.
 
     Returns:
         ``(B, K)`` int64 positions, ``-1`` = unused; no duplicates.
@@ -93,15 +99,22 @@ def hybrid_select(
     fixed, room = fixed_positions(lengths, budget, sinks, recent) if fixed is None else fixed  # (B, S+R), (B,)
     m = torch.minimum(m.to(device=room.device, dtype=room.dtype).clamp(min=0), room)
     rest = room - m
-    # the shapes below need four maxima on the host: read them in one synchronisation
-    L, room_max, m_max, r_max = torch.stack([lengths.max(), room.max(), m.max(), rest.max()]).tolist()
-    if room_max == 0:
-        return fixed
+    if bounds is None:
+        # the shapes below need four maxima on the host: read them in one synchronisation
+        L, room_max, m_max, r_max = torch.stack([lengths.max(), room.max(), m.max(), rest.max()]).tolist()
+        if room_max == 0:
+            return fixed
+    else:
+        L, m_max, r_max = bounds
+        if m_max + r_max == 0:
+            return fixed
     pos = torch.arange(L, device=dev).view(1, L)
     blocked = (pos >= lengths.view(B, 1)) | (pos < sinks) | (pos >= (lengths - recent).view(B, 1))
 
     def ranked(signal: torch.Tensor | None, extra_block: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         s = torch.zeros(B, L, device=dev) if signal is None else signal[:, :L].float()
+        if s.shape[1] < L:  # a signal only as wide as the longest sequence (host bounds: the cache's width)
+            s = torch.nn.functional.pad(s, (0, L - s.shape[1]))
         s = s.masked_fill(blocked | extra_block, float("-inf"))
         val, idx = torch.topk(s, k, dim=-1)  # (B, k)
         return idx, val > float("-inf")
@@ -273,10 +286,44 @@ class HybridSRHSelector(KVSelector):
         room = fixed[1]
         # one signal missing (first pass / no drafter signal): the other takes all slots
         m = room if t is None else torch.zeros_like(room) if d is None else self.m_for(lengths, room=room)
-        idx = hybrid_select(lengths, budget, c.sinks, c.recent, d, t, m, fixed=fixed)  # (B, K)
-        self.mark(lengths)
+        # host-known widths (no device read) unless m is adaptive (its bound would double the width)
+        bounds = None if c.adaptive else self.static_bounds(cache.capacity, d is not None, t is not None)
+        idx = hybrid_select(lengths, budget, c.sinks, c.recent, d, t, m, fixed=fixed, bounds=bounds)  # (B, K)
+        if c.adaptive:  # only adapt() reads it; a captured plan must not modify the selector
+            self.mark(lengths)
         B, K = idx.shape
-        return SparsePlan(indices=idx.view(1, B, 1, K).expand(1, B, cache.n_kv_heads, K), dense_from=lengths.clone())
+        # one set shared by the KV heads: (1, B, 1, K), as BudgetSelector's (the kernels broadcast it)
+        return SparsePlan(indices=idx.view(1, B, 1, K), dense_from=lengths.clone(), static_size=bounds is not None)
+
+    @property
+    def capturable_plan(self) -> bool:
+        """Whether :meth:`plan` is a pure function of the lengths and the signals with shapes fixed per cache
+        (one shared set, static ``m``): the planner then replays it as one CUDA graph (:class:`PlanGraphs`)."""
+        return not self.config.adaptive and self.config.layer_share == 0
+
+    def max_room(self, capacity: int) -> int:
+        """Most free slots (budget - sinks - recent) of any plan of a cache of ``capacity`` positions (host)."""
+        c = self.config
+        b = min(c.budget, capacity) if c.budget is not None else min(
+            max(c.min_budget, math.ceil(capacity * c.budget_ratio)), capacity)
+        s = min(c.sinks, b)
+        return max(0, b - s - min(c.recent, b - s))
+
+    def static_bounds(self, capacity: int, has_draft: bool = True, has_target: bool = True) -> tuple[int, int, int]:
+        """``(L, m_max, r_max)`` for :func:`hybrid_select` from host values only: every plan of a cache of
+        ``capacity`` positions fits (the budget grows with the length; ``room - round(room * r)`` and
+        ``round(room * r)`` never decrease with ``room``)."""
+        c = self.config
+        room = self.max_room(capacity)
+        if not has_target:
+            m_max = room
+        elif not has_draft:
+            m_max = 0
+        elif c.m is not None:
+            m_max = min(c.m, room)
+        else:
+            m_max = round(room * c.m_ratio)  # float64 product, half to even: torch.round's (m_for)
+        return capacity, m_max, room - m_max
 
     def _layer_plan(self, cache: KVCache, lengths: torch.Tensor, m: torch.Tensor | None) -> "LayerSetPlan":
         """Per layer and KV head (beyond the paper): a share ``layer_share`` of the free slots goes to the

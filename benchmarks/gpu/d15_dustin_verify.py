@@ -1,0 +1,248 @@
+"""Issue 15, d15: why Dustin's sparse verify at B = 64 x 8k is slower than a dense verify, and the iteration after the
+captured plan and the per-group SRH scores (≤ 3 minutes on one H200).
+
+    python3 benchmarks/gpu/d15_dustin_verify.py --out $OUT --budget-s 130 --tests-s 40   # GPU; tars $OUT/d15.tgz
+    python3 benchmarks/gpu/d15_dustin_verify.py --smoke --out /tmp/d15smoke    # CPU, embedded model, tiny shapes
+
+Part ``forward`` (first: it answers the question even if the rest runs out of time): the verify forward alone at
+``--forward-batch`` (64) x 8k, graph-replayed, medians of 20 CUDA-event timings after warm-up, on a cache of random
+bf16 K/V at length 8,000: dense T = 5 (no scores / + the SRH request Dustin's dense passes carry), sparse over 25 %
+(+ SRH / without SRH / + SRH with the sparse kernel split as for dense), the captured plan alone, and the SRH score
+computation alone (the old per-query-head ``head_attention`` and the new ``group_attention``).
+
+Part ``rows`` (``benchmarks/gpu/dustin_graphs.py``'s measurement, same setup: SmolLM2 bf16, Triton, fused, CUDA
+graphs, 8k of ``tarfile.py``, 64 new tokens, γ 4, lookup on): dense, dustin-25%, dustin-default at B = 64 and 16,
+each warmed up at its shape, median of 3 timed runs, then one run with phase syncs for the split: draft / plan /
+sparse forward / sample+select / host (the rest of the iteration), agreement with dense in the same table.
+Everything is written to ``$OUT/d15_dustin_verify.{json,md}`` after each part; failures are recorded and the next
+part runs; ``$OUT/d15.tgz`` holds it all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+import dustin_graphs as dg  # noqa: E402
+
+T0 = time.perf_counter()
+
+
+def elapsed() -> float:
+    return time.perf_counter() - T0
+
+
+def timed(fn, reps: int, dev: torch.device) -> float:
+    """Median ms of ``reps`` calls after two warm-ups (CUDA events on a GPU, wall clock on the CPU)."""
+    for _ in range(2):
+        fn()
+    out = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(out)
+
+
+def part_forward(a, m, res: dict, save) -> None:
+    from specdec.attention.recording import group_attention, head_attention
+    from specdec.dustin import default_heads
+    from specdec.planner import planner_for
+    from specdec.selectors.hybrid_srh import HybridSRHConfig, HybridSRHSelector
+    from specdec.verifiers import srh_request
+
+    B, L, T = a.forward_batch, a.context, dg.GAMMA + 1
+    dev = m.device
+    cache = m.new_cache(B, L + 128)
+    torch.manual_seed(0)
+    for t in (cache.k, cache.v):  # timing does not depend on the values: random keys and values, in place
+        t.normal_()
+    lengths = torch.full((B,), L, device=dev, dtype=torch.long)
+    ids = torch.randint(0, 1000, (B, T), device=dev)
+    t_heads, _ = default_heads(m.dims.n_global, m.dims.n_heads, 1)
+    heads = {int(l): [] for l, _ in t_heads}
+    for l, h in t_heads:
+        heads[int(l)].append(int(h))
+    sel = HybridSRHSelector(HybridSRHConfig(budget_ratio=0.25, target_heads=[tuple(x) for x in t_heads]))
+    sel.draft_signal = torch.rand(B, cache.capacity, device=dev)
+    sel.target_signal = torch.rand(B, cache.capacity, device=dev)
+    planner = planner_for(cache)
+    rows = res.setdefault("forward", {})
+    rows["meta"] = dict(batch=B, length=L, rows=T, srh_heads=t_heads, capacity=cache.capacity)
+
+    def one(name, fn, reps=20):
+        if elapsed() > a.budget_s:
+            res["skipped"].append(f"forward {name}")
+            return
+        try:
+            rows[name] = round(timed(fn, reps, dev), 4)
+        except Exception:
+            res["errors"][f"forward {name}"] = traceback.format_exc()
+        save()
+
+    plan = planner.plan(sel, lengths)
+    rows["plan_K"] = int(plan.indices.shape[-1])
+    rows["plan_graphs"] = None if planner.plan_graphs is None else dict(captures=planner.plan_graphs.captures)
+    srh = lambda: [srh_request(heads, T)]  # noqa: E731
+    one("plan (captured)", lambda: planner.plan(sel, lengths))
+    one("plan (eager)", lambda: sel.plan(cache, lengths))
+    one("dense T=5", lambda: m.forward(ids, cache, lengths))
+    one("dense T=5 + SRH", lambda: m.forward(ids, cache, lengths, scores=srh()))
+    one("sparse 25% + SRH", lambda: m.forward(ids, cache, lengths, plan=plan, scores=srh()))
+    one("sparse 25%, no SRH", lambda: m.forward(ids, cache, lengths, plan=plan))
+    layer = next(iter(heads))
+    q = torch.randn(B, m.dims.n_heads, T, m.dims.head_dim, device=dev, dtype=cache.k.dtype)
+    k_layer = cache.layer(layer)[0]  # SmolLM2: every layer global, model layer = global layer
+    one("SRH scores, head_attention (old)", lambda: head_attention(q, k_layer, lengths, heads[layer], 0.125, full=True))
+    one("SRH scores, group_attention (new)", lambda: group_attention(q, k_layer, lengths, heads[layer], 0.125, full=True))
+    if dev.type == "cuda" and type(m.backend).__name__ == "TritonBackend":
+        from specdec.cuda.triton_backend import TritonBackend
+
+        cfg = m.backend.config.model_copy(update=dict(sparse_single_split_at=None))
+        with m.using_backend(TritonBackend(cfg)):
+            one("sparse 25% + SRH, split kernel", lambda: m.forward(ids, cache, lengths, plan=plan, scores=srh()))
+    del cache
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def part_rows(a, m, ids, B: int, res: dict, save) -> None:
+    """dustin_graphs' rows, then the per-phase split of each Dustin row from its timed run."""
+    before = len(res.setdefault("rows", []))
+    dg.part_batch(a, m, ids, B, res, save)
+    for r in res["rows"][before:]:
+        ph = r["phase_ms_per_iteration"]
+        it = max(1, r["timed_iterations"])
+        wall = 1e3 * r.get("decode_seconds", 0.0) / it
+        v = r.get("verifier", {})
+        plan = 1e3 * v.get("select_seconds", 0.0) / max(1, v.get("passes", 0)) if v else 0.0
+        known = sum(ph.get(k, 0.0) for k in ("draft", "verify", "sample", "select"))
+        r["split_ms"] = dict(draft=ph.get("draft", 0.0), plan=plan, forward=ph.get("verify", 0.0) - plan,
+                             sample_select=ph.get("sample", 0.0) + ph.get("select", 0.0),
+                             host=max(0.0, wall - known) if wall else None, iteration=wall or None)
+    save()
+
+
+def markdown(res) -> str:
+    meta = res["meta"]
+    lines = [f"# d15: Dustin's verify at 8k — {meta['date']}", "", f"`{meta['argv']}` — {meta['device']}, "
+             f"context {meta.get('context')} tokens of `{meta.get('document')}`, γ = {dg.GAMMA}", ""]
+    f = res.get("forward")
+    if f:
+        mt = f.get("meta", {})
+        lines += [f"## The verify forward alone (B = {mt.get('batch')}, length {mt.get('length')}, T = {mt.get('rows')}, "
+                  f"graph-replayed, median ms; plan width K = {f.get('plan_K')})", "", "| call | ms |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in f.items() if isinstance(v, float)]
+        lines.append("")
+    lines += ["## Iterations (median of 3 timed runs; split from one run with phase syncs, ms per iteration)", "",
+              "| B | method | tok/s | × dense | τ | agreement (first diff) | KV read | draft | plan | sparse forward "
+              "| sample+select | host | iteration |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
+    for r in res.get("rows", []):
+        s = r.get("split_ms", {})
+        agree = "" if r["method"] == "dense" else f"{r['agreement_with_dense']:.1%} ({r['first_divergence']})"
+        kv = r.get("verifier", {}).get("kv_read_vs_dense")
+        sp = r.get("speedup_vs_dense")
+        lines.append(f"| {r['batch']} | {r['method']} | {r['tokens_per_second']:.0f} | {'' if sp is None else f'{sp:.2f}×'} "
+                     f"| {r['tau']:.2f} | {agree} | {'' if kv is None else f'{kv:.1%}'} | {fmt(s.get('draft'))} "
+                     f"| {fmt(s.get('plan'))} | {fmt(s.get('forward'))} | {fmt(s.get('sample_select'))} "
+                     f"| {fmt(s.get('host'))} | {fmt(s.get('iteration'))} |")
+    for t in res.get("tests", []):
+        lines += ["", f"GPU tests (`tests/test_dustin_gpu.py -k '{t['select']}'`): rc {t['returncode']}, {t['summary']}"]
+    for k, v in res.get("errors", {}).items():
+        lines += ["", f"**{k} failed**:", "```", v[-3000:], "```"]
+    if res.get("skipped"):
+        lines += ["", "skipped (time budget): " + ", ".join(res["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=150, help="hard budget (seconds from the start) for every part")
+    ap.add_argument("--batches", default="64,16")
+    ap.add_argument("--methods", default="dense,dustin-25%,dustin-default")
+    ap.add_argument("--forward-batch", type=int, default=64)
+    ap.add_argument("--tests-s", type=float, default=0, help="after the budget: seconds for tests/test_dustin_gpu.py")
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--module", default="tarfile")
+    ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 2, 8 tokens")
+    a = ap.parse_args()
+    a.methods = a.methods.split(",")
+    if a.smoke:
+        a.gguf, a.device, a.dtype, a.backend, a.graphs, a.fuse = "smollm2-135m", "cpu", "float32", "reference", False, False
+        a.context, a.new, a.repeats, batches, a.forward_batch = 128, 8, 1, [2], 2
+        torch.set_num_threads(1)
+    else:
+        a.device, a.dtype, a.backend, a.graphs, a.fuse = "cuda", "bfloat16", "triton", True, True
+        a.context, a.new, a.repeats, batches = 8000, 64, 3, [int(b) for b in a.batches.split(",")]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = importlib.util.find_spec(a.module)
+    doc = spec.origin if spec is not None else None
+    res = dict(meta=dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), argv=" ".join(sys.argv),
+                         device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu", document=doc,
+                         new_tokens=a.new, repeats=a.repeats, torch=torch.__version__),
+               errors={}, skipped=[])
+
+    def save():
+        (out / "d15_dustin_verify.json").write_text(json.dumps(res, indent=1, default=str))
+        (out / "d15_dustin_verify.md").write_text(markdown(res))
+
+    m = ids = None
+    try:
+        from specdec.data import context_ids, load_document
+        from specdec.loading import load_model
+
+        m = load_model(a.gguf, a.dtype, a.device, a.backend, a.graphs, False, a.fuse)
+        ids = context_ids(m.tokenizer, load_document(doc), a.context, offset=96)
+        res["meta"].update(context=len(ids), load_seconds=round(elapsed(), 1))
+    except Exception:
+        res["errors"]["setup"] = traceback.format_exc()
+    save()
+    if m is not None:
+        try:
+            part_forward(a, m, res, save)
+        except Exception:
+            res["errors"]["forward"] = traceback.format_exc()
+        for B in batches:
+            try:
+                part_rows(a, m, ids, B, res, save)
+            except Exception:
+                res["errors"][f"rows B={B}"] = traceback.format_exc()
+    save()
+    if a.tests_s > 0:
+        try:  # the GPU tests of Dustin (real graphs, the captured plan included) with the time left
+            dg.part_tests(a, res)
+        except Exception:
+            res["errors"]["tests"] = traceback.format_exc()
+        save()
+    files = [p.name for p in out.iterdir() if p.is_file() and p.name != "d15.tgz"]
+    subprocess.run(["tar", "czf", str(out / "d15.tgz"), "-C", str(out), *files], check=False)
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
