@@ -1,10 +1,11 @@
-"""Embedded model end to end at B 64 x 8k: dense and Vegas with the GEMM splits 1 vs 2 (vs 2 + down 2), interleaved.
+"""Embedded model end to end at B 64 x 8k: dense and Vegas, GEMM splits 1 vs 2 vs 2 + down 2 vs 2 + Triton select.
 
     python3 benchmarks/gpu/r14_e2e.py --out $OUT --budget-s 80          # H200, /tmp/m/smol.gguf
     python3 benchmarks/gpu/r14_e2e.py --out /tmp/r14e2e --smoke         # CPU (embedded model, reference backend, torch code)
 
 The two-slice GEMM default (``specdec.fusion.GEMM_SPLITS = 2``) was measured only at the 8B shape: here one
-model per setting (``set_gemm_splits(hf, s, s, down=d)``), each round runs every setting once (dense, then
+model per setting (``set_gemm_splits(hf, s, s, down=d)``; the last with ``TRITON_SELECT`` on, the plan's
+top-k in one Triton launch), each round runs every setting once (dense, then
 vegas: ``run_bench``, warm-up + 1 timed run each, bf16, triton, graphs, fused, gamma 4, 5 %, 64 new tokens,
 8k of ``ssl.py``), rounds until the budget. Reported: median tok/s over rounds (min-max), vegas x dense of
 the same setting, tau, Vegas' selection share of the iteration (``selection_overhead_share``), and whether
@@ -30,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 T0 = time.perf_counter()
-SETTINGS = [("splits1", 1, 1), ("splits2", 2, 1), ("splits2_down2", 2, 2)]
+#: (label, o_proj/qkv splits, down splits, specdec.selectors.base.TRITON_SELECT); one model (and cache) each
+SETTINGS = [("splits1", 1, 1, False), ("splits2", 2, 1, False), ("splits2_down2", 2, 2, False),
+            ("splits2_triton_select", 2, 1, True)]
 
 
 def main() -> None:
@@ -46,13 +49,14 @@ def main() -> None:
     from specdec.bench import run_bench
     from specdec.fusion import set_gemm_splits
     from specdec.loading import load_model
+    from specdec.selectors import base
 
     smoke = a.smoke
     dev = "cpu" if smoke else "cuda"
     res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), torch=torch.__version__,
                gpu=torch.cuda.get_device_name() if dev == "cuda" else None, rows=[], errors=[])
     models = {}
-    for name, s, d in (SETTINGS[::2] if smoke else SETTINGS):
+    for name, s, d, _ in (SETTINGS[::2] if smoke else SETTINGS):
         # the smoke: the embedded model on the CPU, fused with the torch code (the splits act only with the
         # Triton kernels, so there it checks the script, not the splits)
         m = load_model("smollm2-135m" if smoke else a.gguf, "float32" if smoke else "bfloat16", dev,
@@ -70,11 +74,15 @@ def main() -> None:
         if time.perf_counter() - T0 > a.budget_s:
             res["errors"].append(f"round {rnd}: skipped, out of budget")
             break
-        for name, _, _ in settings:
+        for name, _, _, tsel in settings:
             dense = None
             for method in ("dense", "vegas"):
                 try:
-                    r = run_bench([method], tag="r14_e2e", model=models[name], **common)[-1]
+                    base.TRITON_SELECT = tsel
+                    try:
+                        r = run_bench([method], tag="r14_e2e", model=models[name], **common)[-1]
+                    finally:
+                        base.TRITON_SELECT = False
                     ref = r.get("tokens") if ref is None else ref
                     dense = r.get("tokens") if method == "dense" else dense
                     res["rows"].append(dict(round=rnd, setting=name, method=method, tok_s=r.get("tokens_per_second"),
@@ -94,7 +102,7 @@ def markdown(res) -> str:
              "| setting | method | rounds | tok/s median (min-max) | x dense (same setting) | tau | select share | "
              "same tokens as dense (same setting) | same as splits1 dense |", "|---|---|---|---|---|---|---|---|---|"]
     med = {}
-    for name, _, _ in SETTINGS:
+    for name, *_ in SETTINGS:
         for method in ("dense", "vegas"):
             rs = [r for r in res["rows"] if r["setting"] == name and r["method"] == method and r["tok_s"]]
             if not rs:
