@@ -605,6 +605,46 @@ def test_bf16_score_buffers(kind):
     torch.testing.assert_close(s.float(), s_ref, atol=3e-2 * (6 if kind == "logits" else 1), rtol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("red", ["tdot", "rowmma"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("T,rows,heads,D", [(5, [0, 4], None, 64), (3, [1], [1, 5], 16), (5, [0, 4], None, 128)])
+def test_sink_reduce_variants_match_reference(dtype, red, splits, T, rows, heads, D):
+    """The compile-time row reductions of ``sink_softmax`` scores (issue 18: ``"tdot"``, a transposed
+    second MMA; ``"rowmma"``, a 16-row MMA of the per-row factors) give the reference's scores and
+    outputs, in one split and over several, at head dims 16/64/128 (G 3: 15 rows, 9 with T 3)."""
+    lengths = [50, 13, 0] if not ON_GPU else [4000, 777, 0]
+    q, k, v, lens = make_case(3, 2, 3, T, D, max(lengths) + T + 4, dtype, lengths, seed=61 + T + D)
+    cfg = TritonConfig(block_n=16, num_splits=splits, sink_reduce=red)
+    check(cfg, q, k, v, lens, score_rows=rows, score_kind="sink_softmax", score_heads=heads)
+
+
+@pytest.mark.parametrize("red", ["tdot", "rowmma"])
+def test_sink_reduce_variants_sparse_and_bf16_buffer(red):
+    lengths = [60, 21]
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 70, torch.float32, lengths, seed=12)
+    idx, df = make_plan(2, 2, 12, lengths, 5)
+    check(TritonConfig(block_n=16, num_splits=3, sink_reduce=red), q, k, v, lens, plan_indices=idx,
+          dense_from=df, score_rows=[0, 4], score_kind="sink_softmax")
+    kw = dict(score_rows=[0, 4], score_kind="sink_softmax")
+    _, s_ref = REF.attend(q, k, v, AttentionMetadata(lens, 0.25, **kw))
+    _, s = TritonBackend(TritonConfig(block_n=16, num_splits=2, score_dtype="bfloat16", sink_reduce=red)).attend(
+        q, k, v, AttentionMetadata(lens, 0.25, **kw))
+    assert s.dtype == torch.bfloat16
+    torch.testing.assert_close(s.float(), s_ref, atol=3e-2, rtol=2e-2)
+
+
+def test_sink_reduce_default_and_bad_value():
+    """Today's reduction stays the default until the GPU run picks a variant; a wrong name is one clear error."""
+    from specdec.cuda.triton_attention import splitk_attention
+
+    assert TritonConfig().sink_reduce == "tile"
+    q, k, v, lens = make_case(1, 2, 3, 5, 16, 30, torch.float32, [20], seed=2)
+    with pytest.raises(ValueError, match="sink_reduce must be one of"):
+        splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=torch.ones(6, 5), sink_softmax=True,
+                         sink_reduce="tdott")
+
+
 def test_sink_softmax_per_row_is_refused():
     q, k, v, lens = make_case(1, 2, 3, 5, 16, 30, torch.float32, [20], seed=2)
     with pytest.raises(ValueError, match="per_row"):

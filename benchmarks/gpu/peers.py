@@ -17,7 +17,8 @@ Call kinds (bf16, every sequence at the same context ``L``):
   dense tail of the 16 newest tokens (FA4 cannot serve it on SM90: recorded as such);
 * ``verify_scores``: our verify kernel also emitting the Collect-2-Query scores (rows 0 and 4,
   logits summed over each KV group's heads); the peers run their verify *without* scores, which
-  is what a peer-based verify would have to add a second pass to.
+  is what a peer-based verify would have to add a second pass to;
+* ``verify_sink``: the same with Vegas' default ``sink_softmax`` scores (ours only; ``benchmarks/gpu/s18.py``).
 
 Capturable forms (the kernels the backend may run under CUDA-graph capture, ``peers.GRAPH_PICKS``):
 ``flashinfer_graph`` is FlashInfer's decode / verify wrapper in CUDA-graph mode
@@ -69,7 +70,7 @@ CASES = [  # name, H, H_kv, D, B, L
     ("llama8b", 32, 8, 128, 1, 131072),
 ]
 SMOKE_CASES = [("tiny", 6, 2, 16, 2, 96)]
-KINDS = ["decode", "verify", "sparse", "verify_scores"]
+KINDS = ["decode", "verify", "sparse", "verify_scores", "verify_sink"]
 GAMMA = 4
 TAIL = 16
 RATIO = 0.05
@@ -143,7 +144,10 @@ def make_plan(B, Hkv, L, lengths, dev, gen):
     return idx, dense_from, K
 
 
-def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left):
+def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left, ours=None, only_ours=False):
+    """Every variant of each call kind at one shape. ``ours``: ``kind -> {label: TritonConfig fields}``,
+    our kernel's variants for that kind (default: one, ``"triton"``, with the table's launch);
+    ``only_ours``: no peers (a second pass over more of our variants)."""
     name, H, Hkv, D, B, L = case
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -157,7 +161,7 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
     nref = min(B, 2)
     from specdec.cuda.triton_backend import TritonBackend, TritonConfig
 
-    ours = TritonBackend(TritonConfig(peers="off", flash_attn="off"))
+    ours = ours or {}
     runner = peers.FlashInferRunner() if cuda and peers.flashinfer_installed() else None
     elem = ks[0].element_size()
 
@@ -174,8 +178,8 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
             idx, dense_from, K = make_plan(B, Hkv, L, lengths, dev, gen)
             meta = meta.replace(plan_indices=idx, dense_from=dense_from)
             nbytes = B * Hkv * (K + TAIL) * D * 2 * elem
-        if kind == "verify_scores":
-            meta = meta.replace(score_rows=[0, T - 1], score_kind="logits")
+        if kind in ("verify_scores", "verify_sink"):
+            meta = meta.replace(score_rows=[0, T - 1], score_kind="logits" if kind == "verify_scores" else "sink_softmax")
         sl = slice(0, nref)
         ref_meta = meta.replace(lengths=lengths[sl],
                                 plan_indices=None if meta.plan_indices is None else meta.plan_indices[sl],
@@ -183,8 +187,12 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
         ref, ref_scores = ref_be.attend(q[sl].float(), ks[0][sl].float(), vs[0][sl].float(), ref_meta)
 
         variants = {}
-        variants["triton"] = lambda i: ours.attend(q, ks[i], vs[i], meta)
-        if kind == "verify_scores":
+        configs = {}
+        for label, fields in ours.get(kind, {"triton": {}}).items():
+            be = TritonBackend(TritonConfig(**dict(dict(peers="off", flash_attn="off"), **fields)))
+            variants[label] = (lambda be: lambda i: be.attend(q, ks[i], vs[i], meta))(be)
+            configs[label] = fields
+        if kind in ("verify_scores", "verify_sink") or only_ours:
             pass  # ours only: the peers' verify (no scores) is the "verify" rows
         elif kind in ("decode", "verify"):
             plain = meta.without_scores()
@@ -222,6 +230,8 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
         for vname, fn in variants.items():
             row = dict(case=name, H=H, Hkv=Hkv, D=D, B=B, L=L, kind=kind, variant=vname, copies=copies,
                        bytes=nbytes)
+            if vname in configs:
+                row["config"] = configs[vname]
             if fn is None:
                 row["skipped"] = "not served by this peer on SM90"
                 record(row)
@@ -262,6 +272,7 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
                 row["parity_ok"] = bool(err <= TOL)
                 if sc is not None and ref_scores is not None:
                     row["max_abs_err_scores"] = (sc[sl].float() - ref_scores).abs().max().item()
+                    row["max_rel_err_scores"] = row["max_abs_err_scores"] / max(ref_scores.abs().max().item(), 1e-30)
                 secs, how = Timer(cuda, reps)([(lambda i: lambda: fn(i))(i) for i in range(copies)])
                 row.update(us=secs * 1e6, timing=how, pct_copy_bw=100.0 * nbytes / secs / bw)
                 log(f"{name} B={B} L={L} {kind:13s} {vname:10s} {secs*1e6:9.1f} us  "
@@ -367,7 +378,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--cases", default=None, help="comma-separated indices into the case list")
-    ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated call kinds (of {','.join(KINDS)})")
+    ap.add_argument("--kinds", default=",".join(KINDS[:4]), help=f"comma-separated call kinds (of {','.join(KINDS)})")
     ap.add_argument("--allow-missing", action="store_true", help="a peer that cannot be imported is not a failure")
     a = ap.parse_args()
     if a.smoke:

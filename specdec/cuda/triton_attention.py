@@ -69,6 +69,7 @@ def _splitk_attn_kernel(
     NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
     FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
+    SINK_RED: tl.constexpr = 0,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -186,7 +187,22 @@ def _splitk_attn_kernel(
         alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
         p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
         if SCORE_MODE == 4:
-            if SCORE_EXP:
+            if SCORE_EXP and SINK_RED == 1:
+                # "tdot": the transposed logit tile (BLOCK_N, BLOCK_M) from a second MMA, reduced along
+                # its columns (rows of the query tile: within a thread and its quad, no shared memory)
+                # and independent of the running max (off the softmax's critical path);
+                # exactly sum_m w_m exp(min(s - ref_m, clamp)) over the rows that see the position
+                st = tl.dot(tl.trans(kt), tl.trans(q), input_precision=DOT_PREC) * sm_scale
+                vis_t = valid[:, None] & (pos[:, None] <= row_pos[None, :]) & row_valid[None, :]
+                e_t = tl.math.exp2(tl.minimum(st - ref[None, :], SINK_CLAMP) * 1.4426950408889634)
+                sc = tl.sum(tl.where(vis_t, e_t * w[None, :], 0.0), axis=1)
+            elif SCORE_EXP and SINK_RED == 2:
+                # "rowmma": the rows reduced by a 16-row MMA whose row 0 holds the per-row factors
+                # (the tile is padded to >= 16 rows anyway), then an in-warp sum of 16 rows
+                cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
+                cmat = tl.where(offs16[:, None] == 0, cw[None, :], 0.0)  # (16, BLOCK_M)
+                sc = tl.sum(tl.dot(cmat, p, input_precision=DOT_PREC), axis=0)
+            elif SCORE_EXP:
                 # exp(s - ref) = p * exp(m - ref): the tile's p times one factor per row (16 exps, not 16 x N)
                 cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
                 sc = tl.sum(p * cw[:, None], axis=0)
@@ -399,6 +415,8 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
 #: dense head dim 128 at few (sequence, KV head) pairs over a long cache (see above)
 DENSE_FEW_LONG = (128, 4, 2, 4, False, 1)
+#: ``sink_softmax`` row reductions (``splitk_attention(sink_reduce=...)``) -> the kernel's ``SINK_RED``
+SINK_REDUCE = {"tile": 0, "tdot": 1, "rowmma": 2}
 LaunchKey = tuple[bool, int, bool | None, int | None, int]
 LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...] = (
     ((True, 64, None, None, 0), (128, 4, 3, 4, True, 1)),
@@ -532,6 +550,7 @@ def splitk_attention(
     colsum: bool = False,
     sink_softmax: bool = False,
     score_dtype: torch.dtype = torch.float32,
+    sink_reduce: str = "tile",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -558,6 +577,11 @@ def splitk_attention(
             where ``ref`` is each row's log-sum-exp over its anchor positions (the first and last 16
             it sees, known before the loop): softmax weights up to one factor per row, in one pass
             (see the module docstring).
+        sink_reduce: how ``sink_softmax`` scores are reduced over the rows of each tile (compile-time
+            variants, issue 18): ``"tile"`` (the default: the probability tile times one factor per
+            row, summed over rows), ``"tdot"`` (a second, transposed logit MMA reduced along its
+            columns, off the running-max path) or ``"rowmma"`` (a 16-row MMA with the per-row factors
+            in row 0, then an in-warp sum). The same scores up to rounding.
         score_dtype: dtype of the fused score buffer (``SCORE_MODE`` 1/3/4) and of the raw logits
             (``SCORE_MODE`` 2): float32 or bfloat16.
 
@@ -613,6 +637,8 @@ def splitk_attention(
     alloc = torch.zeros if sparse else torch.empty
     if score_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"score_dtype must be torch.float32 or torch.bfloat16, not {score_dtype}.")
+    if sink_reduce not in SINK_REDUCE:
+        raise ValueError(f"sink_reduce must be one of {sorted(SINK_REDUCE)}, not {sink_reduce!r}.")
     if sink_softmax and row_weights is None:
         raise ValueError("sink_softmax scores need row_weights (the weight of each (head, row)).")
     if row_weights is not None:
@@ -651,7 +677,7 @@ def splitk_attention(
         SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,
         NOUT=1 if fused_softmax else max(1, n_slots),
         DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and (score_mode in (1, 3, 4) or fused_softmax),
-        SCORE_EXP=bool(sink_softmax),
+        SCORE_EXP=bool(sink_softmax), SINK_RED=SINK_REDUCE[sink_reduce] if sink_softmax else 0,
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
