@@ -53,6 +53,11 @@ KERNELS = ("auto", "triton", "torch")
 #: B 16 x 32k (benchmarks/results/gpu_8b_steps_2026-12-01c.md): sparse draft step 5.99 vs 6.27 ms, dense
 #: 20.28 vs 20.43 ms, verify 22.33 vs 22.27 ms (its GEMMs unchanged). 1: one GEMM each, as before.
 GEMM_SPLITS = 2
+#: The down GEMM's split (opt-in, :func:`set_gemm_splits` ``down=``): with ``n > 1`` every fused decoder layer's
+#: down projection runs as ``n`` partial GEMMs whose sum (and the residual add) the NEXT layer's input norm
+#: kernel (or the final norm) adds, so cuBLAS' split-K reduce after it goes. 1 (default): one GEMM with the
+#: residual add as its epilogue (``addmm_``). Not yet measured on a GPU (benchmarks/gpu/r14.sh measures it).
+DOWN_SPLITS = 1
 _KERNELS_ATTR = "_specdec_kernels"
 
 
@@ -101,10 +106,43 @@ def _patched(obj: nn.Module, forward) -> None:
     obj.__class__ = _SUBCLASSES[key]
 
 
+_HANDOFF_ATTR = "_specdec_handoff"
+
+
+def _take_handoff(mod: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    """The down GEMM's partial sums the previous fused layer left for ``hidden_states`` (its residual), or ``None``.
+
+    A layer with a split down GEMM returns its residual stream WITHOUT the MLP's output and leaves the
+    partials in the model's shared handoff slot (:func:`set_gemm_splits` ``down=``); the next decoder
+    layer's input norm or the final norm adds them. A pending entry for another tensor is a bug (a
+    consumer in between read an incomplete hidden state): raised, never dropped silently.
+    """
+    slot = getattr(mod, _HANDOFF_ATTR, None)
+    if slot is None or slot[0] is None:
+        return None
+    residual, parts = slot[0]
+    slot[0] = None
+    if residual is not hidden_states:
+        raise RuntimeError("split down GEMM: the partial sums left by the previous layer belong to another tensor; "
+                           "something between two decoder layers replaced the hidden state (set_gemm_splits(hf, "
+                           "down=1) turns the split off).")
+    return parts
+
+
+def _add_handoff(hidden_states: torch.Tensor, parts: torch.Tensor | None) -> torch.Tensor:
+    """``hidden_states`` plus the pending partial sums (the torch path's add; each rounded as the GEMM's output)."""
+    return hidden_states if parts is None else hidden_states + parts.sum(0).to(hidden_states.dtype)
+
+
 def _norm_forward(base, self, hidden_states):
+    parts = _take_handoff(self, hidden_states)
     if _use_kernels(self, hidden_states):
-        return _triton_fused().rms_norm(hidden_states, self.weight, self.variance_epsilon)
-    return base(self, hidden_states)
+        tf = _triton_fused()
+        if parts is not None:
+            return tf.rms_norm(parts, self.weight, self.variance_epsilon, residual=hidden_states,
+                               splits=parts.shape[0])[0]
+        return tf.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    return base(self, _add_handoff(hidden_states, parts))
 
 
 def _layer_forward(base, self, hidden_states, *args, **kwargs):
@@ -115,12 +153,20 @@ def _layer_forward(base, self, hidden_states, *args, **kwargs):
     epilogue (``residual.addmm_(act, W_down.T)``, β = 1, on the residual tensor the norm kernel just
     wrote), and with ``self_attn.o_splits > 1`` the o_proj GEMM is split by hand (:func:`split_linear`)
     and its partial sums are added by the norm kernel, so cuBLAS adds no reduce kernel of its own.
+    With ``mlp.down_splits > 1`` the down GEMM is split too and its partials plus the residual are
+    added by the next layer's input norm (or the final norm): this layer returns the residual alone
+    and leaves the partials in the model's handoff slot (:func:`_take_handoff`).
     """
+    parts = _take_handoff(self, hidden_states)
     if args or not _use_kernels(self, hidden_states):
-        return base(self, hidden_states, *args, **kwargs)
+        return base(self, _add_handoff(hidden_states, parts), *args, **kwargs)
     tf = _triton_fused()
     ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-    h = tf.rms_norm(hidden_states, ln1.weight, ln1.variance_epsilon)
+    if parts is not None:  # the previous layer's down GEMM partials + its residual, then the norm
+        h, hidden_states = tf.rms_norm(parts, ln1.weight, ln1.variance_epsilon, residual=hidden_states,
+                                       splits=parts.shape[0])
+    else:
+        h = tf.rms_norm(hidden_states, ln1.weight, ln1.variance_epsilon)
     attn = self.self_attn
     splits = attn.o_splits if isinstance(attn, FusedAttention) and attn.o_splittable() else 1
     if splits > 1:
@@ -130,6 +176,10 @@ def _layer_forward(base, self, hidden_states, *args, **kwargs):
     # residual + h (h: the sum of the partials), then the norm
     h, residual = tf.rms_norm(h, ln2.weight, ln2.variance_epsilon, residual=hidden_states, splits=splits)
     mlp = self.mlp
+    slot = getattr(self, _HANDOFF_ATTR, None)
+    if isinstance(mlp, FusedMLP) and slot is not None and mlp.down_splittable(h, residual):
+        slot[0] = (residual, mlp.forward_partials(h))  # the next layer's input norm (or the final norm) adds them
+        return residual
     if isinstance(mlp, FusedMLP):
         return mlp.forward_add(h, residual)  # residual (ours: the norm kernel's output) += down(act(h))
     return residual + mlp(h)
@@ -196,7 +246,7 @@ def set_kernels(hf_model, kernels: str) -> None:
             setattr(mod, _KERNELS_ATTR, kernels)
 
 
-def set_gemm_splits(hf_model, o_proj: int | None = None, qkv: int | None = None) -> int:
+def set_gemm_splits(hf_model, o_proj: int | None = None, qkv: int | None = None, down: int | None = None) -> int:
     """Run every fused layer's o_proj (qkv projection) as ``o_proj`` (``qkv``) partial GEMMs.
 
     At decode sizes cuBLAS splits the o_proj GEMM over its input dim itself and launches a reduce
@@ -206,26 +256,35 @@ def set_gemm_splits(hf_model, o_proj: int | None = None, qkv: int | None = None)
     and the kernel that reads its output next adds the partials: the post-attention RMSNorm (o_proj)
     and the RoPE + KV-write kernel (qkv, inside a specdec forward). Only with the fused Triton kernels
     on, and for projections without a bias; ``1`` keeps the single GEMM; ``None`` (the default) is
-    :data:`GEMM_SPLITS` (2), what :func:`fuse_projections` sets. Whether a split is faster depends on
+    :data:`GEMM_SPLITS` (2), what :func:`fuse_projections` sets. ``down`` (``None``: :data:`DOWN_SPLITS`, 1)
+    splits the MLP's down GEMM; its partials and the residual are added by the NEXT decoder layer's
+    input norm (the last layer's by the final norm), so the hidden state between two layers is
+    incomplete: only for the model's own forward (a module other than a fused layer or norm that
+    reads it raises or, outside the model's loop, sees the residual alone). Whether a split is faster depends on
     cuBLAS' choice for the batched shape: ``benchmarks/gpu/issue14.py`` measures it.
     Returns the number of layers set. Raises :class:`SpecdecError` for a model that is not fused or a
     split that does not divide the projection's input dim.
     """
     o_proj = GEMM_SPLITS if o_proj is None else o_proj
     qkv = GEMM_SPLITS if qkv is None else qkv
-    for name, n in (("o_proj", o_proj), ("qkv", qkv)):
+    down = DOWN_SPLITS if down is None else down
+    for name, n in (("o_proj", o_proj), ("qkv", qkv), ("down", down)):
         if not isinstance(n, int) or n < 1:
             raise SpecdecError(f"{name} splits must be a positive integer, got {n!r}.")
     mods = [m for m in hf_model.modules() if isinstance(m, FusedAttention)]
     if not mods:
         raise SpecdecError("set_gemm_splits needs a fused model; call fuse_projections first.")
-    for m in mods:
-        for name, n, lin in (("o_proj", o_proj, m.o_proj), ("qkv", qkv, m.qkv_proj)):
-            if lin.in_features % n:
-                raise SpecdecError(f"{name} splits {n} do not divide its input dim {lin.in_features}; "
-                                   "pick a divisor (2 or 4 for most models).")
+    mlps = [m for m in hf_model.modules() if isinstance(m, FusedMLP)]
+    checks = [(name, n, lin) for m in mods for name, n, lin in (("o_proj", o_proj, m.o_proj), ("qkv", qkv, m.qkv_proj))]
+    checks += [("down", down, m.down_proj) for m in mlps]
+    for name, n, lin in checks:
+        if lin.in_features % n:
+            raise SpecdecError(f"{name} splits {n} do not divide its input dim {lin.in_features}; "
+                               "pick a divisor (2 or 4 for most models).")
     for m in mods:
         m.o_splits, m.qkv_splits = o_proj, qkv
+    for m in mlps:
+        m.down_splits = down
     return len(mods)
 
 
@@ -375,6 +434,20 @@ class FusedMLP(nn.Module):
         self.down_proj = mlp.down_proj
         self.act_fn = mlp.act_fn
         self.silu = type(mlp.act_fn).__name__ in ("SiLU", "SiLUActivation")  # the fused kernel's activation
+        #: the down GEMM as this many partial GEMMs, added by the next layer's norm (:func:`set_gemm_splits`)
+        self.down_splits = DOWN_SPLITS
+
+    def down_splittable(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        """Whether the down GEMM runs as :attr:`down_splits` partials for input ``x`` (kernels on, no bias, ...)."""
+        lin = self.down_proj
+        return (self.down_splits > 1 and self.silu and _use_kernels(self, x) and lin.bias is None
+                and lin.in_features % self.down_splits == 0 and lin.weight.is_contiguous()
+                and residual.shape[:-1] == x.shape[:-1])
+
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
+        """The down GEMM's :attr:`down_splits` partial sums ``(splits, ..., hidden)`` of ``forward(x)``."""
+        act = _triton_fused().silu_mul(self.gate_up_proj(x))
+        return _triton_fused().split_linear(act, self.down_proj.weight, self.down_splits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.silu and _use_kernels(self, x):
@@ -443,6 +516,11 @@ def fuse_projections(hf_model, kernels: str = "auto") -> int:
         final = getattr(hf_model.model, "norm", None)
         if _is_llama_norm(final):
             _patched(final, _norm_forward)
+            # one handoff slot per model for the split down GEMM's partials (the layers and the final norm
+            # share it); without a patched final norm the last layer's partials would have no reader
+            slot = getattr(final, _HANDOFF_ATTR, None) or [None]
+            for mod in [*todo, final]:
+                mod.__dict__[_HANDOFF_ATTR] = slot
         rotary = getattr(hf_model.model, "rotary_emb", None)
         if _is_plain_rotary(rotary):
             _patched(rotary, _rotary_forward)

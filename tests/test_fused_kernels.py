@@ -234,6 +234,43 @@ def test_fused_kernels_logits_and_caches_match_unfused(family, splits):
     torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_split_down_gemm_matches_unfused(family):
+    """``set_gemm_splits(hf, down=2)``: each layer's down GEMM as 2 partials added by the next layer's input norm
+    (the last layer's by the final norm); logits, caches, greedy vegas and dense tokens as the unfused model."""
+    from specdec.fusion import set_gemm_splits
+
+    plain, fused = _pair(family)
+    assert {l.mlp.down_splits for l in fused.hf.model.layers} == {1}  # opt-in (fusion.DOWN_SPLITS)
+    set_gemm_splits(fused.hf, down=2)
+    assert {l.mlp.down_splits for l in fused.hf.model.layers} == {2}
+    ids = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(1)).to(DEV)
+    caches = [m.new_cache(3, 24) for m in (plain, fused)]
+    for step, (sl, lens) in enumerate([(slice(0, 5), [0, 3, 7]), (slice(5, 6), [5, 8, 12])]):
+        lens = torch.tensor(lens, device=DEV)
+        outs = [m.forward(ids[:, sl], c, lens) for m, c in zip((plain, fused), caches)]
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-5, msg=f"step {step}")
+    torch.testing.assert_close(caches[1].k, caches[0].k, atol=1e-5, rtol=1e-5)
+    assert fused.hf.model.norm._specdec_handoff == [None]  # the final norm took the last layer's partials
+    a = plain.hf(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(fused.hf(input_ids=ids, use_cache=False).logits, a, atol=1e-4, rtol=1e-5)
+    prompts = [list(range(3, 17)), [5, 9, 17, 33, 2, 8] * 3]
+    for method in ("dense", "vegas"):
+        cfg = PipelineConfig.make(method=method, gamma=3, budget=8, sinks=2, recent=3)
+        want = build_engine(plain, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=6).tokens
+        assert build_engine(fused, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=6).tokens == want, method
+    # a hidden state replaced between two layers: the pending partials do not fit it, said in one line
+    layers = fused.hf.model.layers
+    with pytest.raises(RuntimeError, match="belong to another tensor"):
+        x = torch.randn(1, 2, fused.hf.config.hidden_size, device=DEV)
+        pos = torch.arange(2, device=DEV)[None]
+        emb = fused.hf.model.rotary_emb(x, pos)
+        layers[0](x, position_embeddings=emb)
+        layers[1](x.clone(), position_embeddings=emb)
+    with pytest.raises(SpecdecError, match="down splits 3 do not divide its input dim"):
+        set_gemm_splits(fused.hf, down=3)
+
+
 @pytest.mark.parametrize("splits", [1, 2])
 def test_fused_kernels_greedy_engine_is_identical(splits):
     """``splits=2``: the default (``fusion.GEMM_SPLITS``), left as ``fuse_projections`` set it."""
@@ -256,8 +293,9 @@ _launches = count_launches  # non-view aten ops and Triton launches of one call
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="counts launches through Triton's interpreter")
-@pytest.mark.parametrize("family,o_splits", [("llama", 1), ("qwen3", 1), ("llama", 2), ("qwen3", None)])
-def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family, o_splits):
+@pytest.mark.parametrize("family,o_splits,down", [("llama", 1, 1), ("qwen3", 1, 1), ("llama", 2, 1), ("qwen3", None, 1),
+                                                  ("llama", 2, 2)])
+def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family, o_splits, down):
     """With splits, o_proj and qkv each become one batched GEMM (bmm) and no mm. ``None``: the default
     (``fusion.GEMM_SPLITS`` = 2), which must split."""
     from specdec.fusion import set_gemm_splits
@@ -267,7 +305,7 @@ def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family, o_split
     for kernels in ("torch", "triton"):
         m = make_tiny(family).fuse_projections(kernels=kernels)
         if o_splits is not None:
-            set_gemm_splits(m.hf, o_splits, o_splits)  # only read with the kernels on
+            set_gemm_splits(m.hf, o_splits, o_splits, down=down)  # only read with the kernels on
         c = m.new_cache(2, 16)
         m.forward(torch.randint(0, 96, (2, 5)), c, torch.tensor([0, 0]))
         ids, lens = torch.randint(0, 96, (2, 1)), torch.tensor([3, 5])
@@ -279,10 +317,13 @@ def test_a_fused_decode_step_launches_one_kernel_per_fused_group(family, o_split
     assert fused["triton:_rotary_kernel"] == 1  # cos and sin for every layer, once per forward
     # the MLP's residual add is the down GEMM's epilogue: no add left in the layers (the 3 left: the
     # position ids and the reference backend's 2); o_proj split by hand is one batched GEMM, no mm
-    assert fused["addmm_.default"] == n_layers and fused["add.Tensor"] == 3, dict(fused)
+    # with a split down GEMM, its partials and the residual are added by the next norm: no addmm_, one bmm more
+    assert fused["addmm_.default"] == (n_layers if down == 1 else 0) and fused["add.Tensor"] == 3, dict(fused)
     split = 2 * n_layers if o_splits is None or o_splits > 1 else 0
-    assert fused["mm.default"] == plain["mm.default"] - n_layers - split  # down: addmm_
-    assert fused["bmm.default"] == plain["bmm.default"] + split
+    split_down = n_layers if down > 1 else 0
+    assert fused["mm.default"] == plain["mm.default"] - n_layers - split  # down: addmm_ (or bmm)
+    assert fused["bmm.default"] == plain["bmm.default"] + split + split_down
+    assert fused["sum.dim_IntList"] == 0 and fused["sum.default"] == 0  # the partials are summed in the norm kernel
     for op in ("pow.Tensor_Scalar", "mean.dim", "neg.default", "silu.default", "index_put_.default", "cos.default"):
         assert plain[op] > 0 and fused[op] == 0, op
     # per layer: 2 norms, 1 RoPE + write, 1 SiLU·mul, 4 GEMMs (the last with the residual add), attention

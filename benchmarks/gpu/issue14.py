@@ -29,7 +29,9 @@ Step variants (``--variants``): ``unfused``, ``fused_projections``, ``fused_kern
 launches per Llama layer at the 8B shape, o_proj and qkv one GEMM each: splits set to 1), ``fused_kernels_r0`` (as of 2026-12-01b: the MLP's residual
 add a kernel of its own, Hugging Face's rotary cos/sin), ``fused_kernels_split2`` / ``_split4`` (o_proj and
 qkv as hand-split batched GEMMs, ``specdec.fusion.set_gemm_splits``; split 2 is the library's default since
-2026-12-01c, ``fusion.GEMM_SPLITS``), ``fused_kernels_fused_combine`` and
+2026-12-01c, ``fusion.GEMM_SPLITS``), ``fused_kernels_split2_down2`` / ``_down4`` (the same plus the MLP's
+down GEMM in 2 / 4 slices whose partials the next layer's input norm adds, ``set_gemm_splits(hf, down=n)``),
+``fused_kernels_fused_combine`` and
 ``fused_kernels_legacy_sparse`` (sparse step only: the attention combine inside the split kernel; the
 pre-table sparse launch). Each row carries the prediction made before measuring (``PREDICTED_MS``, 8B
 shape), launches per layer and a kernel table; ``issue14.md`` sums it up after every part.
@@ -67,6 +69,10 @@ COMBINE_VARIANT = "fused_kernels_fused_combine"
 #: both: o_proj / qkv in 2 slices and the combine inside the sparse kernel (sparse step only)
 SPLIT_COMBINE_VARIANT = "fused_kernels_split2_fused_combine"
 SPLIT_VARIANTS[SPLIT_COMBINE_VARIANT] = 2
+#: o_proj / qkv in 2 slices and the MLP's down GEMM in 2 / 4, its partials added by the next layer's input norm
+#: (specdec.fusion.set_gemm_splits(hf, 2, 2, down=n); r14, 2026-12-01)
+DOWN_VARIANTS = {"fused_kernels_split2_down2": 2, "fused_kernels_split2_down4": 4}
+SPLIT_VARIANTS.update({k: 2 for k in DOWN_VARIANTS})
 VARIANTS = ("unfused", "fused_projections", "fused_kernels", LEGACY_VARIANT, BEFORE_VARIANT, *SPLIT_VARIANTS,
             COMBINE_VARIANT)
 #: variants that only differ from ``fused_kernels`` (or its split) in the sparse step
@@ -86,6 +92,12 @@ PREDICTED_MS = {
     ("fused_kernels_split2", "dense_T1"): 20.30, ("fused_kernels_split2", "verify_T5"): 21.98,
     # 2026-12-01c: split2 measured 5.99 ms, fused_combine alone saved 0.14 ms (6.27 -> 6.13): 5.99 - 0.13
     (SPLIT_COMBINE_VARIANT, "sparse5%_T1"): 5.86,
+    # r14: the down GEMM split, its reduce folded into the next norm: split2's 5.99 ms minus the 32 down
+    # splitKreduce kernels (59 us per step, 1.85 us each) and ~6 us of gap per reduce removed (the o_proj split's
+    # measured gap saving per launch, 0.19 ms / 32): 5.99 - 0.06 - 0.19 = 5.74 ms (1.22x of 4.70), if the
+    # batched halves run as fast as cuBLAS' own split-K (the o_proj halves did: 377 -> 372 us). Dense the same
+    # launches: 20.28 - 0.25 = 20.03; verify: cuBLAS splits the down GEMM at 80 rows? (unknown) -- no prediction.
+    ("fused_kernels_split2_down2", "sparse5%_T1"): 5.74, ("fused_kernels_split2_down2", "dense_T1"): 20.03,
 }
 
 
@@ -233,7 +245,7 @@ def _fused_variant(model, variant: str) -> None:
     """Set a fused model to ``variant``: today's fused kernels, with GEMM splits, or as of 2026-12-01b."""
     from specdec import fusion
 
-    fusion.set_gemm_splits(model.hf, *(2 * (SPLIT_VARIANTS.get(variant, 1),)))
+    fusion.set_gemm_splits(model.hf, *(2 * (SPLIT_VARIANTS.get(variant, 1),)), down=DOWN_VARIANTS.get(variant, 1))
     rotary = getattr(model.hf.model, "rotary_emb", None)
     before = variant == BEFORE_VARIANT
     if rotary is not None and getattr(type(rotary), "_specdec_fused", False):

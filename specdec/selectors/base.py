@@ -18,6 +18,25 @@ from specdec.cache import KVCache
 from specdec.interfaces import KVSelector, SparsePlan
 from specdec.registry import ComponentConfig
 
+#: Whether :meth:`BudgetSelector.plan` picks its top-k with one Triton launch
+#: (:func:`specdec.cuda.triton_select.select_top`) instead of ``torch.topk`` + the per-sequence cut:
+#: ``False`` (default; not yet measured on a GPU), ``True`` (on CUDA, rows of at most 16384 positions;
+#: ``"always"``: also on the CPU under ``TRITON_INTERPRET=1``, for tests). The same index sets (ties at the
+#: threshold: lowest positions first), written in position order instead of score order. Read when a plan
+#: is built: a plan CUDA graph captured before a change keeps the old setting.
+TRITON_SELECT: bool | str = False
+
+
+def _triton_select(s: torch.Tensor):
+    """:func:`specdec.cuda.triton_select.select_top` when :data:`TRITON_SELECT` applies to ``s``, else ``None``."""
+    if not TRITON_SELECT or (TRITON_SELECT != "always" and not s.is_cuda):
+        return None
+    try:
+        from specdec.cuda.triton_select import MAX_L, select_top
+    except ImportError:  # triton is an optional extra
+        return None
+    return select_top if s.shape[-1] <= MAX_L else None
+
 
 class BudgetConfig(ComponentConfig):
     """Budget shared by every selector.
@@ -127,8 +146,12 @@ class BudgetSelector(KVSelector):
         blocked = pos.view(1, L) >= lengths.view(B, 1)  # not cached yet
         blocked = blocked | (pos.view(1, L) < c.sinks) | (pos.view(1, L) >= (lengths - c.recent).view(B, 1))
         s = s.masked_fill(blocked.view(1, B, 1, L), float("-inf"))
-        top = torch.topk(s, k_sel, dim=-1).indices  # (N', B, Hs, k_sel), best first
-        slot = torch.arange(k_sel, device=lengths.device).view(1, 1, 1, k_sel)
-        top = torch.where(slot < room.view(1, B, 1, 1), top, torch.full_like(top, -1))
+        select = _triton_select(s)
+        if select is not None:  # one launch: the room[b] best positions in position order, -1 after
+            top = select(s.contiguous(), k_sel, room)
+        else:
+            top = torch.topk(s, k_sel, dim=-1).indices  # (N', B, Hs, k_sel), best first
+            slot = torch.arange(k_sel, device=lengths.device).view(1, 1, 1, k_sel)
+            top = torch.where(slot < room.view(1, B, 1, 1), top, torch.full_like(top, -1))
         fixed = fixed.view(1, B, 1, -1).expand(Np, B, Hs, -1)
         return SparsePlan(indices=torch.cat([fixed, top], dim=-1), dense_from=lengths.clone(), static_size=True)
