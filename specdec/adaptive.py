@@ -22,9 +22,12 @@ explore-then-commit bandit over these choices:
 - **Bounded exploration.** Dense is probed once, when the committed arm has its samples; any later
   exploration of another arm must fit, with its expected regret (time beyond what the committed arm
   needs for the same tokens), in ``explore_share`` of the observed time. Against the best arm it loses
-  at most the probe, ``explore_share`` and ``margin``. The first controller (probes every 16–128
-  dense steps, dense re-measured every 64 rounds) lost 7 % at B = 1 (vegas) and 14 % at B = 64
-  (magicdec) on the H200.
+  at most the probe, ``explore_share``, ``margin`` and one capture per rung (a capture met while exploring
+  is counted apart, in ``warm_up``: charged as regret, one 0.8 s capture at B = 64 blocked every later
+  exploration). Speculation explored from a dense commit is judged on its own fresh rounds' acceptance
+  (acceptance changes along a text: prose opened at 1.85 tokens per γ = 4 round, then 4.3). The first
+  controller (probes every 16–128 dense steps, dense re-measured every 64 rounds) lost 7 % at B = 1
+  (vegas) and 14 % at B = 64 (magicdec) on the H200.
 - **Steady state across calls.** The engine keeps its controller between ``generate`` calls of the
   same batch size and context scale (:meth:`SpeculationController.start_run`), so a warmed-up
   engine decides from its first iteration.
@@ -158,8 +161,11 @@ class SpeculationController:
       once as soon as the committed arm has ``min_samples`` samples (the *probe*); later explorations
       start only while the regret so far plus the arm's last exploration regret stays within
       ``explore_share`` of the time observed, at least ``min_gap`` iterations apart. So, against the
-      best arm, the controller loses at most the probe, ``explore_share`` of the time, and ``margin``
-      (hysteresis, which also keeps it from flapping).
+      best arm, the controller loses at most the probe, ``explore_share`` of the time, ``margin``
+      (hysteresis, which also keeps it from flapping) and one capture per rung (captures and compilations
+      met while exploring go to :attr:`warm_up`, not to the regret: paid once, they must not stop later
+      explorations). An exploration of speculation from a dense commit forgets the acceptance of past
+      rounds: the rounds that made dense win may belong to a stretch of the text long gone.
     - **Steady state across calls.** The engine keeps its controller between ``generate`` calls of the
       same batch size and context scale (:meth:`start_run`), so a warmed-up engine decides from its
       first iteration.
@@ -235,6 +241,9 @@ class SpeculationController:
         self.iteration = 0
         self.elapsed = 0.0  # seconds of the observed (timed) iterations
         self.regret = 0.0  # seconds spent exploring beyond the committed arm's cost for the same tokens
+        # seconds of captures / compilations met while exploring: one-time, so not regret (they would block every
+        # later exploration: one 0.8 s capture of γ = 2 at B = 64 is 1 % of 80 s of decoding)
+        self.warm_up = 0.0
         self._probed = not self.fall_back  # the initial dense probe is done
         self._exploring: int | None = None  # the arm under exploration
         self._explore_need = 0  # steady samples it still has to give
@@ -319,6 +328,8 @@ class SpeculationController:
                 old = self._times.get(arm)
                 if old is not None:  # re-measured from scratch: one stale estimate must not outlive it
                     old.clear()
+                if self.current == 0 and arm != 0:
+                    self._forget_acceptance()
                 self._explore_need = self.min_samples
                 # a capture, and the stale round after dense steps, may come first
                 self._explore_left = self._explore_need + 2
@@ -391,6 +402,15 @@ class SpeculationController:
         else:
             self._confirming = None
 
+    def _forget_acceptance(self) -> None:
+        """Drop the acceptance of past rounds: speculation explored from a dense commit is judged on its own
+        fresh rounds. The rounds that made dense win may be a stretch of the text long gone (prose on the
+        H200: 1.85 tokens per γ = 4 round over the first 24 tokens, 4.3 after); a window of 64 such rounds
+        outvoted two fresh rounds per exploration for hundreds of tokens."""
+        self._pos = [_Ratio(self.accept_window) for _ in range(self.gamma_max)]
+        self._emitted.clear()
+        self._acc_version += 1
+
     def _tokens_se(self, arm: int) -> float:
         """Standard error of the mean tokens per fresh round of ``arm`` (infinite below two rounds)."""
         hit = self._se_cache.get(arm)
@@ -408,7 +428,7 @@ class SpeculationController:
         ``mean_accepted`` drafts were kept per active sequence; ``profile[i]``: the share of active
         sequences that kept at least ``i + 1`` drafts (default: from ``mean_accepted``, as if every
         sequence kept the same). ``wall``: the iteration's wall time even when it is no cost sample (a
-        capture during an exploration is the exploration's regret)."""
+        capture during an exploration is counted in :attr:`warm_up`, not as regret: it is paid once)."""
         self.rounds += 1
         stale = self._last_dense
         self._last_dense = False
@@ -440,7 +460,9 @@ class SpeculationController:
         exploring = self._exploring is not None
         charged = exploring or (self._charge_next and stale)
         self._charge_next = False
-        if charged and spent is not None:
+        if charged and spent is not None and not timed:
+            self.warm_up += spent  # a capture / compilation: paid once per shape, whichever arm met it first
+        elif charged and spent is not None:
             cur = self.rate(self.current)
             r = max(0.0, spent - tokens / cur) if cur else 0.0
             self.regret += r
