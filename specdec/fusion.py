@@ -51,12 +51,19 @@ KERNELS = ("auto", "triton", "torch")
 #: this many partial GEMMs (:func:`set_gemm_splits`; only with the Triton kernels on, for projections
 #: without a bias whose input dim it divides). 2 measured fastest on the H200 at the Llama-3.1-8B shape,
 #: B 16 x 32k (benchmarks/results/gpu_8b_steps_2026-12-01c.md): sparse draft step 5.99 vs 6.27 ms, dense
-#: 20.28 vs 20.43 ms, verify 22.33 vs 22.27 ms (its GEMMs unchanged). 1: one GEMM each, as before.
+#: 20.28 vs 20.43 ms, verify 22.33 vs 22.27 ms (its GEMMs unchanged). At the embedded shape (SmolLM2-135M,
+#: B 64 x 8k, interleaved end to end, gpu_gemm_splits_2026-12-01d.md) even with one GEMM: dense 1.009x (paired
+#: median of 3 rounds, 0.88-1.04x), Vegas 1.095x; no measured loss anywhere. 1: one GEMM each, as before.
 GEMM_SPLITS = 2
 #: The down GEMM's split (opt-in, :func:`set_gemm_splits` ``down=``): with ``n > 1`` every fused decoder layer's
 #: down projection runs as ``n`` partial GEMMs whose sum (and the residual add) the NEXT layer's input norm
 #: kernel (or the final norm) adds, so cuBLAS' split-K reduce after it goes. 1 (default): one GEMM with the
-#: residual add as its epilogue (``addmm_``). Not yet measured on a GPU (benchmarks/gpu/r14.sh measures it).
+#: residual add as its epilogue (``addmm_``). Stays opt-in: measured on the H200 at the Llama-3.1-8B shape,
+#: B 16 x 32k (benchmarks/results/gpu_8b_steps_2026-12-01d.md), 2 splits take the sparse draft step from 6.41 to
+#: 6.15 ms (-4 %, 1.386x -> 1.330x roofline) and dense from 20.47 to 20.37 ms (4 splits: 6.28 / 20.70 ms); not
+#: resolved from run noise end to end at the embedded shape. That gain does not pay for what it breaks: the hidden
+#: state between two layers is incomplete, so layer-skip drafters, EAGLE heads or anything that reads per-layer
+#: hidden states must not run with it.
 DOWN_SPLITS = 1
 _KERNELS_ATTR = "_specdec_kernels"
 

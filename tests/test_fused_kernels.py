@@ -346,6 +346,21 @@ def test_kernel_settings_compile_and_refusals():
     assert layer._specdec_kernels == "torch" and layer.self_attn._specdec_kernels == "torch"
 
 
+def test_down_split_and_triton_select_stay_opt_in():
+    """Both measured on the H200 without a gain worth their cost (gpu_8b_steps / gpu_select_2026-12-01d.md):
+    the split down GEMM (-4 % of the 8B sparse step, but per-layer hidden states incomplete) and the Triton top-k
+    (no measurable gain) stay off; a freshly fused model runs one down GEMM."""
+    from specdec import fusion
+    from specdec.selectors import base
+
+    assert fusion.DOWN_SPLITS == 1
+    assert base.TRITON_SELECT is False
+    m = make_tiny("llama").fuse_projections(kernels="triton")
+    assert {l.mlp.down_splits for l in m.hf.model.layers} == {1}
+    assert fusion.set_gemm_splits(m.hf) == len(m.hf.model.layers)  # no arguments: the switches, down included
+    assert {l.mlp.down_splits for l in m.hf.model.layers} == {1}
+
+
 def test_gemm_splits_default_is_one_switch(monkeypatch):
     """``fusion.GEMM_SPLITS`` alone sets what a freshly fused model (and ``set_gemm_splits(hf)``) uses."""
     from specdec import fusion

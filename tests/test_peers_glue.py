@@ -340,6 +340,28 @@ def test_fa4_package_is_not_flash_attn_2(tmp_path, monkeypatch):
     assert peers.fa2_installed()
 
 
+def test_half_installed_peer_falls_back_or_fails_clearly(tmp_path, monkeypatch):
+    """FA4 found but not importable (its CUTLASS DSL missing, as on the H200 without the dsl_packages path):
+    ``auto`` warns once and runs our kernel; a forced ``peers='fa4'`` names the problem and the fix."""
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("import cutlass_dsl_not_here_42\n")
+    for name in ("flash_attn", "flash_attn.cute", "flashinfer"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # not installed
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert peers.fa4_installed() and "cutlass_dsl_not_here_42" in peers.import_error("fa4")
+    be = TritonBackend(TritonConfig())
+    be._peer_table = {("verify", 64): [(10**9, "fa4")]}
+    with pytest.warns(RuntimeWarning, match=r"fa4 is installed but does not import .*cutlass_dsl_not_here_42.*"
+                                            r"Triton kernel runs instead"):
+        assert be.peer_for(_call(T=5), _kc(), DENSE) == "triton"
+    assert "fa4" not in be._peers and be.peer_for(_call(T=5), _kc(), DENSE) == "triton"  # warned once, dropped
+    forced = TritonBackend(TritonConfig(peers="fa4"))
+    with pytest.raises(SpecdecError, match=r"peers='fa4': fa4 is installed but does not import .*pip install"):
+        forced.peer_for(_call(T=5), _kc(), DENSE)
+
+
 # ------------------------------------------------------------------ the measured table (H200, 2026-12-01)
 RUN = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "gpu_peers_2026-12-01.json")
 # the re-run of 15:13 UTC: d 64 decode / verify only, with the capturable forms (flashinfer_graph, sdpa_masked)

@@ -160,6 +160,20 @@ def flashinfer_installed() -> bool:
 
 
 INSTALLED = {"fa4": fa4_installed, "flashinfer": flashinfer_installed}
+#: the module a peer's glue imports (``INSTALLED`` only looks it up: importing FA4 takes ~15 s)
+MODULES = {"fa4": "flash_attn.cute", "flashinfer": "flashinfer"}
+
+
+def import_error(peer: str) -> str | None:
+    """Why ``peer``'s module, found by :data:`INSTALLED`, fails to import (``None``: it imports).
+
+    A half-installed peer is found but does not import, e.g. ``flash_attn.cute`` without its CUTLASS DSL
+    package on the path (``ModuleNotFoundError: No module named 'cutlass'``)."""
+    try:
+        importlib.import_module(MODULES[peer])
+    except (ImportError, OSError) as e:  # a missing dependency, or a shared library that does not load
+        return f"{type(e).__name__}: {e}"
+    return None
 HOW_TO_INSTALL = {
     "fa4": "pip install 'specdec[flash]' (flash-attn-4)",
     "flashinfer": "pip install 'specdec[flashinfer]' (flashinfer-python)",

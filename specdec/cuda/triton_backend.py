@@ -8,6 +8,7 @@ which is how the parity tests exercise it in CI.
 from __future__ import annotations
 
 import os
+import warnings
 from collections import Counter
 from typing import Literal, Sequence
 
@@ -188,6 +189,7 @@ class TritonBackend(AttentionBackend):
         self._row_cache: dict[tuple, tuple] = {}
         self._flash = _resolve_flash_attn(c.flash_attn)  # resolved once, when the backend is built
         self._peers = peers.resolve(c.peers)
+        self._imported: set[str] = set()  # peers whose module imported (checked at their first pick)
         self._peer_table: dict | None = None  # None: peers.PICKS (tests and benchmarks pass their own)
         self._graph_table: dict | None = None  # None: peers.GRAPH_PICKS (calls under capture)
         self._flashinfer: peers.FlashInferRunner | None = None
@@ -235,11 +237,32 @@ class TritonBackend(AttentionBackend):
                     self.graph_fallbacks[(eager, kind, want)] += 1
         else:
             want = self.config.peers
-        if want in self._peers and peers.can_serve(want, T, meta.sparse):
+        if want in self._peers and peers.can_serve(want, T, meta.sparse) and self._imports(want):
             if not meta.static or peers.capturable(want, T, meta.sparse):
                 return want
             self.graph_fallbacks[(want, kind, "triton")] += 1
         return "triton"
+
+    def _imports(self, peer: str) -> bool:
+        """Whether ``peer`` imports, tried at its first pick (an eager call: graph capture warms up first).
+
+        ``peers="auto"``: a peer that is found but fails to import is dropped with one warning, and our
+        kernel runs; a forced peer (``peers="fa4"``) raises."""
+        if peer not in peers.MODULES or peer in self._imported:
+            return True
+        err = peers.import_error(peer)
+        if err is None:
+            self._imported.add(peer)
+            return True
+        fix = f"repair the install ({peers.HOW_TO_INSTALL[peer]})"
+        if self.config.peers != "auto":
+            raise SpecdecError(f"peers={peer!r}: {peer} is installed but does not import ({err}); {fix} "
+                               "or use peers='auto' or 'off'.")
+        warnings.warn(f"peers='auto': {peer} is installed but does not import ({err}); our Triton kernel "
+                      f"runs instead. To use it, {fix}; to silence this, pass peers='off'.", RuntimeWarning,
+                      stacklevel=3)
+        self._peers = self._peers - {peer}
+        return False
 
     def _run_peer(self, peer: str, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         if peer == "sdpa":

@@ -4,6 +4,9 @@
 ``room[b]`` best positions (``torch.topk`` of the plan's fixed ``k_sel`` slots, sorted, then the slots past
 the sequence's ``room`` set to -1). At the embedded shape (30 layers x B 64 x 8k) that top-k is most of
 Vegas' selection (0.56 of 0.65 ms per iteration, ``benchmarks/results/gpu_scores_2026-12-01c.md``).
+Measured on the H200 (``benchmarks/results/gpu_select_2026-12-01d.md``): this kernel's plan takes 0.571 vs
+0.585 ms with ``torch.topk`` (the same index sets) — no measurable gain, so it stays opt-in; that file lists
+what would cut the time (fewer dependent passes per row, the head sum and the length mask fused in).
 
 :func:`select_top` does it per row in one program: the row is loaded once, each score mapped to an int32
 key ordered like the floats, the ``room``-th largest key found by bisection over the key range (32 counting

@@ -20,10 +20,13 @@ from specdec.registry import ComponentConfig
 
 #: Whether :meth:`BudgetSelector.plan` picks its top-k with one Triton launch
 #: (:func:`specdec.cuda.triton_select.select_top`) instead of ``torch.topk`` + the per-sequence cut:
-#: ``False`` (default; not yet measured on a GPU), ``True`` (on CUDA, rows of at most 16384 positions;
+#: ``False`` (default), ``True`` (on CUDA, rows of at most 16384 positions;
 #: ``"always"``: also on the CPU under ``TRITON_INTERPRET=1``, for tests). The same index sets (ties at the
 #: threshold: lowest positions first), written in position order instead of score order. Read when a plan
-#: is built: a plan CUDA graph captured before a change keeps the old setting.
+#: is built: a plan CUDA graph captured before a change keeps the old setting. Stays opt-in: no measurable gain
+#: on the H200 at the embedded shape (30 layers x B 64 x 8k, benchmarks/results/gpu_select_2026-12-01d.md): Vegas'
+#: selection 0.692 vs 0.716 ms per iteration (plan 0.571 vs 0.585 ms), the same index sets; end to end Vegas 0.92x
+#: of the torch plan (paired median of 3 rounds, gpu_gemm_splits_2026-12-01d.md).
 TRITON_SELECT: bool | str = False
 
 
