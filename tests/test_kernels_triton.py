@@ -474,7 +474,58 @@ def test_splitk_attention_uses_few_long_row(monkeypatch):
     B, Hkv, L = 1, 2, 40
     q, k, v, lens = make_case(B, Hkv, 2, 2, 128, L, torch.float32, [L - 2], seed=0)
     ta.splitk_attention(q, k, v, AttentionMetadata(lens, 128 ** -0.5), cfg=LaunchConfig(block_n=16, num_splits=2))
-    assert seen and seen[0][0][3:] == (B * Hkv, L)
+    assert seen and seen[0][0][3:] == (B * Hkv, L, False)
+
+
+def test_launch_table_sink_softmax_rows():
+    """Dense head dim 128 verify with ``sink_softmax`` scores takes the launches that beat the table's on
+    the H200 (2026-12-01 17:42 UTC): 8B B 1 x 128k 64-position tiles, 3 stages, 4 per SM (158.9 vs
+    161.9 us); B 16 x 32k 128-position tiles, 3 stages, 2 per SM (538.5 vs 561.3 us). The plain kernel,
+    head dim 64, sparse plans, shorter caches and an unknown batch keep their rows."""
+    from specdec.cuda.triton_attention import DENSE_FEW_LONG, SINK_FEW_LONG, SINK_LONG, SPARSE_LEGACY, table_entry
+
+    assert SINK_FEW_LONG == (64, 4, 3, 4, False, 1) and SINK_LONG == (128, 4, 3, 2, False, 1)
+    sink = dict(sink_scores=True)
+    assert table_entry(False, 128, pairs=1 * 8, length=131072, **sink) == SINK_FEW_LONG
+    assert table_entry(False, 128, pairs=16 * 8, length=32768, **sink) == SINK_LONG
+    assert table_entry(False, 128, pairs=16 * 8, length=131072, **sink) == SINK_LONG
+    assert table_entry(False, 128, pairs=1 * 8, length=131072) == DENSE_FEW_LONG  # plain: unchanged
+    assert table_entry(False, 128, pairs=16 * 8, length=32768) == (64, 4, 2, 2, False, 1)
+    assert table_entry(False, 128, pairs=16 * 8, length=8192, **sink) == (64, 4, 2, 2, False, 1)
+    assert table_entry(False, 128, **sink) == (64, 4, 2, 2, False, 1)  # batch and length unknown
+    assert table_entry(False, 64, pairs=64 * 3, length=8192, **sink) == (128, 4, 3, 8, False, 1)
+    assert table_entry(False, 64, pairs=3, length=131072, **sink) == (128, 4, 3, 8, False, 1)
+    assert table_entry(True, 128, pairs=8, length=131072, **sink) == SPARSE_LEGACY
+    got = LaunchConfig().resolve(False, 128, pairs=128, length=32768, sink_scores=True)
+    assert (got.block_n, got.num_warps, got.num_stages, got.ctas_per_sm) == (128, 4, 3, 2)
+    mine = LaunchConfig(block_n=64, ctas_per_sm=2).resolve(False, 128, pairs=128, length=32768, sink_scores=True)
+    assert (mine.block_n, mine.num_stages, mine.ctas_per_sm) == (64, 3, 2)
+
+
+def test_splitk_attention_keys_sink_softmax_to_the_table(monkeypatch):
+    """A ``sink_softmax`` call tells the table so (the verify without scores does not); the new rows'
+    launches (64 / 128-position tiles, 3 stages) give the reference's outputs and scores."""
+    import specdec.cuda.triton_attention as ta
+
+    seen = []
+    real = ta.table_entry
+
+    def spy(*args, **kw):
+        seen.append(args)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ta, "table_entry", spy)
+    q, k, v, lens = make_case(1, 2, 3, 5, 128, 40, torch.float32, [30], seed=4)
+    w = torch.zeros(6, 5)
+    w[:, [0, 4]] = 1.0
+    ta.splitk_attention(q, k, v, AttentionMetadata(lens, 128 ** -0.5), row_weights=w, sink_softmax=True,
+                        cfg=LaunchConfig(block_n=16, num_splits=2))
+    ta.splitk_attention(q, k, v, AttentionMetadata(lens, 128 ** -0.5), cfg=LaunchConfig(block_n=16, num_splits=2))
+    assert [a[5] for a in seen] == [True, False]
+    q, k, v, lens = make_case(2, 2, 3, 5, 128, 300, torch.float32, [290, 77], seed=5)
+    for bn, warps, stages, _, _, _ in (ta.SINK_FEW_LONG, ta.SINK_LONG):
+        check(TritonConfig(block_n=bn, num_warps=warps, num_stages=stages, num_splits=2), q, k, v, lens,
+              score_rows=[0, 4], score_kind="sink_softmax")
 
 
 def test_choose_splits_min_tiles():
@@ -603,46 +654,6 @@ def test_bf16_score_buffers(kind):
                                       score_reduce="colsum")).attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
     assert s.dtype == (torch.float32 if kind == "softmax" else torch.bfloat16)  # softmax: bf16 raw logits
     torch.testing.assert_close(s.float(), s_ref, atol=3e-2 * (6 if kind == "logits" else 1), rtol=2e-2)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("red", ["tdot", "rowmma"])
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("T,rows,heads,D", [(5, [0, 4], None, 64), (3, [1], [1, 5], 16), (5, [0, 4], None, 128)])
-def test_sink_reduce_variants_match_reference(dtype, red, splits, T, rows, heads, D):
-    """The compile-time row reductions of ``sink_softmax`` scores (issue 18: ``"tdot"``, a transposed
-    second MMA; ``"rowmma"``, a 16-row MMA of the per-row factors) give the reference's scores and
-    outputs, in one split and over several, at head dims 16/64/128 (G 3: 15 rows, 9 with T 3)."""
-    lengths = [50, 13, 0] if not ON_GPU else [4000, 777, 0]
-    q, k, v, lens = make_case(3, 2, 3, T, D, max(lengths) + T + 4, dtype, lengths, seed=61 + T + D)
-    cfg = TritonConfig(block_n=16, num_splits=splits, sink_reduce=red)
-    check(cfg, q, k, v, lens, score_rows=rows, score_kind="sink_softmax", score_heads=heads)
-
-
-@pytest.mark.parametrize("red", ["tdot", "rowmma"])
-def test_sink_reduce_variants_sparse_and_bf16_buffer(red):
-    lengths = [60, 21]
-    q, k, v, lens = make_case(2, 2, 3, 5, 16, 70, torch.float32, lengths, seed=12)
-    idx, df = make_plan(2, 2, 12, lengths, 5)
-    check(TritonConfig(block_n=16, num_splits=3, sink_reduce=red), q, k, v, lens, plan_indices=idx,
-          dense_from=df, score_rows=[0, 4], score_kind="sink_softmax")
-    kw = dict(score_rows=[0, 4], score_kind="sink_softmax")
-    _, s_ref = REF.attend(q, k, v, AttentionMetadata(lens, 0.25, **kw))
-    _, s = TritonBackend(TritonConfig(block_n=16, num_splits=2, score_dtype="bfloat16", sink_reduce=red)).attend(
-        q, k, v, AttentionMetadata(lens, 0.25, **kw))
-    assert s.dtype == torch.bfloat16
-    torch.testing.assert_close(s.float(), s_ref, atol=3e-2, rtol=2e-2)
-
-
-def test_sink_reduce_default_and_bad_value():
-    """Today's reduction stays the default until the GPU run picks a variant; a wrong name is one clear error."""
-    from specdec.cuda.triton_attention import splitk_attention
-
-    assert TritonConfig().sink_reduce == "tile"
-    q, k, v, lens = make_case(1, 2, 3, 5, 16, 30, torch.float32, [20], seed=2)
-    with pytest.raises(ValueError, match="sink_reduce must be one of"):
-        splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=torch.ones(6, 5), sink_softmax=True,
-                         sink_reduce="tdott")
 
 
 def test_sink_softmax_per_row_is_refused():

@@ -8,7 +8,7 @@
 #
 # 1. unpack part2 into $SITE and check both peers import: `PARTS=none peers.sh run` (no tests, no bench, no e2e)
 # 2. benchmarks/gpu/s18.py (peers.run_case machinery): 8B 1x128k, 8B 16x32k, SmolLM2 B 64/16/1 x 8k: ours plain +
-#    launch variants, ours + each sink_softmax variant (tile = today's default, tdot, rowmma, bf16 buffer, launch
+#    launch variants, ours + sink_softmax (table launch, bf16 buffer, launch
 #    variants), FlashInfer eager + CUDA-graph wrapper, FA4, SDPA; then decode at the 8B shapes (capturable forms)
 #    -> $OUT/s18/{s18.md,results.json,results.md,log.txt}
 # 3. tests/test_peers_gpu.py (the parity tests cut last time) + the new kernel variants' parity tests on the GPU,
@@ -39,7 +39,7 @@ tail -n 45 "$OUT/s18/s18.md"
 L=$(( $(left) - 10 ))
 if [ "$L" -gt 30 ]; then
     SPECDEC_TEST_DEVICE=cuda timeout $(( L / 3 )) python3 -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
-        -k "sink_reduce and (dtype1 or sparse)" > "$OUT/s18/pytest_kernels.log" 2>&1
+        -k "sink_softmax" > "$OUT/s18/pytest_kernels.log" 2>&1
     echo "kernel variant tests rc=$?: $(tail -n 1 "$OUT/s18/pytest_kernels.log")"
     L=$(( $(left) - 8 ))
     SPECDEC_TEST_DEVICE=cuda SPECDEC_REQUIRE_PEERS=1 timeout "$L" python3 -m pytest -q -rs -p no:cacheprovider \

@@ -69,7 +69,6 @@ def _splitk_attn_kernel(
     NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
     FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
-    SINK_RED: tl.constexpr = 0,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -187,22 +186,7 @@ def _splitk_attn_kernel(
         alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
         p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
         if SCORE_MODE == 4:
-            if SCORE_EXP and SINK_RED == 1:
-                # "tdot": the transposed logit tile (BLOCK_N, BLOCK_M) from a second MMA, reduced along
-                # its columns (rows of the query tile: within a thread and its quad, no shared memory)
-                # and independent of the running max (off the softmax's critical path);
-                # exactly sum_m w_m exp(min(s - ref_m, clamp)) over the rows that see the position
-                st = tl.dot(tl.trans(kt), tl.trans(q), input_precision=DOT_PREC) * sm_scale
-                vis_t = valid[:, None] & (pos[:, None] <= row_pos[None, :]) & row_valid[None, :]
-                e_t = tl.math.exp2(tl.minimum(st - ref[None, :], SINK_CLAMP) * 1.4426950408889634)
-                sc = tl.sum(tl.where(vis_t, e_t * w[None, :], 0.0), axis=1)
-            elif SCORE_EXP and SINK_RED == 2:
-                # "rowmma": the rows reduced by a 16-row MMA whose row 0 holds the per-row factors
-                # (the tile is padded to >= 16 rows anyway), then an in-warp sum of 16 rows
-                cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
-                cmat = tl.where(offs16[:, None] == 0, cw[None, :], 0.0)  # (16, BLOCK_M)
-                sc = tl.sum(tl.dot(cmat, p, input_precision=DOT_PREC), axis=0)
-            elif SCORE_EXP:
+            if SCORE_EXP:
                 # exp(s - ref) = p * exp(m - ref): the tile's p times one factor per row (16 exps, not 16 x N)
                 cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
                 sc = tl.sum(p * cw[:, None], axis=0)
@@ -392,9 +376,9 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 
 
 #: Launch table: the first row whose key matches picks the tunables that a ``LaunchConfig`` leaves at
-#: ``None``. Key: ``(sparse, largest head dim, raw_scores, most (sequence, KV head) pairs, least cache
-#: length)`` (``raw_scores`` ``None`` matches both; ``None`` pairs any batch; length 0 any cache);
-#: value: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``.
+#: ``None``. Key: ``(sparse, largest head dim, raw_scores, sink_scores, most (sequence, KV head) pairs,
+#: least cache length)`` (``raw_scores`` / ``sink_scores`` ``None`` match both; ``None`` pairs any batch;
+#: length 0 any cache); value: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``.
 #:
 #: * sparse plans (measured on an H200 on 2026-12-01 by ``benchmarks/gpu/sparse_attn.sh``,
 #:   ``benchmarks/results/gpu_sparse_attn_2026-12-01b.md``): head dim <= 64 (SmolLM2 B 64 x 8k):
@@ -411,31 +395,42 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #:   ``sink_softmax`` scores; at B 16 x 32k 128-position tiles were slower (611 vs 516 us), so the row is
 #:   keyed to at most 8 (sequence, KV head) pairs (one 8B sequence) and caches of 64k positions or more
 #:   (only 128k measured).
+#: * dense head dim 128 verify with ``sink_softmax`` scores (measured on an H200 on 2026-12-01 17:42 UTC
+#:   by ``benchmarks/gpu/s18.sh``, ``benchmarks/results/gpu_scores_2026-12-01d.md``): at Llama-3.1-8B
+#:   B 1 x 128k 64-position tiles, 3 stages, 4 programs per SM took 158.9 us vs 161.9 us at
+#:   ``DENSE_FEW_LONG`` (``SINK_FEW_LONG``); at B 16 x 32k 128-position tiles, 3 stages, 2 programs
+#:   per SM 538.5 vs 561.3 us at the any-batch row (``SINK_LONG``, keyed to caches of 32k positions or
+#:   more: only 32k measured). The plain verify's rows stay: its same launches won by 1.8 % / 2.7 %
+#:   (149.5 vs 152.3 us, 502.4 vs 516.4 us), but those rows also serve decode, not measured with them.
 #: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
 SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
 #: dense head dim 128 at few (sequence, KV head) pairs over a long cache (see above)
 DENSE_FEW_LONG = (128, 4, 2, 4, False, 1)
-#: ``sink_softmax`` row reductions (``splitk_attention(sink_reduce=...)``) -> the kernel's ``SINK_RED``
-SINK_REDUCE = {"tile": 0, "tdot": 1, "rowmma": 2}
-LaunchKey = tuple[bool, int, bool | None, int | None, int]
+#: dense head dim 128 with ``sink_softmax`` scores: few pairs over a long cache / any batch over >= 32k
+SINK_FEW_LONG = (64, 4, 3, 4, False, 1)
+SINK_LONG = (128, 4, 3, 2, False, 1)
+LaunchKey = tuple[bool, int, bool | None, bool | None, int | None, int]
 LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...] = (
-    ((True, 64, None, None, 0), (128, 4, 3, 4, True, 1)),
-    ((True, 1 << 30, None, None, 0), SPARSE_LEGACY),
-    ((False, 64, None, None, 0), (128, 4, 3, 8, False, 1)),
-    ((False, 1 << 30, True, None, 0), (128, 4, 2, 4, False, 1)),
-    ((False, 1 << 30, None, 8, 1 << 16), DENSE_FEW_LONG),
-    ((False, 1 << 30, None, None, 0), (64, 4, 2, 2, False, 1)),
+    ((True, 64, None, None, None, 0), (128, 4, 3, 4, True, 1)),
+    ((True, 1 << 30, None, None, None, 0), SPARSE_LEGACY),
+    ((False, 64, None, None, None, 0), (128, 4, 3, 8, False, 1)),
+    ((False, 1 << 30, True, None, None, 0), (128, 4, 2, 4, False, 1)),
+    ((False, 1 << 30, None, True, 8, 1 << 16), SINK_FEW_LONG),
+    ((False, 1 << 30, None, None, 8, 1 << 16), DENSE_FEW_LONG),
+    ((False, 1 << 30, None, True, None, 1 << 15), SINK_LONG),
+    ((False, 1 << 30, None, None, None, 0), (64, 4, 2, 2, False, 1)),
 )
 
 
 def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
-                length: int = 0) -> tuple[int, int, int, int, bool, int]:
+                length: int = 0, sink_scores: bool = False) -> tuple[int, int, int, int, bool, int]:
     """The ``LAUNCH_TABLE`` row for a launch of ``pairs`` (sequence, KV head) programs over a cache of
-    ``length`` positions (``pairs=None``: unknown, only rows for any batch match):
-    ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``."""
-    for (sp, dmax, raw, most, least), entry in LAUNCH_TABLE:
-        if sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores) and (
-                most is None or (pairs is not None and pairs <= most and length >= least)):
+    ``length`` positions (``pairs=None``: unknown, only rows for any batch match), emitting
+    ``sink_softmax`` scores or not: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``."""
+    for (sp, dmax, raw, sink, most, least), entry in LAUNCH_TABLE:
+        if (sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores)
+                and (sink is None or sink == sink_scores) and length >= least
+                and (most is None or (pairs is not None and pairs <= most))):
             return entry
     raise LookupError(f"no launch table row for sparse={sparse}, head_dim={head_dim}")  # pragma: no cover
 
@@ -471,8 +466,8 @@ class LaunchConfig:
     fused_combine: bool = False
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
-                length: int = 0) -> "LaunchConfig":
-        auto = table_entry(sparse, head_dim, raw_scores, pairs, length)
+                length: int = 0, sink_scores: bool = False) -> "LaunchConfig":
+        auto = table_entry(sparse, head_dim, raw_scores, pairs, length, sink_scores)
         pick = lambda v, a: a if v is None else v  # noqa: E731
         dense_one = self.dense_single_split_at
         if dense_one == "auto":
@@ -550,7 +545,6 @@ def splitk_attention(
     colsum: bool = False,
     sink_softmax: bool = False,
     score_dtype: torch.dtype = torch.float32,
-    sink_reduce: str = "tile",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -577,11 +571,6 @@ def splitk_attention(
             where ``ref`` is each row's log-sum-exp over its anchor positions (the first and last 16
             it sees, known before the loop): softmax weights up to one factor per row, in one pass
             (see the module docstring).
-        sink_reduce: how ``sink_softmax`` scores are reduced over the rows of each tile (compile-time
-            variants, issue 18): ``"tile"`` (the default: the probability tile times one factor per
-            row, summed over rows), ``"tdot"`` (a second, transposed logit MMA reduced along its
-            columns, off the running-max path) or ``"rowmma"`` (a 16-row MMA with the per-row factors
-            in row 0, then an in-warp sum). The same scores up to rounding.
         score_dtype: dtype of the fused score buffer (``SCORE_MODE`` 1/3/4) and of the raw logits
             (``SCORE_MODE`` 2): float32 or bfloat16.
 
@@ -596,7 +585,7 @@ def splitk_attention(
     G = H // Hkv
     dev = q.device
     cfg = cfg.resolve(plan_indices is not None, D, raw_scores=row_slots is not None, pairs=B * Hkv,
-                      length=k_cache.shape[2])
+                      length=k_cache.shape[2], sink_scores=bool(sink_softmax))
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -637,8 +626,6 @@ def splitk_attention(
     alloc = torch.zeros if sparse else torch.empty
     if score_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"score_dtype must be torch.float32 or torch.bfloat16, not {score_dtype}.")
-    if sink_reduce not in SINK_REDUCE:
-        raise ValueError(f"sink_reduce must be one of {sorted(SINK_REDUCE)}, not {sink_reduce!r}.")
     if sink_softmax and row_weights is None:
         raise ValueError("sink_softmax scores need row_weights (the weight of each (head, row)).")
     if row_weights is not None:
@@ -677,7 +664,7 @@ def splitk_attention(
         SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,
         NOUT=1 if fused_softmax else max(1, n_slots),
         DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and (score_mode in (1, 3, 4) or fused_softmax),
-        SCORE_EXP=bool(sink_softmax), SINK_RED=SINK_REDUCE[sink_reduce] if sink_softmax else 0,
+        SCORE_EXP=bool(sink_softmax),
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

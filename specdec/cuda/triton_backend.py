@@ -74,11 +74,6 @@ class TritonConfig(ComponentConfig):
         score_dtype: dtype of the fused score buffers (logits and ``sink_softmax``: ``"bfloat16"``
             halves their writes; the selector sums them in float32) and of the raw logits that exact
             softmax scores are rebuilt from (the reduce kernel still returns float32).
-        sink_reduce: how the kernel sums ``sink_softmax`` scores over the rows of a tile: ``"tile"``
-            (the default: the probability tile times one factor per row), ``"tdot"`` (a second,
-            transposed logit MMA reduced along its columns) or ``"rowmma"`` (a 16-row MMA holding the
-            per-row factors); compile-time variants to measure on the GPU (issue 18,
-            ``benchmarks/gpu/s18.sh``), the same scores up to rounding.
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -107,7 +102,6 @@ class TritonConfig(ComponentConfig):
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
     score_reduce: Literal["mma", "colsum"] = "colsum"
     score_dtype: Literal["float32", "bfloat16"] = "float32"
-    sink_reduce: Literal["tile", "tdot", "rowmma"] = "tile"
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -430,8 +424,7 @@ class TritonBackend(AttentionBackend):
             w = self._row_weights(H, T, rows, heads, dev)
             out, _, scores, _ = splitk_attention(q, k_cache, v_cache, meta, row_weights=w, cfg=self._launch,
                                                  colsum=self.config.score_reduce == "colsum",
-                                                 sink_softmax=kind == "sink_softmax", score_dtype=sdt,
-                                                 sink_reduce=self.config.sink_reduce)
+                                                 sink_softmax=kind == "sink_softmax", score_dtype=sdt)
             return out, scores
         if kind == "logits" and R <= 16:  # per-row logits, in the kernel
             rq, rid = self._row_queries(H, Hkv, T, rows, heads, dev)
