@@ -474,7 +474,7 @@ def test_splitk_attention_uses_few_long_row(monkeypatch):
     B, Hkv, L = 1, 2, 40
     q, k, v, lens = make_case(B, Hkv, 2, 2, 128, L, torch.float32, [L - 2], seed=0)
     ta.splitk_attention(q, k, v, AttentionMetadata(lens, 128 ** -0.5), cfg=LaunchConfig(block_n=16, num_splits=2))
-    assert seen and seen[0][0][3:] == (B * Hkv, L, False)
+    assert seen and seen[0][0][3:] == (B * Hkv, L, False, 2)  # ..., sink_scores, rows T
 
 
 def test_launch_table_sink_softmax_rows():
@@ -526,6 +526,71 @@ def test_splitk_attention_keys_sink_softmax_to_the_table(monkeypatch):
     for bn, warps, stages, _, _, _ in (ta.SINK_FEW_LONG, ta.SINK_LONG):
         check(TritonConfig(block_n=bn, num_warps=warps, num_stages=stages, num_splits=2), q, k, v, lens,
               score_rows=[0, 4], score_kind="sink_softmax")
+
+
+def test_launch_table_plain_verify_rows():
+    """Dense head dim 128 **verify** (T > 1) without scores takes the launches that beat the table's on
+    the H200 (2026-12-01 17:42 UTC, ``gpu_scores_2026-12-01d.md``): 8B B 1 x 128k 64-position tiles,
+    3 stages, 4 per SM (149.5 vs 152.3 us); B 16 x 32k 128-position tiles, 3 stages, 2 per SM (502.4 vs
+    516.4 us). Decode (T = 1), an unknown row count, shorter caches, head dim 64, sparse plans and
+    raw-logit calls keep their rows."""
+    from specdec.cuda.triton_attention import (DENSE_FEW_LONG, SINK_FEW_LONG, SINK_LONG, SPARSE_LEGACY,
+                                               VERIFY_FEW_LONG, VERIFY_LONG, table_entry)
+
+    assert VERIFY_FEW_LONG == (64, 4, 3, 4, False, 1) and VERIFY_LONG == (128, 4, 3, 2, False, 1)
+    default = (64, 4, 2, 2, False, 1)
+    for T in (2, 5):
+        assert table_entry(False, 128, pairs=1 * 8, length=131072, rows=T) == VERIFY_FEW_LONG
+        assert table_entry(False, 128, pairs=16 * 8, length=32768, rows=T) == VERIFY_LONG
+        assert table_entry(False, 128, pairs=16 * 8, length=131072, rows=T) == VERIFY_LONG
+        assert table_entry(False, 128, pairs=16 * 8, length=8192, rows=T) == default
+        assert table_entry(False, 64, pairs=64 * 3, length=8192, rows=T) == (128, 4, 3, 8, False, 1)
+        assert table_entry(True, 128, pairs=8, length=131072, rows=T) == SPARSE_LEGACY
+        assert table_entry(False, 128, True, pairs=8, length=131072, rows=T) == (128, 4, 2, 4, False, 1)
+    # with sink_softmax scores: the SINK_ rows (the same launches, measured with scores)
+    assert table_entry(False, 128, pairs=8, length=131072, sink_scores=True, rows=5) == SINK_FEW_LONG
+    assert table_entry(False, 128, pairs=128, length=32768, sink_scores=True, rows=5) == SINK_LONG
+    # decode and an unknown row count: exactly the rows of before
+    for T in (1, None):
+        assert table_entry(False, 128, pairs=1 * 8, length=131072, rows=T) == DENSE_FEW_LONG
+        assert table_entry(False, 128, pairs=16 * 8, length=32768, rows=T) == default
+        assert table_entry(False, 128, pairs=16 * 8, length=131072, rows=T) == default
+    got = LaunchConfig().resolve(False, 128, pairs=8, length=131072, rows=5)
+    assert (got.block_n, got.num_warps, got.num_stages, got.ctas_per_sm) == (64, 4, 3, 4)
+    got = LaunchConfig().resolve(False, 128, pairs=128, length=32768, rows=5)
+    assert (got.block_n, got.num_warps, got.num_stages, got.ctas_per_sm) == (128, 4, 3, 2)
+    got = LaunchConfig().resolve(False, 128, pairs=8, length=131072, rows=1)
+    assert (got.block_n, got.num_warps, got.num_stages, got.ctas_per_sm) == (128, 4, 2, 4)
+    got = LaunchConfig().resolve(False, 128, pairs=128, length=32768, rows=1)
+    assert (got.block_n, got.num_warps, got.num_stages, got.ctas_per_sm) == (64, 4, 2, 2)
+    mine = LaunchConfig(block_n=32, ctas_per_sm=8).resolve(False, 128, pairs=8, length=131072, rows=5)
+    assert (mine.block_n, mine.num_stages, mine.ctas_per_sm) == (32, 3, 8)
+
+
+def test_splitk_attention_keys_verify_rows_to_the_table(monkeypatch):
+    """``splitk_attention`` tells the table the call's row count: with the verify rows' cache floor
+    lowered to 0, a T = 5 call of 2 pairs takes ``VERIFY_FEW_LONG``, of 10 pairs ``VERIFY_LONG``, a decode
+    call neither; and the default backend at those launches gives the reference's outputs."""
+    import specdec.cuda.triton_attention as ta
+
+    table = tuple(((k[:6] + (0,)) if v in (ta.VERIFY_FEW_LONG, ta.VERIFY_LONG) and k[4] else k, v)
+                  for k, v in ta.LAUNCH_TABLE)
+    assert sum(k[4] is True and k[6] == 0 for k, _ in table) == 2
+    monkeypatch.setattr(ta, "LAUNCH_TABLE", table)
+    seen = []
+    real = ta.table_entry
+
+    def spy(*args, **kw):
+        seen.append(real(*args, **kw))
+        return seen[-1]
+
+    monkeypatch.setattr(ta, "table_entry", spy)
+    for B, lengths, want in ((1, [290], ta.VERIFY_FEW_LONG), (5, [290, 77, 5, 150, 0], ta.VERIFY_LONG)):
+        for T in (5, 1):
+            q, k, v, lens = make_case(B, 2, 2, T, 128, 300, torch.bfloat16, lengths, seed=6 + T)
+            seen.clear()
+            check(TritonConfig(), q, k, v, lens)
+            assert seen and all((e == want) == (T > 1) for e in seen), (B, T, seen)
 
 
 def test_choose_splits_min_tiles():

@@ -376,9 +376,11 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 
 
 #: Launch table: the first row whose key matches picks the tunables that a ``LaunchConfig`` leaves at
-#: ``None``. Key: ``(sparse, largest head dim, raw_scores, sink_scores, most (sequence, KV head) pairs,
-#: least cache length)`` (``raw_scores`` / ``sink_scores`` ``None`` match both; ``None`` pairs any batch;
-#: length 0 any cache); value: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``.
+#: ``None``. Key: ``(sparse, largest head dim, raw_scores, sink_scores, verify, most (sequence, KV head)
+#: pairs, least cache length)`` (``raw_scores`` / ``sink_scores`` ``None`` match both; ``verify``: ``True``
+#: for calls of ``T > 1`` query rows per sequence, ``False`` for decode (``T == 1``), ``None`` both;
+#: ``None`` pairs any batch; length 0 any cache); value:
+#: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``.
 #:
 #: * sparse plans (measured on an H200 on 2026-12-01 by ``benchmarks/gpu/sparse_attn.sh``,
 #:   ``benchmarks/results/gpu_sparse_attn_2026-12-01b.md``): head dim <= 64 (SmolLM2 B 64 x 8k):
@@ -400,8 +402,13 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #:   B 1 x 128k 64-position tiles, 3 stages, 4 programs per SM took 158.9 us vs 161.9 us at
 #:   ``DENSE_FEW_LONG`` (``SINK_FEW_LONG``); at B 16 x 32k 128-position tiles, 3 stages, 2 programs
 #:   per SM 538.5 vs 561.3 us at the any-batch row (``SINK_LONG``, keyed to caches of 32k positions or
-#:   more: only 32k measured). The plain verify's rows stay: its same launches won by 1.8 % / 2.7 %
-#:   (149.5 vs 152.3 us, 502.4 vs 516.4 us), but those rows also serve decode, not measured with them.
+#:   more: only 32k measured).
+#: * dense head dim 128 **verify** (``T > 1``) without scores (the same run): the same two launches won
+#:   over the table's: B 1 x 128k 149.5 vs 152.3 us at ``DENSE_FEW_LONG`` (FlashInfer 149.6 us), B 16 x 32k
+#:   502.4 vs 516.4 us at the any-batch row; keyed like the ``SINK_`` rows (``VERIFY_FEW_LONG``,
+#:   ``VERIFY_LONG``) to verify calls only: decode (``T == 1``) was not timed at those launches and keeps
+#:   its rows, as does a call whose row count is not given. A verify with logits scores (not
+#:   ``sink_softmax``, not raw) takes them too; it was not timed at them.
 #: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
 SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
 #: dense head dim 128 at few (sequence, KV head) pairs over a long cache (see above)
@@ -409,27 +416,34 @@ DENSE_FEW_LONG = (128, 4, 2, 4, False, 1)
 #: dense head dim 128 with ``sink_softmax`` scores: few pairs over a long cache / any batch over >= 32k
 SINK_FEW_LONG = (64, 4, 3, 4, False, 1)
 SINK_LONG = (128, 4, 3, 2, False, 1)
-LaunchKey = tuple[bool, int, bool | None, bool | None, int | None, int]
+#: dense head dim 128 verify (``T > 1``): few pairs over a long cache / any batch over >= 32k (see above)
+VERIFY_FEW_LONG = (64, 4, 3, 4, False, 1)
+VERIFY_LONG = (128, 4, 3, 2, False, 1)
+LaunchKey = tuple[bool, int, bool | None, bool | None, bool | None, int | None, int]
 LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...] = (
-    ((True, 64, None, None, None, 0), (128, 4, 3, 4, True, 1)),
-    ((True, 1 << 30, None, None, None, 0), SPARSE_LEGACY),
-    ((False, 64, None, None, None, 0), (128, 4, 3, 8, False, 1)),
-    ((False, 1 << 30, True, None, None, 0), (128, 4, 2, 4, False, 1)),
-    ((False, 1 << 30, None, True, 8, 1 << 16), SINK_FEW_LONG),
-    ((False, 1 << 30, None, None, 8, 1 << 16), DENSE_FEW_LONG),
-    ((False, 1 << 30, None, True, None, 1 << 15), SINK_LONG),
-    ((False, 1 << 30, None, None, None, 0), (64, 4, 2, 2, False, 1)),
+    ((True, 64, None, None, None, None, 0), (128, 4, 3, 4, True, 1)),
+    ((True, 1 << 30, None, None, None, None, 0), SPARSE_LEGACY),
+    ((False, 64, None, None, None, None, 0), (128, 4, 3, 8, False, 1)),
+    ((False, 1 << 30, True, None, None, None, 0), (128, 4, 2, 4, False, 1)),
+    ((False, 1 << 30, None, True, None, 8, 1 << 16), SINK_FEW_LONG),
+    ((False, 1 << 30, None, False, True, 8, 1 << 16), VERIFY_FEW_LONG),
+    ((False, 1 << 30, None, None, None, 8, 1 << 16), DENSE_FEW_LONG),
+    ((False, 1 << 30, None, True, None, None, 1 << 15), SINK_LONG),
+    ((False, 1 << 30, None, False, True, None, 1 << 15), VERIFY_LONG),
+    ((False, 1 << 30, None, None, None, None, 0), (64, 4, 2, 2, False, 1)),
 )
 
 
 def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
-                length: int = 0, sink_scores: bool = False) -> tuple[int, int, int, int, bool, int]:
+                length: int = 0, sink_scores: bool = False, rows: int | None = None) -> tuple[int, int, int, int, bool, int]:
     """The ``LAUNCH_TABLE`` row for a launch of ``pairs`` (sequence, KV head) programs over a cache of
-    ``length`` positions (``pairs=None``: unknown, only rows for any batch match), emitting
+    ``length`` positions (``pairs=None``: unknown, only rows for any batch match), ``rows`` query rows per
+    sequence (``T``; ``None``: unknown, only rows for decode and verify alike match), emitting
     ``sink_softmax`` scores or not: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``."""
-    for (sp, dmax, raw, sink, most, least), entry in LAUNCH_TABLE:
+    for (sp, dmax, raw, sink, verify, most, least), entry in LAUNCH_TABLE:
         if (sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores)
                 and (sink is None or sink == sink_scores) and length >= least
+                and (verify is None or (rows is not None and (rows > 1) == verify))
                 and (most is None or (pairs is not None and pairs <= most))):
             return entry
     raise LookupError(f"no launch table row for sparse={sparse}, head_dim={head_dim}")  # pragma: no cover
@@ -466,8 +480,8 @@ class LaunchConfig:
     fused_combine: bool = False
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
-                length: int = 0, sink_scores: bool = False) -> "LaunchConfig":
-        auto = table_entry(sparse, head_dim, raw_scores, pairs, length, sink_scores)
+                length: int = 0, sink_scores: bool = False, rows: int | None = None) -> "LaunchConfig":
+        auto = table_entry(sparse, head_dim, raw_scores, pairs, length, sink_scores, rows)
         pick = lambda v, a: a if v is None else v  # noqa: E731
         dense_one = self.dense_single_split_at
         if dense_one == "auto":
@@ -585,7 +599,7 @@ def splitk_attention(
     G = H // Hkv
     dev = q.device
     cfg = cfg.resolve(plan_indices is not None, D, raw_scores=row_slots is not None, pairs=B * Hkv,
-                      length=k_cache.shape[2], sink_scores=bool(sink_softmax))
+                      length=k_cache.shape[2], sink_scores=bool(sink_softmax), rows=T)
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
