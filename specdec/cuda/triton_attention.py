@@ -434,8 +434,8 @@ LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...]
 )
 
 
-def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
-                length: int = 0, sink_scores: bool = False, rows: int | None = None) -> tuple[int, int, int, int, bool, int]:
+def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None, length: int = 0,
+                sink_scores: bool = False, rows: int | None = None) -> tuple[int, int, int, int, bool, int]:
     """The ``LAUNCH_TABLE`` row for a launch of ``pairs`` (sequence, KV head) programs over a cache of
     ``length`` positions (``pairs=None``: unknown, only rows for any batch match), ``rows`` query rows per
     sequence (``T``; ``None``: unknown, only rows for decode and verify alike match), emitting
