@@ -59,9 +59,12 @@ from specdec.errors import SpecdecError
 Peer = Literal["triton", "fa4", "flashinfer", "sdpa"]
 Kind = Literal["decode", "verify", "sparse"]
 
-#: Date of the measurement behind :data:`PICKS` (``benchmarks/gpu/peers.py`` on an H200;
-#: ``benchmarks/results/gpu_peers_2026-12-01.json``, its d 64 decode / verify rows re-measured in
-#: ``gpu_peers_2026-12-01c.json``: the same picks).
+#: Date of the measurements behind :data:`PICKS` and :data:`GRAPH_PICKS` (``benchmarks/gpu/peers.py`` on an
+#: H200, 2026-12-01): ``benchmarks/results/gpu_peers_2026-12-01.json`` (12:54 UTC, every kind and shape),
+#: its d 64 decode / verify rows replaced by ``gpu_peers_2026-12-01c.json`` (15:13 UTC re-run) and its d 128
+#: decode / verify rows by ``gpu_scores_2026-12-01d.json`` (``benchmarks/gpu/s18.sh``, 17:42 UTC, the four
+#: kernels and their capturable forms side by side); d 128 sparse rows from the first run. The shipped
+#: tables are ``derive_picks`` of those rows (``tests/test_peers_glue.py`` pins it).
 MEASURED: str | None = "2026-12-01"
 
 #: Ours stays the pick unless the fastest kernel beats it by more than this fraction (fewer moving
@@ -72,31 +75,31 @@ TIE = 0.03
 #: (cached tokens over the batch) is at most ``max_tokens`` (first match wins; no match: ours).
 #: Measured sizes: d 64 at B·L = 8k, 128k, 512k (B = 1, 16, 64 × 8k), d 128 at 128k (B = 1 × 128k)
 #: and 512k (B = 16 × 32k); boundaries at the geometric middle. Ours within :data:`TIE` of the
-#: fastest keeps the call (d 64 decode at B = 64: SDPA 2.6 % faster in the re-run; d 128 decode at 16 × 32k:
-#: SDPA 1.4 %, FA4 0.2 %; d 128 sparse at 1 × 128k: FlashInfer 0.1 %).
+#: fastest keeps the call (d 64 decode at B = 64: SDPA 2.6 % faster in the 15:13 re-run; d 128 at
+#: 17:42 UTC: decode at 16 × 32k SDPA 2.3 %, FA4 0.4 % faster, verify at 1 × 128k FlashInfer 1.8 %;
+#: d 128 sparse at 1 × 128k: FlashInfer 0.1 %).
 PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {
     ("decode", 64): [(32768, "triton"), (262144, "sdpa"), (10**12, "triton")],  # B=16×8k: 30.5 vs 35.8 µs (re-run)
     ("verify", 64): [(10**12, "triton")],
     ("sparse", 64): [(10**12, "triton")],
-    ("decode", 128): [(262144, "sdpa"), (10**12, "triton")],  # 1×128k: 131.6 vs 145.7 µs
-    ("verify", 128): [(262144, "flashinfer"), (10**12, "fa4")],  # 150.8 vs 167.1; 491.8 vs 523.4 µs
+    ("decode", 128): [(262144, "sdpa"), (10**12, "triton")],  # 1×128k: 132.6 vs 159.9 µs (17:42 UTC)
+    ("verify", 128): [(262144, "triton"), (10**12, "fa4")],  # 152.3 vs FI 149.6; FA4 488.1 vs 516.4 µs
     ("sparse", 128): [(10**12, "triton")],
 }
 
 
-#: The same for calls under CUDA-graph capture: derived with the capturable kernels only
-#: (:func:`capturable`; ``derive_picks(rows, graph=True)``) from the 2026-12-01 run, its head-dim-64
-#: decode / verify rows replaced by the 15:13 UTC re-run (``gpu_peers_2026-12-01c.json``), which timed
-#: FlashInfer's CUDA-graph wrapper and the masked SDPA: ours is the fastest capturable kernel at every
-#: d 64 shape (masked SDPA 41.3 vs 35.8 µs at B = 16 × 8k; FlashInfer's graph-mode verify 279.5 vs
-#: ours 102.6 µs at B = 64 × 8k, its eager plan 115.0). The graph-mode verify being up to 2.4× its eager
-#: time, an eager FlashInfer verify no longer stands in for it: at d 128 (unmeasured in graph mode) the
-#: verify goes to FA4 only where it beats ours (16 × 32k: 491.8 vs 523.4 µs), ours elsewhere.
+#: The same for calls under CUDA-graph capture: ``derive_picks(rows, graph=True)`` of the same rows,
+#: capturable kernels only (:func:`capturable`): ours, FA4, FlashInfer's CUDA-graph wrapper and the
+#: masked SDPA decode. d 64 (15:13 UTC re-run): ours is the fastest capturable kernel at every shape
+#: (masked SDPA 41.3 vs 35.8 µs at B = 16 × 8k; FlashInfer's graph-mode verify 279.5 vs ours 102.6 µs
+#: at B = 64 × 8k). d 128 (17:42 UTC): decode at 1 × 128k goes to the masked SDPA (144.7 vs ours
+#: 159.9 µs), at 16 × 32k stays ours (491.8; FA4 489.6, masked SDPA 495.0 µs); verify at 1 × 128k stays
+#: ours (152.3; FlashInfer's graph mode 152.2 µs), at 16 × 32k goes to FA4 (488.1 vs 516.4 µs).
 GRAPH_PICKS: dict[tuple[str, int], list[tuple[int, str]]] = {
     ("decode", 64): [(10**12, "triton")],
     ("verify", 64): [(10**12, "triton")],
     ("sparse", 64): [(10**12, "triton")],
-    ("decode", 128): [(10**12, "triton")],
+    ("decode", 128): [(262144, "sdpa"), (10**12, "triton")],
     ("verify", 128): [(262144, "triton"), (10**12, "fa4")],
     ("sparse", 128): [(10**12, "triton")],
 }
