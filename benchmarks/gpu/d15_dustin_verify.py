@@ -21,9 +21,6 @@ part runs; ``$OUT/d15.tgz`` holds it all.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.util
-import json
 import statistics
 import subprocess
 import sys
@@ -190,26 +187,11 @@ def main() -> None:
     ap.add_argument("--module", default="tarfile")
     ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 2, 8 tokens")
     a = ap.parse_args()
-    a.methods = a.methods.split(",")
-    if a.smoke:
-        a.gguf, a.device, a.dtype, a.backend, a.graphs, a.fuse = "smollm2-135m", "cpu", "float32", "reference", False, False
-        a.context, a.new, a.repeats, batches, a.forward_batch = 128, 8, 1, [2], 2
-        torch.set_num_threads(1)
-    else:
-        a.device, a.dtype, a.backend, a.graphs, a.fuse = "cuda", "bfloat16", "triton", True, True
-        a.context, a.new, a.repeats, batches = 8000, 64, 3, [int(b) for b in a.batches.split(",")]
+    batches, res, save = dg.setup(a, "d15_dustin_verify", markdown)
+    doc = res["meta"]["document"]
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    spec = importlib.util.find_spec(a.module)
-    doc = spec.origin if spec is not None else None
-    res = dict(meta=dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), argv=" ".join(sys.argv),
-                         device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu", document=doc,
-                         new_tokens=a.new, repeats=a.repeats, torch=torch.__version__),
-               errors={}, skipped=[])
-
-    def save():
-        (out / "d15_dustin_verify.json").write_text(json.dumps(res, indent=1, default=str))
-        (out / "d15_dustin_verify.md").write_text(markdown(res))
+    if a.smoke:
+        a.forward_batch = 2
 
     m = ids = None
     try:

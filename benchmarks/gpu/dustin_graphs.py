@@ -259,19 +259,9 @@ def markdown(res) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget-s", type=float, default=150, help="seconds (from the start) for the benchmark rows")
-    ap.add_argument("--tests-s", type=float, default=60, help="extra seconds the GPU tests may use after them")
-    ap.add_argument("--profile-s", type=float, default=10, help="the profile runs if it can start within these after")
-    ap.add_argument("--draft", default=None, help="an EAGLE head artifact (default: the shipped one)")
-    ap.add_argument("--module", default="tarfile", help="held-out standard-library module whose source is the document")
-    ap.add_argument("--batches", default="1,16,64")
-    ap.add_argument("--methods", default="dense,eagle-dense,dustin-25%,dustin-default")
-    ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 2, 8 tokens")
-    a = ap.parse_args()
+def setup(a, name: str, to_markdown):
+    """The shared run settings (smoke: CPU, reference backend, tiny shapes; else the H200's bf16 Triton + graphs),
+    the result dict and its ``save()`` (``<out>/<name>.json`` + ``.md``); returns ``(batches, res, save)``."""
     a.methods = a.methods.split(",")
     if a.smoke:
         a.gguf, a.device, a.dtype, a.backend, a.graphs, a.fuse = "smollm2-135m", "cpu", "float32", "reference", False, False
@@ -290,8 +280,27 @@ def main() -> None:
                errors={}, skipped=[])
 
     def save():
-        (out / "dustin_graphs.json").write_text(json.dumps(res, indent=1, default=str))
-        (out / "dustin_graphs.md").write_text(markdown(res))
+        (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
+        (out / f"{name}.md").write_text(to_markdown(res))
+
+    return batches, res, save
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=150, help="seconds (from the start) for the benchmark rows")
+    ap.add_argument("--tests-s", type=float, default=60, help="extra seconds the GPU tests may use after them")
+    ap.add_argument("--profile-s", type=float, default=10, help="the profile runs if it can start within these after")
+    ap.add_argument("--draft", default=None, help="an EAGLE head artifact (default: the shipped one)")
+    ap.add_argument("--module", default="tarfile", help="held-out standard-library module whose source is the document")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--methods", default="dense,eagle-dense,dustin-25%,dustin-default")
+    ap.add_argument("--smoke", action="store_true", help="CPU: embedded model, context 128, B = 2, 8 tokens")
+    a = ap.parse_args()
+    batches, res, save = setup(a, "dustin_graphs", markdown)
+    doc = res["meta"]["document"]
 
     try:
         from specdec.data import context_ids, load_document
