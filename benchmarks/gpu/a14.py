@@ -17,7 +17,10 @@ Per part (doc, B), in this order: ``ssl_B64``, ``ssl_B1``, ``ssl_B16``, then ``p
   noise floor of the B > 1 rows) and ``<m>_adaptive`` (``adaptive=True``).
 
 Every arm is warmed up once at its shape (captures, and the adaptive controller's first decisions: it keeps
-its estimates between calls of one engine), then ``--repeats`` (5) timed rounds; each round calls every arm
+its estimates between calls of one engine), then, per method, one fixed-γ call (``--warm-new``, 8 new
+tokens) at each other rung the adaptive controller may explore (its arms: γ = 2, 1), so those graphs are
+captured before timing (``warm_gammas``, ``warm_gammas_s``, each call's ``captures`` in the JSON), then
+``--repeats`` (5) timed rounds; each round calls every arm
 once, in the arm order on even rounds and reversed on odd rounds (fixed and adaptive alternate which goes
 first; a linear drift cancels). Per arm: median tokens/s with min–max; per pair: the *paired* ratio (the
 two arms' calls of the same round) median with min–max, and the ratio of medians. Every timed call's tokens
@@ -99,12 +102,55 @@ def _stats(xs):
 
 
 def _call(eng, ids, B, new, pre):
+    from specdec.adaptive import warm_up_events
+
+    e0 = warm_up_events()
     r = eng.generate([ids] * B, max_new_tokens=new, prefilled=pre)
     s = r.stats
     g = s.gamma_per_round
     return r.tokens, dict(tps=s.tokens_per_second, tau=s.mean_accepted_length, dense_steps=s.dense_steps,
                           gamma_mean=(sum(g) / len(g)) if g else None, iterations=s.iterations,
-                          phase_seconds=s.phase_seconds)
+                          phase_seconds=s.phase_seconds, captures=warm_up_events() - e0)
+
+
+def explored_gammas(eng, gamma: int) -> list[int]:
+    """The draft lengths other than ``gamma`` that ``eng``'s adaptive controller
+    (:class:`specdec.adaptive.SpeculationController`, the one its warm-up call ran) may run: its arms, less
+    dense ``0``; none when the engine does not adapt."""
+    c = eng._controller(gamma)
+    return [] if c is None else [g for g in c.arms if g not in (0, gamma)]
+
+
+def warm_gammas(a, p, m, engines, ids, B, pre, ref) -> None:
+    """Capture, before timing, the graphs the adaptive engines may need at the other rungs of their ladder:
+    the same prompts once per rung with a fixed-γ engine of that γ, ``--warm-new`` new tokens each.
+
+    The engines share the model's graph cache (``SpecdecModel._graphs``), and its keys hold nothing of one
+    engine: the step's rows (γ + 1 for a verify), the batch, the model's reused cache (its buffers'
+    addresses: a γ-rung engine reuses the γ = ``a.gamma`` cache, which is larger), the plan's shapes, the
+    score request (a function of the method and γ), the backend; plan-construction graphs belong to the
+    cache's planner, also shared. So a capture made here is the one an adaptive call at that rung would
+    make: ``captures`` of every timed call in the JSON shows whether one was still missed."""
+    from specdec.loading import pipeline_config
+    from specdec.presets import build_engine
+
+    t = time.perf_counter()
+    p["warm_gammas"], p["warm_gamma_calls"] = {}, []
+    for mth in METHODS:
+        gammas = explored_gammas(engines[f"{mth}_adaptive"], a.gamma)
+        p["warm_gammas"][mth] = gammas
+        for g in gammas:
+            if time.perf_counter() - T0 > a.budget_s:
+                p["warm_gammas_stopped"] = f"out of time before {mth} gamma {g}"
+                p["warm_gammas_s"] = time.perf_counter() - t
+                return
+            cfg = pipeline_config(mth, g, None, a.ratio, 0.0, 1.0, 0, None).model_copy(update={"adaptive": False})
+            toks, w = _call(build_engine(m, cfg), ids, B, a.warm_new, pre)
+            w.update(method=mth, gamma=g, same_tokens=all(r[:len(x)] == x for x, r in zip(toks, ref)))
+            p["warm_gamma_calls"].append(w)
+            if not w["same_tokens"]:  # greedy: a prefix of the dense tokens
+                p["same_tokens"] = False
+    p["warm_gammas_s"] = time.perf_counter() - t
 
 
 def part_interleaved(a, res, m, doc_label, doc, B, save):
@@ -142,6 +188,12 @@ def part_interleaved(a, res, m, doc_label, doc, B, save):
             p["same_tokens"] = False
             p["arms"][name]["warmup_tokens_differ"] = True
     p["warmup_s"] = time.perf_counter() - t
+    # the rungs the adaptive engines may explore, captured now rather than inside a timed call (~0.8 s each at
+    # B = 64 on the H200); not counted in warmup_s (the first round's time estimate)
+    warm_gammas(a, p, m, engines, ids, B, pre, ref)
+    if p.get("warm_gammas_stopped"):
+        p["stopped"] = "out of time in the warm-up of the adaptive rungs"
+        return
     order = arms()
     last = p["warmup_s"]  # the first round's estimate: the warm-up (captures included: an over-estimate)
     for rnd in range(a.repeats):
@@ -253,6 +305,8 @@ def main() -> None:
                     "(smoke: ssl_B1,prose_B2)")
     ap.add_argument("--new", type=int, default=None, help="new tokens per call (default 256; smoke 6)")
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5; smoke 2)")
+    ap.add_argument("--warm-new", type=int, default=None,
+                    help="new tokens of each warm-up call at the adaptive controller's other rungs (default 8; smoke 2)")
     ap.add_argument("--hf", action="store_true", help="add HF static-cache generate at B = 16 last")
     a = ap.parse_args()
     out = Path(a.out)
@@ -265,15 +319,17 @@ def main() -> None:
     if a.smoke:
         a.model, a.device, a.dtype, a.backend, a.graphs = "smollm2-135m", "cpu", "float32", "reference", False
         a.context, a.hf_new, a.hf_batch = 200, 4, 1
-        a.new, a.repeats = a.new or 6, a.repeats or 2
+        a.new, a.repeats, a.warm_new = a.new or 6, a.repeats or 2, a.warm_new or 2
         a.parts = a.parts or "ssl_B1,prose_B2"
     else:
         a.model, a.device, a.dtype, a.backend, a.graphs = a.gguf, "cuda", "bfloat16", "triton", True
         a.context, a.hf_new, a.hf_batch = 8000, 32, 16
-        a.new, a.repeats = a.new or 256, a.repeats or 5
+        a.new, a.repeats, a.warm_new = a.new or 256, a.repeats or 5, a.warm_new or 8
         a.parts = a.parts or "ssl_B64,ssl_B1,ssl_B16,prose_B64,prose_B1,prose_B16"
-    if a.repeats < 1 or a.new < 1:
-        sys.exit("a14.py: --repeats and --new must be >= 1; use e.g. --repeats 5 --new 256.")
+    if a.repeats < 1 or a.new < 1 or a.warm_new < 1:
+        sys.exit("a14.py: --repeats, --new and --warm-new must be >= 1; use e.g. --repeats 5 --new 256 --warm-new 8.")
+    if a.warm_new > a.new:  # the warm-up calls must fit the cache the timed calls reuse (its graphs are tied to it)
+        sys.exit(f"a14.py: --warm-new {a.warm_new} is more than --new {a.new}; use --warm-new <= --new, e.g. 8.")
     todo = []
     for s in a.parts.split(","):
         doc, _, b = s.partition("_B")
@@ -393,6 +449,11 @@ def summary(res) -> str:
               f"tokens; False only if a row is below its bar by more than its noise floor), over "
               f"{res.get('verdict_covers')}: **{res.get('adaptive_never_loses')}**; noise floor max "
               f"{f(res.get('noise_floor_max'))}, resolves 2 %: {res.get('noise_resolves_2pct')}", ""]
+    lines += ["Adaptive rungs warmed before timing (fixed-γ calls at the same batch): " + "; ".join(
+        f"{k} {p.get('warm_gammas')} in {p['warm_gammas_s']:.1f} s" for k, p in res["runs"].items()
+        if p.get("warm_gammas_s") is not None) + "; graph captures in timed adaptive calls: " + json.dumps(
+        {k: {n: [c.get("captures") for c in arm["calls"]] for n, arm in p["arms"].items() if arm.get("adaptive")}
+         for k, p in res["runs"].items()}), ""]
     lines += ["## Verdict per (document, B)", ""] + [f"- {x}" for x in verdict_lines(res)] + [""]
     h = res.get("hf_static")
     if h:
