@@ -31,6 +31,7 @@ error instead of a hang.
 
 from __future__ import annotations
 
+import atexit
 import fnmatch
 import os
 from dataclasses import dataclass, replace
@@ -102,7 +103,16 @@ def init_tensor_parallel(device: str = "cpu", timeout_s: float = 300.0) -> Tenso
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    atexit.register(_destroy_process_group)  # we created it: torn down before the interpreter's own teardown
     return TensorParallel(rank=rank, world=world)
+
+
+def _destroy_process_group() -> None:
+    """Destroy the default process group at exit (a local call, no collective). Left to the interpreter's
+    teardown, a gloo group's threads can outlive it: a rank then aborts after its work is done
+    (``terminate called without an active exception``, exit code -6)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class RowParallelLinear(nn.Module):

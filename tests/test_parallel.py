@@ -148,3 +148,21 @@ def test_rowwise_projection_sums_partial_products_once_with_the_bias():
     halves = [RowParallelLinear(lin, a, b, TensorParallel(rank=0, world=1)) for a, b in ((0, 4), (4, 8))]
     parts = [h(x[:, a:b]) - lin.bias for h, (a, b) in zip(halves, ((0, 4), (4, 8)))]
     torch.testing.assert_close(parts[0] + parts[1] + lin.bias, lin(x))
+
+
+def test_the_process_group_is_destroyed_at_exit():
+    """A group that ``init_tensor_parallel`` created is destroyed by an exit hook (left to the interpreter's
+    teardown, a gloo group can abort a rank after its work: exit code -6 on a busy machine). atexit runs hooks
+    last-registered first, so the probe registered before the group sees it gone."""
+    code = (
+        "import atexit, torch.distributed as dist\n"
+        "atexit.register(lambda: print('at exit initialized:', dist.is_initialized()))\n"
+        "from specdec.parallel import init_tensor_parallel\n"
+        "tp = init_tensor_parallel('cpu', timeout_s=30)\n"
+        "print('world', tp.world, 'initialized:', dist.is_initialized())\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29691", PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "world 1 initialized: True" in proc.stdout and "at exit initialized: False" in proc.stdout, proc.stdout
