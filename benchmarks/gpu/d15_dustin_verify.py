@@ -165,13 +165,7 @@ def markdown(res) -> str:
                      f"| {r['tau']:.2f} | {agree} | {'' if kv is None else f'{kv:.1%}'} | {fmt(s.get('draft'))} "
                      f"| {fmt(s.get('plan'))} | {fmt(s.get('forward'))} | {fmt(s.get('sample_select'))} "
                      f"| {fmt(s.get('host'))} | {fmt(s.get('iteration'))} |")
-    for t in res.get("tests", []):
-        lines += ["", f"GPU tests (`tests/test_dustin_gpu.py -k '{t['select']}'`): rc {t['returncode']}, {t['summary']}"]
-    for k, v in res.get("errors", {}).items():
-        lines += ["", f"**{k} failed**:", "```", v[-3000:], "```"]
-    if res.get("skipped"):
-        lines += ["", "skipped (time budget): " + ", ".join(res["skipped"])]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + dg.markdown_tail(res)) + "\n"
 
 
 def main() -> None:

@@ -250,13 +250,19 @@ def markdown(res) -> str:
         lines += ["", f"Profile of dustin-25% at B = {p['batch']} ({p['iterations']} iterations, `{p['table']}`): "
                   f"{p['kernel_launches_per_iteration']:.0f} kernel launches, {p['graph_replays_per_iteration']:.1f} "
                   f"graph replays, {p['memcpy_or_sync_per_iteration']:.1f} copies/syncs per iteration"]
+    return "\n".join(lines + markdown_tail(res)) + "\n"
+
+
+def markdown_tail(res) -> list[str]:
+    """The Markdown lines every Dustin GPU report ends with: the GPU tests, failed parts, skipped parts."""
+    lines = []
     for t in res.get("tests", []):
         lines += ["", f"GPU tests (`tests/test_dustin_gpu.py -k '{t['select']}'`): rc {t['returncode']}, {t['summary']}"]
     for k, v in res.get("errors", {}).items():
         lines += ["", f"**{k} failed**:", "```", v[-3000:], "```"]
     if res.get("skipped"):
         lines += ["", "skipped (time budget): " + ", ".join(res["skipped"])]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def setup(a, name: str, to_markdown):

@@ -63,6 +63,15 @@ class BudgetConfig(ComponentConfig):
             raise ValueError("budget and budget_ratio (--budget, --budget-ratio) were both given; pass only one, budget or budget_ratio")
         return self
 
+    def max_room(self, capacity: int) -> int:
+        """Most top-k slots (budget - sinks - recent) of any plan of a cache of ``capacity`` positions (host
+        arithmetic): the budget grows with the length, so its value at the full capacity bounds every plan."""
+        if self.budget is not None:
+            b = min(self.budget, capacity)
+        else:
+            b = min(max(self.min_budget, math.ceil(capacity * self.budget_ratio)), capacity)
+        return max(0, b - self.sinks - self.recent)
+
     def budget_for(self, lengths: torch.Tensor) -> torch.Tensor:
         """``(B,)`` int64 budget per sequence, never more than its length."""
         if self.budget is not None:
@@ -120,12 +129,7 @@ class BudgetSelector(KVSelector):
         that cache; sinks and the recent window take their share first. Plans therefore have a
         fixed size per cache (no host read of the lengths, the same CUDA-graph shape every iteration).
         """
-        c = self.config
-        if c.budget is not None:
-            b = min(c.budget, capacity)
-        else:
-            b = min(max(c.min_budget, math.ceil(capacity * c.budget_ratio)), capacity)
-        return max(0, b - c.sinks - c.recent)
+        return self.config.max_room(capacity)
 
     def plan(self, cache: KVCache | None, lengths: torch.Tensor) -> SparsePlan:
         """Sinks + recent window + the top-:meth:`max_selected` positions of :meth:`score`.

@@ -16,7 +16,6 @@ from the last verification pass (an online ARR proxy on the SRHs; see :meth:`Hyb
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -303,11 +302,7 @@ class HybridSRHSelector(KVSelector):
 
     def max_room(self, capacity: int) -> int:
         """Most free slots (budget - sinks - recent) of any plan of a cache of ``capacity`` positions (host)."""
-        c = self.config
-        b = min(c.budget, capacity) if c.budget is not None else min(
-            max(c.min_budget, math.ceil(capacity * c.budget_ratio)), capacity)
-        s = min(c.sinks, b)
-        return max(0, b - s - min(c.recent, b - s))
+        return self.config.max_room(capacity)
 
     def static_bounds(self, capacity: int, has_draft: bool = True, has_target: bool = True) -> tuple[int, int, int]:
         """``(L, m_max, r_max)`` for :func:`hybrid_select` from host values only: every plan of a cache of
