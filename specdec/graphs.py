@@ -399,7 +399,8 @@ class PlanGraphs:
         the adaptive or per-layer hybrid) run eagerly."""
         from specdec.selectors.base import BudgetSelector
 
-        pure = ((isinstance(selector, BudgetSelector) and type(selector).plan is BudgetSelector.plan)
+        pure = ((isinstance(selector, BudgetSelector) and type(selector).plan is BudgetSelector.plan
+                 and not selector.plans_in_one_launch(lengths))  # the fused plan: one launch, nothing to capture
                 or getattr(selector, "capturable_plan", False) is True)  # a plan() that declares itself pure
         return lengths.is_cuda and pure and not torch.cuda.is_current_stream_capturing()
 

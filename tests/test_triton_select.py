@@ -69,3 +69,124 @@ def test_triton_select_greedy_vegas_equals_dense(monkeypatch):
     monkeypatch.setattr(base, "TRITON_SELECT", "always")
     cfg = PipelineConfig.make(method="vegas", gamma=3, budget=12, sinks=2, recent=3)
     assert build_engine(m, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens == want
+
+
+# -- TRITON_SELECT = "fused": the whole plan (head sum, mask, radix select, fixed positions) in one launch ---------
+
+from specdec.cuda.triton_select import select_plan  # noqa: E402
+from specdec.selectors.base import BudgetConfig, fixed_positions  # noqa: E402
+
+
+def _vegas_plans(monkeypatch, scores, lengths, settings=(False, "fused-always"), **cfg):
+    """Plans of collect2 over ``scores`` ``(N, B, H, L)`` (emitted per KV head) with each TRITON_SELECT setting."""
+    N, B, H, L = scores.shape
+    cache = KVCache(N, B, H, L, 8, torch.float32, torch.device(DEV))
+    lens = torch.tensor(lengths, device=DEV)
+    out = {}
+    for flag in settings:
+        monkeypatch.setattr(base, "TRITON_SELECT", flag)
+        sel = SELECTORS.build("collect2", **cfg)
+        sel.reset(cache)
+        req = ScoreRequest(rows=[0, 4], kind="sink_softmax", heads="group")
+        req.scores = dict(enumerate(scores.to(DEV).unbind(0)))
+        sel.on_verify(req, lens)  # with "fused" the selector keeps the emitted scores, unsummed
+        out[flag] = sel.plan(cache, lens)
+    return out
+
+
+def _stable_ref(scores, lengths, k_sel, sinks, recent, sum_heads, **budget):
+    """The plan with ties at the threshold to the lowest positions (a stable sort), as sorted index rows."""
+    c = BudgetConfig(sinks=sinks, recent=recent, **budget)
+    lens = torch.tensor(lengths)
+    fixed, room = fixed_positions(lens, c.budget_for(lens), sinks, recent)
+    s = scores.float().sum(2, keepdim=True) if sum_heads else scores.float()
+    N, B, Hs, L = s.shape
+    pos = torch.arange(L).view(1, L)
+    blocked = (pos >= lens.view(B, 1)) | (pos < sinks) | (pos >= (lens - recent).view(B, 1))
+    order = torch.sort(s.masked_fill(blocked.view(1, B, 1, L), float("-inf")), dim=-1, descending=True,
+                       stable=True).indices[..., :k_sel]
+    slot = torch.arange(k_sel).view(1, 1, 1, -1)
+    top = torch.where(slot < room.view(1, B, 1, 1), order, -1)
+    return torch.cat([fixed.view(1, B, 1, -1).expand(N, B, Hs, -1), top], -1).sort(-1).values
+
+
+CASES = {  # budget settings x ragged lengths (incl. shorter than sinks + recent, and budgets past the length)
+    "ratio": (dict(budget_ratio=0.3, sinks=2, recent=4), [200, 150, 90, 37, 7, 3]),
+    "ratio+min": (dict(budget_ratio=0.05, min_budget=40, sinks=4, recent=16), [200, 61, 30, 20, 1]),
+    "budget": (dict(budget=50, sinks=3, recent=5), [200, 52, 49, 9, 8, 2]),
+    "no sinks": (dict(budget=30, sinks=0, recent=0), [200, 31, 12]),
+}
+
+
+@pytest.mark.parametrize("per_kv_head", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fused_plan_equals_the_torch_plan(monkeypatch, case, per_kv_head):
+    """Distinct fp32 scores: the same index set per row as torch.topk's plan, the same fixed part and dense_from."""
+    cfg, lengths = CASES[case]
+    g = torch.Generator().manual_seed(5)
+    scores = torch.rand(3, len(lengths), 3, 200, generator=g)  # (N, B, H_kv, L): per KV head, as emitted
+    p = _vegas_plans(monkeypatch, scores, lengths, per_kv_head=per_kv_head, **cfg)
+    want, got = p[False], p["fused-always"]
+    assert got.indices.shape == want.indices.shape
+    F = cfg["sinks"] + cfg["recent"]
+    torch.testing.assert_close(got.indices[..., :F], want.indices[..., :F], rtol=0, atol=0)
+    torch.testing.assert_close(got.indices.sort(-1).values, want.indices.sort(-1).values, rtol=0, atol=0)
+    torch.testing.assert_close(got.dense_from, want.dense_from, rtol=0, atol=0)
+    assert (want.indices[..., F:] == -1).any() and (want.indices[..., F:] >= 0).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [8192, 64])  # one chunk in registers; 4 chunks through the scratch keys
+def test_fused_plan_ties_go_to_the_lowest_positions(dtype, chunk):
+    """Scores with many ties (a few distinct values, bf16): per row the set of a stable sort (lowest positions first)."""
+    lengths = [200, 150, 90, 37, 7]
+    g = torch.Generator().manual_seed(7)
+    scores = (torch.randint(0, 6, (2, len(lengths), 3, 200), generator=g) / 4).to(dtype)
+    cfg = dict(sinks=2, recent=4, budget_ratio=0.3)
+    k_sel = BudgetConfig(**cfg).max_room(200)
+    for sum_heads in (True, False):
+        got, dense = select_plan(scores.to(DEV), torch.tensor(lengths, device=DEV), k_sel, sum_heads=sum_heads,
+                                 chunk=chunk, **cfg)
+        want = _stable_ref(scores, lengths, k_sel, sum_heads=sum_heads, **cfg)
+        torch.testing.assert_close(got.cpu().sort(-1).values, want, rtol=0, atol=0)
+        assert dense.cpu().tolist() == lengths
+
+
+def test_fused_plan_strided_scores_and_chunks():
+    """Scores read in place through strides (one layer's slice of a larger buffer); many chunks = one chunk."""
+    g = torch.Generator().manual_seed(9)
+    big = torch.rand(2, 4, 3, 300, generator=g)
+    scores = big[:, :, :, :250]  # not contiguous: the rows are 300 apart
+    lens = torch.tensor([250, 100, 40, 21], device=DEV)
+    cfg = dict(sinks=4, recent=16, budget_ratio=0.2)
+    k_sel = BudgetConfig(**cfg).max_room(250)
+    one, _ = select_plan(scores.to(DEV), lens, k_sel, sum_heads=True, **cfg)
+    many, _ = select_plan(scores.contiguous().to(DEV), lens, k_sel, sum_heads=True, chunk=32, **cfg)
+    torch.testing.assert_close(one, many, rtol=0, atol=0)  # both in position order
+    want = _stable_ref(scores, lens.cpu().tolist(), k_sel, 4, 16, True, budget_ratio=0.2)
+    torch.testing.assert_close(one.cpu().sort(-1).values, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="exactly one of budget and budget_ratio"):
+        select_plan(scores, lens, k_sel, sinks=4, recent=16)
+
+
+def test_fused_setting_is_checked_and_skips_the_plan_graph(monkeypatch):
+    sel = SELECTORS.build("collect2", budget_ratio=0.3)
+    lens = torch.tensor([10], device=DEV)
+    monkeypatch.setattr(base, "TRITON_SELECT", "fused-always")
+    assert sel.plans_in_one_launch(lens)
+    monkeypatch.setattr(base, "TRITON_SELECT", "fused")  # CUDA only
+    assert sel.plans_in_one_launch(lens) == (DEV == "cuda")
+    monkeypatch.setattr(base, "TRITON_SELECT", "fast")
+    with pytest.raises(ValueError, match="TRITON_SELECT is 'fast'; use one of"):
+        sel.plans_in_one_launch(lens)
+
+
+def test_fused_select_greedy_vegas_equals_dense(monkeypatch):
+    m = make_tiny("llama")
+    m.hf.to(DEV)
+    prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+    want = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens
+    monkeypatch.setattr(base, "TRITON_SELECT", "fused-always")
+    for opts in ({}, {"per_kv_head": True}):
+        cfg = PipelineConfig.make(method="vegas", gamma=3, budget=12, sinks=2, recent=3, options=opts)
+        assert build_engine(m, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens == want

@@ -18,27 +18,56 @@ from specdec.cache import KVCache
 from specdec.interfaces import KVSelector, SparsePlan
 from specdec.registry import ComponentConfig
 
-#: Whether :meth:`BudgetSelector.plan` picks its top-k with one Triton launch
-#: (:func:`specdec.cuda.triton_select.select_top`) instead of ``torch.topk`` + the per-sequence cut:
-#: ``False`` (default), ``True`` (on CUDA, rows of at most 16384 positions;
-#: ``"always"``: also on the CPU under ``TRITON_INTERPRET=1``, for tests). The same index sets (ties at the
-#: threshold: lowest positions first), written in position order instead of score order. Read when a plan
-#: is built: a plan CUDA graph captured before a change keeps the old setting. Stays opt-in: no measurable gain
-#: on the H200 at the embedded shape (30 layers x B 64 x 8k, benchmarks/results/gpu_select_2026-12-01d.md): Vegas'
-#: selection 0.692 vs 0.716 ms per iteration (plan 0.571 vs 0.585 ms), the same index sets; end to end Vegas 0.92x
-#: of the torch plan (paired median of 3 rounds, gpu_gemm_splits_2026-12-01d.md).
+#: How :meth:`BudgetSelector.plan` picks its top-k:
+#:
+#: * ``False`` (default): ``torch.topk`` + the per-sequence cut (the reference path; on a GPU the plan's ~30 kernels
+#:   replay as one CUDA graph).
+#: * ``True`` (on CUDA) / ``"always"`` (also on the CPU under ``TRITON_INTERPRET=1``, for tests): the top-k of the
+#:   masked fp32 scores in one Triton launch (:func:`specdec.cuda.triton_select.select_top`; rows of at most 16384
+#:   positions). Measured on the H200 at 30 layers x B 64 x 8k (benchmarks/results/gpu_select_2026-12-01d.md): plan
+#:   0.571 vs 0.585 ms, no measurable gain.
+#: * ``"fused"`` (on CUDA) / ``"fused-always"``: the whole plan in one launch
+#:   (:func:`specdec.cuda.triton_select.select_plan`): Vegas' KV-head sum (``on_verify`` then keeps the emitted
+#:   scores instead of summing them), the length / sink / recent mask, a radix select (4 passes of 8 bits) and the
+#:   fixed positions; no plan CUDA graph (one launch already).
+#:
+#: Every setting picks the same index sets; ties at the threshold go to the lowest positions in the Triton paths
+#: (``torch.topk`` leaves them unspecified), which write the picks in position order instead of score order. Read
+#: when a plan is built: a plan CUDA graph captured before a change keeps the old setting.
 TRITON_SELECT: bool | str = False
+
+_SETTINGS = (False, True, "always", "fused", "fused-always")
+
+
+def _setting() -> bool | str:
+    if TRITON_SELECT not in _SETTINGS:
+        raise ValueError(f"specdec.selectors.base.TRITON_SELECT is {TRITON_SELECT!r}; use one of {_SETTINGS}")
+    return TRITON_SELECT
 
 
 def _triton_select(s: torch.Tensor):
     """:func:`specdec.cuda.triton_select.select_top` when :data:`TRITON_SELECT` applies to ``s``, else ``None``."""
-    if not TRITON_SELECT or (TRITON_SELECT != "always" and not s.is_cuda):
+    t = _setting()
+    if t not in (True, "always") or (t is True and not s.is_cuda):
         return None
     try:
         from specdec.cuda.triton_select import MAX_L, select_top
     except ImportError:  # triton is an optional extra
         return None
     return select_top if s.shape[-1] <= MAX_L else None
+
+
+def fused_select(device: torch.device):
+    """:func:`specdec.cuda.triton_select.select_plan` when :data:`TRITON_SELECT` asks for the fused plan on
+    ``device`` (and Triton imports), else ``None``."""
+    t = _setting()
+    if t not in ("fused", "fused-always") or (t == "fused" and torch.device(device).type != "cuda"):
+        return None
+    try:
+        from specdec.cuda.triton_select import select_plan
+    except ImportError:  # triton is an optional extra
+        return None
+    return select_plan
 
 
 class BudgetConfig(ComponentConfig):
@@ -122,6 +151,16 @@ class BudgetSelector(KVSelector):
         """
         raise NotImplementedError
 
+    def fused_scores(self, cache: KVCache, lengths: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """What the fused plan (``TRITON_SELECT = "fused"``) ranks: ``(scores, sum_heads)``, where ``sum_heads``
+        means the kernel sums the ``H`` rows of ``scores`` ``(N', B, H, L)`` into one (in fp32) before ranking.
+        The default is :meth:`score` as it is; Vegas hands over the emitted per-KV-head scores unsummed."""
+        return self.score(cache, lengths), False
+
+    def plans_in_one_launch(self, lengths: torch.Tensor) -> bool:
+        """Whether :meth:`plan` runs as one fused launch on ``lengths``' device (then no plan CUDA graph is needed)."""
+        return fused_select(lengths.device) is not None
+
     def max_selected(self, capacity: int) -> int:
         """Most top-k slots a plan needs for a cache of ``capacity`` positions (host arithmetic).
 
@@ -139,9 +178,18 @@ class BudgetSelector(KVSelector):
         when :meth:`score` does not need it; the plan then spans the score's positions.
         """
         c = self.config
+        B = lengths.shape[0]
+        fused = fused_select(lengths.device)
+        if fused is not None and (cache is None or self.max_selected(cache.capacity) > 0):
+            s, sum_heads = self.fused_scores(cache, lengths)  # (N', B, H, L)
+            k_sel = min(self.max_selected(s.shape[-1] if cache is None else cache.capacity), s.shape[-1])
+            if k_sel > 0:
+                idx, dense_from = fused(s, lengths, k_sel, sinks=c.sinks, recent=c.recent, budget=c.budget,
+                                        budget_ratio=None if c.budget is not None else c.budget_ratio,
+                                        min_budget=c.min_budget, sum_heads=sum_heads)
+                return SparsePlan(indices=idx, dense_from=dense_from, static_size=True)
         budget = c.budget_for(lengths)
         fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)
-        B = lengths.shape[0]
         if cache is not None and self.max_selected(cache.capacity) == 0:
             return SparsePlan(indices=fixed.view(1, B, 1, -1), dense_from=lengths.clone(), static_size=True)
         s = self.score(cache, lengths).float()  # (N', B, Hs, L)

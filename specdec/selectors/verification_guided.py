@@ -32,7 +32,7 @@ from specdec.errors import SpecdecError
 from specdec.graphs import forget_address, keep_address
 from specdec.interfaces import ScoreRequest
 from specdec.registry import SELECTORS
-from specdec.selectors.base import BudgetConfig, BudgetSelector
+from specdec.selectors.base import BudgetConfig, BudgetSelector, fused_select
 from specdec.selectors.sliding_window import recency
 
 RowMode = Literal["all", "collect2", "last"]
@@ -101,12 +101,13 @@ class VerificationGuidedSelector(BudgetSelector):
         self._lengths: torch.Tensor | None = None  # (B,) lengths when the last request was made
         self._gamma: int | None = None
         self._buf: torch.Tensor | None = None  # owns the memory of self._scores (stable address)
+        self._raw: torch.Tensor | None = None  # (N, B, H_kv, L) emitted scores, unsummed (the fused plan's input)
         self._since = 0  # verifications since the last one that collected scores
         self._skipped = False  # the coming on_verify follows a verification without a score request
 
     # -- the contract -------------------------------------------------------------------------
     def reset(self, cache: KVCache) -> None:
-        self._scores, self._lengths, self._gamma = None, None, None
+        self._scores, self._raw, self._lengths, self._gamma = None, None, None, None
         self._since, self._skipped = 0, False
 
     def score_request(self, gamma: int) -> ScoreRequest | None:
@@ -127,14 +128,16 @@ class VerificationGuidedSelector(BudgetSelector):
             self._lengths = lengths.clone()
             return
         self._skipped, self._since = False, 0
-        if scores is None or not scores.scores:
-            self._scores = None
-        else:
+        self._scores = self._raw = None
+        if scores is not None and scores.scores:
             layers = sorted(scores.scores)
             s = stack_layers([scores.scores[layer] for layer in layers])  # (N, B, H_kv, [R,] L)
             if scores.per_row:
                 s = self._last_accepted_row(s, lengths)
-            self._scores = self._keep(s)
+            if fused_select(s.device) is not None:  # the fused plan sums the heads itself: keep s as emitted
+                self._raw = s
+            else:
+                self._scores = self._keep(s)
         self._lengths = lengths.clone()
 
     def _keep(self, s: torch.Tensor) -> torch.Tensor:
@@ -167,9 +170,17 @@ class VerificationGuidedSelector(BudgetSelector):
         return s.gather(3, idx).squeeze(3)
 
     def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
+        if self._raw is not None:  # kept for the fused plan (TRITON_SELECT = "fused"): the same sums, made here
+            raw = self._raw.float()
+            return raw if self.config.per_kv_head else raw.sum(2, keepdim=True)
         if self._scores is None:  # no verification yet: recency
             return recency(cache, lengths)
         return self._scores
+
+    def fused_scores(self, cache: KVCache, lengths: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        if self._raw is not None:
+            return self._raw, not self.config.per_kv_head
+        return self.score(cache, lengths), False
 
 
 class Collect2Config(VerificationGuidedConfig):
