@@ -190,3 +190,21 @@ def test_fused_select_greedy_vegas_equals_dense(monkeypatch):
     for opts in ({}, {"per_kv_head": True}):
         cfg = PipelineConfig.make(method="vegas", gamma=3, budget=12, sinks=2, recent=3, options=opts)
         assert build_engine(m, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens == want
+
+
+def test_fused_plan_low_bits_and_signed_zeros():
+    """Scores that differ only in their last mantissa bits (every radix pass counts), and -0.0 == +0.0 (a tie)."""
+    L = 300
+    g = torch.Generator().manual_seed(11)
+    bits = torch.tensor([1.0]).view(torch.int32) + torch.randperm(L, generator=g).to(torch.int32)
+    scores = bits.view(torch.float32).view(1, 1, 1, L).repeat(2, 1, 1, 1)
+    scores[1] = -scores[1]  # negative scores too
+    lens = torch.tensor([L], device=DEV)
+    cfg = dict(sinks=0, recent=0, budget=37)
+    got, _ = select_plan(scores.to(DEV), lens, 37, sum_heads=False, **cfg)
+    want = _stable_ref(scores, [L], 37, 0, 0, False, budget=37)
+    torch.testing.assert_close(got.cpu().sort(-1).values, want, rtol=0, atol=0)
+    z = torch.full((1, 1, 1, 8), -1.0)
+    z[..., 2], z[..., 3], z[..., 5] = -0.0, -0.0, 0.0  # three equal zeros: the two lowest positions win
+    got, _ = select_plan(z.to(DEV), torch.tensor([8], device=DEV), 2, sum_heads=False, **cfg)
+    assert got.view(-1).tolist() == [2, 3]

@@ -98,12 +98,11 @@ _SIGN = -2147483647 - 1  # int32 sign bit (INT_MIN)
 def _keys(S, sbase, stride_h, head0, HSUM: tl.constexpr, offs, L, length, sinks, recent):
     """int32 keys ordered like the fp32 head sums at ``offs``; blocked and padding positions get INT_MIN (below -inf)."""
     inb = offs < L
-    x = tl.zeros(offs.shape, dtype=tl.float32)
+    x = tl.zeros(offs.shape, dtype=tl.float32)  # +0.0: the sum makes -0.0 +0.0 (equal zeros are one key)
     for h in tl.static_range(HSUM):  # the head sum in fp32, head by head (torch.sum(dim=2)'s order)
         x += tl.load(S + sbase + (head0 + h).to(tl.int64) * stride_h + offs, mask=inb, other=0.0).to(tl.float32)
     bits = x.to(tl.int32, bitcast=True)
     key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed order == float order (no NaN)
-    key = tl.where(x == 0.0, 0, key)  # -0.0 == +0.0
     ok = inb & (offs < length) & (offs >= sinks) & (offs < length - recent)
     return tl.where(ok, key, -2147483647 - 1)
 
@@ -174,7 +173,7 @@ def _plan_kernel(S, OUT, DENSE, LENS, RATIO, SCRATCH, stride_n, stride_b, stride
             tie = eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need)  # ties at the threshold: lowest positions first
             take = tl.where((valid & (key > thr)) | tie, room > 0, False)  # (a where: the interpreter's bool & scalar is int32)
             slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
-            tl.store(obase + F + slot, offs0.to(tl.int64), mask=take)
+            tl.store(obase + F + slot, offs0.to(tl.int64), mask=take & (slot < room))  # (never past the room)
         else:  # longer rows: keys through SCRATCH (n_rows, NCHUNK * BLOCK) int32, one pass per digit
             kbase = SCRATCH + row.to(tl.int64) * (NCHUNK * BLOCK)
             h = tl.zeros((256,), tl.int32)
@@ -208,7 +207,7 @@ def _plan_kernel(S, OUT, DENSE, LENS, RATIO, SCRATCH, stride_n, stride_b, stride
                 tie = eq & (ties + tl.cumsum(eq.to(tl.int32), axis=0) <= need)
                 take = tl.where((valid & (key > thr)) | tie, room > 0, False)
                 slot = taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
-                tl.store(obase + F + slot, offs.to(tl.int64), mask=take)
+                tl.store(obase + F + slot, offs.to(tl.int64), mask=take & (slot < room))
                 ties += tl.sum(eq.to(tl.int32), axis=0)
                 taken += tl.sum(take.to(tl.int32), axis=0)
         ks = tl.arange(0, KBLOCK)
