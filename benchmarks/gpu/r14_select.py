@@ -1,52 +1,384 @@
-"""Vegas' selection per iteration at the embedded shape (30 layers, B 64, 3 KV heads, 8k, 5 %): the plan's top-k
-by ``torch.topk`` (today) vs one Triton launch (``specdec.selectors.base.TRITON_SELECT = True``), and their sets.
+"""Vegas' selection per iteration (``on_verify`` + the plan), three ways, with their index sets compared in the same run:
 
-    python3 benchmarks/gpu/r14_select.py --out $OUT            # GPU
-    python3 benchmarks/gpu/r14_select.py --out /tmp/s --smoke  # CPU, tiny, TRITON_INTERPRET=1
+* ``torch``: ``torch.topk`` + the per-sequence cut (the default; the KV-head sum in ``on_verify``, the plan as one
+  CUDA graph);
+* ``triton_topk``: ``TRITON_SELECT = True``, the top-k of the summed scores in one Triton launch (the plan graph
+  around it; rows of at most 16384 positions, else it is the torch path);
+* ``fused``: ``TRITON_SELECT = "fused"``, the whole plan in one launch (``specdec.cuda.triton_select.select_plan``:
+  head sum + mask + radix select + fixed positions; ``on_verify`` only keeps the emitted scores).
 
-Timing: ``benchmarks/gpu/scores_e14.py``'s ``selection`` (on_verify head sum + the plan graph; medians of
-``--reps``), once per setting, each with a fresh cache (so a fresh plan graph). Parity: the eager plans of
-the same scores with both settings, per (layer, sequence, head) row the sorted index sets must be equal.
-Writes ``<out>/r14_select.json``.
+    python3 benchmarks/gpu/r14_select.py --out $OUT/sel14 --budget-s 140     # H200 (e2e: /tmp/m/smol.gguf)
+    python3 benchmarks/gpu/r14_select.py --out /tmp/sel14 --smoke            # CPU, tiny, TRITON_INTERPRET=1
+
+Parts (each records its failure with the traceback and the next one runs; none starts after ``--budget-s``):
+
+1. ``micro``: shapes SmolLM2 (30 layers, 3 KV heads) B 64 / 16 / 1 x 8k and Llama-3.1-8B (32 layers, 8 KV heads)
+   B 16 x 32k, Collect-2-Query, 5 % budget, random scores (fp32; bf16 too at B 64 and 8B), all lengths full.
+   Per setting (a fresh planner each, so a fresh plan graph): wall time with ``torch.cuda.synchronize()`` of
+   ``on_verify`` + ``Planner.plan`` and of each part, medians of ``--reps`` after 3 warm-ups; the fused kernel alone
+   (CUDA events) against its memory floor (score bytes / 4.2 TB/s). Parity: eager plans of the same scores with
+   random lengths in [L/2, L]: per (layer, sequence, head) row the index sets of each setting vs ``torch``; a row
+   that differs only among equal scores at the threshold is counted apart (``tie_rows``: ``torch.topk`` breaks
+   ties arbitrarily, the Triton paths take the lowest positions).
+2. ``sweep``: the fused kernel alone at B 64 x 8k (fp32) over ``num_warps`` x rows per program.
+3. ``e2e`` (skipped with ``--no-e2e``): the embedded model, bf16, triton, graphs, fused, B 64 x 8k of ``ssl.py``, gamma 4,
+   5 %, 64 new tokens, ``run_bench`` (warm-up + 1 timed run) of vegas with ``torch`` and with ``fused``, 2 rounds
+   interleaved; the second round with ``on_verify`` and ``Planner.plan`` timed apart (a sync around each) and the
+   plan-graph captures counted in the timed run.
+
+Writes ``<out>/r14_select.json`` and ``.md`` after every part, and ``<out>.tgz`` at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import ssl
+import statistics
 import sys
+import tarfile
+import time
 import traceback
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 import torch  # noqa: E402
 
+T0 = time.perf_counter()
+BW = 4.2e12  # H200 copy bandwidth, bytes/s (DESIGN.md: 4.24-4.25 TB/s)
+GAMMA = 4
+RATIO = 0.05  # the budget (the smoke: 0.3, so that its short rows have top-k slots)
+WARM = 3  # warm-up calls before timing (the smoke: 1)
+SHAPES = [("smol B64 x 8k", 30, 64, 3, 8000), ("smol B16 x 8k", 30, 16, 3, 8000), ("smol B1 x 8k", 30, 1, 3, 8000),
+          ("8b B16 x 32k", 32, 16, 8, 32768)]
+SMOKE_SHAPES = [("smoke B3 x 300", 3, 3, 3, 300), ("smoke B2 x 600", 2, 2, 2, 600)]
 
-def parity(dev, smoke) -> dict:
+
+def elapsed() -> float:
+    return time.perf_counter() - T0
+
+
+def settings(smoke: bool):
+    """(label, TRITON_SELECT value) of the three paths (the CPU smoke: the interpreter's ``always`` values)."""
+    return [("torch", False), ("triton_topk", "always" if smoke else True),
+            ("fused", "fused-always" if smoke else "fused")]
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def wall_med(fn, reps: int, dev) -> float:
+    """Median ms of ``fn()`` + a sync, after 3 warm-ups."""
+    for _ in range(WARM):
+        fn()
+    _sync(dev)
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        _sync(dev)
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e3
+
+
+def gpu_med(fn, reps: int, dev) -> float:
+    """Median ms of ``fn()`` by CUDA events (wall on the CPU)."""
+    if dev.type != "cuda":
+        return wall_med(fn, reps, dev)
+    for _ in range(WARM):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def _setup(N, B, H, L, dt, dev, seed=0):
     from specdec import SELECTORS, KVCache
     from specdec.interfaces import ScoreRequest
+
+    cap = L + 16
+    cache = KVCache(N, B, H, cap, 8, torch.bfloat16 if dev.type == "cuda" else torch.float32, dev)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    stacked = torch.rand(N, B, H, cap, device=dev, generator=g).to(dt)  # as emitted: one buffer, per KV head
+    req = ScoreRequest(rows=[0, GAMMA], kind="sink_softmax", heads="group")
+    req.scores = dict(zip(range(N), stacked.unbind(0)))
+    return cache, req, stacked, lambda: SELECTORS.build("collect2", budget_ratio=RATIO)
+
+
+def _fresh_planner(cache):
+    from specdec import planner
+
+    planner._PLANNERS.pop(cache, None)  # a new plan graph for this setting (the setting is not in the graph key)
+    return planner.planner_for(cache)
+
+
+def parity(N, B, H, L, dev, smoke) -> dict:
+    """Eager plans of one set of scores (random lengths) with each setting, rows compared with torch's."""
     from specdec.selectors import base
 
-    N, B, Hkv, L = (30, 64, 3, 8000) if not smoke else (3, 3, 3, 300)
-    cache = KVCache(N, B, Hkv, L + 16, 8, torch.bfloat16 if dev.type == "cuda" else torch.float32, dev)
-    sel = SELECTORS.build("collect2", budget_ratio=0.05 if not smoke else 0.3)
-    sel.reset(cache)
-    g = torch.Generator(device=dev).manual_seed(1)
-    req = ScoreRequest(rows=[0, 4], kind="sink_softmax", heads="group")
-    req.scores = dict(enumerate(torch.rand(N, B, Hkv, L + 16, device=dev, generator=g).unbind(0)))
+    cache, req, stacked, build = _setup(N, B, H, L, torch.float32, dev, seed=1)
+    g = torch.Generator(device=dev).manual_seed(2)
     lengths = torch.randint(L // 2, L + 1, (B,), device=dev, generator=g)
-    sel.on_verify(req, lengths)
+    summed = stacked.float().sum(2, keepdim=True)  # (N, B, 1, cap): what the plan ranks
     plans = {}
-    for flag in (False, "always"):
+    for label, flag in settings(smoke):
         base.TRITON_SELECT = flag
-        plans[flag] = sel.plan(cache, lengths).indices
-    base.TRITON_SELECT = False
-    a, b = plans[False], plans["always"]
-    return dict(same_index_sets=bool(torch.equal(a.sort(-1).values, b.sort(-1).values)), shape=list(a.shape),
-                empty_slots=int((a == -1).sum()))
+        try:
+            sel = build()
+            sel.reset(cache)
+            sel.on_verify(req, lengths)
+            plans[label] = sel.plan(cache, lengths).indices
+        finally:
+            base.TRITON_SELECT = False
+    want = plans["torch"]
+    out = dict(shape=list(want.shape), empty_slots=int((want == -1).sum()))
+    for label, got in plans.items():
+        if label == "torch":
+            continue
+        if got.shape != want.shape:
+            out[label] = dict(error=f"shape {tuple(got.shape)} vs {tuple(want.shape)}")
+            continue
+        a, b = want.sort(-1).values, got.sort(-1).values
+        same = (a == b).all(-1)  # (N, B, 1)
+        # rows that differ: equal multisets of scores -> the difference is among ties at the threshold
+        va = torch.where(a >= 0, summed.gather(3, a.clamp(min=0)), float("-inf")).sort(-1).values
+        vb = torch.where(b >= 0, summed.gather(3, b.clamp(min=0)), float("-inf")).sort(-1).values
+        ties = (~same) & (va == vb).all(-1)
+        out[label] = dict(rows=int(same.numel()), same_rows=int(same.sum()), tie_rows=int(ties.sum()),
+                          bad_rows=int((~same & ~ties).sum()), same_index_sets=bool(same.all()),
+                          same_fixed=bool(torch.equal(got[..., :20], want[..., :20])))
+    return out
+
+
+def micro(a, dev, log) -> list[dict]:
+    from specdec.selectors import base
+
+    rows = []
+    for name, N, B, H, L in (SMOKE_SHAPES if a.smoke else SHAPES):
+        if elapsed() > a.budget_s:
+            rows.append(dict(shape=name, skipped="budget"))
+            continue
+        try:
+            row = dict(shape=name, N=N, B=B, H_kv=H, L=L, parity=parity(N, B, H, L, dev, a.smoke))
+            log(f"{name} parity {row['parity']}")
+            for dt in ((torch.float32, torch.bfloat16) if a.smoke or B == 64 or H == 8 else (torch.float32,)):
+                cache, req, stacked, build = _setup(N, B, H, L, dt, dev)
+                lengths = torch.full((B,), L, dtype=torch.long, device=dev)
+                dkey = str(dt).replace("torch.", "")
+                for label, flag in settings(a.smoke):
+                    if label == "triton_topk" and L + 16 > 16384:
+                        row[f"{label} {dkey}"] = dict(skipped="rows > 16384 positions: the torch path")
+                        continue
+                    base.TRITON_SELECT = flag
+                    try:
+                        sel = build()
+                        sel.reset(cache)
+                        planner = _fresh_planner(cache)
+
+                        def step():
+                            sel.on_verify(req, lengths)
+                            planner.plan(sel, lengths)
+
+                        r = dict(ms=wall_med(step, a.reps, dev), on_verify_ms=wall_med(lambda: sel.on_verify(req, lengths), a.reps, dev),
+                                 plan_ms=wall_med(lambda: planner.plan(sel, lengths), a.reps, dev),
+                                 plan_graphs=planner.plan_graphs.captures if planner.plan_graphs is not None else 0)
+                        if label == "fused":
+                            from specdec.cuda.triton_select import select_plan
+
+                            k_sel = sel.max_selected(cache.capacity)
+                            c = sel.config
+                            r["kernel_ms"] = gpu_med(lambda: select_plan(stacked, lengths, k_sel, sinks=c.sinks, recent=c.recent,
+                                                                         budget_ratio=c.budget_ratio, sum_heads=True), a.reps, dev)
+                            r["floor_ms"] = stacked.numel() * stacked.element_size() / BW * 1e3
+                    except Exception:
+                        r = dict(error=traceback.format_exc())
+                    finally:
+                        base.TRITON_SELECT = False
+                    row[f"{label} {dkey}"] = r
+                    log(f"{name} {label} {dkey}: {r}")
+                del cache, req, stacked
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+        except Exception:
+            row = dict(shape=name, error=traceback.format_exc())
+            log(row["error"])
+        rows.append(row)
+    return rows
+
+
+def sweep(a, dev, log) -> list[dict]:
+    from specdec.cuda.triton_select import select_plan
+
+    name, N, B, H, L = SMOKE_SHAPES[0] if a.smoke else SHAPES[0]
+    _, _, stacked, _ = _setup(N, B, H, L, torch.float32, dev)
+    lengths = torch.full((B,), L, dtype=torch.long, device=dev)
+    from specdec.selectors.base import BudgetConfig
+
+    k_sel = BudgetConfig(budget_ratio=RATIO).max_room(L + 16)
+    base_idx, _ = select_plan(stacked, lengths, k_sel, sinks=4, recent=16, budget_ratio=RATIO, sum_heads=True)
+    out = []
+    for warps in ((4, 8) if a.smoke else (4, 8, 16)):
+        for rows in ((1, 2) if a.smoke else (1, 2, 4)):
+            if elapsed() > a.budget_s:
+                out.append(dict(num_warps=warps, rows_per_program=rows, skipped="budget"))
+                continue
+            try:
+                fn = lambda: select_plan(stacked, lengths, k_sel, sinks=4, recent=16, budget_ratio=RATIO,  # noqa: E731
+                                         sum_heads=True, num_warps=warps, rows_per_program=rows)
+                same = bool(torch.equal(fn()[0], base_idx))
+                out.append(dict(shape=name, num_warps=warps, rows_per_program=rows, kernel_ms=gpu_med(fn, a.reps, dev),
+                                same_as_default=same))
+            except Exception:
+                out.append(dict(num_warps=warps, rows_per_program=rows, error=traceback.format_exc(limit=4)))
+            log(f"sweep {out[-1]}")
+    return out
+
+
+def _plan_captures() -> int:
+    """Plan CUDA graphs captured so far by every live planner."""
+    from specdec import planner
+
+    return sum(p.plan_graphs.captures for p in list(planner._PLANNERS.values()) if p.plan_graphs is not None)
+
+
+class _SubTimers:
+    """``on_verify`` and ``Planner.plan`` timed apart (a sync around each), reset at each ``generate``."""
+
+    def __init__(self, dev):
+        from specdec.engine import SpeculativeEngine
+        from specdec.planner import Planner
+        from specdec.selectors.verification_guided import VerificationGuidedSelector
+
+        self.targets = [(VerificationGuidedSelector, "on_verify"), (Planner, "plan"), (SpeculativeEngine, "generate")]
+        self.saved = [getattr(c, n) for c, n in self.targets]
+        self.acc, self.calls, self.dev = defaultdict(float), [], dev
+
+    def __enter__(self):
+        t = self
+
+        def timed(name, fn):
+            def wrapper(*args, **kw):
+                _sync(t.dev)
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kw)
+                finally:
+                    _sync(t.dev)
+                    t.acc[name + "_s"] += time.perf_counter() - t0
+                    t.acc[name + "_calls"] += 1
+            return wrapper
+
+        def generate(eng, *args, **kw):
+            t.acc = defaultdict(float)
+            before = _plan_captures()
+            res = t.saved[2](eng, *args, **kw)
+            t.calls.append(dict(t.acc, plan_graph_captures=_plan_captures() - before))
+            return res
+
+        for (c, n), f in zip(self.targets[:2], self.saved[:2]):
+            setattr(c, n, timed(n, f))
+        setattr(self.targets[2][0], "generate", generate)
+        return self
+
+    def __exit__(self, *exc):
+        for (c, n), f in zip(self.targets, self.saved):
+            setattr(c, n, f)
+
+
+def e2e(a, dev, log) -> list[dict]:
+    from specdec.bench import run_bench
+    from specdec.loading import load_model
+    from specdec.selectors import base
+
+    smoke = a.smoke
+    m = load_model("smollm2-135m" if smoke else a.gguf, "float32" if smoke else "bfloat16", dev.type,
+                   "reference" if smoke else "triton", not smoke, False, True)
+    common = dict(contexts=[160 if smoke else 8000], documents=[ssl.__file__], budget=None, budget_ratio=RATIO,
+                  gamma=GAMMA, model=m, backend="reference" if smoke else "triton",
+                  dtype="float32" if smoke else "bfloat16", device=dev.type, output_dir=Path(a.out),
+                  cuda_graphs=not smoke, fuse=True, warmup=True, repeats=1, hf_baseline=False, adaptive=False,
+                  batch_sizes=[2 if smoke else 64], max_new_tokens=8 if smoke else 64)
+    rows, tokens = [], {}
+    for rnd in range(2):
+        for label, flag in settings(smoke)[::2]:  # torch, fused
+            if elapsed() > a.budget_s:
+                rows.append(dict(round=rnd, setting=label, skipped="budget"))
+                continue
+            base.TRITON_SELECT = flag
+            try:
+                if rnd == 1:
+                    with _SubTimers(dev) as st:
+                        r = run_bench(["vegas"], tag="r14_select_e2e", **common)[-1]
+                    split = st.calls[-1] if st.calls else {}
+                else:
+                    r, split = run_bench(["vegas"], tag="r14_select_e2e", **common)[-1], None
+                ph = r.get("phase_seconds") or {}
+                it = r.get("iterations") or 1
+                row = dict(round=rnd, setting=label, tok_s=r.get("tokens_per_second"), tau=r.get("tau"), iterations=it,
+                           select_share=r.get("selection_overhead_share"),
+                           select_ms_per_iter=1e3 * (ph.get("select", 0.0) + ph.get("select_in_draft", 0.0)) / it,
+                           phase_ms_per_iter={k: 1e3 * v / it for k, v in ph.items()})
+                if split is not None:
+                    row["split"] = {k: (1e3 * v / it if k.endswith("_s") else v) for k, v in split.items()}
+                tokens.setdefault(rnd, {})[label] = r.get("tokens")
+                row["same_tokens_as_torch"] = tokens[rnd].get(label) == tokens[rnd].get("torch")
+            except Exception:
+                row = dict(round=rnd, setting=label, error=traceback.format_exc())
+            finally:
+                base.TRITON_SELECT = False
+            rows.append(row)
+            log(f"e2e {row}")
+    return rows
+
+
+def markdown(res) -> str:
+    L = [f"# Vegas' selection: torch vs Triton top-k vs fused plan ({res['date']}, {res['gpu']})", "",
+         "| shape | scores | setting | on_verify + plan ms | on_verify ms | plan ms | fused kernel ms | floor ms |",
+         "|---|---|---|---|---|---|---|---|"]
+    for row in res.get("micro", []):
+        for key, r in row.items():
+            if not isinstance(r, dict) or key == "parity":
+                continue
+            if "ms" in r:
+                L.append(f"| {row['shape']} | {key.split()[-1]} | {key.split()[0]} | {r['ms']:.3f} | {r['on_verify_ms']:.3f} | "
+                         f"{r['plan_ms']:.3f} | {r.get('kernel_ms', float('nan')):.3f} | {r.get('floor_ms', float('nan')):.3f} |")
+            else:
+                L.append(f"| {row['shape']} | {key.split()[-1]} | {key.split()[0]} | {r.get('skipped') or 'error'} | | | | |")
+    L += ["", "Parity (eager plans, random lengths in [L/2, L]; rows: same sets / differ only among equal scores / bad):", ""]
+    for row in res.get("micro", []):
+        p = row.get("parity", {})
+        for label in ("triton_topk", "fused"):
+            if label in p:
+                q = p[label]
+                L.append(f"- {row['shape']} {label}: " + (q["error"] if "error" in q else
+                         f"{q['same_rows']} / {q['tie_rows']} / {q['bad_rows']} of {q['rows']} (fixed part equal: {q['same_fixed']})"))
+    if res.get("sweep"):
+        L += ["", "| num_warps | rows/program | fused kernel ms | same as default |", "|---|---|---|---|"]
+        L += [f"| {s['num_warps']} | {s['rows_per_program']} | {s.get('kernel_ms', float('nan')):.3f} | {s.get('same_as_default')} |"
+              for s in res["sweep"] if "kernel_ms" in s]
+    if res.get("e2e"):
+        L += ["", "| round | setting | tok/s | tau | select share | select ms/iter | on_verify ms/iter | plan ms/iter | "
+              "plan graph captures | same tokens |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res["e2e"]:
+            if "tok_s" not in r:
+                continue
+            sp = r.get("split") or {}
+            L.append(f"| {r['round']} | {r['setting']} | {r['tok_s']:.0f} | {r['tau']:.2f} | {100 * r['select_share']:.1f} % | "
+                     f"{r['select_ms_per_iter']:.3f} | {sp.get('on_verify_s', float('nan')):.3f} | {sp.get('plan_s', float('nan')):.3f} | "
+                     f"{sp.get('plan_graph_captures', '')} | {r['same_tokens_as_torch']} |")
+    errs = [f"- {k}: {v}" for k, v in res.get("errors", {}).items()]
+    return "\n".join(L + ([""] + errs if errs else [])) + "\n"
 
 
 def main() -> None:
@@ -54,31 +386,58 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--budget-s", type=float, default=140.0, help="no part or shape starts after this many seconds")
+    ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
+    ap.add_argument("--no-e2e", action="store_true")
     a = ap.parse_args()
-    a.reps = a.reps or (3 if a.smoke else 20)
+    a.reps = a.reps or (2 if a.smoke else 20)
+    global RATIO, WARM
+    RATIO, WARM = (0.3, 1) if a.smoke else (RATIO, WARM)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    import scores_e14
+    logf = open(out / "r14_select.log", "a")
 
-    from specdec.selectors import base
+    def log(msg):
+        line = f"[{elapsed():6.1f}s] {msg}"
+        print(line, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
 
     dev = torch.device("cpu" if a.smoke else "cuda")
-    res = {}
+    res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), torch=torch.__version__,
+               gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (smoke)", args=vars(a), errors={})
     try:
-        res["parity"] = parity(dev, a.smoke)
-    except Exception:
-        res["parity"] = dict(error=traceback.format_exc())
-    print("parity", res["parity"], flush=True)
-    for flag in (False, "always" if a.smoke else True):
-        try:
-            base.TRITON_SELECT = flag
-            res[f"triton_select={flag}"] = scores_e14.selection(a, dev, print)
-        except Exception:
-            res[f"triton_select={flag}"] = dict(error=traceback.format_exc())
-        finally:
-            base.TRITON_SELECT = False
-        (out / "r14_select.json").write_text(json.dumps(res, indent=2))
-    print(json.dumps(res, indent=1))
+        import triton
+
+        res["triton"] = triton.__version__
+    except ImportError:
+        pass
+
+    def save():
+        (out / "r14_select.json").write_text(json.dumps(res, indent=2, default=str))
+        (out / "r14_select.md").write_text(markdown(res))
+
+    parts = [("micro", micro), ("sweep", sweep)] + ([] if a.no_e2e else [("e2e", e2e)])
+    try:
+        for name, fn in parts:
+            if elapsed() > a.budget_s:
+                res["errors"][name] = "skipped: out of budget"
+                continue
+            try:
+                res[name] = fn(a, dev, log)
+            except Exception:
+                res["errors"][name] = traceback.format_exc()
+                log(res["errors"][name])
+            res[f"{name}_done_s"] = round(elapsed(), 1)
+            save()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        save()
+        logf.close()
+        with tarfile.open(str(out) + ".tgz", "w:gz") as tar:
+            tar.add(out, arcname=out.name)
+    print(markdown(res))
 
 
 if __name__ == "__main__":
