@@ -416,14 +416,23 @@ class PlanGraphs:
     def uncapturable(self) -> dict:
         return self.calls.uncapturable
 
-    def __call__(self, selector, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+    @staticmethod
+    def key(selector, cache: KVCache) -> tuple:
+        """The graph key of ``selector``'s plan on ``cache`` (the input shapes and stable addresses are added by
+        :class:`CapturedCall`): its type and settings, the cache, and which tensor attributes it has and which
+        are ``None``. A selector whose attributes come and go between ``generate`` calls (a buffer kept across a
+        ``reset``) would capture a new graph inside a later call: keep such state out of tensor attributes."""
         names = sorted(n for n, v in vars(selector).items() if isinstance(v, torch.Tensor))
-        state = [getattr(selector, n) for n in names]
         absent = tuple(sorted(n for n, v in vars(selector).items() if v is None))
         # the settings too: two selectors of one type on one cache (engines built in turn on a reused cache)
         # must not replay each other's plan
-        key = (type(selector), repr(getattr(selector, "config", None)), cache.k.data_ptr(), cache.capacity,
-               tuple(names), absent)
+        return (type(selector), repr(getattr(selector, "config", None)), cache.k.data_ptr(), cache.capacity,
+                tuple(names), absent)
+
+    def __call__(self, selector, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
+        key = self.key(selector, cache)
+        names = key[4]
+        state = [getattr(selector, n) for n in names]
 
         def build(lens, *tensors):
             saved = [getattr(selector, n) for n in names]

@@ -208,3 +208,30 @@ def test_fused_plan_low_bits_and_signed_zeros():
     z[..., 2], z[..., 3], z[..., 5] = -0.0, -0.0, 0.0  # three equal zeros: the two lowest positions win
     got, _ = select_plan(z.to(DEV), torch.tensor([8], device=DEV), 2, sum_heads=False, **cfg)
     assert got.view(-1).tolist() == [2, 3]
+
+
+def test_plan_graph_keys_repeat_across_generate_calls(monkeypatch):
+    """Every plan-graph key of a second ``generate`` was seen in the first (the warm-up), so a timed call captures no
+    plan graph. Vegas kept its score buffer as a tensor attribute across ``reset``: the second call's first plan
+    (recency, no scores yet) had a key of its own and was captured inside the timed call (the end-to-end select
+    phase of benchmarks/results/gpu_gemm_splits_2026-12-01d.md timed warm-up + 1 call)."""
+    from specdec.graphs import PlanGraphs
+    from specdec.planner import Planner
+
+    m = make_tiny("llama")
+    m.hf.to(DEV)
+    seen: list = []
+    plan = Planner.plan
+
+    def record(self, selector, lengths):
+        seen.append(PlanGraphs.key(selector, self.cache))
+        return plan(self, selector, lengths)
+
+    monkeypatch.setattr(Planner, "plan", record)
+    eng = build_engine(m, PipelineConfig.make(method="vegas", gamma=3, budget=12, sinks=2, recent=3), eos_token_id=-1)
+    prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+    eng.generate(prompts, max_new_tokens=8)
+    first = set(seen)
+    seen.clear()
+    eng.generate(prompts, max_new_tokens=8)
+    assert len(first) == 2 and set(seen) <= first  # recency (before the first scores), then the scores' plan

@@ -100,7 +100,11 @@ class VerificationGuidedSelector(BudgetSelector):
         self._scores: torch.Tensor | None = None  # (N, B, H_kv or 1, L)
         self._lengths: torch.Tensor | None = None  # (B,) lengths when the last request was made
         self._gamma: int | None = None
-        self._buf: torch.Tensor | None = None  # owns the memory of self._scores (stable address)
+        # owns the memory of self._scores (stable address); in a dict, not a tensor attribute: tensor attributes are
+        # the plan graph's inputs and part of its key (specdec.graphs.PlanGraphs.key), and this buffer outlives
+        # reset(): as an attribute, the first plan of every later generate call had a key of its own (a capture
+        # inside the call)
+        self._owned: dict[str, torch.Tensor] = {}
         self._raw: torch.Tensor | None = None  # (N, B, H_kv, L) emitted scores, unsummed (the fused plan's input)
         self._since = 0  # verifications since the last one that collected scores
         self._skipped = False  # the coming on_verify follows a verification without a score request
@@ -147,11 +151,11 @@ class VerificationGuidedSelector(BudgetSelector):
         and the head sum writes straight into it."""
         N, B, H, L = s.shape
         shape = (N, B, H if self.config.per_kv_head else 1, L)
-        buf = self._buf
+        buf = self._owned.get("scores")
         if buf is None or tuple(buf.shape) != shape or buf.device != s.device:
             if buf is not None:
                 forget_address(buf)
-            buf = self._buf = keep_address(torch.empty(shape, dtype=torch.float32, device=s.device))
+            buf = self._owned["scores"] = keep_address(torch.empty(shape, dtype=torch.float32, device=s.device))
         if self.config.per_kv_head:
             buf.copy_(s)
         else:
