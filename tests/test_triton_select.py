@@ -135,9 +135,9 @@ def test_fused_plan_equals_the_torch_plan(monkeypatch, case, per_kv_head):
     assert (want.indices[..., F:] == -1).any() and (want.indices[..., F:] >= 0).any()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,bits", [(torch.float32, 5), (torch.bfloat16, 8), (torch.float32, 4)])
 @pytest.mark.parametrize("chunk", [8192, 64])  # one chunk in registers; 4 chunks through the scratch keys
-def test_fused_plan_ties_go_to_the_lowest_positions(dtype, chunk):
+def test_fused_plan_ties_go_to_the_lowest_positions(dtype, bits, chunk):
     """Scores with many ties (a few distinct values, bf16): per row the set of a stable sort (lowest positions first)."""
     lengths = [200, 150, 90, 37, 7]
     g = torch.Generator().manual_seed(7)
@@ -146,7 +146,7 @@ def test_fused_plan_ties_go_to_the_lowest_positions(dtype, chunk):
     k_sel = BudgetConfig(**cfg).max_room(200)
     for sum_heads in (True, False):
         got, dense = select_plan(scores.to(DEV), torch.tensor(lengths, device=DEV), k_sel, sum_heads=sum_heads,
-                                 chunk=chunk, **cfg)
+                                 chunk=chunk, radix_bits=bits, **cfg)
         want = _stable_ref(scores, lengths, k_sel, sum_heads=sum_heads, **cfg)
         torch.testing.assert_close(got.cpu().sort(-1).values, want, rtol=0, atol=0)
         assert dense.cpu().tolist() == lengths
@@ -201,9 +201,11 @@ def test_fused_plan_low_bits_and_signed_zeros():
     scores[1] = -scores[1]  # negative scores too
     lens = torch.tensor([L], device=DEV)
     cfg = dict(sinks=0, recent=0, budget=37)
-    got, _ = select_plan(scores.to(DEV), lens, 37, sum_heads=False, **cfg)
     want = _stable_ref(scores, [L], 37, 0, 0, False, budget=37)
-    torch.testing.assert_close(got.cpu().sort(-1).values, want, rtol=0, atol=0)
+    for bits in (4, 5, 6, 7, 8):  # 8, 7, 6, 5 and 4 passes (the last one narrower where bits do not divide 32)
+        got, _ = select_plan(scores.to(DEV), lens, 37, sum_heads=False, radix_bits=bits, chunk=64 if bits == 6 else 8192,
+                             **cfg)
+        torch.testing.assert_close(got.cpu().sort(-1).values, want, rtol=0, atol=0)
     z = torch.full((1, 1, 1, 8), -1.0)
     z[..., 2], z[..., 3], z[..., 5] = -0.0, -0.0, 0.0  # three equal zeros: the two lowest positions win
     got, _ = select_plan(z.to(DEV), torch.tensor([8], device=DEV), 2, sum_heads=False, **cfg)

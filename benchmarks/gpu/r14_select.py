@@ -20,11 +20,12 @@ Parts (each records its failure with the traceback and the next one runs; none s
    random lengths in [L/2, L]: per (layer, sequence, head) row the index sets of each setting vs ``torch``; a row
    that differs only among equal scores at the threshold is counted apart (``tie_rows``: ``torch.topk`` breaks
    ties arbitrarily, the Triton paths take the lowest positions).
-2. ``sweep``: the fused kernel alone at B 64 x 8k (fp32) over ``num_warps`` x rows per program.
+2. ``sweep``: the fused kernel alone at B 64 x 8k (fp32) over radix bits, ``num_warps`` and rows per program.
 3. ``e2e`` (skipped with ``--no-e2e``): the embedded model, bf16, triton, graphs, fused, B 64 x 8k of ``ssl.py``, gamma 4,
-   5 %, 64 new tokens, ``run_bench`` (warm-up + 1 timed run) of vegas with ``torch`` and with ``fused``, 2 rounds
-   interleaved; the second round with ``on_verify`` and ``Planner.plan`` timed apart (a sync around each) and the
-   plan-graph captures counted in the timed run.
+   5 %, 64 new tokens, ``run_bench`` (warm-up + 1 timed run) of vegas with ``torch``, ``fused`` and ``torch_old_key``
+   (the score buffer as a tensor attribute again: a plan graph captured inside the timed call, as before this
+   branch), 2 rounds interleaved; the second with ``on_verify`` and ``Planner.plan`` timed apart (a sync around each)
+   and the plan-graph captures of the timed call counted.
 
 Writes ``<out>/r14_select.json`` and ``.md`` after every part, and ``<out>.tgz`` at the end.
 """
@@ -172,7 +173,7 @@ def micro(a, dev, log) -> list[dict]:
         try:
             row = dict(shape=name, N=N, B=B, H_kv=H, L=L, parity=parity(N, B, H, L, dev, a.smoke))
             log(f"{name} parity {row['parity']}")
-            for dt in ((torch.float32, torch.bfloat16) if a.smoke or B == 64 or H == 8 else (torch.float32,)):
+            for dt in ((torch.float32, torch.bfloat16) if (a.smoke and L == 300) or B == 64 or H == 8 else (torch.float32,)):
                 cache, req, stacked, build = _setup(N, B, H, L, dt, dev)
                 lengths = torch.full((B,), L, dtype=torch.long, device=dev)
                 dkey = str(dt).replace("torch.", "")
@@ -228,20 +229,22 @@ def sweep(a, dev, log) -> list[dict]:
     k_sel = BudgetConfig(budget_ratio=RATIO).max_room(L + 16)
     base_idx, _ = select_plan(stacked, lengths, k_sel, sinks=4, recent=16, budget_ratio=RATIO, sum_heads=True)
     out = []
-    for warps in ((4, 8) if a.smoke else (4, 8, 16)):
-        for rows in ((1, 2) if a.smoke else (1, 2, 4)):
-            if elapsed() > a.budget_s:
-                out.append(dict(num_warps=warps, rows_per_program=rows, skipped="budget"))
-                continue
-            try:
-                fn = lambda: select_plan(stacked, lengths, k_sel, sinks=4, recent=16, budget_ratio=RATIO,  # noqa: E731
-                                         sum_heads=True, num_warps=warps, rows_per_program=rows)
-                same = bool(torch.equal(fn()[0], base_idx))
-                out.append(dict(shape=name, num_warps=warps, rows_per_program=rows, kernel_ms=gpu_med(fn, a.reps, dev),
-                                same_as_default=same))
-            except Exception:
-                out.append(dict(num_warps=warps, rows_per_program=rows, error=traceback.format_exc(limit=4)))
-            log(f"sweep {out[-1]}")
+    # (radix bits, num_warps, rows per program): the default (5, 8 warps at 8k, 1) first
+    grid = ([(5, 4, 1), (8, 4, 2)] if a.smoke else
+            [(5, 8, 1), (5, 4, 1), (5, 16, 1), (5, 8, 2), (5, 8, 4), (4, 8, 1), (6, 8, 1), (8, 8, 1), (8, 16, 1)])
+    for bits, warps, rows in grid:
+        if elapsed() > a.budget_s:
+            out.append(dict(radix_bits=bits, num_warps=warps, rows_per_program=rows, skipped="budget"))
+            continue
+        try:
+            fn = lambda: select_plan(stacked, lengths, k_sel, sinks=4, recent=16, budget_ratio=RATIO,  # noqa: E731
+                                     sum_heads=True, num_warps=warps, rows_per_program=rows, radix_bits=bits)
+            same = bool(torch.equal(fn()[0], base_idx))
+            out.append(dict(shape=name, radix_bits=bits, num_warps=warps, rows_per_program=rows,
+                            kernel_ms=gpu_med(fn, a.reps, dev), same_as_default=same))
+        except Exception:
+            out.append(dict(radix_bits=bits, num_warps=warps, rows_per_program=rows, error=traceback.format_exc(limit=4)))
+        log(f"sweep {out[-1]}")
     return out
 
 
@@ -255,17 +258,20 @@ def _plan_captures() -> int:
 class _SubTimers:
     """``on_verify`` and ``Planner.plan`` timed apart (a sync around each), reset at each ``generate``."""
 
-    def __init__(self, dev):
+    def __init__(self, dev, on: bool = True):
         from specdec.engine import SpeculativeEngine
         from specdec.planner import Planner
         from specdec.selectors.verification_guided import VerificationGuidedSelector
 
         self.targets = [(VerificationGuidedSelector, "on_verify"), (Planner, "plan"), (SpeculativeEngine, "generate")]
         self.saved = [getattr(c, n) for c, n in self.targets]
-        self.acc, self.calls, self.dev = defaultdict(float), [], dev
+        self.acc, self.calls, self.dev, self.on = defaultdict(float), [], dev, on
 
     def __enter__(self):
         t = self
+        if not self.on:
+            self.targets = []
+            return self
 
         def timed(name, fn):
             def wrapper(*args, **kw):
@@ -296,6 +302,29 @@ class _SubTimers:
             setattr(c, n, f)
 
 
+class _OldKey:
+    """With ``on``: Vegas' score buffer also as a tensor attribute kept across ``reset`` (the code before this branch)."""
+
+    def __init__(self, on: bool):
+        from specdec.selectors.verification_guided import VerificationGuidedSelector
+
+        self.on, self.cls, self.saved = on, VerificationGuidedSelector, VerificationGuidedSelector.reset
+
+    def __enter__(self):
+        saved = self.saved
+
+        def reset(sel, cache):
+            saved(sel, cache)
+            sel._buf = sel._owned.get("scores")
+
+        if self.on:
+            self.cls.reset = reset
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.reset = self.saved
+
+
 def e2e(a, dev, log) -> list[dict]:
     from specdec.bench import run_bench
     from specdec.loading import load_model
@@ -310,19 +339,19 @@ def e2e(a, dev, log) -> list[dict]:
                   cuda_graphs=not smoke, fuse=True, warmup=True, repeats=1, hf_baseline=False, adaptive=False,
                   batch_sizes=[2 if smoke else 64], max_new_tokens=8 if smoke else 64)
     rows, tokens = [], {}
-    for rnd in range(2):
-        for label, flag in settings(smoke)[::2]:  # torch, fused
+    # torch_old_key: the torch path with the score buffer as a tensor attribute again (as before this branch), so
+    # the timed call's first plan has a plan-graph key the warm-up did not capture
+    paths = settings(smoke)[::2] + [("torch_old_key", False)]
+    for rnd in range(1, 2) if smoke else range(2):  # the smoke: the timed-apart round only
+        for label, flag in paths:
             if elapsed() > a.budget_s:
                 rows.append(dict(round=rnd, setting=label, skipped="budget"))
                 continue
             base.TRITON_SELECT = flag
             try:
-                if rnd == 1:
-                    with _SubTimers(dev) as st:
-                        r = run_bench(["vegas"], tag="r14_select_e2e", **common)[-1]
-                    split = st.calls[-1] if st.calls else {}
-                else:
-                    r, split = run_bench(["vegas"], tag="r14_select_e2e", **common)[-1], None
+                with _OldKey(label == "torch_old_key"), _SubTimers(dev, on=rnd == 1) as st:
+                    r = run_bench(["vegas"], tag="r14_select_e2e", **common)[-1]
+                split = (st.calls[-1] if st.calls else {}) if rnd == 1 else None
                 ph = r.get("phase_seconds") or {}
                 it = r.get("iterations") or 1
                 row = dict(round=rnd, setting=label, tok_s=r.get("tokens_per_second"), tau=r.get("tau"), iterations=it,
@@ -364,9 +393,10 @@ def markdown(res) -> str:
                 L.append(f"- {row['shape']} {label}: " + (q["error"] if "error" in q else
                          f"{q['same_rows']} / {q['tie_rows']} / {q['bad_rows']} of {q['rows']} (fixed part equal: {q['same_fixed']})"))
     if res.get("sweep"):
-        L += ["", "| num_warps | rows/program | fused kernel ms | same as default |", "|---|---|---|---|"]
-        L += [f"| {s['num_warps']} | {s['rows_per_program']} | {s.get('kernel_ms', float('nan')):.3f} | {s.get('same_as_default')} |"
-              for s in res["sweep"] if "kernel_ms" in s]
+        L += ["", "| radix bits | num_warps | rows/program | fused kernel ms | same as default |", "|---|---|---|---|---|"]
+        L += [f"| {s['radix_bits']} | {s['num_warps']} | {s['rows_per_program']} | "
+              f"{s.get('kernel_ms', float('nan')):.3f} | {s.get('same_as_default', 'error' if 'error' in s else s.get('skipped'))} |"
+              for s in res["sweep"]]
     if res.get("e2e"):
         L += ["", "| round | setting | tok/s | tau | select share | select ms/iter | on_verify ms/iter | plan ms/iter | "
               "plan graph captures | same tokens |", "|---|---|---|---|---|---|---|---|---|---|"]

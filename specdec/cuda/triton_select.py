@@ -91,7 +91,10 @@ def select_top(s: torch.Tensor, k_sel: int, room: torch.Tensor) -> torch.Tensor:
 
 #: positions one program holds in registers per chunk; longer rows go through a scratch buffer of int32 keys
 CHUNK = 8192
-_SIGN = -2147483647 - 1  # int32 sign bit (INT_MIN)
+#: bits resolved per radix pass (a histogram of 2**bits bins; 32 / bits passes). Triton's histogram costs about
+#: log2(bins) ballots + bins / 32 popcounts per element, so 5 bits (32 bins, 7 passes) does ~1/4 of the work of 8
+#: bits (256 bins, 4 passes) per element in all; benchmarks/gpu/r14_select.py sweeps it
+RADIX_BITS = 5
 
 
 @triton.jit
@@ -109,7 +112,7 @@ def _keys(S, sbase, stride_h, head0, HSUM: tl.constexpr, offs, L, length, sinks,
 
 @triton.jit
 def _digit(h, bins, need, prefix, SHIFT: tl.constexpr):
-    """The 8-bit digit at SHIFT of the need-th largest key among the counted ones: (prefix with it, need left)."""
+    """The digit at SHIFT of the need-th largest key among the counted ones: (prefix with it, need left)."""
     ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h  # keys with digit >= bin
     d = tl.sum((ge >= need).to(tl.int32), axis=0) - 1
     above = tl.sum(tl.where(bins > d, h, 0), axis=0)
@@ -120,8 +123,10 @@ def _digit(h, bins, need, prefix, SHIFT: tl.constexpr):
 def _plan_kernel(S, OUT, DENSE, LENS, RATIO, SCRATCH, stride_n, stride_b, stride_h, L, k_sel, Hs, B, n_rows,
                  sinks, recent, budget_abs, min_budget,
                  USE_RATIO: tl.constexpr, HSUM: tl.constexpr, F: tl.constexpr, FBLOCK: tl.constexpr,
-                 BLOCK: tl.constexpr, NCHUNK: tl.constexpr, KBLOCK: tl.constexpr, ROWS: tl.constexpr):
-    bins = tl.arange(0, 256)
+                 BLOCK: tl.constexpr, NCHUNK: tl.constexpr, KBLOCK: tl.constexpr, ROWS: tl.constexpr,
+                 BITS: tl.constexpr, NB: tl.constexpr, PASSES: tl.constexpr, EXTRA: tl.constexpr):
+    # radix passes of BITS bits from the top (histograms of NB = 2**BITS bins); the last pass resolves BITS - EXTRA
+    bins = tl.arange(0, NB)
     offs0 = tl.arange(0, BLOCK)
     W = F + k_sel
     for r in range(ROWS):
@@ -161,13 +166,15 @@ def _plan_kernel(S, OUT, DENSE, LENS, RATIO, SCRATCH, stride_n, stride_b, stride
             ukey = key ^ (-2147483647 - 1)  # unsigned order as bits
             prefix = tl.zeros((), tl.int32)
             need = room
-            for p in tl.static_range(4):  # radix select, 8 bits a pass from the top: the room-th largest key
+            for p in tl.static_range(PASSES):  # radix select, BITS a pass from the top: the room-th largest key
+                HI = 32 - BITS * p  # (constexpr) the bits above HI are fixed by the earlier passes
+                WIDTH = BITS - (p == PASSES - 1) * EXTRA  # (constexpr) the digit's width
                 m = valid
                 if p > 0:
-                    m = m & ((ukey & (-(1 << (32 - 8 * p)))) == prefix)
-                dig = tl.where(m, (ukey >> (24 - 8 * p)) & 255, 0)
-                h = tl.histogram(dig, 256) - tl.where(bins == 0, BLOCK - tl.sum(m.to(tl.int32), axis=0), 0)
-                prefix, need = _digit(h, bins, need, prefix, 24 - 8 * p)
+                    m = m & ((ukey & (-(1 << HI))) == prefix)
+                dig = tl.where(m, (ukey >> (HI - WIDTH)) & ((1 << WIDTH) - 1), 0)
+                h = tl.histogram(dig, NB) - tl.where(bins == 0, BLOCK - tl.sum(m.to(tl.int32), axis=0), 0)
+                prefix, need = _digit(h, bins, need, prefix, HI - WIDTH)
             thr = prefix ^ (-2147483647 - 1)
             eq = valid & (key == thr)
             tie = eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need)  # ties at the threshold: lowest positions first
@@ -176,7 +183,7 @@ def _plan_kernel(S, OUT, DENSE, LENS, RATIO, SCRATCH, stride_n, stride_b, stride
             tl.store(obase + F + slot, offs0.to(tl.int64), mask=take & (slot < room))  # (never past the room)
         else:  # longer rows: keys through SCRATCH (n_rows, NCHUNK * BLOCK) int32, one pass per digit
             kbase = SCRATCH + row.to(tl.int64) * (NCHUNK * BLOCK)
-            h = tl.zeros((256,), tl.int32)
+            h = tl.zeros((NB,), tl.int32)
             nvalid = tl.zeros((), tl.int32)
             for c in range(NCHUNK):
                 offs = c * BLOCK + offs0
@@ -184,18 +191,20 @@ def _plan_kernel(S, OUT, DENSE, LENS, RATIO, SCRATCH, stride_n, stride_b, stride
                 tl.store(kbase + offs, key)
                 m = key != -2147483647 - 1
                 nvalid += tl.sum(m.to(tl.int32), axis=0)
-                dig = tl.where(m, ((key ^ (-2147483647 - 1)) >> 24) & 255, 0)
-                h += tl.histogram(dig, 256) - tl.where(bins == 0, BLOCK - tl.sum(m.to(tl.int32), axis=0), 0)
+                dig = tl.where(m, ((key ^ (-2147483647 - 1)) >> (32 - BITS)) & (NB - 1), 0)
+                h += tl.histogram(dig, NB) - tl.where(bins == 0, BLOCK - tl.sum(m.to(tl.int32), axis=0), 0)
             room = tl.minimum(room, nvalid)
-            prefix, need = _digit(h, bins, room, tl.zeros((), tl.int32), 24)
-            for p in tl.static_range(1, 4):
-                h = tl.zeros((256,), tl.int32)
+            prefix, need = _digit(h, bins, room, tl.zeros((), tl.int32), 32 - BITS)
+            for p in tl.static_range(1, PASSES):
+                HI = 32 - BITS * p
+                WIDTH = BITS - (p == PASSES - 1) * EXTRA
+                h = tl.zeros((NB,), tl.int32)
                 for c in range(NCHUNK):
                     ukey = tl.load(kbase + c * BLOCK + offs0) ^ (-2147483647 - 1)
-                    m = (ukey != 0) & ((ukey & (-(1 << (32 - 8 * p)))) == prefix)
-                    dig = tl.where(m, (ukey >> (24 - 8 * p)) & 255, 0)
-                    h += tl.histogram(dig, 256) - tl.where(bins == 0, BLOCK - tl.sum(m.to(tl.int32), axis=0), 0)
-                prefix, need = _digit(h, bins, need, prefix, 24 - 8 * p)
+                    m = (ukey != 0) & ((ukey & (-(1 << HI))) == prefix)
+                    dig = tl.where(m, (ukey >> (HI - WIDTH)) & ((1 << WIDTH) - 1), 0)
+                    h += tl.histogram(dig, NB) - tl.where(bins == 0, BLOCK - tl.sum(m.to(tl.int32), axis=0), 0)
+                prefix, need = _digit(h, bins, need, prefix, HI - WIDTH)
             thr = prefix ^ (-2147483647 - 1)
             ties = tl.zeros((), tl.int32)
             taken = tl.zeros((), tl.int32)
@@ -229,15 +238,16 @@ def _ratio(r: float, device: torch.device) -> torch.Tensor:
 def select_plan(scores: torch.Tensor, lengths: torch.Tensor, k_sel: int, *, sinks: int, recent: int,
                 budget: int | None = None, budget_ratio: float | None = None, min_budget: int = 0,
                 sum_heads: bool = False, rows_per_program: int = 1, num_warps: int | None = None,
-                chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk: int = CHUNK, radix_bits: int = RADIX_BITS) -> tuple[torch.Tensor, torch.Tensor]:
     """A budget plan's indices in one launch: what :meth:`~specdec.selectors.base.BudgetSelector.plan` builds.
 
     Per (layer, sequence, head) row: the head sum (``sum_heads``: the ``H`` heads of ``scores`` summed in fp32 into
     one row, Vegas' ``on_verify``), the budget of the sequence (``budget`` or ``max(min_budget,
     ceil(budget_ratio * length))``, at most the length), the sinks and the recent window as in
     :func:`~specdec.selectors.base.fixed_positions`, then the ``room`` best positions among
-    ``[sinks, length - recent)`` by a radix select (4 passes of 8 bits over int32 keys ordered like the floats;
-    ties at the threshold: the lowest positions), written in position order, -1 in the slots past the room.
+    ``[sinks, length - recent)`` by a radix select (passes of ``radix_bits`` bits from the top over int32 keys
+    ordered like the floats; ties at the threshold: the lowest positions), written in position order, -1 in the
+    slots past the room. Rows longer than ``chunk`` positions keep their keys in an int32 scratch buffer.
 
     Args:
         scores: ``(N', B, H, L)`` float32 / bfloat16 / float16, the last dimension contiguous (any other strides:
@@ -253,6 +263,8 @@ def select_plan(scores: torch.Tensor, lengths: torch.Tensor, k_sel: int, *, sink
         raise ValueError(f"select_plan: want (N, B, H, L) float scores, got {scores.dtype} {tuple(scores.shape)}")
     if (budget is None) == (budget_ratio is None):
         raise ValueError("select_plan: pass exactly one of budget and budget_ratio")
+    if not 4 <= int(radix_bits) <= 8:
+        raise ValueError(f"select_plan: radix_bits must be 4..8 (histograms of 16..256 bins), got {radix_bits}")
     N, B, H, L = scores.shape
     if lengths.shape != (B,):
         raise ValueError(f"select_plan: lengths of shape ({B},) wanted, got {tuple(lengths.shape)}")
@@ -271,10 +283,13 @@ def select_plan(scores: torch.Tensor, lengths: torch.Tensor, k_sel: int, *, sink
                else out)  # unused with one chunk
     ratio = _ratio(budget_ratio if budget_ratio is not None else 0.0, scores.device)
     rows = max(1, int(rows_per_program))
+    bits = int(radix_bits)
+    passes = -(-32 // bits)
     _plan_kernel[(triton.cdiv(n_rows, rows),)](
         scores, out, dense, lengths, ratio, scratch, scores.stride(0), scores.stride(1), scores.stride(2), L, k_sel,
         Hs, B, n_rows, sinks, recent, 0 if budget is None else int(budget), int(min_budget),
         USE_RATIO=budget is None, HSUM=hsum, F=F, FBLOCK=triton.next_power_of_2(max(F, 2)), BLOCK=block,
-        NCHUNK=nchunk, KBLOCK=triton.next_power_of_2(max(k_sel, 16)), ROWS=rows,
+        NCHUNK=nchunk, KBLOCK=triton.next_power_of_2(max(k_sel, 16)), ROWS=rows, BITS=bits, NB=1 << bits,
+        PASSES=passes, EXTRA=bits * passes - 32,
         num_warps=num_warps or (8 if block >= 4096 else 4))
     return out, dense
