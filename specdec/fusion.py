@@ -228,9 +228,10 @@ def _layer_forward(base, self, hidden_states, *args, **kwargs):
     epilogue (``residual.addmm_(act, W_down.T)``, β = 1, on the residual tensor the norm kernel just
     wrote), and with ``self_attn.o_splits > 1`` the o_proj GEMM is split by hand (:func:`split_linear`)
     and its partial sums are added by the norm kernel, so cuBLAS adds no reduce kernel of its own.
-    With ``mlp.down_splits > 1`` the down GEMM is split too and its partials plus the residual are
-    added by the next layer's input norm (or the final norm): this layer returns the residual alone
-    and leaves the partials in the model's handoff slot (:func:`_take_handoff`).
+    With ``mlp.down_splits > 1``, inside a base-model forward that allows it (:func:`_handoff_allowed`), the
+    down GEMM is split too and its partials plus the residual are added by the next layer's input norm (or
+    the final norm): this layer returns the residual alone and leaves the partials in the model's handoff
+    slot (:func:`_take_handoff`).
     """
     parts = _take_handoff(self, hidden_states)
     if args or not _use_kernels(self, hidden_states):
@@ -332,11 +333,11 @@ def set_gemm_splits(hf_model, o_proj: int | None = None, qkv: int | None = None,
     and the kernel that reads its output next adds the partials: the post-attention RMSNorm (o_proj)
     and the RoPE + KV-write kernel (qkv, inside a specdec forward). Only with the fused Triton kernels
     on, and for projections without a bias; ``1`` keeps the single GEMM; ``None`` (the default) is
-    :data:`GEMM_SPLITS` (2), what :func:`fuse_projections` sets. ``down`` (``None``: :data:`DOWN_SPLITS`, 1)
+    :data:`GEMM_SPLITS` (2), what :func:`fuse_projections` sets. ``down`` (``None``: :data:`DOWN_SPLITS`, 2)
     splits the MLP's down GEMM; its partials and the residual are added by the NEXT decoder layer's
     input norm (the last layer's by the final norm), so the hidden state between two layers is
-    incomplete: only for the model's own forward (a module other than a fused layer or norm that
-    reads it raises or, outside the model's loop, sees the residual alone). Whether a split is faster depends on
+    incomplete: it runs only inside a full forward of the fused base model that nothing can look into
+    (:func:`_handoff_allowed`); elsewhere the down GEMM runs whole. Whether a split is faster depends on
     cuBLAS' choice for the batched shape: ``benchmarks/gpu/issue14.py`` measures it.
     Returns the number of layers set. Raises :class:`SpecdecError` for a model that is not fused or a
     split that does not divide the projection's input dim.
