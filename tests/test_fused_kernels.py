@@ -444,3 +444,28 @@ def test_gemm_splits_default_is_one_switch(monkeypatch):
     assert {(l.self_attn.o_splits, l.self_attn.qkv_splits) for l in m.hf.model.layers} == {(1, 1)}
     fusion.set_gemm_splits(m.hf, qkv=2)
     assert {(l.self_attn.o_splits, l.self_attn.qkv_splits) for l in m.hf.model.layers} == {(1, 2)}
+
+
+def test_split_gemms_leave_tensor_parallel_projections_alone():
+    """A tensor-parallel ``RowParallelLinear`` (o_proj, down) sums over ranks in its own forward: the hand-split
+    GEMMs, the split down GEMM and the down GEMM's residual epilogue must call it, not read its weight slice."""
+    from specdec.parallel import RowParallelLinear
+
+    class OneRank:  # the ranks' sum of a single rank: the tensor itself, counted
+        calls = 0
+
+        def all_reduce_(self, t):
+            OneRank.calls += 1
+            return t
+
+    ref, m = _pair("llama")  # (ref: unfused, the same weights)
+    for layer in m.hf.model.layers:
+        for owner, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
+            lin = getattr(owner, name)
+            setattr(owner, name, RowParallelLinear(lin, 0, lin.in_features, OneRank()))
+    ids = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(3)).to(DEV)
+    lens = torch.tensor([0, 0], device=DEV)
+    want = ref.forward(ids, ref.new_cache(2, 16), lens)
+    got = m.forward(ids, m.new_cache(2, 16), lens)
+    assert OneRank.calls == 2 * len(m.hf.model.layers)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
