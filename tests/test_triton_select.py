@@ -135,8 +135,9 @@ def test_fused_plan_equals_the_torch_plan(monkeypatch, case, per_kv_head):
     assert (want.indices[..., F:] == -1).any() and (want.indices[..., F:] >= 0).any()
 
 
-@pytest.mark.parametrize("dtype,bits", [(torch.float32, 5), (torch.bfloat16, 8), (torch.float32, 4)])
-@pytest.mark.parametrize("chunk", [8192, 64])  # one chunk in registers; 4 chunks through the scratch keys
+# chunk 8192: the row in registers; 64: 4 chunks through the scratch keys
+@pytest.mark.parametrize("dtype,bits,chunk", [(torch.float32, 5, 8192), (torch.float32, 5, 64), (torch.bfloat16, 8, 64),
+                                              (torch.float32, 4, 8192)])
 def test_fused_plan_ties_go_to_the_lowest_positions(dtype, bits, chunk):
     """Scores with many ties (a few distinct values, bf16): per row the set of a stable sort (lowest positions first)."""
     lengths = [200, 150, 90, 37, 7]

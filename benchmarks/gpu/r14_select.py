@@ -7,10 +7,11 @@
 * ``fused``: ``TRITON_SELECT = "fused"``, the whole plan in one launch (``specdec.cuda.triton_select.select_plan``:
   head sum + mask + radix select + fixed positions; ``on_verify`` only keeps the emitted scores).
 
-    python3 benchmarks/gpu/r14_select.py --out $OUT/sel14 --budget-s 140     # H200 (e2e: /tmp/m/smol.gguf)
+    timeout 150 python3 benchmarks/gpu/r14_select.py --out $OUT/sel14 --budget-s 100  # H200 (e2e: /tmp/m/smol.gguf)
     python3 benchmarks/gpu/r14_select.py --out /tmp/sel14 --smoke            # CPU, tiny, TRITON_INTERPRET=1
 
-Parts (each records its failure with the traceback and the next one runs; none starts after ``--budget-s``):
+Parts, in this order (each records its failure with the traceback and the next one runs; none starts after
+``--budget-s``; a SIGTERM, e.g. from ``timeout``, still writes the files):
 
 1. ``micro``: shapes SmolLM2 (30 layers, 3 KV heads) B 64 / 16 / 1 x 8k and Llama-3.1-8B (32 layers, 8 KV heads)
    B 16 x 32k, Collect-2-Query, 5 % budget, random scores (fp32; bf16 too at B 64 and 8B), all lengths full.
@@ -20,12 +21,12 @@ Parts (each records its failure with the traceback and the next one runs; none s
    random lengths in [L/2, L]: per (layer, sequence, head) row the index sets of each setting vs ``torch``; a row
    that differs only among equal scores at the threshold is counted apart (``tie_rows``: ``torch.topk`` breaks
    ties arbitrarily, the Triton paths take the lowest positions).
-2. ``sweep``: the fused kernel alone at B 64 x 8k (fp32) over radix bits, ``num_warps`` and rows per program.
-3. ``e2e`` (skipped with ``--no-e2e``): the embedded model, bf16, triton, graphs, fused, B 64 x 8k of ``ssl.py``, gamma 4,
+2. ``e2e`` (skipped with ``--no-e2e``): the embedded model, bf16, triton, graphs, fused, B 64 x 8k of ``ssl.py``, gamma 4,
    5 %, 64 new tokens, ``run_bench`` (warm-up + 1 timed run) of vegas with ``torch``, ``fused`` and ``torch_old_key``
    (the score buffer as a tensor attribute again: a plan graph captured inside the timed call, as before this
    branch), 2 rounds interleaved; the second with ``on_verify`` and ``Planner.plan`` timed apart (a sync around each)
    and the plan-graph captures of the timed call counted.
+3. ``sweep``: the fused kernel alone at B 64 x 8k (fp32) over radix bits, ``num_warps`` and rows per program.
 
 Writes ``<out>/r14_select.json`` and ``.md`` after every part, and ``<out>.tgz`` at the end.
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import ssl
 import statistics
 import sys
@@ -416,7 +418,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--budget-s", type=float, default=140.0, help="no part or shape starts after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=100.0, help="no part or shape starts after this many seconds")
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--no-e2e", action="store_true")
     a = ap.parse_args()
@@ -447,7 +449,9 @@ def main() -> None:
         (out / "r14_select.json").write_text(json.dumps(res, indent=2, default=str))
         (out / "r14_select.md").write_text(markdown(res))
 
-    parts = [("micro", micro), ("sweep", sweep)] + ([] if a.no_e2e else [("e2e", e2e)])
+    # a `timeout` (SIGTERM) still leaves the JSON, the Markdown and the tarball (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    parts = [("micro", micro)] + ([] if a.no_e2e else [("e2e", e2e)]) + [("sweep", sweep)]
     try:
         for name, fn in parts:
             if elapsed() > a.budget_s:
