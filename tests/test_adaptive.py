@@ -479,13 +479,14 @@ def test_exploration_regret_stays_within_its_share():
 
 
 def test_estimates_carry_over_between_calls_of_one_shape():
+    """Speculation loses by 30 % per token at every rung (γ = 2 at par was explored at once: a free exploration)."""
     c = SpeculationController(4)
     c.start_run(1, 8000)
-    _drive(c, lambda g: (g + 1) * 1.0, 1.0, accepted=2.0, n=20)
+    _drive(c, lambda g: (g + 1) * 1.3, 1.0, accepted=2.0, n=20)
     assert c.dense_mode
     c.start_run(1, 8100)  # same batch, same context scale: it still knows dense wins
     assert c.dense_mode
-    assert _drive(c, lambda g: (g + 1) * 1.0, 1.0, accepted=2.0, n=16).count(0) == 16
+    assert _drive(c, lambda g: (g + 1) * 1.3, 1.0, accepted=2.0, n=16).count(0) == 16
     c.start_run(16, 8000)  # another batch: start over, speculate first
     assert not c.dense_mode and c.next_gamma() == 4
 
@@ -696,3 +697,62 @@ def test_bench_cli_bad_input_is_one_error_line(tmp_path, args, expect):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], res.stderr
     assert not (tmp_path / "o").exists()
+
+
+# -- plan graphs shared by the engines of one cache --------------------------------------------------------------
+class _KeyedPlanCalls:
+    """A stand-in for :class:`specdec.graphs.CapturedCall` on the CPU: runs the build eagerly and records the graph
+    key each call would replay (:func:`specdec.graphs.call_key`, stable buffers' addresses included)."""
+
+    def __init__(self) -> None:
+        self.keys: list = []
+        self.captures = self.replays = 0
+        self.uncapturable: dict = {}
+
+    def __call__(self, key, fn, *inputs, keep=None):
+        from specdec.graphs import call_key
+
+        self.keys.append(call_key(key, inputs))
+        return fn(*inputs)
+
+
+def test_vegas_engines_on_one_cache_share_their_plan_graphs(monkeypatch):
+    """The H200's a14 run (20:03 UTC): every timed call of vegas' adaptive engine captured 2-3 CUDA graphs, the fixed
+    ones 2 every other call, magicdec's 0-1 — plan graphs. Each Vegas selector owned its score buffer, whose address
+    is part of the plan graph's key (the graph reads it in place), and ``_gamma`` None vs set split the first plan from
+    the re-plan after dense steps: three engines on one cache needed 6-9 graphs; the planner kept 4 (oldest evicted
+    first). Now the buffer is the cache's: the engines replay the same 2 plan graphs (with and without scores)."""
+    from specdec.graphs import PlanGraphs
+    from specdec.planner import _PLANNERS
+
+    calls = _KeyedPlanCalls()
+    monkeypatch.setattr(PlanGraphs, "applies", staticmethod(lambda sel, lengths: True))
+    real = PlanGraphs.__init__
+
+    def init(self, max_graphs=8):
+        real(self, max_graphs)
+        self.calls = calls
+
+    monkeypatch.setattr(PlanGraphs, "__init__", init)
+    m = make_tiny("llama")
+    want = _engine(m, "dense").generate(PROMPTS, max_new_tokens=16).tokens
+    fixed, fixed2, adaptive = (_engine(m, "vegas", gamma=4, adaptive=False) for _ in range(3))
+    script = _Script([4, 0, 0, 4, 2, 0, 4])  # rounds, dense steps, a re-plan after them, another γ
+    monkeypatch.setattr(adaptive, "_controller", lambda gamma: script)
+    rounds = []
+    for r in range(3):
+        for eng in (fixed, adaptive, fixed2):
+            assert eng.generate(PROMPTS, max_new_tokens=16).tokens == want
+        rounds.append(len(set(calls.keys)))
+    assert len({id(c) for c in _PLANNERS}) >= 1 and len(calls.keys) > 10
+    assert rounds[0] == rounds[-1] <= 2, rounds  # no new graph after the first round; one per plan kind
+
+
+def test_graph_caches_evict_the_least_recently_used():
+    """The graph caches evicted the oldest capture however often it replayed: with one key more than slots, every call
+    recaptured. ``lru_get`` moves a hit to the end, so the front (evicted first) is the least recently used."""
+    from specdec.graphs import lru_get
+
+    graphs = {"a": 1, "b": 2, "c": 3}
+    assert lru_get(graphs, "a") == 1 and lru_get(graphs, "z") is None
+    assert next(iter(graphs)) == "b" and list(graphs) == ["b", "c", "a"]
