@@ -200,7 +200,8 @@ def test_committed_dense_steps_are_timed_as_blocks(monkeypatch):
     monkeypatch.setattr(ad, "warm_up_events", lambda: n.__setitem__("events", n["events"] + 1) or 0)
     c = _committed_dense()
     observe, next_gamma = c.observe_dense, c.next_gamma
-    monkeypatch.setattr(c, "observe_dense", lambda *a, **k: n.__setitem__("observe", n["observe"] + 1) or observe(*a, **k))
+    monkeypatch.setattr(c, "observe_dense",
+                        lambda *a, **k: n.__setitem__("observe", n["observe"] + 1) or observe(*a, **k))
     monkeypatch.setattr(c, "next_gamma", lambda: n.__setitem__("decide", n["decide"] + 1) or next_gamma())
     pace, before = ad.Pacing(c, 4, batch=1, context=8000), c.dense_steps
     for _ in range(255):
@@ -345,7 +346,9 @@ def test_from_dense_a_rung_is_judged_on_rounds_of_its_own():
     for x in (6.0, 6.0):
         c._times[2].add(x)
     c._forget_acceptance()
-    for _ in range(3):  # a stale round, then two fresh γ = 4 rounds, every draft kept: γ = 2's predicted rate (3 / 6.0) beats γ = 4's (5 / 11.5)
+    # a stale round, then two fresh γ = 4 rounds, every draft kept: γ = 2's predicted rate (3 / 6.0) beats γ = 4's
+    # (5 / 11.5)
+    for _ in range(3):
         c.observe_round(4, 4.0, 11.5)
     assert c.rate(2) > c.rate(4) > 1 / 4.2
     for _ in range(c.confirm + 1):

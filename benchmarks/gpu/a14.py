@@ -11,7 +11,8 @@ fit the model's positions with the new tokens) of two held-out documents: the in
 
 Per part (doc, B), in this order: ``ssl_B1``, ``prose_B1``, ``prose_B64``, ``ssl_B64`` (``--parts``; add ``ssl_B16``,
 ``prose_B16`` for B = 16). The defaults fit one call of 3 minutes with the model on the machine (``--budget-s`` 150,
-``--hard-s`` 170: ~40 s load, ~20 s per B = 1 part, ~40 s per B = 64 part). One engine per arm, all alive at once, sharing one prefill of the context:
+``--hard-s`` 170: ~40 s load, ~20 s per B = 1 part, ~40 s per B = 64 part). One engine per arm, all alive at once,
+sharing one prefill of the context:
 
 - ``dense_a``, ``dense_b``: dense twice (the dense A/A pair: the noise floor of the B = 1 rows);
 - for magicdec and vegas: ``<m>_fixed``, ``<m>_fixed2`` (two independent fixed-γ engines: the A/A pair, the
@@ -482,8 +483,8 @@ def summary(res) -> str:
             if last:
                 ctl[f"{k} {n}"] = {x: (round(v, 4) if isinstance(v, float) else v) for x, v in last.items() if x != "t"}
     if ctl:
-        lines += ["Adaptive controllers after their last call (committed arm, explorations, switches, regret / warm-up / "
-                  "observed seconds): " + json.dumps(ctl), ""]
+        lines += ["Adaptive controllers after their last call (committed arm, explorations, switches, regret / "
+                  "warm-up / observed seconds): " + json.dumps(ctl), ""]
     lines += ["## Verdict per (document, B)", ""] + [f"- {x}" for x in verdict_lines(res)] + [""]
     h = res.get("hf_static")
     if h:
