@@ -845,3 +845,10 @@ def test_sink_score_variant_names_are_checked():
         splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, score_store="asm")
     with pytest.raises(Exception, match="sink_anchors"):
         TritonConfig(sink_anchors="once")
+
+
+def test_direct_store_serves_logits_colsum_too():
+    """``score_store="direct"`` also stores the fused logits column sums (``SCORE_MODE`` 4 without ``SCORE_EXP``)."""
+    q, k, v, lens = make_case(2, 2, 3, 5, 32, 50, torch.float32, [40, 9], seed=23)
+    check(TritonConfig(block_n=16, num_splits=2, score_store="direct", sink_anchors="pre"), q, k, v, lens,
+          score_rows=[0, 4], score_kind="logits")
