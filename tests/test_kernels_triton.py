@@ -770,7 +770,8 @@ def test_sink_anchor_kernel_matches_reference(lengths):
     torch.testing.assert_close(ref.cpu()[:, :rows], want[:, :rows], atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize("anchors,store", [("pre", "shared"), ("tile", "direct"), ("pre", "direct")])
+@pytest.mark.parametrize("anchors,store", [("pre", "shared"), ("tile", "direct"), ("pre", "direct"),
+                                           ("loop", "shared"), ("loop", "direct")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("T,rows,heads", [(5, [0, 4], None), (3, [1], [1, 5])])
@@ -783,13 +784,14 @@ def test_sink_score_variants_match_reference(anchors, store, dtype, splits, T, r
     check(cfg, q, k, v, lens, score_rows=rows, score_kind="sink_softmax", score_heads=heads)
 
 
+@pytest.mark.parametrize("anchors", ["pre", "loop"])
 @pytest.mark.parametrize("store", ["shared", "direct"])
-def test_sink_score_variants_bf16_buffer_and_sparse(store):
+def test_sink_score_variants_bf16_buffer_and_sparse(store, anchors):
     """The variants with a bf16 score buffer (``st.global.b16`` on a GPU) and with a sparse plan."""
     q, k, v, lens = make_case(2, 2, 3, 5, 64, 60, torch.bfloat16, [50, 13], seed=9)
     kw = dict(score_rows=[0, 4], score_kind="sink_softmax")
     _, s_ref = REF.attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
-    be = TritonBackend(TritonConfig(block_n=16, num_splits=3, score_dtype="bfloat16", sink_anchors="pre",
+    be = TritonBackend(TritonConfig(block_n=16, num_splits=3, score_dtype="bfloat16", sink_anchors=anchors,
                                     score_store=store))
     _, s = be.attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
     assert s.dtype == torch.bfloat16
@@ -797,13 +799,14 @@ def test_sink_score_variants_bf16_buffer_and_sparse(store):
     lengths = [60, 21]
     q, k, v, lens = make_case(2, 2, 3, 5, 16, 70, torch.float32, lengths, seed=12)
     idx, df = make_plan(2, 2, 12, lengths, 5)
-    check(TritonConfig(block_n=16, num_splits=3, sink_anchors="pre", score_store=store), q, k, v, lens,
+    check(TritonConfig(block_n=16, num_splits=3, sink_anchors=anchors, score_store=store), q, k, v, lens,
           plan_indices=idx, dense_from=df, **kw)
 
 
 def test_sink_score_variants_reach_the_kernel(monkeypatch):
     """What each setting launches: ``"pre"`` runs the anchor kernel (once, one program per (sequence, KV
-    head)) and tells the split kernel to load them, only with more than one split; ``"direct"`` stores
+    head)) and tells the split kernel to load them, only with more than one split; ``"loop"`` computes them
+    in the split kernel's first iteration (no extra launch); ``"direct"`` stores
     through PTX on CUDA only (the interpreter runs the plain store). Defaults: today's path."""
     import specdec.cuda.triton_attention as ta
 
@@ -816,7 +819,8 @@ def test_sink_score_variants_reach_the_kernel(monkeypatch):
 
         def __getitem__(self, grid):
             def run(*a, **kw):
-                launches.append((self.name, grid, {k: v for k, v in kw.items() if k in ("ANCHOR_IN", "DIRECT_STORE")}))
+                keys = ("ANCHOR_IN", "DIRECT_STORE", "ANCHOR_LOOP")
+                launches.append((self.name, grid, {k: v for k, v in kw.items() if k in keys}))
                 return self.real[grid](*a, **kw)
             return run
 
@@ -824,7 +828,8 @@ def test_sink_score_variants_reach_the_kernel(monkeypatch):
     monkeypatch.setattr(ta, "_splitk_attn_kernel", Spy("split", ta._splitk_attn_kernel))
     q, k, v, lens = make_case(2, 2, 3, 5, 16, 40, torch.float32, [30, 7], seed=4)
     meta = AttentionMetadata(lens, 0.25, score_rows=[0, 4], score_kind="sink_softmax")
-    for anchors, store, splits in (("pre", "direct", 3), ("pre", "shared", 1), ("tile", "shared", 3)):
+    for anchors, store, splits in (("pre", "direct", 3), ("pre", "shared", 1), ("tile", "shared", 3),
+                                   ("loop", "shared", 3)):
         launches.clear()
         TritonBackend(TritonConfig(block_n=16, num_splits=splits, sink_anchors=anchors, score_store=store)).attend(
             q, k, v, meta)
@@ -832,14 +837,15 @@ def test_sink_score_variants_reach_the_kernel(monkeypatch):
         assert [n for n, _, _ in launches] == (["anchor", "split"] if pre else ["split"])
         if pre:
             assert launches[0][1] == (2 * 2,)
-        assert launches[-1][2] == dict(ANCHOR_IN=pre, DIRECT_STORE=store == "direct" and ON_GPU)
+        assert launches[-1][2] == dict(ANCHOR_IN=pre, DIRECT_STORE=store == "direct" and ON_GPU,
+                                       ANCHOR_LOOP=anchors == "loop")
 
 
 def test_sink_score_variant_names_are_checked():
     q, k, v, lens = make_case(1, 2, 3, 5, 16, 30, torch.float32, [20], seed=2)
     w = torch.zeros(6, 5, device=DEV)
     w[:, [0, 4]] = 1.0
-    with pytest.raises(ValueError, match="sink_anchors must be 'tile' or 'pre'"):
+    with pytest.raises(ValueError, match="sink_anchors must be 'tile', 'pre' or 'loop'"):
         splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, sink_anchors="once")
     with pytest.raises(ValueError, match="score_store must be 'shared' or 'direct'"):
         splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, score_store="asm")

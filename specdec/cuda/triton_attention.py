@@ -121,6 +121,7 @@ def _splitk_attn_kernel(
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
     FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
     SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
+    ANCHOR_LOOP: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -177,6 +178,8 @@ def _splitk_attn_kernel(
         if SCORE_EXP:
             if ANCHOR_IN:  # computed once per (sequence, KV head) by _sink_anchor_kernel (sink_anchors="pre")
                 ref = tl.load(SinkRef + pid_bh.to(tl.int64) * BLOCK_M + offs_m)
+            elif ANCHOR_LOOP:  # computed in the loop's first iteration, once its first tiles are in flight
+                ref = tl.zeros([BLOCK_M], tl.float32)
             else:  # one extra (D, 2 NA) tile of K per program, before the loop
                 ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA, DOT_PREC, UPCAST)
 
@@ -229,6 +232,10 @@ def _splitk_attn_kernel(
         p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
         if SCORE_MODE == 4:
             if SCORE_EXP:
+                if ANCHOR_LOOP:
+                    if j0 == start:
+                        ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA, DOT_PREC,
+                                               UPCAST)
                 # exp(s - ref) = p * exp(m - ref): the tile's p times one factor per row (16 exps, not 16 x N)
                 cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
                 sc = tl.sum(p * cw[:, None], axis=0)
@@ -651,7 +658,9 @@ def splitk_attention(
             ``"tile"`` (every split program computes it from one extra K tile before its loop) or
             ``"pre"`` (``_sink_anchor_kernel`` computes it once per (sequence, KV head) before the split
             kernel, which loads it: one small launch more, one anchor tile per pair instead of one per
-            split; with a single split the kernel computes it itself, as with ``"tile"``).
+            split; with a single split the kernel computes it itself, as with ``"tile"``) or ``"loop"``
+            (each split program computes it in its loop's first iteration, once the pipeline's first K/V
+            tiles are in flight, instead of before the loop, where its K load and reductions delay them).
         score_store: how ``SCORE_MODE`` 4 stores a tile's scores: ``"shared"`` (``tl.store``, which first
             moves the reduced vector to a coalesced layout through shared memory) or ``"direct"`` (inline
             PTX stores from the registers the reduction leaves it in; on CUDA only -- Triton's CPU
@@ -726,11 +735,12 @@ def splitk_attention(
         else:  # the kernel writes every position < lengths + T; the reader masks the rest
             raw = torch.empty((B, Hkv, n_slots, L), dtype=score_dtype, device=dev)
         rs = row_slots
-    if sink_anchors not in ("tile", "pre"):
-        raise ValueError(f"sink_anchors must be 'tile' or 'pre', not {sink_anchors!r}.")
+    if sink_anchors not in ("tile", "pre", "loop"):
+        raise ValueError(f"sink_anchors must be 'tile', 'pre' or 'loop', not {sink_anchors!r}.")
     if score_store not in ("shared", "direct"):
         raise ValueError(f"score_store must be 'shared' or 'direct', not {score_store!r}.")
     anchor_in = score_mode == 4 and bool(sink_softmax) and sink_anchors == "pre" and not direct
+    anchor_loop = score_mode == 4 and bool(sink_softmax) and sink_anchors == "loop"
     direct_store = score_mode == 4 and score_store == "direct" and dev.type == "cuda"
     fused_softmax = score_mode == 2 and direct and not sparse and softmax_weights is not None
     if fused_softmax:
@@ -765,6 +775,7 @@ def splitk_attention(
         SCORE_EXP=bool(sink_softmax), NA=SINK_ANCHORS,
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         SinkRef=sink_ref if sink_ref is not None else lse, ANCHOR_IN=anchor_in, DIRECT_STORE=direct_store,
+        ANCHOR_LOOP=anchor_loop,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if direct or fused:

@@ -76,9 +76,10 @@ class TritonConfig(ComponentConfig):
             softmax scores are rebuilt from (the reduce kernel still returns float32).
         sink_anchors: where the per-row normaliser of ``sink_softmax`` scores (the log-sum-exp over the
             anchor positions) is computed: ``"tile"`` (the default: each split program, from one extra K
-            tile before its loop) or ``"pre"`` (a small kernel, once per (sequence, KV head), before the
-            split kernel; with one split the kernel computes it itself). The same scores; a variant under
-            measurement (issue 18), not yet timed on a GPU.
+            tile before its loop), ``"pre"`` (a small kernel, once per (sequence, KV head), before the
+            split kernel; with one split the kernel computes it itself) or ``"loop"`` (each split program,
+            in its loop's first iteration, once its first K/V tiles are in flight). The same scores;
+            variants under measurement (issue 18), not yet timed on a GPU.
         score_store: how the fused column-sum scores (logits and ``sink_softmax``) of a tile are stored:
             ``"shared"`` (the default: ``tl.store``, which moves the vector through shared memory first)
             or ``"direct"`` (inline PTX stores from the registers the row reduction leaves them in, no
@@ -112,7 +113,7 @@ class TritonConfig(ComponentConfig):
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
     score_reduce: Literal["mma", "colsum"] = "colsum"
     score_dtype: Literal["float32", "bfloat16"] = "float32"
-    sink_anchors: Literal["tile", "pre"] = "tile"
+    sink_anchors: Literal["tile", "pre", "loop"] = "tile"
     score_store: Literal["shared", "direct"] = "shared"
 
 
