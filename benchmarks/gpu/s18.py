@@ -53,7 +53,9 @@ SINK_VARIANTS = {"sink_pre": dict(sink_anchors="pre"), "sink_direct": dict(score
 #: launch variants per case index (TritonConfig fields), each timed plain and with scores (default + best guess)
 LAUNCH = {
     # 8B 1 x 128k: the table's SINK_FEW_LONG / VERIFY_FEW_LONG is bn64 s3 c4; DENSE_FEW_LONG bn128 s2 c4; 8 warps
-    4: {"bn128s2c4": dict(block_n=128, num_stages=2, ctas_per_sm=4), "w8": dict(num_warps=8)},
+    # bn64 s3 c2: 264 programs = one wave at the 2 programs/SM that fit (c4: 528, two waves, two anchor prologues)
+    4: {"bn64s3c2": dict(block_n=64, num_stages=3, ctas_per_sm=2),
+        "bn128s2c4": dict(block_n=128, num_stages=2, ctas_per_sm=4), "w8": dict(num_warps=8)},
     # 8B 16 x 32k: the table's SINK_LONG / VERIFY_LONG is bn128 s3 c2 (147 KB shared memory: 1 program per SM);
     # 2 stages fit 2 per SM (82 KB); 8 warps
     3: {"bn128s2": dict(block_n=128, num_stages=2), "w8": dict(num_warps=8)},
@@ -70,7 +72,9 @@ PREDICTED = {
     4: "8B 1x128k (bn64 s3, 66 splits, 2 programs/SM -> 2 waves): sink_tile 157-161 us (measured 158.9, FI/ours "
        "0.942); sink_pre 156-159 (saves ~3 us of prologue, pays ~2-3 us for the launch); sink_direct ~155-157; "
        "sink_pre_direct ~153-155 (FI/ours ~0.97); sink_loop_direct ~153-156: target NOT expected (needs <= FI "
-       "~149.6)",
+       "~149.6); @bn64s3c2 (one wave): plain +-2 %, score variants 1-2 us below their c4 times; @w8 (bn64 s3, 8 "
+       "warps): sink_tile needs 155 registers -> 1 program/SM, expected slower than at w4; sink_pre_direct keeps "
+       "plain's 128 -> 2 programs/SM (16 warps): if triton@w8 <= triton, sink_pre_direct@w8 is the best candidate",
     3: "8B 16x32k (bn128 s3, 3 splits, 1 program/SM -> barriers fully exposed): sink_tile 535-542 us (measured "
        "538.5, 0.989); sink_direct 522-528 (FI/ours 1.01-1.02: meets); sink_pre ~536-540 (3 waves: saving ~= "
        "launch); sink_pre_direct, sink_loop_direct 520-527; @bn128s2 (2 programs/SM): score overhead +4-5 % "
