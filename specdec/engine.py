@@ -332,6 +332,7 @@ class SpeculativeEngine:
                 self.verifier.on_verify(state)
                 self.drafter.on_verify(state, request)
             pace.round_done(gamma, mean_accepted, run.profile)
+        pace.finish()  # a block of dense steps cut short by the end of generation
         run.stats.dense_steps = pace.dense_steps
         return self._finish(run, timer, time.perf_counter() - t_start)
 

@@ -48,6 +48,16 @@ from specdec.interfaces import ScoreRequest, SparsePlan, plan_tensors
 _EVENTS = [0]
 
 
+def lru_get(graphs: dict, key):
+    """``graphs[key]`` moved to the end of the dict (most recently used), or ``None``: the caches of captured graphs
+    evict from the front, so this makes them least-recently-used. They evicted the oldest *capture* before, however
+    often it replayed: with one more key than slots, every call recaptured."""
+    g = graphs.pop(key, None)
+    if g is not None:
+        graphs[key] = g
+    return g
+
+
 def capture_events() -> int:
     """How many captures (and refused warm-ups) happened so far in this process: an iteration during
     which this grew paid for one, and its wall time is not a steady-state cost (:mod:`specdec.adaptive`)."""
@@ -211,9 +221,9 @@ class GraphCache:
         key = describe_step(self.model, input_ids, cache, plan, scores, logits_to_keep)
         if key in self.uncapturable:  # this step shape runs eagerly (e.g. a score path that syncs)
             return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
-        g = self.graphs.get(key)
+        g = lru_get(self.graphs, key)
         if g is None:
-            if len(self.graphs) >= self.max_graphs:  # bound memory: drop the oldest shape
+            if len(self.graphs) >= self.max_graphs:  # bound memory: drop the least recently used shape
                 self.graphs.pop(next(iter(self.graphs)))
             try:
                 g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep)
@@ -316,6 +326,13 @@ def _load_plan(live: SparsePlan, static: SparsePlan) -> None:
             st[name].copy_(t)
 
 
+def call_key(key: Any, inputs) -> tuple:
+    """:class:`CapturedCall`'s graph key: ``key`` and each input's shape, dtype, device and, for a buffer whose owner
+    keeps its address (:func:`keep_address`), that address (the graph reads it in place)."""
+    return (key, tuple((tuple(t.shape), t.dtype, str(t.device), t.data_ptr() if has_stable_address(t) else None)
+                       for t in inputs))
+
+
 class CapturedCall:
     """Replay a function of tensors as one CUDA graph per key (used for plan building, where an
     eager run is ~30 small launches the GPU waits on between the acceptance and the next draft).
@@ -341,11 +358,10 @@ class CapturedCall:
         # an input whose owner keeps its address (keep_address: a planner's buffer, Vegas' score buffer)
         # is read in place by the graph: no copy per call (Vegas' scores are ~63 MB at B = 64 x 8k); its
         # address is part of the key, so a replaced buffer is another graph
-        full = (key, tuple((tuple(t.shape), t.dtype, str(t.device), t.data_ptr() if has_stable_address(t) else None)
-                           for t in inputs))
+        full = call_key(key, inputs)
         if full in self.uncapturable or torch.cuda.is_current_stream_capturing():
             return fn(*inputs)
-        g = self.graphs.get(full)
+        g = lru_get(self.graphs, full)
         if g is not None:
             graph, statics, outs, _ = g
             for s, t in zip(statics, inputs):
@@ -388,7 +404,9 @@ class PlanGraphs:
     lengths and the selector's state).
     """
 
-    def __init__(self, max_graphs: int = 4) -> None:
+    def __init__(self, max_graphs: int = 8) -> None:
+        # per cache: a method's plan with and without scores (first plan, re-plan after dense steps), and another
+        # method's (engines built in turn on a reused cache); 4 was one short of the a14 benchmark's set
         self.calls = CapturedCall(max_graphs=max_graphs)
 
     @staticmethod
@@ -417,21 +435,23 @@ class PlanGraphs:
         return self.calls.uncapturable
 
     @staticmethod
-    def key(selector, cache: KVCache) -> tuple:
-        """The graph key of ``selector``'s plan on ``cache`` (the input shapes and stable addresses are added by
-        :class:`CapturedCall`): its type and settings, the cache, and which tensor attributes it has and which
-        are ``None``. A selector whose attributes come and go between ``generate`` calls (a buffer kept across a
-        ``reset``) would capture a new graph inside a later call: keep such state out of tensor attributes."""
+    def _key(selector, cache: KVCache) -> tuple[tuple, list[str]]:
         names = sorted(n for n, v in vars(selector).items() if isinstance(v, torch.Tensor))
         absent = tuple(sorted(n for n, v in vars(selector).items() if v is None))
         # the settings too: two selectors of one type on one cache (engines built in turn on a reused cache)
         # must not replay each other's plan
-        return (type(selector), repr(getattr(selector, "config", None)), cache.k.data_ptr(), cache.capacity,
-                tuple(names), absent)
+        key = (type(selector), repr(getattr(selector, "config", None)), cache.k.data_ptr(), cache.capacity,
+               tuple(names), absent)
+        return key, names
+
+    @classmethod
+    def key(cls, selector, cache: KVCache, lengths: torch.Tensor) -> tuple:
+        """The graph key a plan of ``selector`` on ``cache`` would replay now (equal keys: one captured graph)."""
+        key, names = cls._key(selector, cache)
+        return call_key(key, [lengths] + [getattr(selector, n) for n in names])
 
     def __call__(self, selector, cache: KVCache, lengths: torch.Tensor) -> SparsePlan:
-        key = self.key(selector, cache)
-        names = key[4]
+        key, names = self._key(selector, cache)
         state = [getattr(selector, n) for n in names]
 
         def build(lens, *tensors):

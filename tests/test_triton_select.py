@@ -215,7 +215,7 @@ def test_fused_plan_low_bits_and_signed_zeros():
 
 def test_plan_graph_keys_repeat_across_generate_calls(monkeypatch):
     """Every plan-graph key of a second ``generate`` was seen in the first (the warm-up), so a timed call captures no
-    plan graph. Vegas kept its score buffer as a tensor attribute across ``reset``: the second call's first plan
+    plan graph. Vegas once kept its score buffer as a tensor attribute across ``reset``: the second call's first plan
     (recency, no scores yet) had a key of its own and was captured inside the timed call (the end-to-end select
     phase of benchmarks/results/gpu_gemm_splits_2026-12-01d.md timed warm-up + 1 call)."""
     from specdec.graphs import PlanGraphs
@@ -227,7 +227,7 @@ def test_plan_graph_keys_repeat_across_generate_calls(monkeypatch):
     plan = Planner.plan
 
     def record(self, selector, lengths):
-        seen.append(PlanGraphs.key(selector, self.cache))
+        seen.append(PlanGraphs.key(selector, self.cache, lengths))
         return plan(self, selector, lengths)
 
     monkeypatch.setattr(Planner, "plan", record)

@@ -316,8 +316,10 @@ class _OldKey:
         saved = self.saved
 
         def reset(sel, cache):
+            from specdec.planner import planner_for
+
             saved(sel, cache)
-            sel._buf = sel._owned.get("scores")
+            sel._buf = planner_for(cache)._buffers.get("verification_guided.scores.h1")  # None before the first
 
         if self.on:
             self.cls.reset = reset

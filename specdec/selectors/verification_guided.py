@@ -99,20 +99,23 @@ class VerificationGuidedSelector(BudgetSelector):
         super().__init__(config)
         self._scores: torch.Tensor | None = None  # (N, B, H_kv or 1, L)
         self._lengths: torch.Tensor | None = None  # (B,) lengths when the last request was made
-        self._gamma: int | None = None
-        # owns the memory of self._scores (stable address); in a dict, not a tensor attribute: tensor attributes are
-        # the plan graph's inputs and part of its key (specdec.graphs.PlanGraphs.key), and this buffer outlives
-        # reset(): as an attribute, the first plan of every later generate call had a key of its own (a capture
-        # inside the call)
-        self._owned: dict[str, torch.Tensor] = {}
+        self._gamma = 0  # γ of the last score request (0: none yet; an int, never None: see reset)
+        # the cache whose planner owns the score buffer (set by reset); without one, the selector owns it
+        self._cache_ref = None
+        self._own: list[torch.Tensor] = []  # that buffer when the selector owns it (a list: not a plan-graph input)
         self._raw: torch.Tensor | None = None  # (N, B, H_kv, L) emitted scores, unsummed (the fused plan's input)
         self._since = 0  # verifications since the last one that collected scores
         self._skipped = False  # the coming on_verify follows a verification without a score request
 
     # -- the contract -------------------------------------------------------------------------
     def reset(self, cache: KVCache) -> None:
-        self._scores, self._raw, self._lengths, self._gamma = None, None, None, None
+        import weakref
+
+        # _gamma stays an int: the plan graph's key lists the selector's None attributes, and a None here made the
+        # first plan after the prefill and the re-plan after dense steps two graphs of one computation
+        self._scores, self._raw, self._lengths, self._gamma = None, None, None, 0
         self._since, self._skipped = 0, False
+        self._cache_ref = weakref.ref(cache) if cache is not None else None
 
     def score_request(self, gamma: int) -> ScoreRequest | None:
         c = self.config
@@ -145,17 +148,30 @@ class VerificationGuidedSelector(BudgetSelector):
         self._lengths = lengths.clone()
 
     def _keep(self, s: torch.Tensor) -> torch.Tensor:
-        """The scores the next plan reads, ``(N, B, H_kv or 1, L)`` fp32, written into one buffer this
-        selector owns (same address every iteration, :func:`specdec.graphs.keep_address`): the plan's
-        CUDA graph reads it in place instead of copying it in (~63 MB per iteration at B = 64 x 8k),
-        and the head sum writes straight into it."""
+        """The scores the next plan reads, ``(N, B, H_kv or 1, L)`` fp32, written into one buffer of the cache's
+        planner (same address every iteration, :func:`specdec.graphs.keep_address`): the plan's CUDA graph reads
+        it in place instead of copying it in (~63 MB per iteration at B = 64 x 8k), and the head sum writes
+        straight into it.
+
+        The buffer belongs to the cache, not to the selector: every engine decoding on one (reused) cache then
+        plans through the same captured graph. A buffer per selector put its address in the plan graph's key, so
+        three Vegas engines on one cache (a benchmark's fixed, adaptive and A/A arms) needed six to nine plan
+        graphs where the planner keeps four: every timed call of the H200's a14 run recaptured two or three.
+        Selectors on one cache run one at a time (each resets at its prefill), so they can share it."""
         N, B, H, L = s.shape
         shape = (N, B, H if self.config.per_kv_head else 1, L)
-        buf = self._owned.get("scores")
-        if buf is None or tuple(buf.shape) != shape or buf.device != s.device:
-            if buf is not None:
-                forget_address(buf)
-            buf = self._owned["scores"] = keep_address(torch.empty(shape, dtype=torch.float32, device=s.device))
+        cache = self._cache_ref() if self._cache_ref is not None else None
+        if cache is not None and cache.k.device == s.device:
+            from specdec.planner import planner_for
+
+            buf = planner_for(cache).buffer(f"verification_guided.scores.h{shape[2]}", shape)
+        else:  # used without a cache (no reset): a buffer of its own
+            buf = self._own[0] if self._own else None
+            if buf is None or tuple(buf.shape) != shape or buf.device != s.device:
+                if buf is not None:
+                    forget_address(buf)
+                buf = keep_address(torch.empty(shape, dtype=torch.float32, device=s.device))
+                self._own[:] = [buf]
         if self.config.per_kv_head:
             buf.copy_(s)
         else:
