@@ -400,3 +400,21 @@ def test_srh_request_through_the_kernel_equals_torch(target, monkeypatch):
     monkeypatch.setattr(recording, "GROUP_SCORES", "fast")
     with pytest.raises(ValueError, match="GROUP_SCORES must be"):
         target.forward(x, cache, L, scores=srh_request(heads, x.shape[1]))
+
+
+def test_graph_step_key_names_the_context_score_kernels(target, monkeypatch):
+    """A forward captured with the SRH scores of one implementation is not replayed for the other (the
+    benchmarks compare both in one process); requests of the attention's own scores are unaffected."""
+    from specdec.attention import recording
+    from specdec.interfaces import ScoreRequest
+
+    cache = target.new_cache(1, 16)
+    x = torch.zeros(1, 2, dtype=torch.long)
+    ctx = srh_request({1: [0]}, 2)
+    own = ScoreRequest(rows=[0, 1], kind="logits")
+    keys = {}
+    for mode in ("auto", "torch"):
+        monkeypatch.setattr(recording, "GROUP_SCORES", mode)
+        keys[mode] = (describe_step(target, x, cache, None, (ctx,), 1), describe_step(target, x, cache, None, (own,), 1))
+    assert keys["auto"][0] != keys["torch"][0]
+    assert keys["auto"][1] == keys["torch"][1]
