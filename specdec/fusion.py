@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -55,16 +56,17 @@ KERNELS = ("auto", "triton", "torch")
 #: B 64 x 8k, interleaved end to end, gpu_gemm_splits_2026-12-01d.md) even with one GEMM: dense 1.009x (paired
 #: median of 3 rounds, 0.88-1.04x), Vegas 1.095x; no measured loss anywhere. 1: one GEMM each, as before.
 GEMM_SPLITS = 2
-#: The down GEMM's split (opt-in, :func:`set_gemm_splits` ``down=``): with ``n > 1`` every fused decoder layer's
-#: down projection runs as ``n`` partial GEMMs whose sum (and the residual add) the NEXT layer's input norm
-#: kernel (or the final norm) adds, so cuBLAS' split-K reduce after it goes. 1 (default): one GEMM with the
-#: residual add as its epilogue (``addmm_``). Stays opt-in: measured on the H200 at the Llama-3.1-8B shape,
-#: B 16 x 32k (benchmarks/results/gpu_8b_steps_2026-12-01d.md), 2 splits take the sparse draft step from 6.41 to
-#: 6.15 ms (-4 %, 1.386x -> 1.330x roofline) and dense from 20.47 to 20.37 ms (4 splits: 6.28 / 20.70 ms); not
-#: resolved from run noise end to end at the embedded shape. That gain does not pay for what it breaks: the hidden
-#: state between two layers is incomplete, so layer-skip drafters, EAGLE heads or anything that reads per-layer
-#: hidden states must not run with it.
-DOWN_SPLITS = 1
+#: The down GEMM's split (:func:`set_gemm_splits` ``down=``): with ``n > 1`` every fused decoder layer's down
+#: projection runs as ``n`` partial GEMMs whose sum (and the residual add) the NEXT layer's input norm kernel (or the
+#: final norm) adds, so cuBLAS' split-K reduce after it goes. 1: one GEMM with the residual add as its epilogue
+#: (``addmm_``). Measured on the H200 at the Llama-3.1-8B shape, B 16 x 32k (benchmarks/results/gpu_8b_steps_2026-
+#: 12-01d.md): 2 splits take the sparse draft step from 6.41 to 6.15 ms (-4 %, 1.386x -> 1.330x roofline) and dense
+#: from 20.47 to 20.37 ms (4 splits: 6.28 / 20.70 ms); at the embedded shape dense 1.083x, Vegas 1.096x (not resolved
+#: from noise, no loss). On by default since the hidden state between two layers is only left incomplete where
+#: nothing can read it: the split runs inside one full forward of the fused base model only
+#: (:func:`_handoff_allowed`), never for a view whose layer list holds another module (a layer-skip draft's
+#: adapter), with ``output_hidden_states``, a forward (pre-)hook on a decoder layer, or a layer called alone.
+DOWN_SPLITS = 2
 _KERNELS_ATTR = "_specdec_kernels"
 
 
@@ -116,6 +118,72 @@ def _patched(obj: nn.Module, forward) -> None:
 _HANDOFF_ATTR = "_specdec_handoff"
 
 
+#: the handoff slot whose split down GEMM may run now: set by the fused base model's forward (:func:`_base_forward`)
+#: for the duration of one full layer loop that nothing else can look into; ``None`` everywhere else
+_HANDOFF_ON: ContextVar = ContextVar("specdec_down_handoff", default=None)
+
+
+def _user_hooks(mod: nn.Module) -> bool:
+    """Whether ``mod`` has forward (pre-)hooks other than transformers' output-capturing ones (installed on every
+    decoder layer at the first forward, inactive unless ``output_hidden_states`` asks: that flag is checked)."""
+    hooks = [*mod._forward_hooks.values(), *mod._forward_pre_hooks.values()]
+    return any(getattr(h, "__name__", "") != "output_capturing_hook" for h in hooks)
+
+
+def _handoff_allowed(base_model: nn.Module, kwargs: dict):
+    """The handoff slot the split down GEMM may use in this forward of ``base_model`` (``model.model``), or ``None``.
+
+    The partials of layer ``i`` are added by layer ``i + 1``'s input norm (the last layer's by the final norm), so
+    the hidden state between two layers is the residual alone. That is only safe when nothing but the next fused
+    layer reads it: every module of the layer loop a fused decoder layer sharing the final norm's slot (a
+    layer-skip view with its adapter in the list: no), no ``output_hidden_states``, no forward hooks (global, or on
+    a decoder layer) that could see a layer's input or output. Anything else runs every down GEMM whole.
+    """
+    norm = getattr(base_model, "norm", None)
+    slot = None if norm is None else norm.__dict__.get(_HANDOFF_ATTR)
+    if slot is None:
+        return None
+    ohs = kwargs.get("output_hidden_states")
+    if ohs is None:
+        ohs = getattr(base_model.config, "output_hidden_states", False)
+    if ohs or any(getattr(h, "__name__", "") != "output_capturing_hook" for h in norm._forward_pre_hooks.values()):
+        return None  # (a forward hook on the final norm sees its complete output: EAGLE's ``keep_hidden`` record)
+    from torch.nn.modules import module as _m
+
+    if _m._global_forward_hooks or _m._global_forward_pre_hooks:
+        return None
+    n = getattr(base_model.config, "num_hidden_layers", None)
+    for layer in list(getattr(base_model, "layers", []))[:n]:
+        if (not getattr(type(layer), "_specdec_fused", False) or layer.__dict__.get(_HANDOFF_ATTR) is not slot
+                or _user_hooks(layer)):
+            return None
+    return slot
+
+
+def _register_outputs(base_model: nn.Module) -> None:
+    """Give the patched base model's class what its Hugging Face class records with ``output_hidden_states``:
+    transformers >= 5.2x keys that registry on the class name (``str(cls)``), so a subclass would record nothing."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # older transformers read the class attribute, which the subclass inherits
+        return
+    can = getattr(base_model, "_can_record_outputs", None)
+    if can is not None and not _CAN_RECORD_REGISTRY.get(base_model):
+        _CAN_RECORD_REGISTRY[base_model] = can
+
+
+def _base_forward(base, self, *args, **kwargs):
+    """The fused base model's forward: the layer loop of Hugging Face, with the split down GEMM allowed inside it
+    when nothing can read the incomplete hidden states between its layers (:func:`_handoff_allowed`)."""
+    if getattr(self, _KERNELS_ATTR, "torch") == "torch" or torch.compiler.is_compiling():
+        return base(self, *args, **kwargs)
+    token = _HANDOFF_ON.set(_handoff_allowed(self, kwargs))
+    try:
+        return base(self, *args, **kwargs)
+    finally:
+        _HANDOFF_ON.reset(token)
+
+
 def _take_handoff(mod: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor | None:
     """The down GEMM's partial sums the previous fused layer left for ``hidden_states`` (its residual), or ``None``.
 
@@ -160,9 +228,10 @@ def _layer_forward(base, self, hidden_states, *args, **kwargs):
     epilogue (``residual.addmm_(act, W_down.T)``, β = 1, on the residual tensor the norm kernel just
     wrote), and with ``self_attn.o_splits > 1`` the o_proj GEMM is split by hand (:func:`split_linear`)
     and its partial sums are added by the norm kernel, so cuBLAS adds no reduce kernel of its own.
-    With ``mlp.down_splits > 1`` the down GEMM is split too and its partials plus the residual are
-    added by the next layer's input norm (or the final norm): this layer returns the residual alone
-    and leaves the partials in the model's handoff slot (:func:`_take_handoff`).
+    With ``mlp.down_splits > 1``, inside a base-model forward that allows it (:func:`_handoff_allowed`), the
+    down GEMM is split too and its partials plus the residual are added by the next layer's input norm (or
+    the final norm): this layer returns the residual alone and leaves the partials in the model's handoff
+    slot (:func:`_take_handoff`).
     """
     parts = _take_handoff(self, hidden_states)
     if args or not _use_kernels(self, hidden_states):
@@ -184,7 +253,8 @@ def _layer_forward(base, self, hidden_states, *args, **kwargs):
     h, residual = tf.rms_norm(h, ln2.weight, ln2.variance_epsilon, residual=hidden_states, splits=splits)
     mlp = self.mlp
     slot = getattr(self, _HANDOFF_ATTR, None)
-    if isinstance(mlp, FusedMLP) and slot is not None and mlp.down_splittable(h, residual):
+    if (isinstance(mlp, FusedMLP) and slot is not None and _HANDOFF_ON.get() is slot
+            and mlp.down_splittable(h, residual)):
         slot[0] = (residual, mlp.forward_partials(h))  # the next layer's input norm (or the final norm) adds them
         return residual
     if isinstance(mlp, FusedMLP):
@@ -263,11 +333,11 @@ def set_gemm_splits(hf_model, o_proj: int | None = None, qkv: int | None = None,
     and the kernel that reads its output next adds the partials: the post-attention RMSNorm (o_proj)
     and the RoPE + KV-write kernel (qkv, inside a specdec forward). Only with the fused Triton kernels
     on, and for projections without a bias; ``1`` keeps the single GEMM; ``None`` (the default) is
-    :data:`GEMM_SPLITS` (2), what :func:`fuse_projections` sets. ``down`` (``None``: :data:`DOWN_SPLITS`, 1)
+    :data:`GEMM_SPLITS` (2), what :func:`fuse_projections` sets. ``down`` (``None``: :data:`DOWN_SPLITS`, 2)
     splits the MLP's down GEMM; its partials and the residual are added by the NEXT decoder layer's
     input norm (the last layer's by the final norm), so the hidden state between two layers is
-    incomplete: only for the model's own forward (a module other than a fused layer or norm that
-    reads it raises or, outside the model's loop, sees the residual alone). Whether a split is faster depends on
+    incomplete: it runs only inside a full forward of the fused base model that nothing can look into
+    (:func:`_handoff_allowed`); elsewhere the down GEMM runs whole. Whether a split is faster depends on
     cuBLAS' choice for the batched shape: ``benchmarks/gpu/issue14.py`` measures it.
     Returns the number of layers set. Raises :class:`SpecdecError` for a model that is not fused or a
     split that does not divide the projection's input dim.
@@ -364,7 +434,9 @@ class FusedAttention(nn.Module):
 
     @staticmethod
     def _splittable(lin: nn.Linear, splits: int) -> bool:
-        return splits > 1 and lin.bias is None and lin.in_features % splits == 0 and lin.weight.is_contiguous()
+        # a plain Linear only: a tensor-parallel RowParallelLinear (specdec.parallel) sums over ranks in its forward
+        return (splits > 1 and type(lin) is nn.Linear and lin.bias is None and lin.in_features % splits == 0
+                and lin.weight.is_contiguous())
 
     def o_splittable(self) -> bool:
         """Whether ``o_proj`` can run as :attr:`o_splits` partial GEMMs (no bias, input dim divisible)."""
@@ -447,7 +519,8 @@ class FusedMLP(nn.Module):
     def down_splittable(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
         """Whether the down GEMM runs as :attr:`down_splits` partials for input ``x`` (kernels on, no bias, ...)."""
         lin = self.down_proj
-        return (self.down_splits > 1 and self.silu and _use_kernels(self, x) and lin.bias is None
+        return (self.down_splits > 1 and self.silu and _use_kernels(self, x) and type(lin) is nn.Linear
+                and lin.bias is None
                 and lin.in_features % self.down_splits == 0 and lin.weight.is_contiguous()
                 and residual.shape[:-1] == x.shape[:-1])
 
@@ -465,7 +538,8 @@ class FusedMLP(nn.Module):
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + forward(x)`` with the add in the down GEMM (``residual.addmm_``, β = 1): one
         launch less. ``residual`` is overwritten: pass a tensor nothing else reads (the fused layer's own)."""
-        if (not (self.silu and _use_kernels(self, x)) or self.down_proj.bias is not None
+        if (not (self.silu and _use_kernels(self, x)) or type(self.down_proj) is not nn.Linear
+                or self.down_proj.bias is not None
                 or not residual.is_contiguous() or residual.shape[:-1] != x.shape[:-1]):
             return residual + self.forward(x)
         act = _triton_fused().silu_mul(self.gate_up_proj(x))
@@ -528,6 +602,9 @@ def fuse_projections(hf_model, kernels: str = "auto") -> int:
             slot = getattr(final, _HANDOFF_ATTR, None) or [None]
             for mod in [*todo, final]:
                 mod.__dict__[_HANDOFF_ATTR] = slot
+            # the split down GEMM runs only inside this model's own layer loop (_handoff_allowed)
+            _patched(hf_model.model, _base_forward)
+            _register_outputs(hf_model.model)
         rotary = getattr(hf_model.model, "rotary_emb", None)
         if _is_plain_rotary(rotary):
             _patched(rotary, _rotary_forward)

@@ -726,3 +726,30 @@ def test_sink_softmax_per_row_is_refused():
     with pytest.raises(ValueError, match="per_row"):
         TritonBackend(SMALL).attend(q, k, v, AttentionMetadata(lens, 0.25, score_rows=[0, 4], score_kind="sink_softmax",
                                                               score_per_row=True))
+
+
+#: the sparse launch rows l14 times at the Llama-3.1-8B shape (benchmarks/gpu/issue14.SPARSE_LAUNCH_VARIANTS):
+#: (block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles, fused_combine)
+L14_SPARSE_ROWS = [(128, 4, 2, 4, False, 1, True), (128, 4, 2, 2, False, 1, False), (128, 4, 2, 8, False, 1, False),
+                   (128, 4, 3, 4, False, 1, False), (128, 8, 2, 4, False, 1, False), (128, 4, 2, 2, False, 1, True)]
+
+
+@pytest.mark.parametrize("row", L14_SPARSE_ROWS)
+def test_l14_sparse_launch_rows_match_reference_and_count_launches(row):
+    """Head dim 128 (the 8B shape's), a sparse plan of a decode row, B 2 x 2 KV heads (several splits on the
+    interpreter's 4 "SMs"): each launch row l14 times gives the reference's output; with ``fused_combine`` the
+    attention is ONE launch (the last program of each pair merges), without it the split kernel + one combine."""
+    from specdec.testing.launches import count_launches
+
+    bn, w, st, c, e, m, fc = row
+    lengths = [200, 37]
+    q, k, v, lens = make_case(2, 2, 4, 1, 128, 210, torch.bfloat16, lengths, seed=14)
+    idx, df = make_plan(2, 2, 24, lengths, 1)
+    cfg = TritonConfig(block_n=bn, num_warps=w, num_stages=st, ctas_per_sm=c, v_early=e, min_tiles=m,
+                       sparse_single_split_at=None, fused_combine=fc)
+    check(cfg, q, k, v, lens, plan_indices=idx, dense_from=df)
+    be = TritonBackend(cfg)
+    meta = AttentionMetadata(lens, 128 ** -0.5, plan_indices=idx, dense_from=df)
+    ops = count_launches(lambda: be.attend(q, k, v, meta))
+    assert ops["triton:_splitk_attn_kernel"] == 1
+    assert ops["triton:_combine_kernel"] == (0 if fc else 1), dict(ops)

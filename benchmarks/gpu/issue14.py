@@ -73,10 +73,25 @@ SPLIT_VARIANTS[SPLIT_COMBINE_VARIANT] = 2
 #: (specdec.fusion.set_gemm_splits(hf, 2, 2, down=n); r14, 2026-12-01)
 DOWN_VARIANTS = {"fused_kernels_split2_down2": 2, "fused_kernels_split2_down4": 4}
 SPLIT_VARIANTS.update({k: 2 for k in DOWN_VARIANTS})
+#: l14 (2026-12-01): the down split (library default since l14) plus the sparse step's levers, sparse step only:
+#: the combine inside the split kernel, and launch rows of the sparse kernel at head dim 128 (today SPARSE_LEGACY =
+#: 128-position tiles, 4 warps, 2 stages, 4 programs per SM -> 5 splits at B 16 x 8 KV heads, V after the softmax):
+#: (block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles, fused_combine)
+DOWN2_COMBINE_VARIANT = "fused_kernels_split2_down2_fused_combine"
+SPARSE_LAUNCH_VARIANTS = {
+    DOWN2_COMBINE_VARIANT: (128, 4, 2, 4, False, 1, True),
+    "fused_kernels_split2_down2_sparse_c2": (128, 4, 2, 2, False, 1, False),  # 3 splits: fewer partials
+    "fused_kernels_split2_down2_sparse_c8": (128, 4, 2, 8, False, 1, False),  # 9 splits: more programs
+    "fused_kernels_split2_down2_sparse_s3": (128, 4, 3, 4, False, 1, False),  # one more stage in flight
+    "fused_kernels_split2_down2_sparse_w8": (128, 8, 2, 4, False, 1, False),  # 8 warps per program
+    "fused_kernels_split2_down2_sparse_c2_fc": (128, 4, 2, 2, False, 1, True),  # 3 splits, merged in-kernel
+}
+SPLIT_VARIANTS.update({k: 2 for k in SPARSE_LAUNCH_VARIANTS})
+DOWN_VARIANTS.update({k: 2 for k in SPARSE_LAUNCH_VARIANTS})
 VARIANTS = ("unfused", "fused_projections", "fused_kernels", LEGACY_VARIANT, BEFORE_VARIANT, *SPLIT_VARIANTS,
             COMBINE_VARIANT)
 #: variants that only differ from ``fused_kernels`` (or its split) in the sparse step
-SPARSE_ONLY = (LEGACY_VARIANT, COMBINE_VARIANT, SPLIT_COMBINE_VARIANT)
+SPARSE_ONLY = (LEGACY_VARIANT, COMBINE_VARIANT, SPLIT_COMBINE_VARIANT, *SPARSE_LAUNCH_VARIANTS)
 
 #: predicted ms per step at the Llama-3.1-8B shape, B 16 x 32k, before measuring (DESIGN.md section 4):
 #: the 2026-12-01b step (sparse 6.19 ms: 5.70 ms of kernels + 0.49 ms of gaps = 1.11 us per launch,
@@ -99,6 +114,21 @@ PREDICTED_MS = {
     # launches: 20.28 - 0.25 = 20.03; verify: cuBLAS splits the down GEMM at 80 rows? (unknown) -- no prediction.
     ("fused_kernels_split2_down2", "sparse5%_T1"): 5.74, ("fused_kernels_split2_down2", "dense_T1"): 20.03,
 }
+#: l14, before measuring: the gaps vary by machine (0.41-0.83 ms for the same code), so each lever is predicted
+#: against split2 (down 1) of the same run, taken at 6.20 ms (the mean of its three machines, 5.91-6.41):
+#: down2 -0.26 ms (measured twice: the 32 splitKreduce kernels and their gaps); the combine in the sparse kernel
+#: -0.06 (its 32 launches: 70 us + ~2 us of gap each, minus the +70 us its kernel measured on 2026-12-01c);
+#: launch rows: c2 (3 splits: fewer partials, 384 programs on 132 SMs) 0, c8 +0.02, s3 0, w8 +0.03 (the
+#: isolated layer measured 38.9 us for today's row and 50-69 us for the others, 2026-12-01b); c2 + combine -0.08.
+PREDICTED_MS.update({
+    ("fused_kernels_split2", "sparse5%_T1"): 6.20, ("fused_kernels_split2_down2", "sparse5%_T1"): 5.94,
+    ("fused_kernels_split2_down2", "dense_T1"): 20.17, (DOWN2_COMBINE_VARIANT, "sparse5%_T1"): 5.88,
+    ("fused_kernels_split2_down2_sparse_c2", "sparse5%_T1"): 5.94,
+    ("fused_kernels_split2_down2_sparse_c8", "sparse5%_T1"): 5.96,
+    ("fused_kernels_split2_down2_sparse_s3", "sparse5%_T1"): 5.94,
+    ("fused_kernels_split2_down2_sparse_w8", "sparse5%_T1"): 5.97,
+    ("fused_kernels_split2_down2_sparse_c2_fc", "sparse5%_T1"): 5.86,
+})
 
 
 def _forward_add():
@@ -305,6 +335,11 @@ def part_steps(a, res, bw):
                                                                 ctas_per_sm=c, v_early=e, min_tiles=m)
                 elif variant in (COMBINE_VARIANT, SPLIT_COMBINE_VARIANT):
                     model.backend._launch = dataclasses.replace(launch, fused_combine=True)
+                elif variant in SPARSE_LAUNCH_VARIANTS:
+                    bn, w, st, c, e, m, fc = SPARSE_LAUNCH_VARIANTS[variant]
+                    model.backend._launch = dataclasses.replace(launch, block_n=bn, num_warps=w, num_stages=st,
+                                                                ctas_per_sm=c, v_early=e, min_tiles=m,
+                                                                fused_combine=fc)
             if a.graphs:
                 model.enable_cuda_graphs()
             for name, (fn, nbytes) in steps.items():
@@ -461,10 +496,13 @@ def report_md(res: dict) -> str:
     steps = [r for r in res.get("steps", []) if "ms" in r]
     if steps:
         out += ["## One step", "",
-                "| shape | B × ctx | variant | step | ms | roofline ms | × roofline | predicted ms | kernels | "
-                "per layer | kernel ms | gaps ms | gemm | attention | other | torch elementwise |",
-                "|" + "---|" * 16]
+                "| shape | B × ctx | variant | step | ms | × split2 (same run) | roofline ms | × roofline | predicted ms | "
+                "kernels | per layer | kernel ms | gaps ms | gemm | attention | other | torch elementwise |",
+                "|" + "---|" * 17]
+        ref = {(r["shape"], r["step"]): r["ms"] for r in steps if r["variant"] == "fused_kernels_split2"}
         for r in steps:
+            base = ref.get((r["shape"], r["step"]))
+            rel = "" if base is None else f"{r['ms'] / base:.3f}"
             kt = r.get("kernels") or {}
             cats = kt.get("categories", {})
             cell = lambda c: (f"{cats[c]['count']:.0f} / {cats[c]['us'] / 1e3:.2f} ms" if c in cats else "")  # noqa: E731
@@ -476,7 +514,7 @@ def report_md(res: dict) -> str:
             per_layer = "" if n is None else f"{n / r['layers']:.1f}"
             gaps = "" if n is None else f"{r['ms'] - kms:.2f}"
             out.append(f"| {r['shape']} | {r['B']} × {r['context']} | {r['variant']} | {r['step']} | {r['ms']:.2f} | "
-                       f"{r['roofline_ms']:.2f} | {r['over_roofline']:.3f}× | {pred_s} | {n_s} | {per_layer} | "
+                       f"{rel} | {r['roofline_ms']:.2f} | {r['over_roofline']:.3f}× | {pred_s} | {n_s} | {per_layer} | "
                        f"{kms:.2f} | {gaps} | {cell('gemm')} | {cell('attention')} | {cell('other')} | "
                        f"{cell('torch_elementwise')} |")
         out.append("")
