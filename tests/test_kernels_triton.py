@@ -728,6 +728,138 @@ def test_sink_softmax_per_row_is_refused():
                                                               score_per_row=True))
 
 
+# -- issue 18: variants of the sink_softmax score path (anchors once per sequence; direct score stores) --
+
+def _anchor_ref_torch(q, k, lens, T, G, block_m):
+    """``(B * H_kv, block_m)``: each packed row's log-sum-exp over the anchor positions it sees (rows
+    ``m = g * T + t``; padding rows NaN, not compared)."""
+    from specdec.attention.reference import SINK_ANCHORS as NA
+
+    B, H, _, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    out = torch.full((B * Hkv, block_m), float("nan"))
+    for b in range(B):
+        n_ctx = int(lens[b]) + T
+        pos = torch.arange(L)
+        for h in range(Hkv):
+            for g in range(G):
+                for t in range(T):
+                    ok = ((pos < NA) | (pos >= n_ctx - NA)) & (pos <= int(lens[b]) + t)
+                    s = (k[b, h].float().cpu() @ q[b, h * G + g, t].float().cpu()) * D ** -0.5
+                    out[b * Hkv + h, g * T + t] = s[ok].logsumexp(0)
+    return out
+
+
+@pytest.mark.parametrize("lengths", [[50, 13, 0], [3, 40]])
+def test_sink_anchor_kernel_matches_reference(lengths):
+    """The pre-kernel (``sink_anchors="pre"``) computes each row's anchor log-sum-exp as the reference's
+    ``sink_softmax`` defines it (first and last 16 positions the row sees), short sequences included."""
+    import triton
+
+    import specdec.cuda.triton_attention as ta
+
+    B, Hkv, G, T, D = len(lengths), 2, 3, 5, 32
+    q, k, _, lens = make_case(B, Hkv, G, T, D, max(lengths) + T + 3, torch.float32, lengths, seed=41)
+    block_m = max(16, triton.next_power_of_2(T * G))
+    ref = torch.empty((B * Hkv, block_m), dtype=torch.float32, device=DEV)
+    ta._sink_anchor_kernel[(B * Hkv,)](
+        q, k, lens, ref, D ** -0.5, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, NA=ta.SINK_ANCHORS, DOT_PREC="ieee", UPCAST=False)
+    want = _anchor_ref_torch(q, k, lens, T, G, block_m)
+    rows = T * G
+    torch.testing.assert_close(ref.cpu()[:, :rows], want[:, :rows], atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("anchors,store", [("pre", "shared"), ("tile", "direct"), ("pre", "direct"),
+                                           ("loop", "shared"), ("loop", "direct")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("T,rows,heads", [(5, [0, 4], None), (3, [1], [1, 5])])
+def test_sink_score_variants_match_reference(anchors, store, dtype, splits, T, rows, heads):
+    """``sink_anchors="pre"`` and ``score_store="direct"`` give the reference's ``sink_softmax`` scores
+    (and outputs), in one split and over several; ``"direct"`` runs its PTX stores on a GPU only."""
+    lengths = [50, 13, 0] if not ON_GPU else [4000, 777, 0]
+    q, k, v, lens = make_case(3, 2, 3, T, 64, max(lengths) + T + 4, dtype, lengths, seed=51 + T)
+    cfg = TritonConfig(block_n=16 if not ON_GPU else 64, num_splits=splits, sink_anchors=anchors, score_store=store)
+    check(cfg, q, k, v, lens, score_rows=rows, score_kind="sink_softmax", score_heads=heads)
+
+
+@pytest.mark.parametrize("anchors", ["pre", "loop"])
+@pytest.mark.parametrize("store", ["shared", "direct"])
+def test_sink_score_variants_bf16_buffer_and_sparse(store, anchors):
+    """The variants with a bf16 score buffer (``st.global.b16`` on a GPU) and with a sparse plan."""
+    q, k, v, lens = make_case(2, 2, 3, 5, 64, 60, torch.bfloat16, [50, 13], seed=9)
+    kw = dict(score_rows=[0, 4], score_kind="sink_softmax")
+    _, s_ref = REF.attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
+    be = TritonBackend(TritonConfig(block_n=16, num_splits=3, score_dtype="bfloat16", sink_anchors=anchors,
+                                    score_store=store))
+    _, s = be.attend(q, k, v, AttentionMetadata(lens, 0.125, **kw))
+    assert s.dtype == torch.bfloat16
+    torch.testing.assert_close(s.float(), s_ref, atol=3e-2, rtol=2e-2)
+    lengths = [60, 21]
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 70, torch.float32, lengths, seed=12)
+    idx, df = make_plan(2, 2, 12, lengths, 5)
+    check(TritonConfig(block_n=16, num_splits=3, sink_anchors=anchors, score_store=store), q, k, v, lens,
+          plan_indices=idx, dense_from=df, **kw)
+
+
+def test_sink_score_variants_reach_the_kernel(monkeypatch):
+    """What each setting launches: ``"pre"`` runs the anchor kernel (once, one program per (sequence, KV
+    head)) and tells the split kernel to load them, only with more than one split; ``"loop"`` computes them
+    in the split kernel's first iteration (no extra launch); ``"direct"`` stores
+    through PTX on CUDA only (the interpreter runs the plain store). Defaults: today's path."""
+    import specdec.cuda.triton_attention as ta
+
+    assert (TritonConfig().sink_anchors, TritonConfig().score_store) == ("tile", "shared")
+    launches = []
+
+    class Spy:
+        def __init__(self, name, real):
+            self.name, self.real = name, real
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                keys = ("ANCHOR_IN", "DIRECT_STORE", "ANCHOR_LOOP")
+                launches.append((self.name, grid, {k: v for k, v in kw.items() if k in keys}))
+                return self.real[grid](*a, **kw)
+            return run
+
+    monkeypatch.setattr(ta, "_sink_anchor_kernel", Spy("anchor", ta._sink_anchor_kernel))
+    monkeypatch.setattr(ta, "_splitk_attn_kernel", Spy("split", ta._splitk_attn_kernel))
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 40, torch.float32, [30, 7], seed=4)
+    meta = AttentionMetadata(lens, 0.25, score_rows=[0, 4], score_kind="sink_softmax")
+    for anchors, store, splits in (("pre", "direct", 3), ("pre", "shared", 1), ("tile", "shared", 3),
+                                   ("loop", "shared", 3)):
+        launches.clear()
+        TritonBackend(TritonConfig(block_n=16, num_splits=splits, sink_anchors=anchors, score_store=store)).attend(
+            q, k, v, meta)
+        pre = anchors == "pre" and splits > 1
+        assert [n for n, _, _ in launches] == (["anchor", "split"] if pre else ["split"])
+        if pre:
+            assert launches[0][1] == (2 * 2,)
+        assert launches[-1][2] == dict(ANCHOR_IN=pre, DIRECT_STORE=store == "direct" and ON_GPU,
+                                       ANCHOR_LOOP=anchors == "loop")
+
+
+def test_sink_score_variant_names_are_checked():
+    q, k, v, lens = make_case(1, 2, 3, 5, 16, 30, torch.float32, [20], seed=2)
+    w = torch.zeros(6, 5, device=DEV)
+    w[:, [0, 4]] = 1.0
+    with pytest.raises(ValueError, match="sink_anchors must be 'tile', 'pre' or 'loop'"):
+        splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, sink_anchors="once")
+    with pytest.raises(ValueError, match="score_store must be 'shared' or 'direct'"):
+        splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, score_store="asm")
+    with pytest.raises(Exception, match="sink_anchors"):
+        TritonConfig(sink_anchors="once")
+
+
+def test_direct_store_serves_logits_colsum_too():
+    """``score_store="direct"`` also stores the fused logits column sums (``SCORE_MODE`` 4 without ``SCORE_EXP``)."""
+    q, k, v, lens = make_case(2, 2, 3, 5, 32, 50, torch.float32, [40, 9], seed=23)
+    check(TritonConfig(block_n=16, num_splits=2, score_store="direct", sink_anchors="pre"), q, k, v, lens,
+          score_rows=[0, 4], score_kind="logits")
+
+
 #: the sparse launch rows l14 times at the Llama-3.1-8B shape (benchmarks/gpu/issue14.SPARSE_LAUNCH_VARIANTS):
 #: (block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles, fused_combine)
 L14_SPARSE_ROWS = [(128, 4, 2, 4, False, 1, True), (128, 4, 2, 2, False, 1, False), (128, 4, 2, 8, False, 1, False),

@@ -50,6 +50,57 @@ import triton.language as tl
 from specdec.interfaces import AttentionMetadata
 
 LOG2E = 1.4426950408889634
+#: ``sink_softmax`` anchors: the first and the last this many positions (``reference.SINK_ANCHORS``)
+SINK_ANCHORS = 16
+
+
+@triton.jit
+def _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA: tl.constexpr,
+                     DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """Each packed row's ``sink_softmax`` reference: the log-sum-exp of its logits over the anchor
+    positions -- the first ``NA`` (attention sinks) and the last ``NA`` of the sequence (recent tokens),
+    those the row sees -- from one ``(D, 2 NA)`` tile of K. ``(BLOCK_M,)`` fp32; position 0 is always
+    seen, so every entry is finite."""
+    offs_a = tl.arange(0, 2 * NA)
+    apos = tl.where(offs_a < NA, offs_a, n_ctx - 2 * NA + offs_a)
+    a_ok = tl.where(offs_a < NA, offs_a < n_ctx, apos >= NA)  # the recent half skips the sinks
+    apos = tl.where(a_ok, apos, 0)
+    ka = tl.load(k_base + apos[None, :] * stride_kl + offs_d[:, None], mask=a_ok[None, :], other=0.0)
+    if UPCAST:
+        ka = ka.to(tl.float32)
+    sa = tl.dot(q, ka, input_precision=DOT_PREC) * sm_scale
+    sa = tl.where(a_ok[None, :] & (apos[None, :] <= row_pos[:, None]), sa, float("-inf"))
+    ma = tl.max(sa, axis=1)
+    return ma + tl.log(tl.sum(tl.math.exp2((sa - ma[:, None]) * 1.4426950408889634), axis=1))
+
+
+@triton.jit
+def _sink_anchor_kernel(
+    Q, K, Lens, Ref, sm_scale,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kl,
+    HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+    NA: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``sink_anchors="pre"``: the anchors of one (sequence, KV head), once, before the split kernel:
+    ``Ref[(b * H_kv + h) * BLOCK_M + m]`` for the packed rows ``m`` (the same rows as the split kernel)."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // HKV
+    h = pid_bh % HKV
+    b64 = b.to(tl.int64)
+    length = tl.load(Lens + b)
+    n_ctx = length + T
+    offs_m = tl.arange(0, BLOCK_M)
+    g = offs_m // T
+    t = offs_m % T
+    row_valid = offs_m < T * G
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b64 * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
+                mask=row_valid[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b64 * stride_kb + h * stride_kh
+    ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, length + t, sm_scale, offs_d, NA, DOT_PREC, UPCAST)
+    tl.store(Ref + pid_bh.to(tl.int64) * BLOCK_M + offs_m, ref)
 
 
 @triton.jit
@@ -69,6 +120,8 @@ def _splitk_attn_kernel(
     NOUT: tl.constexpr = 1, DIRECT_OUT: tl.constexpr = False, ZERO_TAIL: tl.constexpr = False,
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
     FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
+    SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
+    ANCHOR_LOOP: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -123,20 +176,12 @@ def _splitk_attn_kernel(
         # row-weighted column sum of the tile the kernel computes anyway: no extra MMA, no pick
         w = tl.load(RowW + h * (G * T) + offs_m, mask=row_valid, other=0.0)
         if SCORE_EXP:
-            # each row's reference, known before the loop: the log-sum-exp of its logits over the anchor
-            # positions -- the first NA (attention sinks) and the last NA of the sequence (recent tokens),
-            # those the row sees -- from one extra (D, 2 NA) tile of K per program
-            offs_a = tl.arange(0, 2 * NA)
-            apos = tl.where(offs_a < NA, offs_a, n_ctx - 2 * NA + offs_a)
-            a_ok = tl.where(offs_a < NA, offs_a < n_ctx, apos >= NA)  # the recent half skips the sinks
-            apos = tl.where(a_ok, apos, 0)
-            ka = tl.load(k_base + apos[None, :] * stride_kl + offs_d[:, None], mask=a_ok[None, :], other=0.0)
-            if UPCAST:
-                ka = ka.to(tl.float32)
-            sa = tl.dot(q, ka, input_precision=DOT_PREC) * sm_scale
-            sa = tl.where(a_ok[None, :] & (apos[None, :] <= row_pos[:, None]), sa, float("-inf"))
-            ma = tl.max(sa, axis=1)  # position 0 is always seen: finite
-            ref = ma + tl.log(tl.sum(tl.math.exp2((sa - ma[:, None]) * 1.4426950408889634), axis=1))
+            if ANCHOR_IN:  # computed once per (sequence, KV head) by _sink_anchor_kernel (sink_anchors="pre")
+                ref = tl.load(SinkRef + pid_bh.to(tl.int64) * BLOCK_M + offs_m)
+            elif ANCHOR_LOOP:  # computed in the loop's first iteration, once its first tiles are in flight
+                ref = tl.zeros([BLOCK_M], tl.float32)
+            else:  # one extra (D, 2 NA) tile of K per program, before the loop
+                ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA, DOT_PREC, UPCAST)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -187,13 +232,33 @@ def _splitk_attn_kernel(
         p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
         if SCORE_MODE == 4:
             if SCORE_EXP:
+                if ANCHOR_LOOP:
+                    if j0 == start:
+                        ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA, DOT_PREC,
+                                               UPCAST)
                 # exp(s - ref) = p * exp(m - ref): the tile's p times one factor per row (16 exps, not 16 x N)
                 cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
                 sc = tl.sum(p * cw[:, None], axis=0)
             else:
                 sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
-            tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc.to(Scores.dtype.element_ty),
-                     mask=valid & (pos < n_ctx))
+            s_ptr = Scores + pid_bh.to(tl.int64) * L + pos
+            s_ok = valid & (pos < n_ctx)
+            if DIRECT_STORE:
+                # score_store="direct": each thread stores the sums the row reduction left in its registers
+                # (lanes holding the same column store the same value) -- tl.store would first move the
+                # vector into a coalesced layout through shared memory, two barriers per tile (sm_90 SASS)
+                if Scores.dtype.element_ty == tl.bfloat16:
+                    _ = tl.inline_asm_elementwise(
+                        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b16 [$1], $2; mov.u32 $0, 0; }",
+                        "=r,l,h,r", [s_ptr.to(tl.int64), sc.to(tl.bfloat16), s_ok.to(tl.int32)],
+                        dtype=tl.int32, is_pure=False, pack=1)
+                else:
+                    _ = tl.inline_asm_elementwise(
+                        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
+                        "=r,l,r,r", [s_ptr.to(tl.int64), sc, s_ok.to(tl.int32)],
+                        dtype=tl.int32, is_pure=False, pack=1)
+            else:
+                tl.store(s_ptr, sc.to(Scores.dtype.element_ty), mask=s_ok)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not V_EARLY:
             vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
@@ -559,6 +624,8 @@ def splitk_attention(
     colsum: bool = False,
     sink_softmax: bool = False,
     score_dtype: torch.dtype = torch.float32,
+    sink_anchors: str = "tile",
+    score_store: str = "shared",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -587,6 +654,17 @@ def splitk_attention(
             (see the module docstring).
         score_dtype: dtype of the fused score buffer (``SCORE_MODE`` 1/3/4) and of the raw logits
             (``SCORE_MODE`` 2): float32 or bfloat16.
+        sink_anchors: with ``sink_softmax``, where each row's anchor log-sum-exp comes from:
+            ``"tile"`` (every split program computes it from one extra K tile before its loop) or
+            ``"pre"`` (``_sink_anchor_kernel`` computes it once per (sequence, KV head) before the split
+            kernel, which loads it: one small launch more, one anchor tile per pair instead of one per
+            split; with a single split the kernel computes it itself, as with ``"tile"``) or ``"loop"``
+            (each split program computes it in its loop's first iteration, once the pipeline's first K/V
+            tiles are in flight, instead of before the loop, where its K load and reductions delay them).
+        score_store: how ``SCORE_MODE`` 4 stores a tile's scores: ``"shared"`` (``tl.store``, which first
+            moves the reduced vector to a coalesced layout through shared memory) or ``"direct"`` (inline
+            PTX stores from the registers the reduction leaves it in; on CUDA only -- Triton's CPU
+            interpreter runs no PTX, so there the plain store runs).
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -657,12 +735,28 @@ def splitk_attention(
         else:  # the kernel writes every position < lengths + T; the reader masks the rest
             raw = torch.empty((B, Hkv, n_slots, L), dtype=score_dtype, device=dev)
         rs = row_slots
+    if sink_anchors not in ("tile", "pre", "loop"):
+        raise ValueError(f"sink_anchors must be 'tile', 'pre' or 'loop', not {sink_anchors!r}.")
+    if score_store not in ("shared", "direct"):
+        raise ValueError(f"score_store must be 'shared' or 'direct', not {score_store!r}.")
+    anchor_in = score_mode == 4 and bool(sink_softmax) and sink_anchors == "pre" and not direct
+    anchor_loop = score_mode == 4 and bool(sink_softmax) and sink_anchors == "loop"
+    direct_store = score_mode == 4 and score_store == "direct" and dev.type == "cuda"
     fused_softmax = score_mode == 2 and direct and not sparse and softmax_weights is not None
     if fused_softmax:
         scores = torch.empty((B, Hkv, L), dtype=torch.float32, device=dev)  # every position written
         rw = softmax_weights
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     upcast = dev.type != "cuda" and q.dtype == torch.bfloat16
+    sink_ref = None
+    if anchor_in:  # the anchors once per (sequence, KV head), read by every split program
+        sink_ref = torch.empty((B * Hkv, block_m), dtype=torch.float32, device=dev)
+        _sink_anchor_kernel[(B * Hkv,)](
+            q, k_cache, lengths, sink_ref, float(scale),
+            q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, NA=SINK_ANCHORS, DOT_PREC=dot_prec, UPCAST=upcast,
+            num_warps=4,
+        )
 
     _splitk_attn_kernel[(B * Hkv, S)](
         q, k_cache, v_cache, lengths, idx, df, rw, rs,
@@ -678,8 +772,10 @@ def splitk_attention(
         SPARSE=sparse, SCORE_MODE=score_mode, DOT_PREC=dot_prec, UPCAST=upcast,
         NOUT=1 if fused_softmax else max(1, n_slots),
         DIRECT_OUT=direct, ZERO_TAIL=(not sparse) and (score_mode in (1, 3, 4) or fused_softmax),
-        SCORE_EXP=bool(sink_softmax),
+        SCORE_EXP=bool(sink_softmax), NA=SINK_ANCHORS,
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
+        SinkRef=sink_ref if sink_ref is not None else lse, ANCHOR_IN=anchor_in, DIRECT_STORE=direct_store,
+        ANCHOR_LOOP=anchor_loop,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if direct or fused:

@@ -74,6 +74,17 @@ class TritonConfig(ComponentConfig):
         score_dtype: dtype of the fused score buffers (logits and ``sink_softmax``: ``"bfloat16"``
             halves their writes; the selector sums them in float32) and of the raw logits that exact
             softmax scores are rebuilt from (the reduce kernel still returns float32).
+        sink_anchors: where the per-row normaliser of ``sink_softmax`` scores (the log-sum-exp over the
+            anchor positions) is computed: ``"tile"`` (the default: each split program, from one extra K
+            tile before its loop), ``"pre"`` (a small kernel, once per (sequence, KV head), before the
+            split kernel; with one split the kernel computes it itself) or ``"loop"`` (each split program,
+            in its loop's first iteration, once its first K/V tiles are in flight). The same scores;
+            variants under measurement (issue 18), not yet timed on a GPU.
+        score_store: how the fused column-sum scores (logits and ``sink_softmax``) of a tile are stored:
+            ``"shared"`` (the default: ``tl.store``, which moves the vector through shared memory first)
+            or ``"direct"`` (inline PTX stores from the registers the row reduction leaves them in, no
+            shared memory, two barriers fewer per tile in the sm_90 SASS; CUDA only, the CPU interpreter
+            runs the plain store). The same scores; a variant under measurement (issue 18).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -102,6 +113,8 @@ class TritonConfig(ComponentConfig):
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
     score_reduce: Literal["mma", "colsum"] = "colsum"
     score_dtype: Literal["float32", "bfloat16"] = "float32"
+    sink_anchors: Literal["tile", "pre", "loop"] = "tile"
+    score_store: Literal["shared", "direct"] = "shared"
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -424,7 +437,9 @@ class TritonBackend(AttentionBackend):
             w = self._row_weights(H, T, rows, heads, dev)
             out, _, scores, _ = splitk_attention(q, k_cache, v_cache, meta, row_weights=w, cfg=self._launch,
                                                  colsum=self.config.score_reduce == "colsum",
-                                                 sink_softmax=kind == "sink_softmax", score_dtype=sdt)
+                                                 sink_softmax=kind == "sink_softmax", score_dtype=sdt,
+                                                 sink_anchors=self.config.sink_anchors,
+                                                 score_store=self.config.score_store)
             return out, scores
         if kind == "logits" and R <= 16:  # per-row logits, in the kernel
             rq, rid = self._row_queries(H, Hkv, T, rows, heads, dev)
