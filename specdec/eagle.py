@@ -154,7 +154,8 @@ def build_head(model, path: str | Path) -> tuple[dict, EagleHead]:
 
 
 def head_layer_step(layer, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                    cos: torch.Tensor, sin: torch.Tensor, probs: list | None = None) -> torch.Tensor:
+                    cos: torch.Tensor, sin: torch.Tensor, probs: list | None = None, backend=None,
+                    score_heads: list[int] | None = None) -> torch.Tensor:
     """The head's decoder layer on rows at positions ``pos (B, T)``: writes their K/V into
     ``k_cache, v_cache (B, H_kv, C, D)`` and attends to every cache entry at a position ``<=`` the row's.
 
@@ -162,6 +163,11 @@ def head_layer_step(layer, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     D, C)``; no GQA expansion). Rows past a sequence's valid range write entries that are overwritten before
     any row reads them (positions are written in increasing order). ``probs``: when a list, the attention
     weights ``(B, H, T, C)`` float32 are appended to it (the lookahead signal). Returns ``(B, T, d)``.
+
+    ``backend``: an :class:`~specdec.interfaces.AttentionBackend` that computes the same attention instead
+    (the Triton split-K kernel on a GPU: the cache read once at its bytes, no float32 logit tensors); rows
+    must then sit at consecutive positions ``pos[:, 0] + t`` (every caller's do). With ``probs``, what is
+    appended is the backend's softmax scores of ``score_heads`` summed over them and the rows, ``(B, H_kv, C)``.
     """
     q, k, v = _qkv(layer, x, cos, sin)  # (B, H, T, D), (B, H_kv, T, D)
     B, H, T, D = q.shape
@@ -170,6 +176,20 @@ def head_layer_step(layer, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     idx = pos.clamp(max=C - 1).view(B, 1, T, 1).expand(B, H_kv, T, D)
     k_cache.scatter_(2, idx, k.to(k_cache.dtype))
     v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+    if backend is not None:
+        from specdec.interfaces import AttentionMetadata
+
+        # row t at pos[:, 0] + t; kept <= C - T so no row reads past the capacity (the head's callers never
+        # reach it: a verification writes L + γ < C)
+        start = pos[:, 0].clamp(min=0, max=C - T)
+        want = probs is not None and bool(score_heads)
+        meta = AttentionMetadata(lengths=start, scale=D ** -0.5, score_rows=list(range(T)) if want else None,
+                                 score_kind="softmax", score_heads=list(score_heads) if want else None,
+                                 static=k_cache.is_cuda)
+        att, scores = backend.attend(q.to(k_cache.dtype), k_cache, v_cache, meta)
+        if want:
+            probs.append(scores)
+        return _finish(layer, x, att.to(x.dtype))
     s = torch.matmul(q.reshape(B, H_kv, G * T, D).to(k_cache.dtype), k_cache.transpose(-1, -2))  # (B, H_kv, G·T, C)
     s = s.view(B, H_kv, G, T, C).float() * D ** -0.5
     visible = torch.arange(C, device=x.device).view(1, 1, 1, 1, C) <= pos.view(B, 1, 1, T, 1)
@@ -250,6 +270,8 @@ class EagleDrafter(Drafter):
         self._hs: torch.Tensor | None = None  # (n,) the lookahead heads on the device
         self._hs_key: tuple = ()  # the same heads on the host
         self._flags: torch.Tensor | None = None  # (2,) non-finite flags of the last greedy draft, read at on_verify
+        #: where the head's attention runs: "auto" | "backend" | "torch" | a backend (:meth:`attention_backend`)
+        self.attention = "auto"
         #: CUDA graphs of the draft (:class:`specdec.graphs.CapturedCall`), made when the target captures its own
         self.graphs = None
         self._graphs_of = None
@@ -283,11 +305,36 @@ class EagleDrafter(Drafter):
         cos, sin = rope(self.target, x, pos)
         record = lookahead and self._hs is not None
         probs = [] if record else None
-        y = head_layer_step(self.head.layer, x, self.k_cache, self.v_cache, pos, cos, sin, probs)
-        if record:  # (B, H, T, C) -> summed over the heads and rows; device-side head index: no host copy
+        backend = self.attention_backend()
+        y = head_layer_step(self.head.layer, x, self.k_cache, self.v_cache, pos, cos, sin, probs, backend=backend,
+                            score_heads=list(self._hs_key))
+        if record:
             C = self.k_cache.shape[2]
-            self.lookahead[:, :C] += probs[0].index_select(1, self._hs).sum((1, 2))
+            if backend is not None:  # (B, H_kv, C): already summed over the heads and rows
+                self.lookahead[:, :C] += probs[0].sum(1)
+            else:  # (B, H, T, C) -> summed over the heads and rows; device-side head index: no host copy
+                self.lookahead[:, :C] += probs[0].index_select(1, self._hs).sum((1, 2))
         return self.norm(y)
+
+    def attention_backend(self):
+        """The backend the head's attention runs on, or ``None`` (PyTorch matmuls in :func:`head_layer_step`).
+
+        :attr:`attention` ``"auto"``: the target's backend when it is the Triton one (on a GPU the head's
+        attention is then the split-K kernel, ~its cache's bytes, instead of bf16 matmuls + float32 mask and
+        softmax over the whole capacity); ``"backend"``: the target's backend whatever it is; ``"torch"``: none;
+        an :class:`~specdec.interfaces.AttentionBackend`: that one. Only the drafts' numerics change:
+        verification decides what is emitted."""
+        mode = self.attention
+        if not isinstance(mode, str):
+            return mode
+        if mode not in ("auto", "backend", "torch"):
+            raise SpecdecError(f"EagleDrafter.attention must be 'auto', 'backend' or 'torch', not {mode!r}.")
+        be = getattr(self.target, "backend", None)
+        if mode == "torch" or be is None:
+            return None
+        if mode == "auto" and type(be).__name__ != "TritonBackend":
+            return None
+        return be
 
     def _logits(self, feat: torch.Tensor) -> torch.Tensor:
         return self.lm_head(feat).float()
@@ -372,7 +419,9 @@ class EagleDrafter(Drafter):
         calls = self._captured()
         if calls is None:
             return fn(*inputs)
-        key = ("eagle", name, self.k_cache.data_ptr(), self.lookahead.data_ptr(), self._hs_key)
+        be = self.attention_backend()  # the head's attention kernel is part of what a graph replays
+        key = ("eagle", name, self.k_cache.data_ptr(), self.lookahead.data_ptr(), self._hs_key,
+               None if be is None else (type(be).__name__, repr(getattr(be, "config", None))))
         return calls(key, fn, *inputs, keep=self)
 
     # -- engine hooks ---------------------------------------------------------------------------------

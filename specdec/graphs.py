@@ -121,7 +121,10 @@ def _ring_memory(cache: KVCache) -> tuple | None:
 def _score_key(req: ScoreRequest) -> Any:
     qh = None if req.query_heads is None else tuple(sorted((k, tuple(v)) for k, v in req.query_heads.items()))
     layers = None if req.layers is None else tuple(req.layers)
-    return (tuple(req.rows), req.kind, req.heads, layers, qh, req.per_row, req.source)
+    from specdec.attention import recording
+
+    how = recording.GROUP_SCORES if req.source == "context" else None  # which kernels a context request runs
+    return (tuple(req.rows), req.kind, req.heads, layers, qh, req.per_row, req.source, how)
 
 
 def _blank(req: ScoreRequest) -> ScoreRequest:

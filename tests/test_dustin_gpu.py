@@ -128,7 +128,7 @@ def eagle_artifact(tmp_path_factory):
     return path
 
 
-def _eagle_runs(artifact, method, graphs, sampling=None, fuse=False):
+def _eagle_runs(artifact, method, graphs, sampling=None, fuse=False, attention="auto"):
     from specdec.eagle import EagleDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.sampling import SamplingConfig
@@ -145,6 +145,9 @@ def _eagle_runs(artifact, method, graphs, sampling=None, fuse=False):
     else:
         cfg = PipelineConfig.make(method="dustin", gamma=3, budget=16, sinks=2, recent=4, options={"draft": str(artifact)})
         eng = build_engine(m, cfg, eos_token_id=-1)
+    from specdec.lookup import base_drafter
+
+    base_drafter(eng.drafter).attention = attention
     if graphs:
         m.enable_cuda_graphs()
     out = []
@@ -167,3 +170,31 @@ def test_eagle_captured_draft_equals_eager(eagle_artifact, method, sampling, fus
     if method == "eagle" and not sampling:
         dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1)
         assert got[0][0] == dense.generate(PROMPTS, 24).tokens
+
+
+@pytest.mark.parametrize("method", ["eagle", "dustin"])
+def test_eagle_head_on_the_backend_drafts_as_the_matmuls(eagle_artifact, method):
+    """Captured, the head's attention on the Triton kernel (the default on a Triton target) gives the tokens and τ
+    of its PyTorch matmuls (float32: the same drafts; Dustin: the lookahead signal from the kernel steers the plan)."""
+    torch_way, _, _ = _eagle_runs(eagle_artifact, method, True, attention="torch")
+    kernel, eng, _ = _eagle_runs(eagle_artifact, method, True)
+    from specdec.lookup import base_drafter
+
+    assert base_drafter(eng.drafter).attention_backend() is not None
+    assert kernel == torch_way
+
+
+def test_group_scores_kernel_bf16_at_a_real_shape():
+    """The Triton SRH scores against group_attention on the GPU: SmolLM2's geometry, bf16 keys, ragged lengths."""
+    from specdec.attention.recording import group_attention
+    from specdec.cuda.triton_srh import group_scores
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, H, Hkv, T, L, D = 4, 9, 3, 5, 4160, 64
+    q = torch.randn(B, H, T, D, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(B, Hkv, L, D, device="cuda", generator=g).to(torch.bfloat16)
+    lengths = torch.tensor([4000, 17, 2500, L - T], device="cuda")
+    for heads in (list(range(9)), [4, 4, 8]):
+        want = group_attention(q, k, lengths, heads, 0.125, full=True)
+        got = group_scores(q, k, lengths, heads, 0.125)
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)

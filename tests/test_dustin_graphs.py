@@ -340,3 +340,81 @@ def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
     if budget.get("budget_ratio") == 1.0:
         dense = SpeculativeEngine(target, method="dense", eos_token_id=-1).generate(prompts, 16).tokens
         assert got == dense
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,rows", [([0, 1, 2, 3, 4, 5], None), ([4], [0, 2]), ([1, 1, 3], [2]), ([0, 5], [1, 1])])
+@pytest.mark.parametrize("splits", [1, 3, None])
+def test_group_scores_kernel_equals_group_attention(dtype, heads, rows, splits):
+    """The Triton SRH scores (two passes over the keys) against the PyTorch group_attention they replace on CUDA:
+    ragged lengths (one near the capacity), all / one / uneven groups, a head or a row listed twice, one chunk,
+    several chunks whose partials are merged, and the automatic split."""
+    from specdec.attention.recording import group_attention
+    from specdec.cuda.triton_srh import group_scores
+
+    g = torch.Generator().manual_seed(4)
+    B, H, Hkv, T, L, D = 2, 6, 3, 3, 200, 16
+    q = torch.randn(B, H, T, D, generator=g).to(dtype)
+    k = (2 * torch.randn(B, Hkv, L, D, generator=g)).to(dtype)
+    lengths = torch.tensor([5, L - T])
+    r = None if rows is None else torch.tensor(rows)
+    want = group_attention(q, k, lengths, heads, 0.3, rows=r, full=True)
+    got = group_scores(q, k, lengths, heads, 0.3, rows=rows, num_splits=splits, block_n=16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_srh_request_through_the_kernel_equals_torch(target, monkeypatch):
+    """A forward carrying Dustin's SRH request gives the same scores (and logits) with the Triton kernels
+    (``GROUP_SCORES="triton"``, as on CUDA) as with group_attention, for all rows and for a subset."""
+    from specdec.attention import recording
+    from specdec.interfaces import ScoreRequest
+
+    cache = target.new_cache(2, 40)
+    torch.manual_seed(0)
+    cache.k.normal_()
+    cache.v.normal_()
+    x, L = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), torch.tensor([10, 20])
+    heads = {1: [0, 3], 2: [2, 2]}
+    makers = {"all": lambda: srh_request(heads, x.shape[1]),
+              "subset": lambda: ScoreRequest(rows=[0, 3], kind="softmax", heads="group", layers=[1, 2],
+                                             query_heads=heads, source="context")}
+    from specdec.cuda import triton_srh
+
+    calls = []
+    kernel = triton_srh.group_scores
+    monkeypatch.setattr(triton_srh, "group_scores", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    got, want = {}, {}
+    for mode, out in (("torch", want), ("triton", got)):
+        monkeypatch.setattr(recording, "GROUP_SCORES", mode)
+        for name, make in makers.items():
+            req = make()
+            logits = target.forward(x, cache, L, scores=req)
+            out[name] = (logits, {k: v.clone() for k, v in req.scores.items()})
+    assert len(calls) == 4  # the kernel path ran: 2 requests x 2 layers, only with "triton"
+    for name in ("all", "subset"):
+        torch.testing.assert_close(got[name][0], want[name][0])
+        assert sorted(got[name][1]) == [1, 2]
+        for layer in (1, 2):
+            assert float(want[name][1][layer].sum()) > 0
+            torch.testing.assert_close(got[name][1][layer], want[name][1][layer], rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(recording, "GROUP_SCORES", "fast")
+    with pytest.raises(ValueError, match="GROUP_SCORES must be"):
+        target.forward(x, cache, L, scores=srh_request(heads, x.shape[1]))
+
+
+def test_graph_step_key_names_the_context_score_kernels(target, monkeypatch):
+    """A forward captured with the SRH scores of one implementation is not replayed for the other (the
+    benchmarks compare both in one process); requests of the attention's own scores are unaffected."""
+    from specdec.attention import recording
+    from specdec.interfaces import ScoreRequest
+
+    cache = target.new_cache(1, 16)
+    x = torch.zeros(1, 2, dtype=torch.long)
+    ctx = srh_request({1: [0]}, 2)
+    own = ScoreRequest(rows=[0, 1], kind="logits")
+    keys = {}
+    for mode in ("auto", "torch"):
+        monkeypatch.setattr(recording, "GROUP_SCORES", mode)
+        keys[mode] = (describe_step(target, x, cache, None, (ctx,), 1), describe_step(target, x, cache, None, (own,), 1))
+    assert keys["auto"][0] != keys["torch"][0]
+    assert keys["auto"][1] == keys["torch"][1]

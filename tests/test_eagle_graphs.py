@@ -81,7 +81,7 @@ def artifact(target, tmp_path_factory):
 PROMPTS = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 5]
 
 
-def _run(target, artifact, replay: bool, method: str, sampling=None, new=20):
+def _run(target, artifact, replay: bool, method: str, sampling=None, new=20, attention="auto"):
     if method == "eagle":  # dense verification: lossless
         from specdec.eagle import EagleDrafter
         from specdec.engine import SpeculativeEngine
@@ -94,9 +94,10 @@ def _run(target, artifact, replay: bool, method: str, sampling=None, new=20):
                                   options={"draft": str(artifact)})
         eng = build_engine(target, cfg, eos_token_id=-1)
     calls = ReplayCalls() if replay else None
-    if replay:  # Dustin's EAGLE drafter sits under prompt lookup (its default)
-        from specdec.lookup import base_drafter
+    from specdec.lookup import base_drafter
 
+    base_drafter(eng.drafter).attention = attention
+    if replay:  # Dustin's EAGLE drafter sits under prompt lookup (its default)
         base_drafter(eng.drafter)._captured = lambda: calls
     out = []
     for prompts in (PROMPTS, PROMPTS[:1] * 2):
@@ -173,3 +174,78 @@ def test_head_builds_from_a_fused_target(artifact, kernels):
         out.append((r.tokens, r.stats.mean_accepted_length))
     assert out[0][0] == out[1][0]
     assert out[0][1] == pytest.approx(out[1][1])
+
+
+def _triton(splits: int = 3):
+    pytest.importorskip("triton", reason="the head's Triton attention needs the optional 'triton' package")
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("Triton kernels on CPU tensors need TRITON_INTERPRET=1")
+    from specdec.cuda.triton_backend import TritonBackend, TritonConfig
+
+    return TritonBackend(TritonConfig(block_n=16, num_splits=splits))
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("T", [1, 6])
+def test_head_attention_through_a_backend_equals_the_matmuls(target, artifact, backend, T):
+    """``head_layer_step`` with the attention on a backend (the Triton split-K kernel, as on a GPU; the reference
+    backend) against its PyTorch matmuls: the layer's output, the written K/V and the lookahead scores of two
+    heads (summed over heads and rows), ragged positions, one row (draft steps) and six (the first draft)."""
+    from specdec.attention.reference import ReferenceBackend
+    from specdec.eagle import build_head, head_layer_step, rope
+
+    be = _triton() if backend == "triton" else ReferenceBackend()
+    head = build_head(target, artifact)[1]
+    g = torch.Generator().manual_seed(5)
+    B, C, d = 2, 48, target.hf.config.hidden_size
+    a = head.layer.self_attn
+    Hkv, D = a.k_proj.out_features // a.head_dim, a.head_dim
+    H = a.q_proj.out_features // D
+    k0, v0 = torch.randn(B, Hkv, C, D, generator=g), torch.randn(B, Hkv, C, D, generator=g)
+    x = torch.randn(B, T, d, generator=g)
+    pos = torch.tensor([[7], [C - T - 3]]) + torch.arange(T)
+    cos, sin = rope(target, x, pos)
+    hs = [0, H - 1]
+    out = {}
+    for name, kw in (("torch", {}), ("backend", dict(backend=be, score_heads=hs))):
+        kc, vc, probs = k0.clone(), v0.clone(), []
+        with torch.no_grad():
+            y = head_layer_step(head.layer, x, kc, vc, pos, cos, sin, probs, **kw)
+        la = probs[0].index_select(1, torch.tensor(hs)).sum((1, 2)) if name == "torch" else probs[0].sum(1)
+        out[name] = (y, kc, vc, la)
+    y0, k_0, v_0, la0 = out["torch"]
+    y1, k_1, v_1, la1 = out["backend"]
+    assert torch.equal(k_0, k_1) and torch.equal(v_0, v_1)
+    torch.testing.assert_close(y1, y0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(la1, la0, rtol=1e-4, atol=1e-6)
+    assert float(la0[0, pos[0, -1] + 1:].abs().sum()) == 0 and float(la0.sum()) > 0
+
+
+@pytest.mark.parametrize("method", ["eagle", "dustin"])
+def test_head_on_the_triton_backend_drafts_as_the_matmuls_and_replays(target, artifact, method):
+    """The head's attention on the Triton kernel (the default when the target runs on the Triton backend):
+    tokens, τ and per-position acceptance equal the PyTorch head's (dense verification: lossless; Dustin: the
+    lookahead signal steers the sparse verify, so its scores are checked too), eagerly and replayed (a graph's
+    contract). The target itself stays on the reference backend here (the interpreter is slow)."""
+    be = _triton(splits=1)  # one chunk: the fused softmax scores of a one-split launch, as at B = 64 on a GPU
+    from specdec.errors import SpecdecError
+    from specdec.lookup import base_drafter
+
+    want, _, eng = _run(target, artifact, False, method, new=8)
+    head = base_drafter(eng.drafter)
+    assert head.attention == "auto" and head.attention_backend() is None  # reference target: the matmuls
+    with target.using_backend(be):
+        assert head.attention_backend() is be  # a Triton target: its kernel
+    head.attention = "torch"
+    with target.using_backend(be):
+        assert head.attention_backend() is None
+    head.attention = "fast"
+    with pytest.raises(SpecdecError, match="must be 'auto', 'backend' or 'torch'"):
+        head.attention_backend()
+    got = []
+    for replay in (False, True):
+        out, calls, eng = _run(target, artifact, replay, method, new=8, attention=be)
+        got.append(out)
+        if replay:
+            assert calls.replays > 0
+    assert got[0] == want and got[1] == want

@@ -174,3 +174,37 @@ def test_sampling_with_lookup_follows_the_target(tmp_path):
     pval, tv, _ = goodness_of_fit(counts, probs)
     p1, tv1, _ = goodness_of_fit(counts.sum(dim=(1, 2)), probs.sum(dim=(1, 2)))
     assert pval > 1e-3 and p1 > 1e-3 and tv1 < 0.03, (pval, p1, tv1)
+
+
+def test_lookup_merge_respects_trust_and_the_inner_first_draft():
+    """Which drafts the lookup replaces, per sequence: a trusted match (n >= trust_n) always, a short one only
+    where its first token equals the inner drafter's, a partial proposal only in its own positions, no match
+    never; and the inner drafter is told exactly these drafts."""
+    from types import SimpleNamespace
+
+    from specdec.interfaces import Drafter
+    from specdec.lookup import LookupDrafter
+
+    class Inner(Drafter):
+        def prefill(self, state):
+            pass
+
+        def draft(self, state, gamma):
+            return torch.full((len(state.tokens), gamma), 99), None
+
+        def drafts_replaced(self, state, drafts, mask):
+            self.seen = (drafts.clone(), mask.clone())
+
+    inner = Inner()
+    look = LookupDrafter(inner, min_n=1, max_n=3, trust_n=3)
+    toks = [[1, 2, 3, 4, 1, 2, 3],  # suffix (1, 2, 3) seen before: trusted, proposes 4 1 2 3
+            [5, 6, 7, 8, 9, 6],  # only (6,) matches: short, first token 7 != inner's 99: kept
+            [5, 6, 99, 8, 6],  # short match whose first token 99 equals the inner draft: taken (99 8 6 99)
+            [10, 11, 12, 13]]  # no match
+    state = SimpleNamespace(tokens=toks)
+    look.prefill(state)
+    drafts, q = look.draft(state, 4)
+    assert q is None
+    assert drafts.tolist() == [[4, 1, 2, 3], [99] * 4, [99, 8, 6, 99], [99] * 4]
+    assert inner.seen[1].tolist() == [[True] * 4, [False] * 4, [True] * 4, [False] * 4]
+    assert torch.equal(inner.seen[0], drafts)

@@ -15,7 +15,9 @@ median; then one run with phase syncs for the time split):
 * ``dense`` — one target row per step (this engine's dense decoding; its step is the "target step");
 * ``eagle-dense`` — the EAGLE head + dense verification (lossless: must equal dense);
 * ``dustin-25%`` — the head + Dustin's sparse verification over 25 % of the context;
-* ``dustin-default`` — the same at the default budget (5 %).
+* ``dustin-default`` — the same at the default budget (5 %);
+* ``dustin-25%-before`` — ``dustin-25%`` with the head's attention in PyTorch matmuls and the SRH scores by
+  ``group_attention`` (the paths before ``specdec/cuda/triton_srh.py`` and the head on the backend).
 
 Per row: tokens/s (median), × dense, τ, free-running token agreement with dense (share of equal positions, all
 sequences) and the first divergence, the phase split (draft / verify / sample / select, ms per iteration), the
@@ -30,6 +32,7 @@ replays per iteration: where the iteration's time goes). Everything lands in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib.util
 import json
@@ -84,7 +87,33 @@ def engines(m, a):
                                                  method="eagle-dense", eos_token_id=-1),
         "dustin-25%": lambda: dustin(budget_ratio=0.25),
         "dustin-default": lambda: dustin(),
+        # the same at 25 % on the paths before the d15 kernels (head attention in PyTorch matmuls, SRH scores
+        # by group_attention): the before/after of one run (see ``before_paths``)
+        "dustin-25%-before": lambda: dustin(budget_ratio=0.25),
     }
+
+
+@contextlib.contextmanager
+def before_paths(eng, name: str):
+    """For a ``*-before`` method: the EAGLE head's attention in PyTorch (``EagleDrafter.attention = "torch"``)
+    and the SRH scores by ``group_attention`` (``recording.GROUP_SCORES = "torch"``) while it runs."""
+    if not name.endswith("-before"):
+        yield
+        return
+    from specdec.attention import recording
+    from specdec.lookup import base_drafter
+
+    head = base_drafter(eng.drafter)
+    old = recording.GROUP_SCORES, getattr(head, "attention", None)
+    recording.GROUP_SCORES = "torch"
+    if old[1] is not None:
+        head.attention = "torch"
+    try:
+        yield
+    finally:
+        recording.GROUP_SCORES = old[0]
+        if old[1] is not None:
+            head.attention = old[1]
 
 
 def measure(eng, prompts, pre, a) -> dict:
@@ -143,7 +172,8 @@ def part_batch(a, m, ids, B: int, res: dict, save) -> None:
             if name == "dense":  # the baseline does not record hidden states (no drafter reads them)
                 m.keep_hidden = False
             try:
-                r = measure(eng, prompts, pre, a)
+                with before_paths(eng, name):
+                    r = measure(eng, prompts, pre, a)
             finally:
                 m.keep_hidden = hidden
             r.update(method=name, batch=B, context=len(ids), seconds=round(time.perf_counter() - t, 1))

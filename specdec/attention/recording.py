@@ -107,6 +107,20 @@ def group_attention(q: torch.Tensor, k_cache: torch.Tensor, lengths: torch.Tenso
     return out
 
 
+#: How ``heads="group"`` context scores (Dustin's target history) are computed: ``"auto"`` the Triton kernels of
+#: :mod:`specdec.cuda.triton_srh` on CUDA tensors and :func:`group_attention` (PyTorch) elsewhere; ``"torch"``
+#: always :func:`group_attention`; ``"triton"`` always the kernels (on the CPU: ``TRITON_INTERPRET=1``, tests).
+#: Both give the same values (``tests/test_dustin_graphs.py``); on an H200 at B = 64 x 8k the PyTorch path took
+#: 1.01 ms per verify, the kernels read the keys twice (~0.1 ms of bytes).
+GROUP_SCORES = "auto"
+
+
+def _group_kernel(q: torch.Tensor) -> bool:
+    if GROUP_SCORES not in ("auto", "torch", "triton"):
+        raise ValueError(f"recording.GROUP_SCORES must be 'auto', 'torch' or 'triton', not {GROUP_SCORES!r}.")
+    return GROUP_SCORES == "triton" or (GROUP_SCORES == "auto" and q.is_cuda)
+
+
 _INDEX: dict[tuple, torch.Tensor] = {}
 
 
@@ -174,8 +188,14 @@ def record(requests: Sequence[ScoreRequest], layer: int, q: torch.Tensor, k_cach
         rows = None if list(req.rows) == list(range(q.shape[2])) else _index(req.rows, q.device)
         # capture and GPUs: attend over the whole capacity (no host read of the lengths; same values)
         if req.heads == "group":  # summed per KV group: each group's keys read once, not once per query head
-            req.scores[layer] = group_attention(q, k_cache, meta.lengths, heads, meta.scale, rows=rows,
-                                                full=meta.static or q.is_cuda)
+            if _group_kernel(q):  # two Triton launches at the keys' bytes (specdec.cuda.triton_srh)
+                from specdec.cuda.triton_srh import group_scores
+
+                req.scores[layer] = group_scores(q, k_cache, meta.lengths, heads, meta.scale,
+                                                 rows=None if rows is None else req.rows)
+            else:
+                req.scores[layer] = group_attention(q, k_cache, meta.lengths, heads, meta.scale, rows=rows,
+                                                    full=meta.static or q.is_cuda)
             if not meta.static:
                 req.seconds += time.perf_counter() - t0
             continue
