@@ -959,3 +959,48 @@ def test_l14_sparse_launch_rows_match_reference_and_count_launches(row):
     ops = count_launches(lambda: be.attend(q, k, v, meta))
     assert ops["triton:_splitk_attn_kernel"] == 1
     assert ops["triton:_combine_kernel"] == (0 if fc else 1), dict(ops)
+
+
+def test_sparse_long_row_two_per_sm_and_fused_combine_by_default():
+    """Sparse head dim 128 over a cache of >= 32k positions with more than 8 (sequence, KV head) pairs takes
+    ``SPARSE_LONG`` (2 programs per SM) and merges its splits in the split kernel unless told otherwise (the
+    Llama-3.1-8B sparse step at B 16 x 32k: 6.05 vs 6.24 ms on an H200, 2026-12-01 20:41 UTC); one sequence
+    (8 pairs), shorter caches, head dim 64 / 256 and dense calls keep their rows and the combine launch. On the
+    interpreter (2 forced splits: its 4 pretend SMs would run 10 pairs in one) a 32k-position cache at B 5 x 2 KV
+    heads gives the reference's output in ONE launch."""
+    from specdec.cuda import triton_attention as ta
+    from specdec.testing.launches import count_launches
+
+    assert ta.SPARSE_LONG == (128, 4, 2, 2, False, 1) and ta.FUSED_COMBINE_ROWS == (ta.SPARSE_LONG,)
+    assert ta.table_entry(True, 128, pairs=16 * 8, length=32768) == ta.SPARSE_LONG
+    assert ta.table_entry(True, 128, pairs=16 * 8, length=32767) == ta.SPARSE_LEGACY
+    assert ta.table_entry(True, 128, pairs=8, length=131072) == ta.SPARSE_LEGACY
+    assert ta.table_entry(True, 256, pairs=16 * 8, length=32768) == ta.SPARSE_LEGACY
+    assert ta.table_entry(True, 64, pairs=64 * 3, length=32768) == (128, 4, 3, 4, True, 1)
+    on = LaunchConfig().resolve(True, 128, pairs=16 * 8, length=32768, rows=1)
+    assert (on.ctas_per_sm, on.fused_combine) == (2, True)
+    for off in (LaunchConfig().resolve(True, 128, pairs=16 * 8, length=8192, rows=1),
+                LaunchConfig().resolve(True, 128, pairs=8, length=131072, rows=1),
+                LaunchConfig().resolve(False, 128, pairs=16 * 8, length=32768, rows=1),
+                LaunchConfig(fused_combine=False).resolve(True, 128, pairs=16 * 8, length=32768, rows=1)):
+        assert off.fused_combine is False
+    assert LaunchConfig(fused_combine=True).resolve(False, 64).fused_combine is True
+    assert TritonConfig().fused_combine is None
+
+    L = 1 << 15
+    lengths = [L - 3, 4000, 29, 30000, 700]
+    q, k, v, lens = make_case(5, 2, 2, 1, 128, L, torch.bfloat16, lengths, seed=15)
+    idx, df = make_plan(5, 2, 24, lengths, 1)
+    cfg = TritonConfig(num_splits=2)
+    check(cfg, q, k, v, lens, plan_indices=idx, dense_from=df)
+    be = TritonBackend(cfg)
+    meta = AttentionMetadata(lens, 128 ** -0.5, plan_indices=idx, dense_from=df)
+    ops = count_launches(lambda: be.attend(q, k, v, meta))
+    assert ops["triton:_splitk_attn_kernel"] == 1
+    assert ops["triton:_combine_kernel"] == 0, dict(ops)
+    short_lengths = [4000, 300, 29, 1000, 70]
+    short = make_case(5, 2, 2, 1, 128, 4096, torch.bfloat16, short_lengths, seed=15)
+    idx_s, df_s = make_plan(5, 2, 24, short_lengths, 1)
+    meta_s = AttentionMetadata(short[3], 128 ** -0.5, plan_indices=idx_s, dense_from=df_s)
+    ops = count_launches(lambda: be.attend(short[0], short[1], short[2], meta_s))
+    assert ops["triton:_combine_kernel"] == 1, dict(ops)  # a short cache keeps the combine launch

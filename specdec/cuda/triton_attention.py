@@ -484,6 +484,17 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #:   "pre" slower (12.4 vs 11.1 us), and "loop" never won.
 #: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
 SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
+#: sparse head dim 128 over a long cache (>= 32k positions) at more than one 8B sequence's 8 (sequence, KV
+#: head) pairs: ``SPARSE_LEGACY`` with 2 programs per SM (3 splits instead of 5 at B 16 x 8 KV heads on 132
+#: SMs) and the combine merged into the split kernel (``FUSED_COMBINE_ROWS``). Measured inside the graph-
+#: replayed Llama-3.1-8B sparse 5 % step at B 16 x 32k on an H200 (2026-12-01 20:41 UTC,
+#: ``benchmarks/results/gpu_8b_steps_2026-12-01e.md``): 6.05 ms vs 6.24 ms for ``SPARSE_LEGACY`` with a
+#: combine launch (2 per SM alone 6.11 ms, the fused combine alone 6.07 ms; the isolated layer of 2026-12-01b
+#: had ranked ``SPARSE_LEGACY`` first). One sequence (<= 8 pairs, B 1 x 128k) was not timed: it keeps
+#: ``SPARSE_LEGACY`` and the combine launch.
+SPARSE_LONG = (128, 4, 2, 2, False, 1)
+#: rows whose calls merge the splits inside the split kernel when ``LaunchConfig.fused_combine`` is None
+FUSED_COMBINE_ROWS = (SPARSE_LONG,)
 #: dense head dim 128 at few (sequence, KV head) pairs over a long cache (see above)
 DENSE_FEW_LONG = (128, 4, 2, 4, False, 1)
 #: dense head dim 128 with ``sink_softmax`` scores: few pairs over a long cache / any batch over >= 32k
@@ -497,6 +508,8 @@ LaunchKey = tuple[bool, int, bool | None, bool | None, bool | None, int | None, 
 SINK_FEW_LONG_KEY: LaunchKey = (False, 1 << 30, None, True, None, 8, 1 << 16)
 LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...] = (
     ((True, 64, None, None, None, None, 0), (128, 4, 3, 4, True, 1)),
+    ((True, 128, None, None, None, 8, 1 << 15), SPARSE_LEGACY),
+    ((True, 128, None, None, None, None, 1 << 15), SPARSE_LONG),
     ((True, 1 << 30, None, None, None, None, 0), SPARSE_LEGACY),
     ((False, 64, None, None, None, None, 0), (128, 4, 3, 8, False, 1)),
     ((False, 1 << 30, True, None, None, None, 0), (128, 4, 2, 4, False, 1)),
@@ -571,8 +584,9 @@ class LaunchConfig:
     # at least this many tiles per split when the split count is chosen automatically; None: table
     min_tiles: int | None = None
     # with more than one split, the last program of each (sequence, KV head) merges the splits (an
-    # atomic counter per pair) instead of a second combine launch; off until measured on a GPU
-    fused_combine: bool = False
+    # atomic counter per pair) instead of a second combine launch; None: on for the calls whose table row
+    # is in FUSED_COMBINE_ROWS (sparse head dim 128 over >= 32k positions, more than 8 pairs), off elsewhere
+    fused_combine: bool | None = None
     # the fused column-sum score path (see ``splitk_attention``): where ``sink_softmax``'s anchors come
     # from ("tile" / "pre" / "loop") and how a tile's scores are stored ("shared" / "direct"); None: the
     # table row's ``SCORE_PATHS`` entry
@@ -592,7 +606,8 @@ class LaunchConfig:
         return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
                             pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
                             self.combine_warps, self.sparse_single_split_at, self.out_bthd, dense_one,
-                            pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]), self.fused_combine,
+                            pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]),
+                            pick(self.fused_combine, sparse and auto in FUSED_COMBINE_ROWS),
                             pick(self.sink_anchors, anchors), pick(self.score_store, store))  # explicit wins
 
 

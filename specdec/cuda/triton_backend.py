@@ -55,8 +55,11 @@ class TritonConfig(ComponentConfig):
         min_tiles: at least this many tiles per split when the split count is automatic
             (``None``: table).
         fused_combine: with more than one split, the last program of each (sequence, KV head)
-            merges the splits (one atomic counter per pair) instead of a second launch. Off by
-            default: its GPU tests pass on the H200, but it measured no faster (2026-12-01).
+            merges the splits (one atomic counter per pair) instead of a second launch. ``None`` (the
+            default): the launch table decides -- on for sparse plans at head dim <= 128 over caches of
+            32k positions or more with more than 8 (sequence, KV head) pairs (with 2 programs per SM:
+            the Llama-3.1-8B sparse step at B 16 x 32k took 6.05 vs 6.24 ms on an H200, 2026-12-01),
+            off elsewhere (at the SmolLM2 shape it measured no faster); ``True`` / ``False`` force it.
         flash_attn: dense attention without scores on CUDA in fp16/bf16 through flash-attn's
             ``flash_attn_with_kvcache``: ``"auto"`` when flash-attn is installed (else our kernel,
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
@@ -110,7 +113,7 @@ class TritonConfig(ComponentConfig):
     sparse_single_split_at: float | None = 1.0
     v_early: bool | None = None
     min_tiles: int | None = Field(default=None, ge=1)
-    fused_combine: bool = False
+    fused_combine: bool | None = None
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
     fused_softmax_scores: bool = False
