@@ -532,13 +532,14 @@ def test_splitk_attention_keys_sink_softmax_to_the_table(monkeypatch):
 def test_launch_table_plain_verify_rows():
     """Dense head dim 128 **verify** (T > 1) without scores takes the launches that beat the table's on
     the H200 (2026-12-01 17:42 UTC, ``gpu_scores_2026-12-01d.md``): 8B B 1 x 128k 64-position tiles,
-    3 stages, 4 per SM (149.5 vs 152.3 us); B 16 x 32k 128-position tiles, 3 stages, 2 per SM (502.4 vs
+    3 stages, 4 per SM (149.5 vs 152.3 us), 2 per SM since the 20:42 UTC run (141.4 vs 149.1 us,
+    ``gpu_scores_2026-12-01e.md``); B 16 x 32k 128-position tiles, 3 stages, 2 per SM (502.4 vs
     516.4 us). Decode (T = 1), an unknown row count, shorter caches, head dim 64, sparse plans and
     raw-logit calls keep their rows."""
     from specdec.cuda.triton_attention import (DENSE_FEW_LONG, SINK_FEW_LONG, SINK_LONG, SPARSE_LEGACY,
                                                VERIFY_FEW_LONG, VERIFY_LONG, table_entry)
 
-    assert VERIFY_FEW_LONG == (64, 4, 3, 4, False, 1) and VERIFY_LONG == (128, 4, 3, 2, False, 1)
+    assert VERIFY_FEW_LONG == (64, 4, 3, 2, False, 1) and VERIFY_LONG == (128, 4, 3, 2, False, 1)
     default = (64, 4, 2, 2, False, 1)
     for T in (2, 5):
         assert table_entry(False, 128, pairs=1 * 8, length=131072, rows=T) == VERIFY_FEW_LONG
@@ -557,7 +558,7 @@ def test_launch_table_plain_verify_rows():
         assert table_entry(False, 128, pairs=16 * 8, length=32768, rows=T) == default
         assert table_entry(False, 128, pairs=16 * 8, length=131072, rows=T) == default
     got = LaunchConfig().resolve(False, 128, pairs=8, length=131072, rows=5)
-    assert (got.block_n, got.num_warps, got.num_stages, got.ctas_per_sm) == (64, 4, 3, 4)
+    assert (got.block_n, got.num_warps, got.num_stages, got.ctas_per_sm) == (64, 4, 3, 2)
     got = LaunchConfig().resolve(False, 128, pairs=128, length=32768, rows=5)
     assert (got.block_n, got.num_warps, got.num_stages, got.ctas_per_sm) == (128, 4, 3, 2)
     got = LaunchConfig().resolve(False, 128, pairs=8, length=131072, rows=1)

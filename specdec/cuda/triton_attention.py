@@ -474,6 +474,9 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #:   ``VERIFY_LONG``) to verify calls only: decode (``T == 1``) was not timed at those launches and keeps
 #:   its rows, as does a call whose row count is not given. A verify with logits scores (not
 #:   ``sink_softmax``, not raw) takes them too; it was not timed at them.
+#:   In the 20:42 UTC run of the same day (``gpu_scores_2026-12-01e.md``) the B 1 x 128k verify took
+#:   141.4 us at 2 programs per SM (one wave) against 149.1 us at 4 (FlashInfer 149.1 us):
+#:   ``VERIFY_FEW_LONG`` is now 64-position tiles, 3 stages, 2 per SM (as ``SINK_FEW_LONG``).
 #: * dense head dim 128 verify with ``sink_softmax`` scores at few pairs over a long cache, again (measured
 #:   on an H200 on 2026-12-01 20:42 UTC by ``benchmarks/gpu/s18.sh``, ``benchmarks/results/gpu_scores_2026-12-01e.md``):
 #:   at 8B B 1 x 128k 2 programs per SM (one wave of 33 splits) beat 4 for every score path (``sink_tile``
@@ -501,7 +504,7 @@ DENSE_FEW_LONG = (128, 4, 2, 4, False, 1)
 SINK_FEW_LONG = (64, 4, 3, 2, False, 1)
 SINK_LONG = (128, 4, 3, 2, False, 1)
 #: dense head dim 128 verify (``T > 1``): few pairs over a long cache / any batch over >= 32k (see above)
-VERIFY_FEW_LONG = (64, 4, 3, 4, False, 1)
+VERIFY_FEW_LONG = (64, 4, 3, 2, False, 1)
 VERIFY_LONG = (128, 4, 3, 2, False, 1)
 LaunchKey = tuple[bool, int, bool | None, bool | None, bool | None, int | None, int]
 #: the key of ``SINK_FEW_LONG``: dense, head dim > 64, ``sink_softmax`` scores, <= 8 pairs, >= 64k positions
