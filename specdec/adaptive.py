@@ -564,8 +564,10 @@ class Pacing:
     """The engine's side of a controller: γ_t per iteration, timed observations, dense-step bookkeeping.
 
     :meth:`~specdec.engine.SpeculativeEngine.generate` calls :meth:`next_gamma` at the start of each
-    iteration and :meth:`dense_done` or :meth:`round_done` at its end (the wall time in between is the
-    controller's observation, ``None`` when a capture or compilation happened in between). ``controller``
+    iteration and :meth:`dense_done` or :meth:`round_done` at its end. The controller's observation is the
+    wall time from the end of the previous observation (the call's first iteration: from its start) to the
+    iteration's end, so the loop's work between iterations and the controller's own are in it; ``None`` when a
+    capture or compilation happened in between. ``controller``
     ``None`` (adaptation off, the dense method, a replay, a near-lossless method): every iteration has
     the fixed ``gamma`` (``0`` for the dense method).
     """
@@ -577,6 +579,13 @@ class Pacing:
         self._stale_plan = False  # dense steps ran since the last verification
         self._t0 = 0.0
         self._events = 0
+        # the end of the last observation (perf_counter, capture count): an iteration is timed from there, not from
+        # its own start, so the engine loop's work between iterations (its device read of ``active``) and the
+        # controller's own bookkeeping are charged to the iterations. Timed from ``next_gamma`` only, a γ = 1 round
+        # on the H200 (B = 1, ssl.py) measured 3.1 ms while the calls that explored it spent ~4 ms per round: each
+        # exploration from dense cost ~1.3-3x its charged regret, so the 1 % exploration share cost 2-4 % per call.
+        self._mark: float | None = None
+        self._mark_events = 0
         self._block = 0  # dense steps of the current block (SpeculationController.dense_run); 0: no block
         self._left = 0  # steps of it still to hand out
         self._done = 0  # steps of it done
@@ -592,8 +601,11 @@ class Pacing:
             return 0
         if self.controller is None:
             return self.gamma
-        self._events = warm_up_events()
-        self._t0 = time.perf_counter()
+        if self._mark is None:  # the call's first iteration
+            self._events = warm_up_events()
+            self._t0 = time.perf_counter()
+        else:
+            self._events, self._t0 = self._mark_events, self._mark
         g = self.controller.next_gamma()
         if g == 0 and self._run is not None:
             n = self._run()
@@ -604,7 +616,12 @@ class Pacing:
     def _seconds(self) -> tuple[float | None, float]:
         """(the iteration's time as a cost sample, ``None`` if it captured or compiled; its wall time)"""
         t = time.perf_counter() - self._t0
-        return (None if warm_up_events() != self._events else t), t
+        self._mark_events = warm_up_events()
+        return (None if self._mark_events != self._events else t), t
+
+    def _observed(self) -> None:
+        """The controller has its observation: the next iteration's time starts now."""
+        self._mark = time.perf_counter()
 
     def dense_done(self) -> None:
         """A dense step ended."""
@@ -619,12 +636,14 @@ class Pacing:
             return
         t, wall = self._seconds()
         self.controller.observe_dense(t, wall=wall)
+        self._observed()
 
     def finish(self) -> None:
         """Report the dense steps of an unfinished block (the engine calls this when generation ends)."""
         if self._done:
             t, wall = self._seconds()
             self.controller.observe_dense(t, wall=wall, steps=self._done)
+            self._observed()
         self._block = self._left = self._done = 0
 
     def take_stale_plan(self) -> bool:
@@ -639,6 +658,7 @@ class Pacing:
         if self.controller is not None:
             t, wall = self._seconds()
             self.controller.observe_round(gamma, mean_accepted, t, profile=profile, wall=wall)
+            self._observed()
 
 
 class AcceptanceReplay:
