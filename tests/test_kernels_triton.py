@@ -479,12 +479,13 @@ def test_splitk_attention_uses_few_long_row(monkeypatch):
 
 def test_launch_table_sink_softmax_rows():
     """Dense head dim 128 verify with ``sink_softmax`` scores takes the launches that beat the table's on
-    the H200 (2026-12-01 17:42 UTC): 8B B 1 x 128k 64-position tiles, 3 stages, 4 per SM (158.9 vs
-    161.9 us); B 16 x 32k 128-position tiles, 3 stages, 2 per SM (538.5 vs 561.3 us). The plain kernel,
-    head dim 64, sparse plans, shorter caches and an unknown batch keep their rows."""
+    the H200: 8B B 1 x 128k 64-position tiles, 3 stages, 2 per SM (20:42 UTC: 153.3 vs 163.1 us at 4 per SM
+    with the tile anchors, 149.8 us with the pre-kernel anchors and direct stores); B 16 x 32k 128-position
+    tiles, 3 stages, 2 per SM (17:42 UTC: 538.5 vs 561.3 us). The plain kernel, head dim 64, sparse plans,
+    shorter caches and an unknown batch keep their rows."""
     from specdec.cuda.triton_attention import DENSE_FEW_LONG, SINK_FEW_LONG, SINK_LONG, SPARSE_LEGACY, table_entry
 
-    assert SINK_FEW_LONG == (64, 4, 3, 4, False, 1) and SINK_LONG == (128, 4, 3, 2, False, 1)
+    assert SINK_FEW_LONG == (64, 4, 3, 2, False, 1) and SINK_LONG == (128, 4, 3, 2, False, 1)
     sink = dict(sink_scores=True)
     assert table_entry(False, 128, pairs=1 * 8, length=131072, **sink) == SINK_FEW_LONG
     assert table_entry(False, 128, pairs=16 * 8, length=32768, **sink) == SINK_LONG
@@ -810,7 +811,7 @@ def test_sink_score_variants_reach_the_kernel(monkeypatch):
     through PTX on CUDA only (the interpreter runs the plain store). Defaults: today's path."""
     import specdec.cuda.triton_attention as ta
 
-    assert (TritonConfig().sink_anchors, TritonConfig().score_store) == ("tile", "shared")
+    assert (TritonConfig().sink_anchors, TritonConfig().score_store) == (None, None)  # the table's pick
     launches = []
 
     class Spy:
@@ -839,6 +840,79 @@ def test_sink_score_variants_reach_the_kernel(monkeypatch):
             assert launches[0][1] == (2 * 2,)
         assert launches[-1][2] == dict(ANCHOR_IN=pre, DIRECT_STORE=store == "direct" and ON_GPU,
                                        ANCHOR_LOOP=anchors == "loop")
+
+
+def test_score_path_picks_per_shape_class():
+    """The score path the table picks (H200, 2026-12-01 20:42 UTC, ``gpu_scores_2026-12-01e.md``): the
+    anchors from the pre-kernel with direct stores only for dense head dim 128 ``sink_softmax`` calls of at
+    most 8 (sequence, KV head) pairs over >= 64k positions (8B B 1 x 128k: 149.8 vs 153.3 us for the tile
+    path at the same launch); the tile path with ``tl.store`` wherever they lost or were not measured (8B
+    B 16 x 32k: direct 544.3 / 548.8 vs 538.4 us; SmolLM2 B 1 x 8k: pre 12.4 vs 11.1 us), and for calls
+    without ``sink_softmax`` scores. An explicit setting wins over the table."""
+    from specdec.cuda.triton_attention import DEFAULT_SCORE_PATH, score_path
+
+    assert DEFAULT_SCORE_PATH == ("tile", "shared")
+    sink = dict(sink_scores=True, rows=5)
+    assert score_path(False, 128, pairs=1 * 8, length=131072, **sink) == ("pre", "direct")
+    assert score_path(False, 128, pairs=4, length=1 << 16, **sink) == ("pre", "direct")
+    for shape in (dict(pairs=16 * 8, length=32768), dict(pairs=16 * 8, length=131072), dict(pairs=8, length=32768),
+                  dict(pairs=None, length=131072)):
+        assert score_path(False, 128, **shape, **sink) == ("tile", "shared"), shape
+    for B in (1, 16, 64):  # SmolLM2 (head dim 64) at 8k, and at 128k
+        assert score_path(False, 64, pairs=B * 3, length=8192, **sink) == ("tile", "shared")
+    assert score_path(False, 64, pairs=3, length=131072, **sink) == ("tile", "shared")
+    assert score_path(True, 128, pairs=8, length=131072, **sink) == ("tile", "shared")  # sparse plan
+    assert score_path(False, 128, pairs=8, length=131072, rows=5) == ("tile", "shared")  # logits colsum
+    got = LaunchConfig().resolve(False, 128, pairs=8, length=131072, **sink)
+    assert (got.block_n, got.num_stages, got.ctas_per_sm, got.sink_anchors, got.score_store) == (64, 3, 2, "pre",
+                                                                                                "direct")
+    got = LaunchConfig().resolve(False, 128, pairs=128, length=32768, **sink)
+    assert (got.sink_anchors, got.score_store) == ("tile", "shared")
+    mine = LaunchConfig(sink_anchors="loop", score_store="shared").resolve(False, 128, pairs=8, length=131072, **sink)
+    assert (mine.sink_anchors, mine.score_store) == ("loop", "shared")
+    be = TritonBackend(TritonConfig(sink_anchors="tile"))
+    assert (be._launch.sink_anchors, be._launch.score_store) == ("tile", None)
+
+
+def test_splitk_attention_takes_the_table_score_path(monkeypatch):
+    """With the ``SINK_FEW_LONG`` row's cache floor lowered to 0, a default backend's ``sink_softmax`` verify
+    of one sequence (2 KV heads) runs the anchor pre-kernel and loads its anchors (direct stores on a GPU),
+    at the row's launch, and gives the reference's outputs and scores; 5 sequences (10 pairs) and the same
+    call without scores keep today's path (no anchor kernel)."""
+    import specdec.cuda.triton_attention as ta
+
+    low = ta.SINK_FEW_LONG_KEY[:6] + (0,)
+    monkeypatch.setattr(ta, "LAUNCH_TABLE", tuple(((low if k == ta.SINK_FEW_LONG_KEY else k), v)
+                                                  for k, v in ta.LAUNCH_TABLE))
+    monkeypatch.setattr(ta, "SCORE_PATHS", {low: ta.SCORE_PATHS[ta.SINK_FEW_LONG_KEY]})
+    launches = []
+
+    class Spy:
+        def __init__(self, name, real):
+            self.name, self.real = name, real
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                keys = ("ANCHOR_IN", "DIRECT_STORE", "ANCHOR_LOOP", "BLOCK_N")
+                launches.append((self.name, grid, {k: v for k, v in kw.items() if k in keys}))
+                return self.real[grid](*a, **kw)
+            return run
+
+    monkeypatch.setattr(ta, "_sink_anchor_kernel", Spy("anchor", ta._sink_anchor_kernel))
+    monkeypatch.setattr(ta, "_splitk_attn_kernel", Spy("split", ta._splitk_attn_kernel))
+    sink = dict(score_rows=[0, 4], score_kind="sink_softmax")
+    for B, lengths, picked in ((1, [290], True), (5, [290, 77, 5, 150, 0], False)):
+        q, k, v, lens = make_case(B, 2, 2, 5, 128, 300, torch.float32, lengths, seed=61 + B)
+        for kw in (sink, {}):
+            launches.clear()
+            check(TritonConfig(), q, k, v, lens, **kw)
+            pre = picked and bool(kw)
+            assert [n for n, _, _ in launches] == (["anchor", "split"] if pre else ["split"]), (B, kw, launches)
+            split = launches[-1]
+            assert split[2]["ANCHOR_IN"] == pre and split[2]["ANCHOR_LOOP"] is False
+            assert split[2]["DIRECT_STORE"] == (pre and ON_GPU)
+            if pre:
+                assert split[2]["BLOCK_N"] == ta.SINK_FEW_LONG[0] and split[1][1] > 1  # the row's tiles, split
 
 
 def test_sink_score_variant_names_are_checked():
@@ -885,3 +959,48 @@ def test_l14_sparse_launch_rows_match_reference_and_count_launches(row):
     ops = count_launches(lambda: be.attend(q, k, v, meta))
     assert ops["triton:_splitk_attn_kernel"] == 1
     assert ops["triton:_combine_kernel"] == (0 if fc else 1), dict(ops)
+
+
+def test_sparse_long_row_two_per_sm_and_fused_combine_by_default():
+    """Sparse head dim 128 over a cache of >= 32k positions with more than 8 (sequence, KV head) pairs takes
+    ``SPARSE_LONG`` (2 programs per SM) and merges its splits in the split kernel unless told otherwise (the
+    Llama-3.1-8B sparse step at B 16 x 32k: 6.05 vs 6.24 ms on an H200, 2026-12-01 20:41 UTC); one sequence
+    (8 pairs), shorter caches, head dim 64 / 256 and dense calls keep their rows and the combine launch. On the
+    interpreter (2 forced splits: its 4 pretend SMs would run 10 pairs in one) a 32k-position cache at B 5 x 2 KV
+    heads gives the reference's output in ONE launch."""
+    from specdec.cuda import triton_attention as ta
+    from specdec.testing.launches import count_launches
+
+    assert ta.SPARSE_LONG == (128, 4, 2, 2, False, 1) and ta.FUSED_COMBINE_ROWS == (ta.SPARSE_LONG,)
+    assert ta.table_entry(True, 128, pairs=16 * 8, length=32768) == ta.SPARSE_LONG
+    assert ta.table_entry(True, 128, pairs=16 * 8, length=32767) == ta.SPARSE_LEGACY
+    assert ta.table_entry(True, 128, pairs=8, length=131072) == ta.SPARSE_LEGACY
+    assert ta.table_entry(True, 256, pairs=16 * 8, length=32768) == ta.SPARSE_LEGACY
+    assert ta.table_entry(True, 64, pairs=64 * 3, length=32768) == (128, 4, 3, 4, True, 1)
+    on = LaunchConfig().resolve(True, 128, pairs=16 * 8, length=32768, rows=1)
+    assert (on.ctas_per_sm, on.fused_combine) == (2, True)
+    for off in (LaunchConfig().resolve(True, 128, pairs=16 * 8, length=8192, rows=1),
+                LaunchConfig().resolve(True, 128, pairs=8, length=131072, rows=1),
+                LaunchConfig().resolve(False, 128, pairs=16 * 8, length=32768, rows=1),
+                LaunchConfig(fused_combine=False).resolve(True, 128, pairs=16 * 8, length=32768, rows=1)):
+        assert off.fused_combine is False
+    assert LaunchConfig(fused_combine=True).resolve(False, 64).fused_combine is True
+    assert TritonConfig().fused_combine is None
+
+    L = 1 << 15
+    lengths = [L - 3, 4000, 29, 30000, 700]
+    q, k, v, lens = make_case(5, 2, 2, 1, 128, L, torch.bfloat16, lengths, seed=15)
+    idx, df = make_plan(5, 2, 24, lengths, 1)
+    cfg = TritonConfig(num_splits=2)
+    check(cfg, q, k, v, lens, plan_indices=idx, dense_from=df)
+    be = TritonBackend(cfg)
+    meta = AttentionMetadata(lens, 128 ** -0.5, plan_indices=idx, dense_from=df)
+    ops = count_launches(lambda: be.attend(q, k, v, meta))
+    assert ops["triton:_splitk_attn_kernel"] == 1
+    assert ops["triton:_combine_kernel"] == 0, dict(ops)
+    short_lengths = [4000, 300, 29, 1000, 70]
+    short = make_case(5, 2, 2, 1, 128, 4096, torch.bfloat16, short_lengths, seed=15)
+    idx_s, df_s = make_plan(5, 2, 24, short_lengths, 1)
+    meta_s = AttentionMetadata(short[3], 128 ** -0.5, plan_indices=idx_s, dense_from=df_s)
+    ops = count_launches(lambda: be.attend(short[0], short[1], short[2], meta_s))
+    assert ops["triton:_combine_kernel"] == 1, dict(ops)  # a short cache keeps the combine launch

@@ -332,7 +332,8 @@ def part_steps(a, res, bw):
 
                     bn, w, st, c, e, m = SPARSE_LEGACY
                     model.backend._launch = dataclasses.replace(launch, block_n=bn, num_warps=w, num_stages=st,
-                                                                ctas_per_sm=c, v_early=e, min_tiles=m)
+                                                                ctas_per_sm=c, v_early=e, min_tiles=m,
+                                                                fused_combine=False)
                 elif variant in (COMBINE_VARIANT, SPLIT_COMBINE_VARIANT):
                     model.backend._launch = dataclasses.replace(launch, fused_combine=True)
                 elif variant in SPARSE_LAUNCH_VARIANTS:

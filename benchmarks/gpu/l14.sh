@@ -10,6 +10,9 @@
 #   fused_kernels_split2_down2  lever 1, the default since l14 (fusion.DOWN_SPLITS = 2, guarded for hidden-state readers)
 #   ..._down2_fused_combine     lever 2: the split-K attention's combine done by the last program of each pair
 #   ..._down2_sparse_{c2,c8,s3,w8,c2_fc}  lever 3: launch rows of the sparse kernel (splits, stages, warps)
+# Since the H200 run of 2026-12-01 20:41 UTC (benchmarks/results/gpu_8b_steps_2026-12-01e.md) the library's own
+# sparse launch at this shape IS the c2_fc row (launch table SPARSE_LONG + FUSED_COMBINE_ROWS), so the first two
+# variants' sparse steps now run it too; the lever rows pin their launch (fused_combine included) explicitly.
 set -u
 OUT=${OUT:-/tmp/l14_out}
 D="$OUT/l14"

@@ -11,8 +11,9 @@ reference on the first two sequences). Per shape (8B first: the targets):
 * ``verify`` (5 rows, no scores): ours at the table's launch (``triton``), FlashInfer eager
   (``flashinfer``) and its CUDA-graph wrapper (``flashinfer_graph``), FA4, SDPA;
 * ``verify_sink`` (the same with ``sink_softmax`` scores of rows {0, 4}, Vegas' default), ours at the
-  table's launch: today's default (``sink_tile``: anchors per split program, ``tl.store``) and the
-  variants of the 2026-12-01 evening session (``TritonConfig`` fields, opt-in, defaults unchanged):
+  table's launch: the table's pick (``sink_table``: since the 20:42 UTC run ``pre`` + ``direct`` for the
+  ``SINK_FEW_LONG`` class, i.e. 8B B 1 x 128k, ``tile`` + ``shared`` elsewhere), the path of before
+  (``sink_tile``: anchors per split program, ``tl.store``) and the variants (``TritonConfig`` fields):
   ``sink_pre`` (``sink_anchors="pre"``: the anchors once per (sequence, KV head) in a pre-kernel),
   ``sink_direct`` (``score_store="direct"``: PTX stores from the reduction's registers, no shared-memory
   layout conversion), ``sink_pre_direct`` (both) and ``sink_loop_direct`` (``sink_anchors="loop"``: the
@@ -46,8 +47,12 @@ import torch  # noqa: E402
 import peers as pb  # noqa: E402  (benchmarks/gpu/peers.py)
 
 ORDER = [4, 3, 2, 1, 0]  # peers.CASES: 8B 1 x 128k, 8B 16 x 32k, SmolLM2 B 64 / 16 / 1 x 8k
-#: the score-path variants (TritonConfig fields) timed at every shape, next to today's default ``sink_tile``
-SINK_VARIANTS = {"sink_pre": dict(sink_anchors="pre"), "sink_direct": dict(score_store="direct"),
+#: the score-path variants (TritonConfig fields) timed at every shape, next to the tile path ``sink_tile``
+#: (each names both fields: since the 2026-12-01 20:42 UTC run the table picks the path per shape class,
+#: ``triton_attention.SCORE_PATHS``; ``sink_table`` is that pick, at the table's launch)
+TILE = dict(sink_anchors="tile", score_store="shared")
+SINK_VARIANTS = {"sink_table": {}, "sink_pre": dict(sink_anchors="pre", score_store="shared"),
+                 "sink_direct": dict(sink_anchors="tile", score_store="direct"),
                  "sink_pre_direct": dict(sink_anchors="pre", score_store="direct"),
                  "sink_loop_direct": dict(sink_anchors="loop", score_store="direct")}
 #: launch variants per case index (TritonConfig fields), each timed plain and with scores (default + best guess)
@@ -95,11 +100,11 @@ def ours_for(idx: int, smoke: bool, launch_pass: bool = False) -> dict[str, dict
         plain, sink = {}, {}
         for lab, f in launch.items():
             plain[f"triton@{lab}"] = dict(base, **f)
-            sink[f"sink_tile@{lab}"] = dict(base, **f)
+            sink[f"sink_tile@{lab}"] = dict(base, **f, **TILE)
             sink[f"sink_pre_direct@{lab}"] = dict(base, **f, sink_anchors="pre", score_store="direct")
             sink[f"sink_loop_direct@{lab}"] = dict(base, **f, sink_anchors="loop", score_store="direct")
         return {"verify": plain, "verify_sink": sink}
-    sink = {"sink_tile": dict(base)}
+    sink = {"sink_tile": dict(base, **TILE)}
     sink.update({k: dict(base, **f) for k, f in SINK_VARIANTS.items()})
     if idx in (3, 4) or smoke:
         sink["sink_pre_direct_bf16"] = dict(base, sink_anchors="pre", score_store="direct", score_dtype="bfloat16")
@@ -136,7 +141,7 @@ def target_table(rows) -> list[str]:
                          f"{r['max_abs_err']:.1e} |")
             if kind == "verify_sink" and fi and (best.get((case, B, L)) is None or r["us"] < best[(case, B, L)][1]):
                 best[(case, B, L)] = (var, r["us"], fi / r["us"], d.get(("verify_sink", "sink_tile"), {}).get("us"))
-    cols = ["triton", "sink_tile", "sink_pre", "sink_direct", "sink_pre_direct", "sink_loop_direct",
+    cols = ["triton", "sink_table", "sink_tile", "sink_pre", "sink_direct", "sink_pre_direct", "sink_loop_direct",
             "sink_pre_direct_bf16"]
     lines += ["", "FlashInfer eager (verify, no scores) µs / ours µs at the table's launch (>= 1.0 meets the target; "
               "`triton` = ours without scores):", "", "| shape | FI µs | " + " | ".join(cols) + " |",
@@ -150,7 +155,7 @@ def target_table(rows) -> list[str]:
     lines += ["", "Best score-emitting variant per shape (target FI eager / this >= 1.0):", ""]
     for (case, B, L), (var, us, ratio, tile) in best.items():
         lines.append(f"- {case} {B}×{kl(L)}: **{var}** {us:.1f} µs, FI / this **{ratio:.3f}** "
-                     f"({'met' if ratio >= 1.0 else 'missed'}); today's default sink_tile "
+                     f"({'met' if ratio >= 1.0 else 'missed'}); the tile path sink_tile "
                      f"{tile:.1f} µs" if tile else f"- {case} {B}×{kl(L)}: {var} {us:.1f} µs, {ratio:.3f}")
     return lines
 

@@ -60,8 +60,10 @@ SMOKE_SHAPES = [("tiny 8b-geometry", 8, 2, 128, 2, 700), ("tiny smollm2-geometry
 
 
 def mk(bn, w, s, c, e, m, single=1.0) -> LaunchConfig:
+    # fused_combine pinned off (the library's None lets the table turn it on at head dim 128 over >= 32k):
+    # each row names its own combine, "_fc" below
     return LaunchConfig(block_n=bn, num_warps=w, num_stages=s, ctas_per_sm=c, v_early=e, min_tiles=m,
-                        sparse_single_split_at=single)
+                        sparse_single_split_at=single, fused_combine=False)
 
 
 def name_of(c: LaunchConfig) -> str:

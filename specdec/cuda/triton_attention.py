@@ -474,23 +474,46 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #:   ``VERIFY_LONG``) to verify calls only: decode (``T == 1``) was not timed at those launches and keeps
 #:   its rows, as does a call whose row count is not given. A verify with logits scores (not
 #:   ``sink_softmax``, not raw) takes them too; it was not timed at them.
+#: * dense head dim 128 verify with ``sink_softmax`` scores at few pairs over a long cache, again (measured
+#:   on an H200 on 2026-12-01 20:42 UTC by ``benchmarks/gpu/s18.sh``, ``benchmarks/results/gpu_scores_2026-12-01e.md``):
+#:   at 8B B 1 x 128k 2 programs per SM (one wave of 33 splits) beat 4 for every score path (``sink_tile``
+#:   153.3 vs 163.1 us), and the anchors from the pre-kernel with direct stores were the fastest there
+#:   (149.8 us; FlashInfer without scores 149.1 us): ``SINK_FEW_LONG`` is now 64-position tiles, 3 stages,
+#:   2 per SM, with ``SCORE_PATHS`` ``("pre", "direct")``. Every other row keeps ``("tile", "shared")``: at
+#:   B 16 x 32k "direct" was slower (544.3 / 548.8 vs 538.4 us) and "pre" level (537.8), at SmolLM2 B 1 x 8k
+#:   "pre" slower (12.4 vs 11.1 us), and "loop" never won.
 #: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
 SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
+#: sparse head dim 128 over a long cache (>= 32k positions) at more than one 8B sequence's 8 (sequence, KV
+#: head) pairs: ``SPARSE_LEGACY`` with 2 programs per SM (3 splits instead of 5 at B 16 x 8 KV heads on 132
+#: SMs) and the combine merged into the split kernel (``FUSED_COMBINE_ROWS``). Measured inside the graph-
+#: replayed Llama-3.1-8B sparse 5 % step at B 16 x 32k on an H200 (2026-12-01 20:41 UTC,
+#: ``benchmarks/results/gpu_8b_steps_2026-12-01e.md``): 6.05 ms vs 6.24 ms for ``SPARSE_LEGACY`` with a
+#: combine launch (2 per SM alone 6.11 ms, the fused combine alone 6.07 ms; the isolated layer of 2026-12-01b
+#: had ranked ``SPARSE_LEGACY`` first). One sequence (<= 8 pairs, B 1 x 128k) was not timed: it keeps
+#: ``SPARSE_LEGACY`` and the combine launch.
+SPARSE_LONG = (128, 4, 2, 2, False, 1)
+#: rows whose calls merge the splits inside the split kernel when ``LaunchConfig.fused_combine`` is None
+FUSED_COMBINE_ROWS = (SPARSE_LONG,)
 #: dense head dim 128 at few (sequence, KV head) pairs over a long cache (see above)
 DENSE_FEW_LONG = (128, 4, 2, 4, False, 1)
 #: dense head dim 128 with ``sink_softmax`` scores: few pairs over a long cache / any batch over >= 32k
-SINK_FEW_LONG = (64, 4, 3, 4, False, 1)
+SINK_FEW_LONG = (64, 4, 3, 2, False, 1)
 SINK_LONG = (128, 4, 3, 2, False, 1)
 #: dense head dim 128 verify (``T > 1``): few pairs over a long cache / any batch over >= 32k (see above)
 VERIFY_FEW_LONG = (64, 4, 3, 4, False, 1)
 VERIFY_LONG = (128, 4, 3, 2, False, 1)
 LaunchKey = tuple[bool, int, bool | None, bool | None, bool | None, int | None, int]
+#: the key of ``SINK_FEW_LONG``: dense, head dim > 64, ``sink_softmax`` scores, <= 8 pairs, >= 64k positions
+SINK_FEW_LONG_KEY: LaunchKey = (False, 1 << 30, None, True, None, 8, 1 << 16)
 LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...] = (
     ((True, 64, None, None, None, None, 0), (128, 4, 3, 4, True, 1)),
+    ((True, 128, None, None, None, 8, 1 << 15), SPARSE_LEGACY),
+    ((True, 128, None, None, None, None, 1 << 15), SPARSE_LONG),
     ((True, 1 << 30, None, None, None, None, 0), SPARSE_LEGACY),
     ((False, 64, None, None, None, None, 0), (128, 4, 3, 8, False, 1)),
     ((False, 1 << 30, True, None, None, None, 0), (128, 4, 2, 4, False, 1)),
-    ((False, 1 << 30, None, True, None, 8, 1 << 16), SINK_FEW_LONG),
+    (SINK_FEW_LONG_KEY, SINK_FEW_LONG),
     ((False, 1 << 30, None, False, True, 8, 1 << 16), VERIFY_FEW_LONG),
     ((False, 1 << 30, None, None, None, 8, 1 << 16), DENSE_FEW_LONG),
     ((False, 1 << 30, None, True, None, None, 1 << 15), SINK_LONG),
@@ -499,19 +522,39 @@ LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...]
 )
 
 
+#: the score path (``sink_anchors``, ``score_store``) of the calls a ``LAUNCH_TABLE`` row serves, by the
+#: row's key; rows not listed take ``DEFAULT_SCORE_PATH`` (see the table's notes above for the measurements)
+SCORE_PATHS: dict[LaunchKey, tuple[str, str]] = {SINK_FEW_LONG_KEY: ("pre", "direct")}
+DEFAULT_SCORE_PATH = ("tile", "shared")
+
+
+def _table_row(sparse: bool, head_dim: int, raw_scores: bool, pairs: int | None, length: int,
+               sink_scores: bool, rows: int | None) -> tuple[LaunchKey, tuple[int, int, int, int, bool, int]]:
+    for key, entry in LAUNCH_TABLE:
+        sp, dmax, raw, sink, verify, most, least = key
+        if (sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores)
+                and (sink is None or sink == sink_scores) and length >= least
+                and (verify is None or (rows is not None and (rows > 1) == verify))
+                and (most is None or (pairs is not None and pairs <= most))):
+            return key, entry
+    raise LookupError(f"no launch table row for sparse={sparse}, head_dim={head_dim}")  # pragma: no cover
+
+
 def table_entry(sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None, length: int = 0,
                 sink_scores: bool = False, rows: int | None = None) -> tuple[int, int, int, int, bool, int]:
     """The ``LAUNCH_TABLE`` row for a launch of ``pairs`` (sequence, KV head) programs over a cache of
     ``length`` positions (``pairs=None``: unknown, only rows for any batch match), ``rows`` query rows per
     sequence (``T``; ``None``: unknown, only rows for decode and verify alike match), emitting
     ``sink_softmax`` scores or not: ``(block_n, num_warps, num_stages, ctas_per_sm, v_early, min_tiles)``."""
-    for (sp, dmax, raw, sink, verify, most, least), entry in LAUNCH_TABLE:
-        if (sp == sparse and head_dim <= dmax and (raw is None or raw == raw_scores)
-                and (sink is None or sink == sink_scores) and length >= least
-                and (verify is None or (rows is not None and (rows > 1) == verify))
-                and (most is None or (pairs is not None and pairs <= most))):
-            return entry
-    raise LookupError(f"no launch table row for sparse={sparse}, head_dim={head_dim}")  # pragma: no cover
+    return _table_row(sparse, head_dim, raw_scores, pairs, length, sink_scores, rows)[1]
+
+
+def score_path(sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None, length: int = 0,
+               sink_scores: bool = False, rows: int | None = None) -> tuple[str, str]:
+    """``(sink_anchors, score_store)`` of the ``LAUNCH_TABLE`` row that serves the call (the arguments of
+    :func:`table_entry`): ``SCORE_PATHS`` of that row's key, else ``DEFAULT_SCORE_PATH``."""
+    key = _table_row(sparse, head_dim, raw_scores, pairs, length, sink_scores, rows)[0]
+    return SCORE_PATHS.get(key, DEFAULT_SCORE_PATH)
 
 
 @dataclass(frozen=True)
@@ -541,12 +584,21 @@ class LaunchConfig:
     # at least this many tiles per split when the split count is chosen automatically; None: table
     min_tiles: int | None = None
     # with more than one split, the last program of each (sequence, KV head) merges the splits (an
-    # atomic counter per pair) instead of a second combine launch; off until measured on a GPU
-    fused_combine: bool = False
+    # atomic counter per pair) instead of a second combine launch; None: on for the calls whose table row
+    # is in FUSED_COMBINE_ROWS (sparse head dim 128 over >= 32k positions, more than 8 pairs), off elsewhere
+    fused_combine: bool | None = None
+    # the fused column-sum score path (see ``splitk_attention``): where ``sink_softmax``'s anchors come
+    # from ("tile" / "pre" / "loop") and how a tile's scores are stored ("shared" / "direct"); None: the
+    # table row's ``SCORE_PATHS`` entry
+    sink_anchors: str | None = None
+    score_store: str | None = None
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
                 length: int = 0, sink_scores: bool = False, rows: int | None = None) -> "LaunchConfig":
         auto = table_entry(sparse, head_dim, raw_scores, pairs, length, sink_scores, rows)
+        anchors, store = self.sink_anchors, self.score_store
+        if anchors is None or store is None:
+            anchors, store = score_path(sparse, head_dim, raw_scores, pairs, length, sink_scores, rows)
         pick = lambda v, a: a if v is None else v  # noqa: E731
         dense_one = self.dense_single_split_at
         if dense_one == "auto":
@@ -554,7 +606,9 @@ class LaunchConfig:
         return LaunchConfig(pick(self.block_n, auto[0]), pick(self.num_warps, auto[1]),
                             pick(self.num_stages, auto[2]), self.num_splits, pick(self.ctas_per_sm, auto[3]),
                             self.combine_warps, self.sparse_single_split_at, self.out_bthd, dense_one,
-                            pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]), self.fused_combine)
+                            pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]),
+                            pick(self.fused_combine, sparse and auto in FUSED_COMBINE_ROWS),
+                            pick(self.sink_anchors, anchors), pick(self.score_store, store))  # explicit wins
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -624,8 +678,8 @@ def splitk_attention(
     colsum: bool = False,
     sink_softmax: bool = False,
     score_dtype: torch.dtype = torch.float32,
-    sink_anchors: str = "tile",
-    score_store: str = "shared",
+    sink_anchors: str | None = None,
+    score_store: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -660,11 +714,14 @@ def splitk_attention(
             kernel, which loads it: one small launch more, one anchor tile per pair instead of one per
             split; with a single split the kernel computes it itself, as with ``"tile"``) or ``"loop"``
             (each split program computes it in its loop's first iteration, once the pipeline's first K/V
-            tiles are in flight, instead of before the loop, where its K load and reductions delay them).
+            tiles are in flight, instead of before the loop, where its K load and reductions delay them);
+            ``None``: ``cfg.sink_anchors``, else the launch table's (``SCORE_PATHS``: ``"pre"`` for the
+            ``SINK_FEW_LONG`` class, ``"tile"`` elsewhere).
         score_store: how ``SCORE_MODE`` 4 stores a tile's scores: ``"shared"`` (``tl.store``, which first
             moves the reduced vector to a coalesced layout through shared memory) or ``"direct"`` (inline
             PTX stores from the registers the reduction leaves it in; on CUDA only -- Triton's CPU
-            interpreter runs no PTX, so there the plain store runs).
+            interpreter runs no PTX, so there the plain store runs); ``None``: ``cfg.score_store``, else
+            the launch table's (``"direct"`` for the ``SINK_FEW_LONG`` class, ``"shared"`` elsewhere).
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -735,6 +792,8 @@ def splitk_attention(
         else:  # the kernel writes every position < lengths + T; the reader masks the rest
             raw = torch.empty((B, Hkv, n_slots, L), dtype=score_dtype, device=dev)
         rs = row_slots
+    sink_anchors = cfg.sink_anchors if sink_anchors is None else sink_anchors
+    score_store = cfg.score_store if score_store is None else score_store
     if sink_anchors not in ("tile", "pre", "loop"):
         raise ValueError(f"sink_anchors must be 'tile', 'pre' or 'loop', not {sink_anchors!r}.")
     if score_store not in ("shared", "direct"):

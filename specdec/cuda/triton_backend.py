@@ -55,8 +55,11 @@ class TritonConfig(ComponentConfig):
         min_tiles: at least this many tiles per split when the split count is automatic
             (``None``: table).
         fused_combine: with more than one split, the last program of each (sequence, KV head)
-            merges the splits (one atomic counter per pair) instead of a second launch. Off by
-            default: its GPU tests pass on the H200, but it measured no faster (2026-12-01).
+            merges the splits (one atomic counter per pair) instead of a second launch. ``None`` (the
+            default): the launch table decides -- on for sparse plans at head dim <= 128 over caches of
+            32k positions or more with more than 8 (sequence, KV head) pairs (with 2 programs per SM:
+            the Llama-3.1-8B sparse step at B 16 x 32k took 6.05 vs 6.24 ms on an H200, 2026-12-01),
+            off elsewhere (at the SmolLM2 shape it measured no faster); ``True`` / ``False`` force it.
         flash_attn: dense attention without scores on CUDA in fp16/bf16 through flash-attn's
             ``flash_attn_with_kvcache``: ``"auto"`` when flash-attn is installed (else our kernel,
             silently), ``"on"`` requires it (building the backend fails without it), ``"off"``
@@ -75,16 +78,20 @@ class TritonConfig(ComponentConfig):
             halves their writes; the selector sums them in float32) and of the raw logits that exact
             softmax scores are rebuilt from (the reduce kernel still returns float32).
         sink_anchors: where the per-row normaliser of ``sink_softmax`` scores (the log-sum-exp over the
-            anchor positions) is computed: ``"tile"`` (the default: each split program, from one extra K
-            tile before its loop), ``"pre"`` (a small kernel, once per (sequence, KV head), before the
-            split kernel; with one split the kernel computes it itself) or ``"loop"`` (each split program,
-            in its loop's first iteration, once its first K/V tiles are in flight). The same scores;
-            variants under measurement (issue 18), not yet timed on a GPU.
+            anchor positions) is computed: ``"tile"`` (each split program, from one extra K tile before
+            its loop), ``"pre"`` (a small kernel, once per (sequence, KV head), before the split kernel;
+            with one split the kernel computes it itself) or ``"loop"`` (each split program, in its loop's
+            first iteration, once its first K/V tiles are in flight). The same scores. ``None`` (the
+            default): the launch table's pick for the call (``triton_attention.SCORE_PATHS``): ``"pre"``
+            for dense head dim 128 ``sink_softmax`` calls of at most 8 (sequence, KV head) pairs over
+            >= 64k positions (``SINK_FEW_LONG``, e.g. an 8B model at B 1 x 128k, where it won on the H200,
+            2026-12-01), ``"tile"`` everywhere else.
         score_store: how the fused column-sum scores (logits and ``sink_softmax``) of a tile are stored:
-            ``"shared"`` (the default: ``tl.store``, which moves the vector through shared memory first)
-            or ``"direct"`` (inline PTX stores from the registers the row reduction leaves them in, no
-            shared memory, two barriers fewer per tile in the sm_90 SASS; CUDA only, the CPU interpreter
-            runs the plain store). The same scores; a variant under measurement (issue 18).
+            ``"shared"`` (``tl.store``, which moves the vector through shared memory first) or ``"direct"``
+            (inline PTX stores from the registers the row reduction leaves them in, no shared memory, two
+            barriers fewer per tile in the sm_90 SASS; CUDA only, the CPU interpreter runs the plain
+            store). The same scores. ``None`` (the default): the launch table's pick, ``"direct"`` for the
+            ``SINK_FEW_LONG`` class (with ``"pre"``), ``"shared"`` everywhere else.
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -106,15 +113,15 @@ class TritonConfig(ComponentConfig):
     sparse_single_split_at: float | None = 1.0
     v_early: bool | None = None
     min_tiles: int | None = Field(default=None, ge=1)
-    fused_combine: bool = False
+    fused_combine: bool | None = None
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
     fused_softmax_scores: bool = False
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
     score_reduce: Literal["mma", "colsum"] = "colsum"
     score_dtype: Literal["float32", "bfloat16"] = "float32"
-    sink_anchors: Literal["tile", "pre", "loop"] = "tile"
-    score_store: Literal["shared", "direct"] = "shared"
+    sink_anchors: Literal["tile", "pre", "loop"] | None = None
+    score_store: Literal["shared", "direct"] | None = None
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -195,7 +202,8 @@ class TritonBackend(AttentionBackend):
                          num_splits=c.num_splits, ctas_per_sm=c.ctas_per_sm,
                          sparse_single_split_at=c.sparse_single_split_at,
                          dense_single_split_at=c.dense_single_split_at, v_early=c.v_early,
-                         min_tiles=c.min_tiles, fused_combine=c.fused_combine)
+                         min_tiles=c.min_tiles, fused_combine=c.fused_combine,
+                         sink_anchors=c.sink_anchors, score_store=c.score_store)
             if LaunchConfig is not None
             else None
         )
@@ -437,9 +445,7 @@ class TritonBackend(AttentionBackend):
             w = self._row_weights(H, T, rows, heads, dev)
             out, _, scores, _ = splitk_attention(q, k_cache, v_cache, meta, row_weights=w, cfg=self._launch,
                                                  colsum=self.config.score_reduce == "colsum",
-                                                 sink_softmax=kind == "sink_softmax", score_dtype=sdt,
-                                                 sink_anchors=self.config.sink_anchors,
-                                                 score_store=self.config.score_store)
+                                                 sink_softmax=kind == "sink_softmax", score_dtype=sdt)
             return out, scores
         if kind == "logits" and R <= 16:  # per-row logits, in the kernel
             rq, rid = self._row_queries(H, Hkv, T, rows, heads, dev)
