@@ -25,7 +25,11 @@ explore-then-commit bandit over these choices:
   at most the probe, ``explore_share``, ``margin`` and one capture per rung (a capture met while exploring
   is counted apart, in ``warm_up``: charged as regret, one 0.8 s capture at B = 64 blocked every later
   exploration). Speculation explored from a dense commit is judged on its own fresh rounds' acceptance
-  (acceptance changes along a text: prose opened at 1.85 tokens per γ = 4 round, then 4.3). The first
+  (acceptance changes along a text: prose opened at 1.85 tokens per γ = 4 round, then 4.3). From a dense commit
+  each exploration that leaves it committed makes the next wait 4x longer (``min_gap`` up to ``max_gap``
+  iterations): at B = 1 on the H200 (ssl.py) the share alone meant one or two explorations in most 160-token calls,
+  3-4 % of each. Iterations are timed end to end (from the previous observation's end), so the engine loop's and
+  the controller's own work are in the arms' costs and the regret. The first
   controller (probes every 16–128 dense steps, dense re-measured every 64 rounds) lost 7 % at B = 1
   (vegas) and 14 % at B = 64 (magicdec) on the H200.
 - **Steady state across calls.** The engine keeps its controller between ``generate`` calls of the
@@ -160,7 +164,9 @@ class SpeculationController:
       is the time it took beyond what the committed arm needed for the same tokens. Dense is explored
       once as soon as the committed arm has ``min_samples`` samples (the *probe*); later explorations
       start only while the regret so far plus the arm's last exploration regret stays within
-      ``explore_share`` of the time observed, at least ``min_gap`` iterations apart. So, against the
+      ``explore_share`` of the time observed, at least ``min_gap`` iterations apart (from a dense commit, where
+      explorations are blind probes, the gap grows 4x with each one that leaves dense committed, up to
+      ``max_gap``; a switch resets it). So, against the
       best arm, the controller loses at most the probe, ``explore_share`` of the time, ``margin``
       (hysteresis, which also keeps it from flapping) and one capture per rung (captures and compilations
       met while exploring go to :attr:`warm_up`, not to the regret: paid once, they must not stop later
@@ -179,6 +185,8 @@ class SpeculationController:
         margin: switch to an arm only when its rate beats the committed one's by this much (hysteresis).
         explore_share: the most exploration regret, as a share of the observed time.
         min_gap: iterations between two explorations.
+        max_gap: from a dense commit, the gap before an arm's next exploration doubles with each exploration of it
+            that did not switch, up to this many iterations.
         saturate: conditional acceptance of the last draft position that triggers growing.
         outlier: a sample this many times its arm's median is a warm-up, not a cost.
         margin_dense: leave speculation for dense when dense's rate beats it by this much (after the
@@ -197,7 +205,7 @@ class SpeculationController:
     def __init__(self, gamma_max: int, adapt_gamma: bool = True, fall_back: bool = True, window: int = 8,
                  min_samples: int = 2, margin: float = 0.03, explore_share: float = 0.01, min_gap: int = 16,
                  saturate: float = 0.7, outlier: float = 4.0, accept_window: int = 64, margin_dense: float = 0.0,
-                 z: float = 0.5, min_rounds: int = 8, confirm: int = 4) -> None:
+                 z: float = 0.5, min_rounds: int = 8, confirm: int = 4, max_gap: int = 1024) -> None:
         if gamma_max < 1:
             raise ValueError(f"gamma_max must be >= 1 (got {gamma_max})")
         self.gamma_max = gamma_max
@@ -218,6 +226,7 @@ class SpeculationController:
         self.z = z
         self.min_rounds = min_rounds
         self.confirm = confirm
+        self.max_gap = max_gap
         self._run_key = None
         self.reset()
 
@@ -253,6 +262,9 @@ class SpeculationController:
         self._last_regret: dict[int, float] = {}  # arm → regret of its last exploration
         self._explored_at: dict[int, int] = {}  # arm → iteration its last exploration ended
         self._last_end = -10 ** 9
+        # iterations from the end of the last exploration before the next one from a dense commit: doubles (up to
+        # max_gap) with each exploration that leaves dense committed, back to min_gap at a switch
+        self._dense_gap = self.min_gap
         self._last_dense = False
         self._confirming: int | None = None  # the arm that beat the committed one: re-measuring the latter
 
@@ -343,7 +355,7 @@ class SpeculationController:
         if not self._probed:  # the probe: dense, once the committed arm has its samples
             self._probed = True
             return 0
-        if self.iteration - self._last_end < self.min_gap or self.regret >= self.explore_share * self.elapsed:
+        if self._gap_left() > 0 or self.regret >= self.explore_share * self.elapsed:
             return None
         others = [a for a in self.arms if a != self.current]
         grow = [a for a in others if a > self.current]
@@ -362,6 +374,16 @@ class SpeculationController:
         if self.regret + self._explore_estimate(pick) > self.explore_share * self.elapsed:
             return None
         return pick
+
+    def _gap_left(self) -> int:
+        """Iterations until the next exploration may start (``<= 0``: now). From dense no round tells how
+        speculation would do, so explorations are blind probes; where they keep losing (B = 1 on the H200: every
+        rung 15-25 % slower than a dense step) each one waits twice as long as the last (up to ``max_gap``), so
+        their cost falls well below ``explore_share`` while a text that turns easy is still found (a switch resets
+        the gap). On the H200 (ssl.py, B = 1) the share alone gave one or two explorations in most 160-token calls,
+        3-4 % of each such call."""
+        gap = self._dense_gap if self.current == 0 else self.min_gap
+        return self._last_end + gap - self.iteration
 
     def _explore_estimate(self, pick: int) -> float:
         """Expected regret of exploring ``pick`` now: its last exploration's, else predicted from its measured
@@ -443,6 +465,7 @@ class SpeculationController:
             self._confirming = None
             self.current = best
             self.switches += 1
+            self._dense_gap = self.min_gap
         else:
             self._confirming = None
 
@@ -510,7 +533,7 @@ class SpeculationController:
         own = self._times.get(0)
         if own is None or len(own) < max(own.need, self.min_samples):
             return 0
-        gap = self.min_gap - (self.iteration - self._last_end)
+        gap = self._gap_left()
         t0 = own.median()
         est = min(self._explore_estimate(a) for a in self.arms if a != 0)
         short = (self.regret + est) / self.explore_share - self.elapsed if self.explore_share > 0 else math.inf
@@ -555,6 +578,8 @@ class SpeculationController:
                 self._exploring = None
                 self._last_regret[done] = self._explore_regret
                 self._explored_at[done] = self._last_end = self.iteration
+                if self.current == 0 and done != 0:  # a blind probe from dense: the next one waits longer
+                    self._dense_gap = min(self.max_gap, 4 * self._dense_gap)
                 self._charge_next = done == 0 and self.current != 0  # the stale round after it
         if self._exploring is None:
             self._decide()
@@ -564,8 +589,10 @@ class Pacing:
     """The engine's side of a controller: γ_t per iteration, timed observations, dense-step bookkeeping.
 
     :meth:`~specdec.engine.SpeculativeEngine.generate` calls :meth:`next_gamma` at the start of each
-    iteration and :meth:`dense_done` or :meth:`round_done` at its end (the wall time in between is the
-    controller's observation, ``None`` when a capture or compilation happened in between). ``controller``
+    iteration and :meth:`dense_done` or :meth:`round_done` at its end. The controller's observation is the
+    wall time from the end of the previous observation (the call's first iteration: from its start) to the
+    iteration's end, so the loop's work between iterations and the controller's own are in it; ``None`` when a
+    capture or compilation happened in between. ``controller``
     ``None`` (adaptation off, the dense method, a replay, a near-lossless method): every iteration has
     the fixed ``gamma`` (``0`` for the dense method).
     """
@@ -577,6 +604,13 @@ class Pacing:
         self._stale_plan = False  # dense steps ran since the last verification
         self._t0 = 0.0
         self._events = 0
+        # the end of the last observation (perf_counter, capture count): an iteration is timed from there, not from
+        # its own start, so the engine loop's work between iterations (its device read of ``active``) and the
+        # controller's own bookkeeping are charged to the iterations. Timed from ``next_gamma`` only, a γ = 1 round
+        # on the H200 (B = 1, ssl.py) measured 3.1 ms while the calls that explored it spent ~4 ms per round: each
+        # exploration from dense cost ~1.3-3x its charged regret, so the 1 % exploration share cost 2-4 % per call.
+        self._mark: float | None = None
+        self._mark_events = 0
         self._block = 0  # dense steps of the current block (SpeculationController.dense_run); 0: no block
         self._left = 0  # steps of it still to hand out
         self._done = 0  # steps of it done
@@ -592,8 +626,11 @@ class Pacing:
             return 0
         if self.controller is None:
             return self.gamma
-        self._events = warm_up_events()
-        self._t0 = time.perf_counter()
+        if self._mark is None:  # the call's first iteration
+            self._events = warm_up_events()
+            self._t0 = time.perf_counter()
+        else:
+            self._events, self._t0 = self._mark_events, self._mark
         g = self.controller.next_gamma()
         if g == 0 and self._run is not None:
             n = self._run()
@@ -604,7 +641,12 @@ class Pacing:
     def _seconds(self) -> tuple[float | None, float]:
         """(the iteration's time as a cost sample, ``None`` if it captured or compiled; its wall time)"""
         t = time.perf_counter() - self._t0
-        return (None if warm_up_events() != self._events else t), t
+        self._mark_events = warm_up_events()
+        return (None if self._mark_events != self._events else t), t
+
+    def _observed(self) -> None:
+        """The controller has its observation: the next iteration's time starts now."""
+        self._mark = time.perf_counter()
 
     def dense_done(self) -> None:
         """A dense step ended."""
@@ -619,12 +661,14 @@ class Pacing:
             return
         t, wall = self._seconds()
         self.controller.observe_dense(t, wall=wall)
+        self._observed()
 
     def finish(self) -> None:
         """Report the dense steps of an unfinished block (the engine calls this when generation ends)."""
         if self._done:
             t, wall = self._seconds()
             self.controller.observe_dense(t, wall=wall, steps=self._done)
+            self._observed()
         self._block = self._left = self._done = 0
 
     def take_stale_plan(self) -> bool:
@@ -639,6 +683,7 @@ class Pacing:
         if self.controller is not None:
             t, wall = self._seconds()
             self.controller.observe_round(gamma, mean_accepted, t, profile=profile, wall=wall)
+            self._observed()
 
 
 class AcceptanceReplay:
