@@ -591,7 +591,8 @@ def test_splitk_attention_keys_verify_rows_to_the_table(monkeypatch):
         for T in (5, 1):
             q, k, v, lens = make_case(B, 2, 2, T, 128, 300, torch.bfloat16, lengths, seed=6 + T)
             seen.clear()
-            check(TritonConfig(), q, k, v, lens)
+            # peers off: on a GPU the auto pick sends this decode shape to SDPA, which reads no launch row
+            check(TritonConfig(peers="off"), q, k, v, lens)
             assert seen and all((e == want) == (T > 1) for e in seen), (B, T, seen)
 
 
