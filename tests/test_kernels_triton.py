@@ -956,6 +956,8 @@ def test_l14_sparse_launch_rows_match_reference_and_count_launches(row):
     cfg = TritonConfig(block_n=bn, num_warps=w, num_stages=st, ctas_per_sm=c, v_early=e, min_tiles=m,
                        sparse_single_split_at=None, fused_combine=fc)
     check(cfg, q, k, v, lens, plan_indices=idx, dense_from=df)
+    if DEV.type != "cpu":  # count_launches sees the interpreter's launches only; on a GPU the parity above runs
+        return
     be = TritonBackend(cfg)
     meta = AttentionMetadata(lens, 128 ** -0.5, plan_indices=idx, dense_from=df)
     ops = count_launches(lambda: be.attend(q, k, v, meta))
@@ -995,6 +997,8 @@ def test_sparse_long_row_two_per_sm_and_fused_combine_by_default():
     idx, df = make_plan(5, 2, 24, lengths, 1)
     cfg = TritonConfig(num_splits=2)
     check(cfg, q, k, v, lens, plan_indices=idx, dense_from=df)
+    if DEV.type != "cpu":  # count_launches sees the interpreter's launches only; on a GPU the parity above runs
+        return
     be = TritonBackend(cfg)
     meta = AttentionMetadata(lens, 128 ** -0.5, plan_indices=idx, dense_from=df)
     ops = count_launches(lambda: be.attend(q, k, v, meta))
