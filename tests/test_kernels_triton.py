@@ -806,6 +806,27 @@ def test_sink_score_variants_bf16_buffer_and_sparse(store, anchors):
           plan_indices=idx, dense_from=df, **kw)
 
 
+class _LaunchSpy:
+    """Stands for a Triton kernel: records ``(name, grid, the kwargs named in keys)`` per launch, then launches."""
+
+    def __init__(self, name, real, keys, launches):
+        self.name, self.real, self.keys, self.launches = name, real, keys, launches
+
+    def __getitem__(self, grid):
+        def run(*a, **kw):
+            self.launches.append((self.name, grid, {k: v for k, v in kw.items() if k in self.keys}))
+            return self.real[grid](*a, **kw)
+        return run
+
+
+def _spy_sink_launches(monkeypatch, ta, keys) -> list:
+    """Spy on the anchor pre-kernel ("anchor") and the split kernel ("split"); returns the launch list."""
+    launches = []
+    monkeypatch.setattr(ta, "_sink_anchor_kernel", _LaunchSpy("anchor", ta._sink_anchor_kernel, keys, launches))
+    monkeypatch.setattr(ta, "_splitk_attn_kernel", _LaunchSpy("split", ta._splitk_attn_kernel, keys, launches))
+    return launches
+
+
 def test_sink_score_variants_reach_the_kernel(monkeypatch):
     """What each setting launches: ``"pre"`` runs the anchor kernel (once, one program per (sequence, KV
     head)) and tells the split kernel to load them, only with more than one split; ``"loop"`` computes them
@@ -814,21 +835,7 @@ def test_sink_score_variants_reach_the_kernel(monkeypatch):
     import specdec.cuda.triton_attention as ta
 
     assert (TritonConfig().sink_anchors, TritonConfig().score_store) == (None, None)  # the table's pick
-    launches = []
-
-    class Spy:
-        def __init__(self, name, real):
-            self.name, self.real = name, real
-
-        def __getitem__(self, grid):
-            def run(*a, **kw):
-                keys = ("ANCHOR_IN", "DIRECT_STORE", "ANCHOR_LOOP")
-                launches.append((self.name, grid, {k: v for k, v in kw.items() if k in keys}))
-                return self.real[grid](*a, **kw)
-            return run
-
-    monkeypatch.setattr(ta, "_sink_anchor_kernel", Spy("anchor", ta._sink_anchor_kernel))
-    monkeypatch.setattr(ta, "_splitk_attn_kernel", Spy("split", ta._splitk_attn_kernel))
+    launches = _spy_sink_launches(monkeypatch, ta, ("ANCHOR_IN", "DIRECT_STORE", "ANCHOR_LOOP"))
     q, k, v, lens = make_case(2, 2, 3, 5, 16, 40, torch.float32, [30, 7], seed=4)
     meta = AttentionMetadata(lens, 0.25, score_rows=[0, 4], score_kind="sink_softmax")
     for anchors, store, splits in (("pre", "direct", 3), ("pre", "shared", 1), ("tile", "shared", 3),
@@ -887,21 +894,7 @@ def test_splitk_attention_takes_the_table_score_path(monkeypatch):
     monkeypatch.setattr(ta, "LAUNCH_TABLE", tuple(((low if k == ta.SINK_FEW_LONG_KEY else k), v)
                                                   for k, v in ta.LAUNCH_TABLE))
     monkeypatch.setattr(ta, "SCORE_PATHS", {low: ta.SCORE_PATHS[ta.SINK_FEW_LONG_KEY]})
-    launches = []
-
-    class Spy:
-        def __init__(self, name, real):
-            self.name, self.real = name, real
-
-        def __getitem__(self, grid):
-            def run(*a, **kw):
-                keys = ("ANCHOR_IN", "DIRECT_STORE", "ANCHOR_LOOP", "BLOCK_N")
-                launches.append((self.name, grid, {k: v for k, v in kw.items() if k in keys}))
-                return self.real[grid](*a, **kw)
-            return run
-
-    monkeypatch.setattr(ta, "_sink_anchor_kernel", Spy("anchor", ta._sink_anchor_kernel))
-    monkeypatch.setattr(ta, "_splitk_attn_kernel", Spy("split", ta._splitk_attn_kernel))
+    launches = _spy_sink_launches(monkeypatch, ta, ("ANCHOR_IN", "DIRECT_STORE", "ANCHOR_LOOP", "BLOCK_N"))
     sink = dict(score_rows=[0, 4], score_kind="sink_softmax")
     for B, lengths, picked in ((1, [290], True), (5, [290, 77, 5, 150, 0], False)):
         q, k, v, lens = make_case(B, 2, 2, 5, 128, 300, torch.float32, lengths, seed=61 + B)
