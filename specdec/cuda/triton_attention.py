@@ -264,10 +264,11 @@ def _splitk_attn_kernel(
                 # multiples of BLOCK_N, so a pair only straddles the sequence's end, where the second position
                 # (< L as L is even) is one no row sees: its sum is exactly 0, what ZERO_TAIL writes there too.
                 if Scores.dtype.element_ty == tl.bfloat16:
+                    # (16-bit operands come packed: the two bf16 sums are one 32-bit register, $4)
                     _ = tl.inline_asm_elementwise(
-                        "{ .reg .pred p; setp.ne.b32 p, $6, 0; @p st.global.v2.b16 [$2], {$4, $5}; "
+                        "{ .reg .pred p; setp.ne.b32 p, $5, 0; @p st.global.b32 [$2], $4; "
                         "mov.u32 $0, 0; mov.u32 $1, 0; }",
-                        "=r,=r,l,l,h,h,r,r", [s_ptr.to(tl.int64), sc.to(tl.bfloat16), s_ok.to(tl.int32)],
+                        "=r,=r,l,l,r,r,r", [s_ptr.to(tl.int64), sc.to(tl.bfloat16), s_ok.to(tl.int32)],
                         dtype=tl.int32, is_pure=False, pack=2)
                 else:
                     _ = tl.inline_asm_elementwise(
