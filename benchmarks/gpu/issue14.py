@@ -405,6 +405,7 @@ def part_steps(a, res, bw):
 #: tail, ~1.0 of the ~2.2 us gap), 32 (the attention) follow RoPE, which triggers at its start (~1.5 us each). The
 #: 129 GEMMs after our kernels keep plain launches (cuBLAS' own). Predicted: -0.18 ms on each step kind (the same
 #: kernels): sparse 6.05 -> 5.87 ms (1.265x of 4.64 ms), dense and verify -0.18 ms (-0.9 %, -0.8 %).
+#: The launch chains (``_pdl_micro``), predicted: GEMM -> RMSNorm saves ~1.0 us per link, RMSNorm -> RMSNorm ~1.5 us.
 PDL_PREDICTED_DELTA_MS = {"sparse5%_T1": -0.18, "dense_T1": -0.18, "verify_T5": -0.18}
 
 
@@ -426,6 +427,56 @@ def _replay_times(fn, dev, n: int) -> list[float]:
     return out
 
 
+def _pdl_micro(dev, dtype, n: int, reps: int) -> dict:
+    """Per-link cost of two chains of ``n`` dependent launches in one CUDA graph, PDL off vs on: ``gemm_rms`` (a cuBLAS
+    GEMM of 16 rows by a 4096 x 4096 weight, then the RMSNorm kernel: does a PDL kernel after a GEMM that does not
+    trigger early gain?) and ``rms_rms`` (RMSNorm after RMSNorm: both sides cooperate). Median of ``reps`` replays, in
+    µs per link (one GEMM + one norm, or one norm). On the CPU: eager calls, tiny sizes (the smoke)."""
+    from specdec.cuda.triton_fused import rms_norm
+    from specdec.cuda.triton_pdl import set_pdl
+
+    h = 4096 if dev.type == "cuda" else 64
+    x = torch.randn(16, h, device=dev, dtype=dtype)
+    w = torch.randn(h, h, device=dev, dtype=dtype) / h ** 0.5
+    nw = torch.ones(h, device=dev, dtype=dtype)
+
+    def gemm_rms():
+        y = x
+        for _ in range(n):
+            y = rms_norm(y @ w.T, nw, 1e-5)
+        return y
+
+    def rms_rms():
+        y = x
+        for _ in range(n):
+            y = rms_norm(y, nw, 1e-5)
+        return y
+
+    out = {}
+    for name, fn in (("gemm_rms", gemm_rms), ("rms_rms", rms_rms)):
+        res = {}
+        for on in (False, True, False, True):  # each twice, interleaved: the second pair is the one kept
+            set_pdl(on)
+            try:
+                fn()  # compile this variant outside the capture
+                run = fn
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        last = fn()
+                    run = g.replay
+                ts = _replay_times(run, dev, reps)
+                res["on" if on else "off"] = statistics.median(ts) * 1e3 / n
+                if dev.type == "cuda":
+                    res[f"equal_{'on' if on else 'off'}"] = bool(torch.equal(last, fn()))
+            finally:
+                set_pdl(None)
+        res["saved_us_per_link"] = res["off"] - res["on"]
+        out[name] = res
+    return out
+
+
 def part_pdl(a, res, bw):
     """l14b: programmatic dependent launch (``specdec.cuda.triton_pdl``) off vs on, the library's defaults otherwise.
 
@@ -443,6 +494,11 @@ def part_pdl(a, res, bw):
 
     dev = torch.device(a.device)
     dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
+    try:
+        res["pdl_micro"] = _pdl_micro(dev, dtype, n=64 if dev.type == "cuda" else 2, reps=20 if dev.type == "cuda" else 1)
+    except Exception:
+        res["pdl_micro"] = dict(error=traceback.format_exc(limit=6))
+    print("pdl micro:", json.dumps(res["pdl_micro"]), flush=True)
     shape, B, ctx = a.step_shapes[0]
     hf = random_model(shape, a.device, dtype)
     model = SpecdecModel(hf, None, BACKENDS.build(a.backend))
@@ -683,6 +739,17 @@ def report_md(res: dict) -> str:
             out.append("")
     if res.get("pdl", {}).get("rows") or res.get("pdl", {}).get("errors"):
         out += pdl_md(res["pdl"])
+    if res.get("pdl_micro"):
+        mic = res["pdl_micro"]
+        out += ["### Launch chains in one CUDA graph, µs per link (64 links, median of 20 replays)", ""]
+        if "error" in mic:
+            out += [f"- failed: {mic['error'].strip().splitlines()[-1]}"]
+        else:
+            out += ["| chain | PDL off | PDL on | saved per link | results equal (off / on vs eager) |",
+                    "|---|---|---|---|---|"]
+            out += [f"| {k} | {v['off']:.2f} | {v['on']:.2f} | {v['saved_us_per_link']:+.2f} | "
+                    f"{v.get('equal_off')} / {v.get('equal_on')} |" for k, v in mic.items()]
+        out.append("")
     errs = [r for r in res.get("steps", []) if "error" in r or "skipped" in r]
     for r in errs:
         out += [f"- {r.get('shape')} {r.get('variant')} {r.get('step', '')}: "
