@@ -50,7 +50,7 @@ def compile_variant(variant: str, block_n: int, stages: int, warps: int, D: int,
                  SPARSE=False, SCORE_MODE=4 if scores else 0, DOT_PREC="tf32", UPCAST=False, NOUT=1, DIRECT_OUT=False,
                  ZERO_TAIL=scores, V_EARLY=False, FUSED_COMBINE=False, FUSED_SOFTMAX=False, SCORE_EXP=scores,
                  SINK_CLAMP=60.0, NA=ta.SINK_ANCHORS, ANCHOR_IN=False, DIRECT_STORE=False, ANCHOR_LOOP=False,
-                 SINK_FOLD=False, PAIR_STORE=False)
+                 SINK_FOLD=False, PAIR_STORE=False, PDL=False)
     for part in variant.split("+"):
         if part in FLAGS:
             const[FLAGS[part]] = True

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from specdec.interfaces import AttentionMetadata
+from specdec.cuda.triton_pdl import pdl_args
 
 LOG2E = 1.4426950408889634
 #: ``sink_softmax`` anchors: the first and the last this many positions (``reference.SINK_ANCHORS``)
@@ -121,8 +122,12 @@ def _splitk_attn_kernel(
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
     FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
     SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
-    ANCHOR_LOOP: tl.constexpr = False, SINK_FOLD: tl.constexpr = False, PAIR_STORE: tl.constexpr = False,
+    ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False, SINK_FOLD: tl.constexpr = False,
+    PAIR_STORE: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
@@ -382,9 +387,12 @@ def _combine_kernel(
     stride_ob, stride_oh, stride_ot,
     NUM_SPLITS,
     HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per (sequence, KV head, packed row): log-sum-exp merge of the chunks."""
+    if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     m_row = tl.program_id(1)
     b = pid_bh // HKV
@@ -885,7 +893,7 @@ def splitk_attention(
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         SinkRef=sink_ref if sink_ref is not None else lse, ANCHOR_IN=anchor_in, DIRECT_STORE=direct_store,
         ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold, PAIR_STORE=pair_store,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:
         return out, lse, scores, raw
@@ -894,6 +902,6 @@ def splitk_attention(
         out.stride(0), out.stride(1), out.stride(2),
         S,
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_S=min(32, triton.next_power_of_2(S)),
-        num_warps=cfg.combine_warps,
+        num_warps=cfg.combine_warps, **pdl_args(dev),
     )
     return out, lse, scores, raw
