@@ -980,10 +980,12 @@ def test_sink_score_variant_names_are_checked():
         TritonConfig(sink_anchors="once")
 
 
-def test_direct_store_serves_logits_colsum_too():
-    """``score_store="direct"`` also stores the fused logits column sums (``SCORE_MODE`` 4 without ``SCORE_EXP``)."""
+@pytest.mark.parametrize("store", ["direct", "lean", "pair"])
+def test_direct_store_serves_logits_colsum_too(store):
+    """``score_store="direct"`` / ``"lean"`` / ``"pair"`` also store the fused logits column sums (``SCORE_MODE`` 4
+    without ``SCORE_EXP``; an even cache length, so ``"pair"`` runs its vector stores on a GPU)."""
     q, k, v, lens = make_case(2, 2, 3, 5, 32, 50, torch.float32, [40, 9], seed=23)
-    check(TritonConfig(block_n=16, num_splits=2, score_store="direct", sink_anchors="pre"), q, k, v, lens,
+    check(TritonConfig(block_n=16, num_splits=2, score_store=store, sink_anchors="pre"), q, k, v, lens,
           score_rows=[0, 4], score_kind="logits")
 
 

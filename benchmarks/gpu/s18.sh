@@ -14,7 +14,7 @@
 #
 # 1. unpack part2 into $SITE and check both peers import: `PARTS=none peers.sh run` (no tests, no bench, no e2e)
 # 2. benchmarks/gpu/s18.py (peers.run_case machinery), per shape 8B 1x128k, 8B 16x32k, SmolLM2 B 64/16/1 x 8k:
-#    ours plain, ours + sink_softmax (sink_table = the table's pick, sink_tile, sink_pre, sink_direct, sink_lean,
+#    ours plain, ours + sink_softmax (sink_table = the table's pick, sink_tile, sink_direct, sink_lean,
 #    sink_pair, sink_pre_pair), FlashInfer eager + CUDA-graph wrapper; the same once more interleaved
 #    (round-robin graph replays); then at 8B 1x128k the launch variants (ours); then decode at the 8B shapes
 #    -> $OUT/s18/{s18.md,results.json,results.md,log.txt,run.log}
