@@ -63,6 +63,8 @@ def record(a, res, out: Path) -> None:
     tdir = out / "traces"
     tdir.mkdir(parents=True, exist_ok=True)
     for doc, path in documents(a, out).items():
+        if doc not in a.docs:
+            continue
         ids = context_ids(m.tokenizer, load_document(path), a.context, offset=a.new + 16)
         dense = build_engine(m, PipelineConfig.make(method="dense", adaptive=False))
         ref = dense.generate([ids] * a.trace_batch, max_new_tokens=a.new).tokens
@@ -188,6 +190,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--gammas", default="4,8,6", help="γ values, in the order they are replayed (time may run out)")
+    ap.add_argument("--docs", default="code,prose", help="which held-out documents: code (ssl.py), prose (email docstrings)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=250.0, help="no new replay after this many seconds")
     ap.add_argument("--trace-budget-s", type=float, default=110.0, help="no new trace after this many seconds")
@@ -199,6 +202,9 @@ def main() -> None:
         ap.error(f"--gammas wants integers, comma separated (e.g. 4,8,6); got {a.gammas!r}")
     if not a.gammas or min(a.gammas) < 1:
         ap.error("--gammas needs at least one γ >= 1")
+    a.docs = [d for d in a.docs.split(",") if d]
+    if not a.docs or set(a.docs) - {"code", "prose"}:
+        ap.error(f"--docs takes code and/or prose, comma separated; got {','.join(a.docs)!r}")
     a.ratio = 0.05
     if a.smoke:
         a.model, a.device, a.dtype, a.backend, a.graphs = "smollm2-135m", "cpu", "float32", "reference", False
