@@ -375,7 +375,7 @@ def _r16_keys(S, K16, H1, OUT, DENSE, LENS, RATIO, stride_n, stride_b, stride_h,
     hi = tl.where(valid, (k16 >> 8) + 128, 0)  # the high byte of the unsigned key, 0..255
     bins = tl.arange(0, 256)
     h = tl.histogram(hi, 256) - tl.where(bins == 0, BLOCK - tl.sum(valid.to(tl.int32), axis=0), 0)
-    tl.atomic_add(H1 + row.to(tl.int64) * 256 + bins, h, sem="relaxed")
+    tl.atomic_add(H1 + row.to(tl.int64) * 256 + bins, h, mask=h != 0, sem="relaxed")  # a few binades: few bins
 
 
 @triton.jit
