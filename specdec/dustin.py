@@ -42,6 +42,8 @@ from specdec.selectors.hybrid_srh import HybridSRHConfig
 #: prompt lookup combined with the draft (:mod:`specdec.lookup`) by default: on held-out prose and code it raised
 #: τ with dense verification over the EAGLE head alone (docs page *Dustin*, "Prompt lookup")
 LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST = 2, 4, 2
+#: how a match combines with the EAGLE head's draft (:class:`specdec.lookup.LookupDrafter`): see docs page *Dustin*
+LOOKUP_POLICY, LOOKUP_CANDIDATES, LOOKUP_BY_HEAD = "replace", 1, False
 
 
 class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
@@ -68,6 +70,16 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
     lookup_max: int = Field(default=LOOKUP_MAX, ge=1, description="prompt lookup: longest n-gram tried (first)")
     lookup_trust: int = Field(default=LOOKUP_TRUST, ge=1, description="prompt lookup: a shorter match is used only "
                               "where its first token equals the draft model's first draft")
+    lookup_policy: str = Field(default=LOOKUP_POLICY, description="prompt lookup: 'replace' (a match's continuation "
+                               "replaces the draft's tokens) or 'chain' (the EAGLE head follows the context's candidates "
+                               "and continues from the tokens it took; greedy only, else replace)")
+    lookup_candidates: int = Field(default=LOOKUP_CANDIDATES, ge=1, description="prompt lookup, chain: continuations "
+                                   "per sequence (> 1: also what followed the last token elsewhere, taken where the "
+                                   "head's token agrees)")
+    lookup_veto: Optional[float] = Field(default=None, description="prompt lookup, chain: drop a context token the "
+                                         "head disagrees with at this confidence or more (None = never)")
+    lookup_by_head: bool = Field(default=LOOKUP_BY_HEAD, description="prompt lookup, chain: of the allowed candidates, "
+                                 "take the one the head finds most probable (else the longest match, latest)")
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -155,7 +167,8 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
     if o.lookup_min:
         from specdec.lookup import LookupDrafter
 
-        drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max, o.lookup_trust)
+        drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max, o.lookup_trust, policy=o.lookup_policy,
+                                veto=o.lookup_veto, candidates=o.lookup_candidates, by_head=o.lookup_by_head)
     verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
                               dense_first=o.dense_first, margin=o.margin)
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

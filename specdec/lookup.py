@@ -36,12 +36,31 @@ def check_lookup(min_n: int, max_n: int) -> None:
                            f"lookup_max={max_n}); set lookup_min=0 to turn it off.")
 
 
+#: how a match and the inner drafter's draft combine (:class:`LookupDrafter` ``policy``)
+POLICIES = ("replace", "chain")
+
+
+def check_policy(policy: str, veto: float | None, candidates: int = 1) -> None:
+    """A known policy, a veto in ``(0, 1]`` and ``candidates >= 1`` (both beyond the defaults only with ``chain``), or
+    one line naming the fix."""
+    if policy not in POLICIES:
+        raise SpecdecError(f"unknown prompt lookup policy {policy!r}; use one of {', '.join(POLICIES)}.")
+    if not isinstance(candidates, int) or candidates < 1 or (candidates > 1 and policy != "chain"):
+        raise SpecdecError(f"lookup_candidates={candidates!r} needs an integer >= 1, and lookup_policy='chain' "
+                           f"when > 1.")
+    if veto is not None and (policy != "chain" or not 0 < veto <= 1):
+        raise SpecdecError(f"lookup_veto={veto!r} needs lookup_policy='chain' and 0 < lookup_veto <= 1 "
+                           f"(None: the head never vetoes a proposal).")
+
+
 class NgramIndex:
     """For one token list: ``n``-gram → end index of its latest occurrence that is not the list's suffix."""
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.ns = range(max_n, min_n - 1, -1)
         self.maps: dict[int, dict[tuple, int]] = {n: {} for n in self.ns}
+        self.max_n = max_n
+        self.occ: dict[int, list[int]] = {}  # token -> its positions (ascending), for the several-candidate policy
         self.done = 0  # end indices < done are indexed
 
     def update(self, toks: list[int]) -> None:
@@ -49,11 +68,41 @@ class NgramIndex:
         for n, mp in self.maps.items():
             for e in range(max(self.done, n - 1), len(toks) - 1):
                 mp[tuple(toks[e - n + 1 : e + 1])] = e
+        for e in range(self.done, len(toks) - 1):
+            self.occ.setdefault(toks[e], []).append(e)
         self.done = max(self.done, len(toks) - 1)
 
-    def propose(self, toks: list[int], gamma: int) -> tuple[list[int], int]:
+    def candidates(self, toks: list[int], gamma: int, k: int, periodic: bool = True,
+                   scan: int = 256) -> list[tuple[list[int], int]]:
+        """Up to ``k`` continuations ``(tokens, n)`` of earlier occurrences of the last token, one per distinct first
+        token: for each, the occurrence with the longest matching suffix ``n`` (capped at ``max_n``; ties: the
+        latest), sorted by ``n`` then recency. The first is :meth:`propose`'s (when its ``n >= min_n``); the others
+        are what followed the context's last token elsewhere. Scans the latest ``scan`` occurrences (host cost)."""
+        self.update(toks)
+        L = len(toks)
+        best: dict[int, tuple[int, int]] = {}  # first token -> (n, end)
+        for e in reversed(self.occ.get(toks[-1], [])[-scan:]):
+            n = 1
+            while n < self.max_n and e - n >= 0 and toks[e - n] == toks[L - 1 - n]:
+                n += 1
+            x = toks[e + 1]
+            if x not in best or n > best[x][0]:
+                best[x] = (n, e)
+        out = []
+        for _, (n, e) in sorted(best.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:k]:
+            cont: list[int] = []
+            for i in range(gamma):
+                j = e + 1 + i
+                if j >= L and not periodic:
+                    break
+                cont.append(toks[j] if j < L else cont[j - L])
+            out.append((cont, n))
+        return out
+
+    def propose(self, toks: list[int], gamma: int, periodic: bool = True) -> tuple[list[int], int]:
         """Up to ``gamma`` tokens after the latest earlier occurrence of the longest matching suffix, and
-        that suffix's length ``n`` (``([], 0)``: no match)."""
+        that suffix's length ``n`` (``([], 0)``: no match). ``periodic``: a continuation that runs into the end
+        of the list goes on periodically (always ``gamma`` tokens); else it stops there."""
         self.update(toks)
         L = len(toks)
         for n in self.ns:
@@ -64,6 +113,8 @@ class NgramIndex:
                 out = []
                 for i in range(gamma):  # periodic extension past the end: toks[L + m] = toks[e + 1 + m]
                     j = e + 1 + i
+                    if j >= L and not periodic:
+                        break
                     out.append(toks[j] if j < L else out[j - L])
                 return out, n
         return [], 0
@@ -71,6 +122,7 @@ class NgramIndex:
     def copy(self) -> "NgramIndex":
         c = NgramIndex.__new__(NgramIndex)
         c.ns, c.maps, c.done = self.ns, {n: dict(m) for n, m in self.maps.items()}, self.done
+        c.max_n, c.occ = self.max_n, {t: list(v) for t, v in self.occ.items()}
         return c
 
 
@@ -86,10 +138,15 @@ class LookupDrafter(Drafter):
             short match does not replace a draft the inner drafter is sure of. ``trust_n <= min_n``: always.
     """
 
-    def __init__(self, inner: Drafter, min_n: int = 2, max_n: int = 4, trust_n: int | None = None) -> None:
+    def __init__(self, inner: Drafter, min_n: int = 2, max_n: int = 4, trust_n: int | None = None,
+                 policy: str = "replace", veto: float | None = None, periodic: bool = True, candidates: int = 1,
+                 by_head: bool = False) -> None:
         check_lookup(min_n, max_n)
+        check_policy(policy, veto, candidates)
+        self.candidates, self.by_head = candidates, by_head
         self.inner, self.min_n, self.max_n = inner, min_n, max_n
         self.trust_n = min_n if trust_n is None else trust_n
+        self.policy, self.veto, self.periodic = policy, veto, periodic
         self._index: list[NgramIndex] = []
         #: per round: sequences drafting, sequences whose drafts came from the context (``stats()``)
         self.rounds = 0
@@ -115,14 +172,21 @@ class LookupDrafter(Drafter):
                 memo[key].update(toks)
             self._index.append(memo[key].copy())
 
+    def chains(self, state) -> bool:
+        """Whether this round drafts with the ``chain`` policy: asked for, greedy, and an inner drafter that can
+        continue a chain from given tokens (``draft_chain``: the EAGLE head); otherwise ``replace``."""
+        return self.policy == "chain" and state.sampling.greedy and hasattr(self.inner, "draft_chain")
+
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.chains(state):
+            return self._draft_chain(state, gamma)
         drafts, q = self.inner.draft(state, gamma)  # (B, γ), (B, γ, V) or None
         B = drafts.shape[0]
         # host lists, then one tensor each: per-sequence tensor writes cost ~4 small torch calls per sequence
         # (B = 64, 2 of 3 sequences matching: 0.56-0.89 ms -> 0.11 ms of host time per draft on the dev CPU)
         look_l, mask_l, trusted_l = [], [], []
         for b in range(B):
-            prop, n = self._index[b].propose(state.tokens[b], gamma)
+            prop, n = self._index[b].propose(state.tokens[b], gamma, self.periodic)
             look_l.append(prop + [0] * (gamma - len(prop)))
             mask_l.append([True] * len(prop) + [False] * (gamma - len(prop)))
             trusted_l.append([bool(prop) and n >= self.trust_n])
@@ -141,6 +205,34 @@ class LookupDrafter(Drafter):
             one = torch.nn.functional.one_hot(look, q.shape[-1]).to(q.dtype)
             q = torch.where(mask.unsqueeze(-1), one, q)
         return drafts, q
+
+    def _draft_chain(self, state, gamma: int) -> tuple[torch.Tensor, None]:
+        """``policy="chain"``: the EAGLE head drafts following the context's candidate continuations (host lists, one
+        tensor each) and continues from the tokens it took (:meth:`specdec.eagle.EagleDrafter.draft_chain`).
+
+        Candidates per sequence (:meth:`NgramIndex.candidates`, at most ``candidates``): a match of ``n >= trust_n``
+        tokens is followed from its first token (unless the head vetoes: ``veto``); a shorter one (``n >= min_n``,
+        or any ``n >= 1`` when ``candidates > 1``) only where its first token equals the head's own first draft."""
+        B, K = state.lengths.shape[0], self.candidates
+        never = 2.0 if self.veto is None else self.veto
+        cand_l, mask_l, conf_l = [], [], []
+        for b in range(B):
+            cs = self._index[b].candidates(state.tokens[b], gamma, K, self.periodic)
+            cs = [(c, n) for c, n in cs if n >= (self.min_n if K == 1 else 1)] + [([], 0)] * K
+            cand_l.append([c + [0] * (gamma - len(c)) for c, _ in cs[:K]])
+            mask_l.append([[True] * len(c) + [False] * (gamma - len(c)) for c, _ in cs[:K]])
+            conf_l.append([[never if n >= self.trust_n else 0.0] + [never] * (gamma - 1) for _, n in cs[:K]])
+        self.rounds += B
+        if not any(row[0][0] for row in mask_l):
+            return self.inner.draft(state, gamma)
+        dev = state.lengths.device
+        pin = dev.type == "cuda"
+        cand, cmask, conf = (torch.tensor(x, dtype=dt, pin_memory=pin).to(dev, non_blocking=True)
+                             for x, dt in ((cand_l, torch.long), (mask_l, torch.bool), (conf_l, torch.float32)))
+        drafts = self.inner.draft_chain(state, gamma, cand, cmask, conf, by_head=self.by_head)
+        taken = (cmask[:, :, 0] & (cand[:, :, 0] == drafts[:, :1])).any(dim=1)  # (B,) first token from the context
+        self._matched = taken.sum() + (self._matched if self._matched is not None else 0)  # device: no read
+        return drafts, None
 
     def score_request(self, gamma: int) -> ScoreRequest | None:
         return self.inner.score_request(gamma)
