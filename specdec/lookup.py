@@ -54,13 +54,17 @@ def check_policy(policy: str, veto: float | None, candidates: int = 1) -> None:
 
 
 class NgramIndex:
-    """For one token list: ``n``-gram → end index of its latest occurrence that is not the list's suffix."""
+    """For one token list: ``n``-gram → end index of its latest occurrence that is not the list's suffix.
 
-    def __init__(self, min_n: int, max_n: int) -> None:
+    With ``follow`` (the ``chain`` policy's several candidates), also ``n``-gram → its followers, ``{token: end of
+    the latest occurrence of the n-gram followed by token}`` in order of recency, for ``n = 1 .. max_n``."""
+
+    def __init__(self, min_n: int, max_n: int, follow: bool = False) -> None:
         self.ns = range(max_n, min_n - 1, -1)
         self.maps: dict[int, dict[tuple, int]] = {n: {} for n in self.ns}
         self.max_n = max_n
-        self.occ: dict[int, list[int]] = {}  # token -> its positions (ascending), for the several-candidate policy
+        self.follow: dict[int, dict[tuple, dict[int, int]]] | None = (
+            {n: {} for n in range(1, max_n + 1)} if follow else None)
         self.done = 0  # end indices < done are indexed
 
     def update(self, toks: list[int]) -> None:
@@ -68,35 +72,40 @@ class NgramIndex:
         for n, mp in self.maps.items():
             for e in range(max(self.done, n - 1), len(toks) - 1):
                 mp[tuple(toks[e - n + 1 : e + 1])] = e
-        for e in range(self.done, len(toks) - 1):
-            self.occ.setdefault(toks[e], []).append(e)
+        if self.follow is not None:
+            for n, fm in self.follow.items():
+                for e in range(max(self.done, n - 1), len(toks) - 1):
+                    f = fm.setdefault(tuple(toks[e - n + 1 : e + 1]), {})
+                    f.pop(toks[e + 1], None)  # re-inserted last: dict order = recency
+                    f[toks[e + 1]] = e
         self.done = max(self.done, len(toks) - 1)
 
-    def candidates(self, toks: list[int], gamma: int, k: int, periodic: bool = True,
-                   scan: int = 256) -> list[tuple[list[int], int]]:
-        """Up to ``k`` continuations ``(tokens, n)`` of earlier occurrences of the last token, one per distinct first
-        token: for each, the occurrence with the longest matching suffix ``n`` (capped at ``max_n``; ties: the
-        latest), sorted by ``n`` then recency. The first is :meth:`propose`'s (when its ``n >= min_n``); the others
-        are what followed the context's last token elsewhere. Scans the latest ``scan`` occurrences (host cost)."""
+    def candidates(self, toks: list[int], gamma: int, k: int, periodic: bool = True) -> list[tuple[list[int], int]]:
+        """Up to ``k`` continuations ``(tokens, n)`` of earlier occurrences of the list's suffix, one per distinct
+        first token: for each, the occurrence with the longest matching suffix ``n`` (``<= max_n``; ties: the latest),
+        sorted by ``n`` then recency. The first is :meth:`propose`'s (when its ``n >= min_n``); the others are what
+        followed shorter suffixes, down to the last token alone. Host cost ``O(k · max_n)`` dict steps (needs
+        ``follow``)."""
+        if self.follow is None:
+            raise SpecdecError("NgramIndex.candidates needs an index built with follow=True.")
         self.update(toks)
         L = len(toks)
-        best: dict[int, tuple[int, int]] = {}  # first token -> (n, end)
-        for e in reversed(self.occ.get(toks[-1], [])[-scan:]):
-            n = 1
-            while n < self.max_n and e - n >= 0 and toks[e - n] == toks[L - 1 - n]:
-                n += 1
-            x = toks[e + 1]
-            if x not in best or n > best[x][0]:
-                best[x] = (n, e)
-        out = []
-        for _, (n, e) in sorted(best.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:k]:
-            cont: list[int] = []
-            for i in range(gamma):
-                j = e + 1 + i
-                if j >= L and not periodic:
-                    break
-                cont.append(toks[j] if j < L else cont[j - L])
-            out.append((cont, n))
+        out: list[tuple[list[int], int]] = []
+        seen: set[int] = set()
+        for n in range(min(self.max_n, L - 1), 0, -1):
+            for x, e in reversed(self.follow[n].get(tuple(toks[L - n :]), {}).items()):
+                if len(out) == k:
+                    return out
+                if x in seen:
+                    continue
+                seen.add(x)
+                cont: list[int] = []
+                for i in range(gamma):
+                    j = e + 1 + i
+                    if j >= L and not periodic:
+                        break
+                    cont.append(toks[j] if j < L else cont[j - L])
+                out.append((cont, n))
         return out
 
     def propose(self, toks: list[int], gamma: int, periodic: bool = True) -> tuple[list[int], int]:
@@ -122,7 +131,9 @@ class NgramIndex:
     def copy(self) -> "NgramIndex":
         c = NgramIndex.__new__(NgramIndex)
         c.ns, c.maps, c.done = self.ns, {n: dict(m) for n, m in self.maps.items()}, self.done
-        c.max_n, c.occ = self.max_n, {t: list(v) for t, v in self.occ.items()}
+        c.max_n = self.max_n
+        c.follow = None if self.follow is None else {
+            n: {g: dict(f) for g, f in fm.items()} for n, fm in self.follow.items()}
         return c
 
 
@@ -168,7 +179,7 @@ class LookupDrafter(Drafter):
         for toks in state.tokens:  # equal prompts (a benchmark's batch) are indexed once
             key = tuple(toks)
             if key not in memo:
-                memo[key] = NgramIndex(self.min_n, self.max_n)
+                memo[key] = NgramIndex(self.min_n, self.max_n, follow=self.policy == "chain" and self.candidates > 1)
                 memo[key].update(toks)
             self._index.append(memo[key].copy())
 
@@ -217,8 +228,10 @@ class LookupDrafter(Drafter):
         never = 2.0 if self.veto is None else self.veto
         cand_l, mask_l, conf_l = [], [], []
         for b in range(B):
-            cs = self._index[b].candidates(state.tokens[b], gamma, K, self.periodic)
-            cs = [(c, n) for c, n in cs if n >= (self.min_n if K == 1 else 1)] + [([], 0)] * K
+            idx = self._index[b]
+            cs = idx.candidates(state.tokens[b], gamma, K, self.periodic) if K > 1 else [
+                idx.propose(state.tokens[b], gamma, self.periodic)]
+            cs = [(c, n) for c, n in cs if c and n >= (self.min_n if K == 1 else 1)] + [([], 0)] * K
             cand_l.append([c + [0] * (gamma - len(c)) for c, _ in cs[:K]])
             mask_l.append([[True] * len(c) + [False] * (gamma - len(c)) for c, _ in cs[:K]])
             conf_l.append([[never if n >= self.trust_n else 0.0] + [never] * (gamma - 1) for _, n in cs[:K]])

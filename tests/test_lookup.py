@@ -219,18 +219,44 @@ def test_candidates_first_is_the_proposal_then_other_followers():
     from specdec.lookup import NgramIndex
 
     toks = [1, 2, 3, 7, 5, 2, 3, 8, 4, 3, 9, 1, 2, 3]
-    cs = NgramIndex(2, 3).candidates(toks, 3, 8)
+    cs = NgramIndex(2, 3, follow=True).candidates(toks, 3, 8)
     assert cs[0] == NgramIndex(2, 3).propose(toks, 3) == ([7, 5, 2], 3)
     assert cs == [([7, 5, 2], 3), ([8, 4, 3], 2), ([9, 1, 2], 1)]  # (2, 3) -> 8; (3,) -> 9 (latest 3 -> 9)
-    assert NgramIndex(2, 3).candidates(toks, 3, 2) == cs[:2]
-    assert NgramIndex(2, 4).candidates([4, 5, 6, 5, 6], 5, 4) == [([5, 6, 5, 6, 5], 2)]  # periodic, as propose
-    assert NgramIndex(2, 4).candidates([4, 5, 6, 5, 6], 5, 4, periodic=False) == [([5, 6], 2)]
+    assert NgramIndex(2, 3, follow=True).candidates(toks, 3, 2) == cs[:2]
+    assert NgramIndex(2, 4, follow=True).candidates([4, 5, 6, 5, 6], 5, 4) == [([5, 6, 5, 6, 5], 2)]  # periodic, as propose
+    assert NgramIndex(2, 4, follow=True).candidates([4, 5, 6, 5, 6], 5, 4, periodic=False) == [([5, 6], 2)]
     g = torch.Generator().manual_seed(0)
     for _ in range(30):  # the first candidate is the proposal on random texts over a small vocabulary
         t = torch.randint(0, 6, (40,), generator=g).tolist()
-        c, p = NgramIndex(2, 4).candidates(t, 4, 8), NgramIndex(2, 4).propose(t, 4)
+        c, p = NgramIndex(2, 4, follow=True).candidates(t, 4, 8), NgramIndex(2, 4).propose(t, 4)
         assert (c[0] if c and c[0][1] >= 2 else ([], 0)) == p, t
         assert len({x[0][0] for x in c}) == len(c)  # one per first token
+        assert c == _brute_candidates(t, 4, 8, 4)
+    idx = NgramIndex(2, 3, follow=True)  # incremental: tokens appended later are indexed too
+    t = torch.randint(0, 5, (60,), generator=g).tolist()
+    for end in range(10, 61, 7):
+        assert idx.candidates(t[:end], 3, 5) == _brute_candidates(t[:end], 3, 5, 3)
+
+
+def _brute_candidates(toks, gamma, k, max_n):
+    """Every earlier occurrence of the last token, its match length (<= max_n) and first follower; the best per
+    follower (longest, then latest), sorted; periodic continuations."""
+    L, best = len(toks), {}
+    for e in range(L - 2, -1, -1):
+        if toks[e] != toks[-1]:
+            continue
+        n = 1
+        while n < max_n and e - n >= 0 and toks[e - n] == toks[L - 1 - n]:
+            n += 1
+        if toks[e + 1] not in best or n > best[toks[e + 1]][0]:
+            best[toks[e + 1]] = (n, e)
+    out = []
+    for _, (n, e) in sorted(best.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:k]:
+        cont = []
+        for i in range(gamma):
+            cont.append(toks[e + 1 + i] if e + 1 + i < L else cont[e + 1 + i - L])
+        out.append((cont, n))
+    return out
 
 
 def _chain_state(target, drafter, toks):
