@@ -25,7 +25,9 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 * ``lookup_min`` / ``lookup_max``: prompt lookup (:mod:`specdec.lookup`): where the context holds an earlier
   occurrence of the last ``n`` tokens (``n = lookup_max .. lookup_min``), its continuation is the draft, else
   the draft model's; ``lookup_min=0`` turns it off. ``lookup_trust``: a match shorter than this is used only
-  where its first token equals the draft model's first draft.
+  where its first token equals the draft model's first draft. ``lookup_policy`` (``replace`` | ``chain``),
+  ``lookup_candidates``, ``lookup_veto``, ``lookup_by_head``: how a match and the EAGLE head's draft combine
+  (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup policies").
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@ EAGLE head's cache, stays in step, and a batch keeps one fixed-shape draft forwa
 tokens are replaced. When the continuation is shorter than γ (the match ends near the end of the context)
 it is extended periodically (the repetition it found goes on), so a match always gives γ tokens.
 
+Policy ``chain`` (greedy, with a drafter that has ``draft_chain``: the EAGLE head) instead feeds the context's
+candidates into the head's own chain: the head takes a candidate's tokens, continues **from them** when they run
+out or the head vetoes one, and may take, among several candidates (``candidates > 1``), one that only followed the
+last token elsewhere where its first token is the head's own. Same head calls; the head's state and lookahead
+signal then follow the tokens actually drafted (no ``drafts_replaced``).
+
 Lossless either way: a lookup draft is a deterministic proposal, ``q = one-hot`` in rejection sampling
 (:func:`specdec.sampling.accept` then accepts with probability ``p(x)`` and resamples from ``p`` without ``x``).
 With sparse verification (Dustin), the lookahead signal still comes from the inner drafter's attention.
@@ -99,12 +105,9 @@ class NgramIndex:
                 if x in seen:
                     continue
                 seen.add(x)
-                cont: list[int] = []
-                for i in range(gamma):
-                    j = e + 1 + i
-                    if j >= L and not periodic:
-                        break
-                    cont.append(toks[j] if j < L else cont[j - L])
+                cont = toks[e + 1 : e + 1 + gamma]
+                while periodic and len(cont) < gamma:  # past the end: toks[L + m] = toks[e + 1 + m]
+                    cont.append(cont[len(cont) - (L - e - 1)])
                 out.append((cont, n))
         return out
 
@@ -147,6 +150,16 @@ class LookupDrafter(Drafter):
         trust_n: a match of at least ``trust_n`` tokens is taken as is; a shorter one only where its first
             token equals the inner drafter's first draft (checked on the device, no host read), so a chance
             short match does not replace a draft the inner drafter is sure of. ``trust_n <= min_n``: always.
+        policy: ``"replace"`` (a match's continuation replaces the inner drafter's tokens) or ``"chain"`` (the EAGLE
+            head follows the candidates and continues from the tokens taken; greedy only, else ``replace``).
+        veto: ``chain``: a candidate token the head disagrees with is dropped when the head's top probability is at
+            least this (``None``: never).
+        periodic: a continuation running into the end of the context goes on periodically (else it stops there:
+            ``replace`` keeps the inner drafter's tokens after it, ``chain`` the head's chain continued from it).
+        candidates: ``chain``: continuations per sequence (:meth:`NgramIndex.candidates`); ``> 1`` adds what
+            followed shorter suffixes (down to the last token), each taken only where the head's token agrees.
+        by_head: ``chain``: of the allowed candidates take the one the head finds most probable (else the first:
+            longest match, latest).
     """
 
     def __init__(self, inner: Drafter, min_n: int = 2, max_n: int = 4, trust_n: int | None = None,
