@@ -397,10 +397,13 @@ def test_dustin_lookup_policy_options(target, eagle_path):
         cfg = PipelineConfig.make(method="dustin", gamma=3, budget=64, options=dict(draft=str(eagle_path), **options))
         return build_engine(target, cfg).drafter
 
-    d = drafter(lookup_policy="chain", lookup_candidates=4, lookup_veto=0.9, lookup_by_head=True)
-    assert (d.policy, d.candidates, d.veto, d.by_head) == ("chain", 4, 0.9, True)
-    d = drafter(lookup_policy="replace")
+    d = drafter()  # the default: chain, one candidate, the head vetoes at 0.9
+    assert (d.policy, d.candidates, d.veto, d.by_head, d.periodic) == ("chain", 1, 0.9, False, True)
+    d = drafter(lookup_policy="chain", lookup_candidates=4, lookup_veto=0.5, lookup_by_head=True)
+    assert (d.policy, d.candidates, d.veto, d.by_head) == ("chain", 4, 0.5, True)
+    d = drafter(lookup_policy="replace")  # the drafting before: selectable with one option
     assert (d.policy, d.candidates, d.veto, d.by_head) == ("replace", 1, None, False)
+    assert drafter(lookup_policy="chain", lookup_veto=None).veto is None
     for bad, msg in ((dict(lookup_policy="tree"), "unknown prompt lookup policy 'tree'"),
                      (dict(lookup_policy="replace", lookup_veto=0.5), "needs lookup_policy='chain'"),
                      (dict(lookup_policy="chain", lookup_veto=1.5), "0 < lookup_veto <= 1"),
