@@ -286,8 +286,32 @@ def _fused_variant(model, variant: str) -> None:
         fusion.FusedMLP.forward_add = _FORWARD_ADD
 
 
+def _step_inputs(model, B: int, ctx: int, gamma: int, dev):
+    """A cache of ``B`` x ``ctx`` random K/V and the three steps at that shape: ``(cache, lengths, budget, KV bytes
+    per token, {"dense_T1" | "sparse5%_T1" | "verify_T<gamma+1>": (fn, bytes read)})``; the sparse plan keeps 5 %
+    of the context at random positions per sequence."""
+    from specdec import SparsePlan
+
+    d = model.dims
+    kvt = 2 * d.n_layers * d.n_kv_heads * d.head_dim * model.hf.dtype.itemsize
+    W = sum(p.numel() * p.element_size() for p in model.hf.parameters())
+    cache = model.new_cache(B, ctx + 64)
+    cache.k.normal_()
+    cache.v.normal_()
+    L = torch.full((B,), ctx, device=dev)
+    budget = max(16, int(0.05 * ctx))
+    idx = torch.stack([torch.randperm(ctx - 16, device=dev)[:budget] for _ in range(B)])
+    plan = SparsePlan(indices=idx.view(1, B, 1, -1).expand(1, B, d.n_kv_heads, -1).contiguous(), dense_from=L.clone())
+    x1 = torch.randint(0, d.vocab_size, (B, 1), device=dev)
+    x5 = torch.randint(0, d.vocab_size, (B, gamma + 1), device=dev)
+    steps = {"dense_T1": (lambda: model.forward(x1, cache, L), W + B * ctx * kvt),
+             "sparse5%_T1": (lambda: model.forward(x1, cache, L, plan=plan), W + B * budget * kvt),
+             f"verify_T{gamma + 1}": (lambda: model.forward(x5, cache, L), W + B * ctx * kvt)}
+    return cache, L, budget, kvt, steps
+
+
 def part_steps(a, res, bw):
-    from specdec import SparsePlan, SpecdecModel
+    from specdec import SpecdecModel
     from specdec.registry import BACKENDS
     from specdec.shapes import random_model
     from step_gpu import kernel_table
@@ -299,20 +323,7 @@ def part_steps(a, res, bw):
         hf = random_model(shape, a.device, dtype)
         model = SpecdecModel(hf, None, BACKENDS.build(a.backend))
         d = model.dims
-        kvt = 2 * d.n_layers * d.n_kv_heads * d.head_dim * hf.dtype.itemsize
-        W = sum(p.numel() * p.element_size() for p in hf.parameters())
-        cache = model.new_cache(B, ctx + 64)
-        cache.k.normal_()
-        cache.v.normal_()
-        L = torch.full((B,), ctx, device=dev)
-        budget = max(16, int(0.05 * ctx))
-        idx = torch.stack([torch.randperm(ctx - 16, device=dev)[:budget] for _ in range(B)])
-        plan = SparsePlan(indices=idx.view(1, B, 1, -1).expand(1, B, d.n_kv_heads, -1).contiguous(), dense_from=L.clone())
-        x1 = torch.randint(0, d.vocab_size, (B, 1), device=dev)
-        x5 = torch.randint(0, d.vocab_size, (B, a.gamma + 1), device=dev)
-        steps = {"dense_T1": (lambda: model.forward(x1, cache, L), W + B * ctx * kvt),
-                 "sparse5%_T1": (lambda: model.forward(x1, cache, L, plan=plan), W + B * budget * kvt),
-                 f"verify_T{a.gamma + 1}": (lambda: model.forward(x5, cache, L), W + B * ctx * kvt)}
+        cache, L, budget, kvt, steps = _step_inputs(model, B, ctx, a.gamma, dev)
         launch = getattr(model.backend, "_launch", None)
         kernels_fused = False
         for variant in a.variants:
@@ -388,6 +399,204 @@ def part_steps(a, res, bw):
             torch.cuda.empty_cache()
 
 
+#: l14b, before measuring (2026-12-01, against the same run's PDL-off row): the sparse step's 305 launches have 162
+#: Triton kernels (RMSNorm 65, RoPE + KV write 32, split-K attention 32, SiLU*mul 32, rotary 1), which launch with
+#: PDL: 129 of them follow a cuBLAS GEMM that does not trigger early (gain: the launch processed during the GEMM's
+#: tail, ~1.0 of the ~2.2 us gap), 32 (the attention) follow RoPE, which triggers at its start (~1.5 us each). The
+#: 129 GEMMs after our kernels keep plain launches (cuBLAS' own). Predicted: -0.18 ms on each step kind (the same
+#: kernels): sparse 6.05 -> 5.87 ms (1.265x of 4.64 ms), dense and verify -0.18 ms (-0.9 %, -0.8 %).
+#: The launch chains (``_pdl_micro``), predicted: GEMM -> RMSNorm saves ~1.0 us per link, RMSNorm -> RMSNorm ~1.5 us.
+PDL_PREDICTED_DELTA_MS = {"sparse5%_T1": -0.18, "dense_T1": -0.18, "verify_T5": -0.18}
+
+
+def _replay_times(fn, dev, n: int) -> list[float]:
+    """``n`` timed calls of ``fn`` (ms; CUDA events on a GPU, one synchronised call each; wall clock on the CPU)."""
+    out = []
+    for _ in range(n):
+        if dev.type == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            torch.cuda.synchronize()
+            out.append(s.elapsed_time(e))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def _pdl_micro(dev, dtype, n: int, reps: int) -> dict:
+    """Per-link cost of two chains of ``n`` dependent launches in one CUDA graph, PDL off vs on: ``gemm_rms`` (a cuBLAS
+    GEMM of 16 rows by a 4096 x 4096 weight, then the RMSNorm kernel: does a PDL kernel after a GEMM that does not
+    trigger early gain?) and ``rms_rms`` (RMSNorm after RMSNorm: both sides cooperate). Median of ``reps`` replays, in
+    µs per link (one GEMM + one norm, or one norm). On the CPU: eager calls, tiny sizes (the smoke)."""
+    from specdec.cuda.triton_fused import rms_norm
+    from specdec.cuda.triton_pdl import set_pdl
+
+    h = 4096 if dev.type == "cuda" else 64
+    x = torch.randn(16, h, device=dev, dtype=dtype)
+    w = torch.randn(h, h, device=dev, dtype=dtype) / h ** 0.5
+    nw = torch.ones(h, device=dev, dtype=dtype)
+
+    def gemm_rms():
+        y = x
+        for _ in range(n):
+            y = rms_norm(y @ w.T, nw, 1e-5)
+        return y
+
+    def rms_rms():
+        y = x
+        for _ in range(n):
+            y = rms_norm(y, nw, 1e-5)
+        return y
+
+    out = {}
+    for name, fn in (("gemm_rms", gemm_rms), ("rms_rms", rms_rms)):
+        res = {}
+        for on in (False, True, False, True):  # each twice, interleaved: the second pair is the one kept
+            set_pdl(on)
+            try:
+                fn()  # compile this variant outside the capture
+                run = fn
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        last = fn()
+                    run = g.replay
+                ts = _replay_times(run, dev, reps)
+                res["on" if on else "off"] = statistics.median(ts) * 1e3 / n
+                if dev.type == "cuda":
+                    res[f"equal_{'on' if on else 'off'}"] = bool(torch.equal(last, fn()))
+            finally:
+                set_pdl(None)
+        res["saved_us_per_link"] = res["off"] - res["on"]
+        out[name] = res
+    return out
+
+
+def part_pdl(a, res, bw):
+    """l14b: programmatic dependent launch (``specdec.cuda.triton_pdl``) off vs on, the library's defaults otherwise.
+
+    One model of the first step shape; each variant's three steps are captured in a CUDA-graph cache of their own
+    (PDL is fixed at capture), then replayed interleaved: ``a.pdl_rounds`` rounds, each variant ``a.pdl_per_round``
+    timed replays per step per round, the variants' order alternating. Median and min-max of all replays; the
+    kernel count per step (torch.profiler); and whether each step's logits and KV cache are identical with PDL on
+    and off (they must be: every PDL kernel waits for its predecessor before any load or store).
+    """
+    from specdec import SpecdecModel
+    from specdec.cuda.triton_pdl import pdl_launch, set_pdl
+    from specdec.registry import BACKENDS
+    from specdec.shapes import random_model
+    from step_gpu import kernel_table
+
+    dev = torch.device(a.device)
+    dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
+    try:
+        res["pdl_micro"] = _pdl_micro(dev, dtype, n=64 if dev.type == "cuda" else 2, reps=20 if dev.type == "cuda" else 1)
+    except Exception:
+        res["pdl_micro"] = dict(error=traceback.format_exc(limit=6))
+    print("pdl micro:", json.dumps(res["pdl_micro"]), flush=True)
+    shape, B, ctx = a.step_shapes[0]
+    hf = random_model(shape, a.device, dtype)
+    model = SpecdecModel(hf, None, BACKENDS.build(a.backend))
+    model.fuse_projections(kernels=a.kernels)  # library defaults: GEMM splits, launch table, fused combine
+    cache, L, budget, kvt, steps = _step_inputs(model, B, ctx, a.gamma, dev)
+    out = res["pdl"] = dict(shape=shape, B=B, context=ctx, rows=[], parity={}, predicted_delta_ms=PDL_PREDICTED_DELTA_MS)
+    variants = ("pdl_off", "pdl_on")
+    graphs, logits, caches = {}, {}, {}
+    for v in variants:
+        try:
+            set_pdl(v == "pdl_on")
+            out[f"{v}_active"] = pdl_launch(dev)
+            model.disable_cuda_graphs()
+            if a.graphs:
+                model.enable_cuda_graphs()
+            for name, (fn, _) in steps.items():
+                fn()  # warm-up (and capture, with graphs)
+                fn()
+                logits[v, name] = fn().float().clone()
+                at, T = int(L[0]), a.gamma + 1 if name.startswith("verify") else 1  # the positions the step wrote
+                caches[v, name] = torch.stack([c[i][:, :, at:at + T].float() for c in (cache.k, cache.v)
+                                               for i in (0, -1)]).clone()  # keys and values, first and last layer
+            graphs[v] = model._graphs
+        except Exception:  # recorded; the other variant still runs
+            out.setdefault("errors", {})[v] = traceback.format_exc(limit=6)
+            print(f"pdl: {v} failed:", out["errors"][v], flush=True)
+        finally:
+            set_pdl(None)
+    variants = tuple(v for v in variants if v in graphs)
+    for name in (steps if len(variants) == 2 else ()):
+        out["parity"][name] = dict(logits_equal=bool(torch.equal(logits["pdl_off", name], logits["pdl_on", name])),
+                                   max_abs_diff=float((logits["pdl_off", name] - logits["pdl_on", name]).abs().max()),
+                                   cache_equal=bool(torch.equal(caches["pdl_off", name], caches["pdl_on", name])))
+    print(json.dumps(out["parity"]), flush=True)
+    samples = {(v, n): [] for v in variants for n in steps}
+    for r in range(a.pdl_rounds):
+        if elapsed() > a.budget_s:
+            out["stopped"] = f"out of time after {r} rounds"
+            break
+        for v in (variants if r % 2 == 0 else variants[::-1]):
+            model._graphs = graphs[v]
+            set_pdl(v == "pdl_on")  # (for eager runs: the graphs keep what they captured)
+            for name, (fn, _) in steps.items():
+                fn()  # one untimed replay after the switch
+                samples[v, name] += _replay_times(fn, dev, a.pdl_per_round)
+    set_pdl(None)
+    for v in variants:
+        model._graphs = graphs[v]
+        set_pdl(v == "pdl_on")
+        for name, (fn, nbytes) in steps.items():
+            ts = samples[v, name]
+            if not ts:
+                continue
+            row = dict(variant=v, step=name, ms=statistics.median(ts), min_ms=min(ts), max_ms=max(ts), n=len(ts),
+                       roofline_ms=nbytes / bw * 1e3, over_roofline=statistics.median(ts) / (nbytes / bw * 1e3),
+                       layers=model.dims.n_layers)
+            try:
+                row["kernels"] = kernel_table(fn, top=16) if dev.type == "cuda" else launch_table(fn)
+            except Exception:
+                row["kernels_error"] = traceback.format_exc(limit=3)
+            out["rows"].append(row)
+            print(json.dumps({k: x for k, x in row.items() if k != "kernels"}), flush=True)
+    set_pdl(None)
+    model.disable_cuda_graphs()
+    graphs.clear()
+    del model, hf, cache, steps
+    if dev.type == "cuda":
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def pdl_md(p: dict) -> list[str]:
+    """The ``pdl`` part's section of ``issue14.md``."""
+    errs = [f"- {v} failed: {e.strip().splitlines()[-1]}" for v, e in p.get("errors", {}).items()]
+    out = ["## Programmatic dependent launch off vs on (interleaved graph replays)", "", *errs, "",
+           f"{p['shape']}, B {p['B']} × {p['context']}; PDL active: off-run {p.get('pdl_off_active')}, "
+           f"on-run {p.get('pdl_on_active')}. {p.get('stopped', '')}", "",
+           "| step | PDL | ms (median) | min–max | n | × roofline | Δ vs off ms | predicted Δ ms | kernels | kernel ms | "
+           "gaps ms | logits / cache equal |", "|" + "---|" * 12]
+    off = {r["step"]: r["ms"] for r in p["rows"] if r["variant"] == "pdl_off"}
+    for r in p["rows"]:
+        kt = r.get("kernels") or {}
+        n = kt.get("kernels_per_call")
+        kms = kt.get("kernel_us_per_call", 0.0) / 1e3
+        on = r["variant"] == "pdl_on"
+        d = f"{r['ms'] - off[r['step']]:+.3f}" if on and r["step"] in off else ""
+        pred = p["predicted_delta_ms"].get(r["step"]) if on else None
+        par = p["parity"].get(r["step"], {})
+        gaps = "" if n is None else f"{r['ms'] - kms:.2f}"
+        out.append(f"| {r['step']} | {'on' if on else 'off'} | {r['ms']:.3f} | {r['min_ms']:.3f}–{r['max_ms']:.3f} | "
+                   f"{r['n']} | {r['over_roofline']:.3f}× | {d} | {'' if pred is None else f'{pred:+.2f}'} | "
+                   f"{'' if n is None else f'{n:.0f}'} | {kms:.2f} | {gaps} | "
+                   f"{par.get('logits_equal')} / {par.get('cache_equal')} |")
+    return out + [""]
+
+
 def part_replay(a, res):
     from specdec.bench import run_bench
 
@@ -412,6 +621,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: check the script, not the numbers")
     ap.add_argument("--parts", default="traces,steps,replay,e2e")
+    ap.add_argument("--pdl-rounds", type=int, default=5, help="'pdl': interleaved rounds (off, on, on, off, ...)")
+    ap.add_argument("--pdl-per-round", type=int, default=4, help="'pdl': timed replays per step, variant and round")
     ap.add_argument("--budget-s", type=float, default=500.0, help="no part starts after this many seconds")
     ap.add_argument("--step-shapes", dest="only_shapes", default=None,
                     help="comma list of the 'steps' part's shapes to run (default: all of the mode)")
@@ -471,7 +682,7 @@ def main() -> None:
         t = time.perf_counter()
         try:
             {"traces": part_traces, "e2e": part_e2e, "steps": lambda a, r: part_steps(a, r, bw),
-             "replay": part_replay}[part](a, res)
+             "replay": part_replay, "pdl": lambda a, r: part_pdl(a, r, bw)}[part](a, res)
             res["parts"][part] = f"ok in {time.perf_counter() - t:.0f} s"
         except Exception:
             res["parts"][part] = "error: " + traceback.format_exc(limit=6)
@@ -526,6 +737,19 @@ def report_md(res: dict) -> str:
                     "| kernel | per call | µs per call |", "|---|---|---|"]
             out += [f"| `{k['name']}` | {k['count']:.0f} | {k['us']:.1f} |" for k in r["kernels"]["top"]]
             out.append("")
+    if res.get("pdl", {}).get("rows") or res.get("pdl", {}).get("errors"):
+        out += pdl_md(res["pdl"])
+    if res.get("pdl_micro"):
+        mic = res["pdl_micro"]
+        out += ["### Launch chains in one CUDA graph, µs per link (64 links, median of 20 replays)", ""]
+        if "error" in mic:
+            out += [f"- failed: {mic['error'].strip().splitlines()[-1]}"]
+        else:
+            out += ["| chain | PDL off | PDL on | saved per link | results equal (off / on vs eager) |",
+                    "|---|---|---|---|---|"]
+            out += [f"| {k} | {v['off']:.2f} | {v['on']:.2f} | {v['saved_us_per_link']:+.2f} | "
+                    f"{v.get('equal_off')} / {v.get('equal_on')} |" for k, v in mic.items()]
+        out.append("")
     errs = [r for r in res.get("steps", []) if "error" in r or "skipped" in r]
     for r in errs:
         out += [f"- {r.get('shape')} {r.get('variant')} {r.get('step', '')}: "

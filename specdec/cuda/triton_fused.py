@@ -16,7 +16,10 @@ Hugging Face module rounds to the model dtype is rounded here too), so results e
 model's except for the order of the RMS sum (a tree instead of torch's reduction) and, on a GPU, the
 ``exp`` of SiLU. Shapes only decide launch sizes: no host synchronisation, CUDA-graph capturable.
 
-This module imports nothing from specdec (like :mod:`specdec.cuda.triton_cache`).
+With programmatic dependent launch on (:mod:`specdec.cuda.triton_pdl`, off by default) each kernel waits for
+its predecessor in ``gdc_wait`` before any load or store, and its launch overlaps the predecessor's tail.
+
+This module imports nothing from specdec but :mod:`specdec.cuda.triton_pdl` (a leaf: the switch).
 """
 
 from __future__ import annotations
@@ -28,11 +31,16 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from specdec.cuda.triton_pdl import pdl_args
+
 
 # -- RMSNorm (+ residual add) ---------------------------------------------------------------------
 @triton.jit
 def _rms_kernel(X, Res, W, Y, RO, sx, sr, sy, so, ss, N, eps,
-                HAS_RES: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+                HAS_RES: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     m = c < N
@@ -104,7 +112,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         block = triton.next_power_of_2(N)
         _rms_kernel[(R,)](x2, r2, weight, y2, ro2, x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0),
                           split_stride, N, eps, HAS_RES=residual is not None, SPLITS=splits, BLOCK=block,
-                          num_warps=min(16, max(1, block // 256)))
+                          num_warps=min(16, max(1, block // 256)), **pdl_args(x.device))
     return y if ro is None else (y, ro)
 
 
@@ -141,7 +149,10 @@ def split_linear(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Te
 
 # -- SiLU(gate) * up -----------------------------------------------------------------------------
 @triton.jit
-def _silu_mul_kernel(GU, Y, sg, sy, I, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, Y, sg, sy, I, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < I
@@ -163,7 +174,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if g2.shape[0]:
         block = min(1024, triton.next_power_of_2(I))
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(I, block))](g2, y2, g2.stride(0), y2.stride(0), I, BLOCK=block,
-                                                                num_warps=4 if block >= 512 else 1)
+                                                                num_warps=4 if block >= 512 else 1,
+                                                                **pdl_args(gate_up.device))
     return y
 
 
@@ -188,8 +200,11 @@ def _rope_qkv_kernel(
     sob, soh, sot,
     skcb, skch, skcl, svcb, svch, svcl,
     T, Hq, L, eps,
-    NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+    NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     bt = tl.program_id(0)
     h = tl.program_id(1)
     b = (bt // T).to(tl.int64)
@@ -306,13 +321,18 @@ def rope_qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         T, H, k_cache.shape[2], float(eps),
         NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), SPLITS=splits, num_warps=1,
+        **pdl_args(q.device),
     )
     return qo
 
 
 # -- rotary cos/sin tables -------------------------------------------------------------------------
 @triton.jit
-def _rotary_kernel(P, F, C, S, scale, HALF: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _rotary_kernel(P, F, C, S, scale, HALF: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     m = c < HALF
@@ -357,7 +377,8 @@ def rotary_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: 
     sin = torch.empty_like(cos)
     if B * T:
         _rotary_kernel[(B * T,)](position_ids.contiguous(), inv_freq, cos, sin, float(scaling), HALF=half,
-                                 BLOCK=triton.next_power_of_2(half), LIBDEVICE=not _interpreted(), num_warps=1)
+                                 BLOCK=triton.next_power_of_2(half), LIBDEVICE=not _interpreted(), num_warps=1,
+                                 **pdl_args(position_ids.device))
     return cos, sin
 
 
