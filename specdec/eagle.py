@@ -417,7 +417,7 @@ class EagleDrafter(Drafter):
         Step ``i`` takes the token of the first candidate that is still alive (equal to every token taken so far),
         has a token at ``i`` and is allowed by ``conf`` (``by_head``: of those, the one the head gives the highest
         probability, the first on ties); else the head's own argmax. Same head calls as :meth:`_greedy`
-        (``γ`` LM-head evaluations, ``γ - 1`` head steps) plus a softmax per step. One candidate with ``conf > 1``
+        (``γ`` LM-head evaluations, ``γ - 1`` head steps) plus a log-sum-exp over the vocabulary per step. One candidate with ``conf > 1``
         gives its tokens then the head's chain fed them. Returns what :meth:`_greedy` returns."""
         lengths = first_args[4]
         pred, new_last = self._first(*first_args)
@@ -430,11 +430,11 @@ class EagleDrafter(Drafter):
             f = nonfinite_flags(logits)
             flags = f if flags is None else flags | f
             own = logits.argmax(dim=-1)  # (B,)
-            p = torch.softmax(logits, dim=-1)  # (B, V)
-            top = p.amax(dim=-1)  # (B,) the head's confidence in its own token
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, 1): probabilities without a (B, V) softmax
+            top = (logits.gather(1, own.view(B, 1)) - lse).exp()  # (B, 1) the head's confidence in its own token
             tok = cand[:, :, i]  # (B, K)
-            ok = alive & cmask[:, :, i] & ((tok == own.view(B, 1)) | (top.view(B, 1) < conf[:, :, i]))
-            score = torch.where(ok, p.gather(1, tok), -1.0) if by_head else ok.to(torch.uint8)
+            ok = alive & cmask[:, :, i] & ((tok == own.view(B, 1)) | (top < conf[:, :, i]))
+            score = torch.where(ok, (logits.gather(1, tok) - lse).exp(), -1.0) if by_head else ok.to(torch.uint8)
             pick = tok.gather(1, score.argmax(dim=1, keepdim=True))[:, 0]  # the first allowed (most probable) one
             tokens.append(torch.where(ok.any(dim=1), pick, own))
             alive = alive & cmask[:, :, i] & (tok == tokens[-1].view(B, 1))
