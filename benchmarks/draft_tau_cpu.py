@@ -28,8 +28,10 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--drafters", default="eagle", help="comma-separated: eagle, skip (the shipped ones); "
                     "KIND+lookup: prompt lookup (specdec.lookup) first, that draft where the context has no match")
-    ap.add_argument("--lookup", default="2,4,2", help="prompt lookup MIN,MAX,TRUST n-gram lengths (specdec.lookup); "
-                    "several settings separated by ';' give one KIND+lookup(MIN-MAX,tTRUST) row each")
+    ap.add_argument("--lookup", default="2,4,2", help="prompt lookup MIN,MAX,TRUST n-gram lengths (specdec.lookup), "
+                    "optionally ,POLICY[,VETO[,PERIODIC[,CANDIDATES]]] (replace | chain; a veto in (0, 1] or - for none; 1 | 0: "
+                    "a continuation running into the end goes on periodically or stops; candidates per sequence; 1 | 0: the head's probability ranks them); several settings separated "
+                    "by ';' give one KIND+lookup(...) row each")
     ap.add_argument("--draft", default=None, help="an artifact instead of the shipped one of its kind")
     ap.add_argument("--documents", default=None, help="comma-separated held-out document names (default: all)")
     ap.add_argument("--file", action="append", default=[], metavar="NAME=KIND:PATH",
@@ -60,7 +62,16 @@ def main() -> None:
     paths = {}
     from specdec.lookup import LookupDrafter
 
-    looks = [tuple(int(x) for x in c.split(",")) for c in a.lookup.split(";")]
+    def lookup_setting(spec: str) -> tuple:
+        f = spec.split(",")
+        if len(f) < 3 or len(f) > 8:
+            raise SystemExit(f"--lookup {spec!r}: expected MIN,MAX,TRUST[,POLICY[,VETO[,PERIODIC[,CANDIDATES[,BYHEAD]]]]]")
+        veto = None if len(f) < 5 or f[4] == "-" else float(f[4])
+        return (int(f[0]), int(f[1]), int(f[2]), f[3] if len(f) > 3 else "replace", veto,
+                bool(int(f[5])) if len(f) > 5 else True, int(f[6]) if len(f) > 6 else 1,
+                bool(int(f[7])) if len(f) > 7 else False)
+
+    looks = [lookup_setting(c) for c in a.lookup.split(";")]
     for kind in {k.split("+")[0]: 0 for k in a.drafters.split(",")}:
         p = a.draft if (a.draft and (kind == "eagle") == is_eagle(a.draft)) else shipped_draft(m, kind)
         if p is None:
@@ -74,8 +85,11 @@ def main() -> None:
             drafters[k] = base[k]
             continue
         for lk in looks:
-            label = k if len(looks) == 1 else f"{k}({lk[0]}-{lk[1]},t{lk[2]})"
-            drafters[label] = LookupDrafter(base[k.split("+")[0]], *lk)
+            extra = "" if lk[3:] == ("replace", None, True, 1, False) else (
+                f",{lk[3]},v{lk[4]},p{int(lk[5])},k{lk[6]}" + (",h" if lk[7] else ""))
+            label = k if len(looks) == 1 else f"{k}({lk[0]}-{lk[1]},t{lk[2]}{extra})"
+            drafters[label] = LookupDrafter(base[k.split("+")[0]], *lk[:3], policy=lk[3], veto=lk[4], periodic=lk[5],
+                                            candidates=lk[6], by_head=lk[7])
     if a.early_exit:
         drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)

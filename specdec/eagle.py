@@ -402,6 +402,46 @@ class EagleDrafter(Drafter):
                 pred = self._step(pred, tokens[-1], (lengths + i).clamp(max=C - 1).view(B, 1))
         return torch.stack(tokens, dim=1), flags, new_last, lengths.clone()
 
+    def _greedy_chain(self, gamma: int, by_head: bool, cand: torch.Tensor, cmask: torch.Tensor, conf: torch.Tensor,
+                      *first_args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A greedy draft that follows proposed continuations while it may (prompt lookup's candidates), then the
+        head's own chain **conditioned on the tokens taken** (:class:`specdec.lookup.LookupDrafter`, ``policy="chain"``).
+
+        Args:
+            cand: ``(B, K, γ)`` candidate continuations, in order of preference; ``cmask``: ``(B, K, γ)`` where a
+                candidate has a token.
+            conf: ``(B, K, γ)`` thresholds: at step ``i`` candidate ``k`` may give a token the head's own argmax
+                differs from only while the head's top probability is below ``conf[:, k, i]`` (``0``: only a token the
+                head agrees with; ``> 1``: always).
+
+        Step ``i`` takes the token of the first candidate that is still alive (equal to every token taken so far),
+        has a token at ``i`` and is allowed by ``conf`` (``by_head``: of those, the one the head gives the highest
+        probability, the first on ties); else the head's own argmax. Same head calls as :meth:`_greedy`
+        (``γ`` LM-head evaluations, ``γ - 1`` head steps) plus a log-sum-exp over the vocabulary per step. One candidate with ``conf > 1``
+        gives its tokens then the head's chain fed them. Returns what :meth:`_greedy` returns."""
+        lengths = first_args[4]
+        pred, new_last = self._first(*first_args)
+        B = pred.shape[0]
+        C = self.k_cache.shape[2]
+        tokens, flags = [], None
+        alive = torch.ones(cand.shape[:2], dtype=torch.bool, device=pred.device)  # (B, K)
+        for i in range(gamma):
+            logits = self._logits(pred)
+            f = nonfinite_flags(logits)
+            flags = f if flags is None else flags | f
+            own = logits.argmax(dim=-1)  # (B,)
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, 1): probabilities without a (B, V) softmax
+            top = (logits.gather(1, own.view(B, 1)) - lse).exp()  # (B, 1) the head's confidence in its own token
+            tok = cand[:, :, i]  # (B, K)
+            ok = alive & cmask[:, :, i] & ((tok == own.view(B, 1)) | (top < conf[:, :, i]))
+            score = torch.where(ok, (logits.gather(1, tok) - lse).exp(), -1.0) if by_head else ok.to(torch.uint8)
+            pick = tok.gather(1, score.argmax(dim=1, keepdim=True))[:, 0]  # the first allowed (most probable) one
+            tokens.append(torch.where(ok.any(dim=1), pick, own))
+            alive = alive & cmask[:, :, i] & (tok == tokens[-1].view(B, 1))
+            if i + 1 < gamma:
+                pred = self._step(pred, tokens[-1], (lengths + i).clamp(max=C - 1).view(B, 1))
+        return torch.stack(tokens, dim=1), flags, new_last, lengths.clone()
+
     def _captured(self):
         """The :class:`~specdec.graphs.CapturedCall` replaying the draft, or ``None`` (eager): graphs are used
         when the target captures its forwards (:meth:`SpecdecModel.enable_cuda_graphs`) and runs on a GPU."""
@@ -527,6 +567,23 @@ class EagleDrafter(Drafter):
             drafts, qd = torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
         self._rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)  # (B, γ+1) what the verifier scores
         return drafts, qd
+
+    def draft_chain(self, state, gamma: int, cand: torch.Tensor, cmask: torch.Tensor,
+                    conf: torch.Tensor, by_head: bool = False) -> torch.Tensor:
+        """Greedy drafts ``(B, γ)`` that follow the candidates ``cand (B, K, γ)`` where ``cmask`` allows and ``conf``
+        does not veto, the head continuing from the tokens taken (:meth:`_greedy_chain`); one graph replay on a GPU
+        per ``K``, like :meth:`draft`."""
+        if not state.sampling.greedy:
+            raise SpecdecError("EagleDrafter.draft_chain drafts greedily; with sampling use draft() and replace tokens.")
+        B = state.lengths.shape[0]
+        first = (self._feat_last, self._hidden, self._rows, self._drafted_len, state.lengths, state.pending)
+        drafts, flags, self._feat_last, self._drafted_len = self._call(
+            f"chain{gamma}x{cand.shape[1]}{'h' if by_head else ''}", lambda *t: self._greedy_chain(gamma, by_head, *t),
+            cand, cmask, conf, *first)
+        self._flags = flags.clone()
+        drafts = drafts.clone()
+        self._rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)
+        return drafts
 
     def drafts_replaced(self, state, drafts: torch.Tensor, mask: torch.Tensor) -> None:
         """The verified rows are ``drafts`` (a prompt-lookup wrapper replaced some): queue those tokens."""

@@ -11,6 +11,12 @@ EAGLE head's cache, stays in step, and a batch keeps one fixed-shape draft forwa
 tokens are replaced. When the continuation is shorter than γ (the match ends near the end of the context)
 it is extended periodically (the repetition it found goes on), so a match always gives γ tokens.
 
+Policy ``chain`` (greedy, with a drafter that has ``draft_chain``: the EAGLE head) instead feeds the context's
+candidates into the head's own chain: the head takes a candidate's tokens, continues **from them** when they run
+out or the head vetoes one, and may take, among several candidates (``candidates > 1``), one that only followed the
+last token elsewhere where its first token is the head's own. Same head calls; the head's state and lookahead
+signal then follow the tokens actually drafted (no ``drafts_replaced``).
+
 Lossless either way: a lookup draft is a deterministic proposal, ``q = one-hot`` in rejection sampling
 (:func:`specdec.sampling.accept` then accepts with probability ``p(x)`` and resamples from ``p`` without ``x``).
 With sparse verification (Dustin), the lookahead signal still comes from the inner drafter's attention.
@@ -36,12 +42,35 @@ def check_lookup(min_n: int, max_n: int) -> None:
                            f"lookup_max={max_n}); set lookup_min=0 to turn it off.")
 
 
-class NgramIndex:
-    """For one token list: ``n``-gram → end index of its latest occurrence that is not the list's suffix."""
+#: how a match and the inner drafter's draft combine (:class:`LookupDrafter` ``policy``)
+POLICIES = ("replace", "chain")
 
-    def __init__(self, min_n: int, max_n: int) -> None:
+
+def check_policy(policy: str, veto: float | None, candidates: int = 1) -> None:
+    """A known policy, a veto in ``(0, 1]`` and ``candidates >= 1`` (both beyond the defaults only with ``chain``), or
+    one line naming the fix."""
+    if policy not in POLICIES:
+        raise SpecdecError(f"unknown prompt lookup policy {policy!r}; use one of {', '.join(POLICIES)}.")
+    if not isinstance(candidates, int) or candidates < 1 or (candidates > 1 and policy != "chain"):
+        raise SpecdecError(f"lookup_candidates={candidates!r} needs an integer >= 1, and lookup_policy='chain' "
+                           f"when > 1.")
+    if veto is not None and (policy != "chain" or not 0 < veto <= 1):
+        raise SpecdecError(f"lookup_veto={veto!r} needs lookup_policy='chain' and 0 < lookup_veto <= 1 "
+                           f"(None: the head never vetoes a proposal).")
+
+
+class NgramIndex:
+    """For one token list: ``n``-gram → end index of its latest occurrence that is not the list's suffix.
+
+    With ``follow`` (the ``chain`` policy's several candidates), also ``n``-gram → its followers, ``{token: end of
+    the latest occurrence of the n-gram followed by token}`` in order of recency, for ``n = 1 .. max_n``."""
+
+    def __init__(self, min_n: int, max_n: int, follow: bool = False) -> None:
         self.ns = range(max_n, min_n - 1, -1)
         self.maps: dict[int, dict[tuple, int]] = {n: {} for n in self.ns}
+        self.max_n = max_n
+        self.follow: dict[int, dict[tuple, dict[int, int]]] | None = (
+            {n: {} for n in range(1, max_n + 1)} if follow else None)
         self.done = 0  # end indices < done are indexed
 
     def update(self, toks: list[int]) -> None:
@@ -49,11 +78,43 @@ class NgramIndex:
         for n, mp in self.maps.items():
             for e in range(max(self.done, n - 1), len(toks) - 1):
                 mp[tuple(toks[e - n + 1 : e + 1])] = e
+        if self.follow is not None:
+            for n, fm in self.follow.items():
+                for e in range(max(self.done, n - 1), len(toks) - 1):
+                    f = fm.setdefault(tuple(toks[e - n + 1 : e + 1]), {})
+                    f.pop(toks[e + 1], None)  # re-inserted last: dict order = recency
+                    f[toks[e + 1]] = e
         self.done = max(self.done, len(toks) - 1)
 
-    def propose(self, toks: list[int], gamma: int) -> tuple[list[int], int]:
+    def candidates(self, toks: list[int], gamma: int, k: int, periodic: bool = True) -> list[tuple[list[int], int]]:
+        """Up to ``k`` continuations ``(tokens, n)`` of earlier occurrences of the list's suffix, one per distinct
+        first token: for each, the occurrence with the longest matching suffix ``n`` (``<= max_n``; ties: the latest),
+        sorted by ``n`` then recency. The first is :meth:`propose`'s (when its ``n >= min_n``); the others are what
+        followed shorter suffixes, down to the last token alone. Host cost ``O(k · max_n)`` dict steps (needs
+        ``follow``)."""
+        if self.follow is None:
+            raise SpecdecError("NgramIndex.candidates needs an index built with follow=True.")
+        self.update(toks)
+        L = len(toks)
+        out: list[tuple[list[int], int]] = []
+        seen: set[int] = set()
+        for n in range(min(self.max_n, L - 1), 0, -1):
+            for x, e in reversed(self.follow[n].get(tuple(toks[L - n :]), {}).items()):
+                if len(out) == k:
+                    return out
+                if x in seen:
+                    continue
+                seen.add(x)
+                cont = toks[e + 1 : e + 1 + gamma]
+                while periodic and len(cont) < gamma:  # past the end: toks[L + m] = toks[e + 1 + m]
+                    cont.append(cont[len(cont) - (L - e - 1)])
+                out.append((cont, n))
+        return out
+
+    def propose(self, toks: list[int], gamma: int, periodic: bool = True) -> tuple[list[int], int]:
         """Up to ``gamma`` tokens after the latest earlier occurrence of the longest matching suffix, and
-        that suffix's length ``n`` (``([], 0)``: no match)."""
+        that suffix's length ``n`` (``([], 0)``: no match). ``periodic``: a continuation that runs into the end
+        of the list goes on periodically (always ``gamma`` tokens); else it stops there."""
         self.update(toks)
         L = len(toks)
         for n in self.ns:
@@ -64,6 +125,8 @@ class NgramIndex:
                 out = []
                 for i in range(gamma):  # periodic extension past the end: toks[L + m] = toks[e + 1 + m]
                     j = e + 1 + i
+                    if j >= L and not periodic:
+                        break
                     out.append(toks[j] if j < L else out[j - L])
                 return out, n
         return [], 0
@@ -71,6 +134,9 @@ class NgramIndex:
     def copy(self) -> "NgramIndex":
         c = NgramIndex.__new__(NgramIndex)
         c.ns, c.maps, c.done = self.ns, {n: dict(m) for n, m in self.maps.items()}, self.done
+        c.max_n = self.max_n
+        c.follow = None if self.follow is None else {
+            n: {g: dict(f) for g, f in fm.items()} for n, fm in self.follow.items()}
         return c
 
 
@@ -84,12 +150,27 @@ class LookupDrafter(Drafter):
         trust_n: a match of at least ``trust_n`` tokens is taken as is; a shorter one only where its first
             token equals the inner drafter's first draft (checked on the device, no host read), so a chance
             short match does not replace a draft the inner drafter is sure of. ``trust_n <= min_n``: always.
+        policy: ``"replace"`` (a match's continuation replaces the inner drafter's tokens) or ``"chain"`` (the EAGLE
+            head follows the candidates and continues from the tokens taken; greedy only, else ``replace``).
+        veto: ``chain``: a candidate token the head disagrees with is dropped when the head's top probability is at
+            least this (``None``: never).
+        periodic: a continuation running into the end of the context goes on periodically (else it stops there:
+            ``replace`` keeps the inner drafter's tokens after it, ``chain`` the head's chain continued from it).
+        candidates: ``chain``: continuations per sequence (:meth:`NgramIndex.candidates`); ``> 1`` adds what
+            followed shorter suffixes (down to the last token), each taken only where the head's token agrees.
+        by_head: ``chain``: of the allowed candidates take the one the head finds most probable (else the first:
+            longest match, latest).
     """
 
-    def __init__(self, inner: Drafter, min_n: int = 2, max_n: int = 4, trust_n: int | None = None) -> None:
+    def __init__(self, inner: Drafter, min_n: int = 2, max_n: int = 4, trust_n: int | None = None,
+                 policy: str = "replace", veto: float | None = None, periodic: bool = True, candidates: int = 1,
+                 by_head: bool = False) -> None:
         check_lookup(min_n, max_n)
+        check_policy(policy, veto, candidates)
+        self.candidates, self.by_head = candidates, by_head
         self.inner, self.min_n, self.max_n = inner, min_n, max_n
         self.trust_n = min_n if trust_n is None else trust_n
+        self.policy, self.veto, self.periodic = policy, veto, periodic
         self._index: list[NgramIndex] = []
         #: per round: sequences drafting, sequences whose drafts came from the context (``stats()``)
         self.rounds = 0
@@ -111,18 +192,25 @@ class LookupDrafter(Drafter):
         for toks in state.tokens:  # equal prompts (a benchmark's batch) are indexed once
             key = tuple(toks)
             if key not in memo:
-                memo[key] = NgramIndex(self.min_n, self.max_n)
+                memo[key] = NgramIndex(self.min_n, self.max_n, follow=self.policy == "chain" and self.candidates > 1)
                 memo[key].update(toks)
             self._index.append(memo[key].copy())
 
+    def chains(self, state) -> bool:
+        """Whether this round drafts with the ``chain`` policy: asked for, greedy, and an inner drafter that can
+        continue a chain from given tokens (``draft_chain``: the EAGLE head); otherwise ``replace``."""
+        return self.policy == "chain" and state.sampling.greedy and hasattr(self.inner, "draft_chain")
+
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.chains(state):
+            return self._draft_chain(state, gamma)
         drafts, q = self.inner.draft(state, gamma)  # (B, γ), (B, γ, V) or None
         B = drafts.shape[0]
         # host lists, then one tensor each: per-sequence tensor writes cost ~4 small torch calls per sequence
         # (B = 64, 2 of 3 sequences matching: 0.56-0.89 ms -> 0.11 ms of host time per draft on the dev CPU)
         look_l, mask_l, trusted_l = [], [], []
         for b in range(B):
-            prop, n = self._index[b].propose(state.tokens[b], gamma)
+            prop, n = self._index[b].propose(state.tokens[b], gamma, self.periodic)
             look_l.append(prop + [0] * (gamma - len(prop)))
             mask_l.append([True] * len(prop) + [False] * (gamma - len(prop)))
             trusted_l.append([bool(prop) and n >= self.trust_n])
@@ -141,6 +229,36 @@ class LookupDrafter(Drafter):
             one = torch.nn.functional.one_hot(look, q.shape[-1]).to(q.dtype)
             q = torch.where(mask.unsqueeze(-1), one, q)
         return drafts, q
+
+    def _draft_chain(self, state, gamma: int) -> tuple[torch.Tensor, None]:
+        """``policy="chain"``: the EAGLE head drafts following the context's candidate continuations (host lists, one
+        tensor each) and continues from the tokens it took (:meth:`specdec.eagle.EagleDrafter.draft_chain`).
+
+        Candidates per sequence (:meth:`NgramIndex.candidates`, at most ``candidates``): a match of ``n >= trust_n``
+        tokens is followed from its first token (unless the head vetoes: ``veto``); a shorter one (``n >= min_n``,
+        or any ``n >= 1`` when ``candidates > 1``) only where its first token equals the head's own first draft."""
+        B, K = state.lengths.shape[0], self.candidates
+        never = 2.0 if self.veto is None else self.veto
+        cand_l, mask_l, conf_l = [], [], []
+        for b in range(B):
+            idx = self._index[b]
+            cs = idx.candidates(state.tokens[b], gamma, K, self.periodic) if K > 1 else [
+                idx.propose(state.tokens[b], gamma, self.periodic)]
+            cs = [(c, n) for c, n in cs if c and n >= (self.min_n if K == 1 else 1)] + [([], 0)] * K
+            cand_l.append([c + [0] * (gamma - len(c)) for c, _ in cs[:K]])
+            mask_l.append([[True] * len(c) + [False] * (gamma - len(c)) for c, _ in cs[:K]])
+            conf_l.append([[never if n >= self.trust_n else 0.0] + [never] * (gamma - 1) for _, n in cs[:K]])
+        self.rounds += B
+        if not any(row[0][0] for row in mask_l):
+            return self.inner.draft(state, gamma)
+        dev = state.lengths.device
+        pin = dev.type == "cuda"
+        cand, cmask, conf = (torch.tensor(x, dtype=dt, pin_memory=pin).to(dev, non_blocking=True)
+                             for x, dt in ((cand_l, torch.long), (mask_l, torch.bool), (conf_l, torch.float32)))
+        drafts = self.inner.draft_chain(state, gamma, cand, cmask, conf, by_head=self.by_head)
+        taken = (cmask[:, :, 0] & (cand[:, :, 0] == drafts[:, :1])).any(dim=1)  # (B,) first token from the context
+        self._matched = taken.sum() + (self._matched if self._matched is not None else 0)  # device: no read
+        return drafts, None
 
     def score_request(self, gamma: int) -> ScoreRequest | None:
         return self.inner.score_request(gamma)

@@ -143,8 +143,13 @@ def _eagle_runs(artifact, method, graphs, sampling=None, fuse=False, attention="
     if method == "eagle":
         eng = SpeculativeEngine(m, EagleDrafter(m, artifact), FullVerifier(m), gamma=3, eos_token_id=-1,
                                 sampling=SamplingConfig(temperature=0.8, seed=3) if sampling else None)
-    else:
-        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=16, sinks=2, recent=4, options={"draft": str(artifact)})
+    else:  # "dustin": the default drafting (lookup policy chain); "-chain8": 8 candidates; "-replace": the old policy
+        opts = {"draft": str(artifact)}
+        if method == "dustin-chain8":
+            opts.update(lookup_policy="chain", lookup_candidates=8, lookup_veto=0.9)
+        if method == "dustin-replace":
+            opts.update(lookup_policy="replace")
+        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=16, sinks=2, recent=4, options=opts)
         eng = build_engine(m, cfg, eos_token_id=-1)
     from specdec.lookup import base_drafter
 
@@ -159,7 +164,8 @@ def _eagle_runs(artifact, method, graphs, sampling=None, fuse=False, attention="
 
 
 @pytest.mark.parametrize("method,sampling,fuse", [("eagle", False, False), ("eagle", True, False),
-                                                  ("dustin", False, False), ("dustin", False, True)])
+                                                  ("dustin", False, False), ("dustin", False, True),
+                                                  ("dustin-chain8", False, False), ("dustin-replace", False, False)])
 def test_eagle_captured_draft_equals_eager(eagle_artifact, method, sampling, fuse):
     eager, _, _ = _eagle_runs(eagle_artifact, method, False, sampling, fuse)
     got, eng, m = _eagle_runs(eagle_artifact, method, True, sampling, fuse)
@@ -168,6 +174,8 @@ def test_eagle_captured_draft_equals_eager(eagle_artifact, method, sampling, fus
     assert g is not None and not g.uncapturable, g and g.uncapturable
     assert g.captures >= 2 and g.replays >= 10, (g.captures, g.replays)
     assert m._graphs.replays > 0 and not m._graphs.uncapturable, m._graphs.uncapturable
+    if method in ("dustin", "dustin-chain8"):  # the chain draft (rounds with a context match) was captured too
+        assert any(str(k[0][1]).startswith("chain") for k in g.graphs), [k[0][1] for k in g.graphs]
     if method == "eagle" and not sampling:
         dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1)
         assert got[0][0] == dense.generate(PROMPTS, 24).tokens

@@ -208,3 +208,247 @@ def test_lookup_merge_respects_trust_and_the_inner_first_draft():
     assert drafts.tolist() == [[4, 1, 2, 3], [99] * 4, [99, 8, 6, 99], [99] * 4]
     assert inner.seen[1].tolist() == [[True] * 4, [False] * 4, [True] * 4, [False] * 4]
     assert torch.equal(inner.seen[0], drafts)
+
+
+# -- policy "chain": the EAGLE head follows the context's candidates and continues from the tokens it took ----------
+
+
+def test_candidates_first_is_the_proposal_then_other_followers():
+    """``NgramIndex.candidates``: the first is ``propose``'s continuation (longest suffix, latest occurrence) with its
+    ``n``; the others are what followed the last token elsewhere, one per first token, by ``n`` then recency."""
+    from specdec.lookup import NgramIndex
+
+    toks = [1, 2, 3, 7, 5, 2, 3, 8, 4, 3, 9, 1, 2, 3]
+    cs = NgramIndex(2, 3, follow=True).candidates(toks, 3, 8)
+    assert cs[0] == NgramIndex(2, 3).propose(toks, 3) == ([7, 5, 2], 3)
+    assert cs == [([7, 5, 2], 3), ([8, 4, 3], 2), ([9, 1, 2], 1)]  # (2, 3) -> 8; (3,) -> 9 (latest 3 -> 9)
+    assert NgramIndex(2, 3, follow=True).candidates(toks, 3, 2) == cs[:2]
+    assert NgramIndex(2, 4, follow=True).candidates([4, 5, 6, 5, 6], 5, 4) == [([5, 6, 5, 6, 5], 2)]  # periodic, as propose
+    assert NgramIndex(2, 4, follow=True).candidates([4, 5, 6, 5, 6], 5, 4, periodic=False) == [([5, 6], 2)]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):  # the first candidate is the proposal on random texts over a small vocabulary
+        t = torch.randint(0, 6, (40,), generator=g).tolist()
+        c, p = NgramIndex(2, 4, follow=True).candidates(t, 4, 8), NgramIndex(2, 4).propose(t, 4)
+        assert (c[0] if c and c[0][1] >= 2 else ([], 0)) == p, t
+        assert len({x[0][0] for x in c}) == len(c)  # one per first token
+        assert c == _brute_candidates(t, 4, 8, 4)
+    idx = NgramIndex(2, 3, follow=True)  # incremental: tokens appended later are indexed too
+    t = torch.randint(0, 5, (60,), generator=g).tolist()
+    for end in range(10, 61, 7):
+        assert idx.candidates(t[:end], 3, 5) == _brute_candidates(t[:end], 3, 5, 3)
+
+
+def _brute_candidates(toks, gamma, k, max_n):
+    """Every earlier occurrence of the last token, its match length (<= max_n) and first follower; the best per
+    follower (longest, then latest), sorted; periodic continuations."""
+    L, best = len(toks), {}
+    for e in range(L - 2, -1, -1):
+        if toks[e] != toks[-1]:
+            continue
+        n = 1
+        while n < max_n and e - n >= 0 and toks[e - n] == toks[L - 1 - n]:
+            n += 1
+        if toks[e + 1] not in best or n > best[toks[e + 1]][0]:
+            best[toks[e + 1]] = (n, e)
+    out = []
+    for _, (n, e) in sorted(best.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:k]:
+        cont = []
+        for i in range(gamma):
+            cont.append(toks[e + 1 + i] if e + 1 + i < L else cont[e + 1 + i - L])
+        out.append((cont, n))
+    return out
+
+
+def _chain_state(target, drafter, toks):
+    from specdec.engine import SpeculativeEngine
+
+    state, _ = SpeculativeEngine(target, drafter, gamma=4, eos_token_id=-1)._start([toks], 8, None)
+    return state
+
+
+def _fresh_head(target, eagle_path, toks):
+    from specdec.eagle import EagleDrafter
+
+    d = EagleDrafter(target, eagle_path)
+    d.probs = []
+    orig = d._logits
+    d._logits = lambda f: (lambda lg: d.probs.append(torch.softmax(lg, -1)) or lg)(orig(f))
+    return d, _chain_state(target, d, toks)
+
+
+def _t(x, dt=torch.long):
+    return torch.tensor([x], dtype=dt)
+
+
+def test_chain_follows_a_prefix_then_the_head_fed_it(target, eagle_path):
+    """Candidate tokens for the first 2 steps, none after: the draft is those 2 tokens, then the head's chain
+    conditioned on them, i.e. what the head drafts when its own logits are forced to pick them."""
+    toks = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(4)).tolist()
+    d, st = _fresh_head(target, eagle_path, toks)
+    with torch.no_grad():
+        own = d.draft(st, 4)[0][0].tolist()
+    own_p = d.probs
+    forced = [(own[0] + 1) % 96, (own[1] + 5) % 96]
+    d, st = _fresh_head(target, eagle_path, toks)
+    with torch.no_grad():
+        got = d.draft_chain(st, 4, _t([forced + [0, 0]]), _t([[True, True, False, False]], torch.bool),
+                            torch.full((1, 1, 4), 2.0))[0].tolist()
+    ref_d, st = _fresh_head(target, eagle_path, toks)
+    calls = []
+    orig = ref_d._logits
+
+    def biased(f):
+        lg = orig(f)
+        i = len(calls)
+        calls.append(i)
+        if i < 2:
+            lg = lg.clone()
+            lg[:, forced[i]] += 1e4
+        return lg
+
+    ref_d._logits = biased
+    with torch.no_grad():
+        ref = ref_d.draft(st, 4)[0][0].tolist()
+    assert got[:2] == forced and got == ref, (got, ref, own)
+    # the head's distributions at every step equal the forced reference's; from step 2 on they differ from the
+    # unforced head's (the continuation depends on the tokens taken, else this test could not fail)
+    chain_p, ref_p = torch.stack(d.probs), torch.stack(ref_d.probs)
+    assert torch.allclose(chain_p, ref_p, atol=1e-6)
+    assert (chain_p[1:] - torch.stack(own_p)[1:]).abs().amax() > 1e-3
+
+
+def test_chain_veto_agreement_and_ranking(target, eagle_path):
+    """Which candidate the chain takes at step 1: a token the head disagrees with only below the veto threshold
+    (``conf``); a candidate the head agrees with even when earlier ones are vetoed; with ``by_head`` the allowed
+    candidate the head finds most probable."""
+    toks = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(6)).tolist()
+    d, st = _fresh_head(target, eagle_path, toks)
+    with torch.no_grad():
+        own = d.draft(st, 4)[0][0].tolist()
+    p0 = d.probs[0][0]  # (V,) the head's step-1 distribution
+    top = float(p0.max())
+    order = p0.argsort(descending=True).tolist()
+    a, b = order[5], order[1]  # a less probable than b, neither the head's own
+    def chain(cands, conf, by_head=False):
+        hd, hst = _fresh_head(target, eagle_path, toks)
+        K = len(cands)
+        with torch.no_grad():
+            return hd.draft_chain(hst, 4, _t(cands), torch.ones(1, K, 4, dtype=torch.bool),
+                                  torch.tensor([conf], dtype=torch.float32), by_head=by_head)[0].tolist()
+
+    never = [[2.0] * 4]
+    assert chain([[a, 1, 2, 3]], never) == [a, 1, 2, 3]  # never vetoed: the candidate
+    assert chain([[a, 1, 2, 3]], [[0.0] + [2.0] * 3]) == own  # must agree at step 1: the head alone
+    assert chain([[a, 1, 2, 3]], [[top * 1.001] + [2.0] * 3]) == [a, 1, 2, 3]  # the head is less sure than that
+    assert chain([[a, 1, 2, 3]], [[top * 0.999] + [2.0] * 3]) == own  # the head is surer: vetoed
+    assert chain([[a, 1, 2, 3], [own[0], 7, 8, 9]], [[0.0] + [2.0] * 3] * 2) == [own[0], 7, 8, 9]  # agreement
+    assert chain([[a, 1, 2, 3], [b, 4, 5, 6]], never * 2) == [a, 1, 2, 3]  # in order
+    assert chain([[a, 1, 2, 3], [b, 4, 5, 6]], never * 2, by_head=True) == [b, 4, 5, 6]  # ranked by the head
+
+
+@pytest.mark.parametrize("k,by_head", [(1, False), (8, True)])
+def test_chain_policy_is_lossless_and_keeps_the_head_in_step(k, by_head, target, eagle_path):
+    """Greedy + dense verification with ``policy="chain"`` equals dense decoding (ragged batch); with one candidate
+    and no veto its drafts are ``replace``'s (same τ and acceptance), and in every round the head's drafts equal
+    those of a fresh head prefilled on the same tokens and given the same candidates."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+    from specdec.verifiers import FullVerifier
+
+    g = torch.Generator().manual_seed(2)
+    base = torch.randint(0, 96, (6,), generator=g).tolist()
+    prompts = [base * 4 + [5], (base[::-1] * 3)[:15], torch.randint(0, 96, (20,), generator=g).tolist()]
+    inner = EagleDrafter(target, eagle_path)
+    look = LookupDrafter(inner, 1, 3, policy="chain", candidates=k, by_head=by_head)
+    seen = []
+    orig = inner.draft_chain
+
+    def spy(state, gamma, cand, cmask, conf, by_head=False):
+        drafts = orig(state, gamma, cand, cmask, conf, by_head=by_head)
+        seen.append(([list(t) for t in state.tokens], cand, cmask, conf, drafts.clone(), state.active.clone()))
+        return drafts
+
+    inner.draft_chain = spy
+    dense = SpeculativeEngine(target, method="dense", eos_token_id=-1).generate(prompts, 20)
+    res = SpeculativeEngine(target, look, FullVerifier(target), gamma=4, eos_token_id=-1).generate(prompts, 20)
+    assert res.tokens == dense.tokens
+    assert seen and look.stats()["matched"] > 0
+    if k == 1:
+        old = LookupDrafter(EagleDrafter(target, eagle_path), 1, 3)
+        ref = SpeculativeEngine(target, old, FullVerifier(target), gamma=4, eos_token_id=-1).generate(prompts, 20)
+        assert res.stats.acceptance_per_position == ref.stats.acceptance_per_position
+    inner.draft_chain = orig
+    for toks, cand, cmask, conf, drafts, active in seen[1:]:
+        for b in range(len(prompts)):
+            if not bool(active[b]):
+                continue
+            fresh = EagleDrafter(target, eagle_path)
+            st = _chain_state(target, fresh, toks[b][:-1])
+            with torch.no_grad():
+                again = fresh.draft_chain(st, 4, cand[b : b + 1], cmask[b : b + 1], conf[b : b + 1], by_head=by_head)
+            assert again[0].tolist() == drafts[b].tolist(), (b, toks[b][-6:])
+
+
+def test_dustin_lookup_policy_options(target, eagle_path):
+    from specdec import PipelineConfig, build_engine
+
+    def drafter(**options):
+        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=64, options=dict(draft=str(eagle_path), **options))
+        return build_engine(target, cfg).drafter
+
+    d = drafter()  # the default: chain, one candidate, the head vetoes at 0.9
+    assert (d.policy, d.candidates, d.veto, d.by_head, d.periodic) == ("chain", 1, 0.9, False, True)
+    d = drafter(lookup_policy="chain", lookup_candidates=4, lookup_veto=0.5, lookup_by_head=True)
+    assert (d.policy, d.candidates, d.veto, d.by_head) == ("chain", 4, 0.5, True)
+    d = drafter(lookup_policy="replace")  # the drafting before: selectable with one option
+    assert (d.policy, d.candidates, d.veto, d.by_head) == ("replace", 1, None, False)
+    assert drafter(lookup_policy="chain", lookup_veto=None).veto is None
+    for bad, msg in ((dict(lookup_policy="tree"), "unknown prompt lookup policy 'tree'"),
+                     (dict(lookup_policy="replace", lookup_veto=0.5), "needs lookup_policy='chain'"),
+                     (dict(lookup_policy="chain", lookup_veto=1.5), "0 < lookup_veto <= 1"),
+                     (dict(lookup_policy="replace", lookup_candidates=3), "lookup_candidates=3")):
+        with pytest.raises(SpecdecError, match=msg):
+            drafter(**bad)
+
+
+def test_chain_candidates_and_thresholds_per_sequence():
+    """What ``policy="chain"`` hands the head, per sequence: candidates in order with their masks, a trusted match
+    (n >= trust_n) never vetoed (or at ``veto``), a shorter one only where the head agrees at step 1, no candidate
+    = the head's own draft; one candidate = only matches of n >= min_n."""
+    from types import SimpleNamespace
+
+    from specdec.interfaces import Drafter
+    from specdec.lookup import LookupDrafter
+
+    class Inner(Drafter):
+        def prefill(self, state):
+            pass
+
+        def draft(self, state, gamma):
+            return torch.full((len(state.tokens), gamma), 99), None
+
+        def draft_chain(self, state, gamma, cand, cmask, conf, by_head=False):
+            self.seen = (cand.clone(), cmask.clone(), conf.clone(), by_head)
+            return torch.full((len(state.tokens), gamma), 99)
+
+    toks = [[1, 2, 3, 4, 5, 3, 6, 1, 2, 3],  # (1, 2, 3) -> 4 5 3 6 (n 3); (3,) elsewhere -> 6 1 2 3 (n 1)
+            [10, 11, 12, 13]]  # no match
+    state = SimpleNamespace(tokens=toks, lengths=torch.tensor([10, 4]), sampling=SimpleNamespace(greedy=True))
+    inner = Inner()
+    look = LookupDrafter(inner, 2, 3, trust_n=3, policy="chain", candidates=3, veto=0.5)
+    look.prefill(state)
+    look.draft(state, 4)
+    cand, cmask, conf, _ = inner.seen
+    assert cand[0, :2].tolist() == [[4, 5, 3, 6], [6, 1, 2, 3]] and cmask[0].tolist() == [[True] * 4] * 2 + [[False] * 4]
+    assert conf[0, 0].tolist() == [0.5] * 4 and conf[0, 1].tolist() == [0.0, 0.5, 0.5, 0.5]
+    assert not cmask[1].any()
+    look = LookupDrafter(inner, 2, 3, policy="chain")  # one candidate, trust_n = min_n: n 3 trusted, never vetoed
+    look.prefill(state)
+    look.draft(state, 4)
+    assert inner.seen[0][:, 0].tolist() == [[4, 5, 3, 6], [0] * 4] and inner.seen[2][0, 0].tolist() == [2.0] * 4
+    state.tokens = [[1, 2, 3, 4, 5, 3]]  # only (3,) matches: below min_n with one candidate -> the head's draft
+    state.lengths = torch.tensor([6])
+    look.prefill(state)
+    inner.seen = None
+    assert look.draft(state, 4)[0].tolist() == [[99] * 4] and inner.seen is None

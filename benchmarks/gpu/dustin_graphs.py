@@ -16,6 +16,8 @@ median; then one run with phase syncs for the time split):
 * ``eagle-dense`` — the EAGLE head + dense verification (lossless: must equal dense);
 * ``dustin-25%`` — the head + Dustin's sparse verification over 25 % of the context;
 * ``dustin-default`` — the same at the default budget (5 %);
+* ``dustin-25%-replace`` / ``dustin-default-replace`` — with prompt lookup's ``replace`` policy (the default before
+  ``chain``: a match's continuation replaces the head's tokens), the before of the default rows in the same run;
 * ``dustin-25%-before`` — ``dustin-25%`` with the head's attention in PyTorch matmuls and the SRH scores by
   ``group_attention`` (the paths before ``specdec/cuda/triton_srh.py`` and the head on the backend).
 
@@ -50,6 +52,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 T0 = time.perf_counter()
 GAMMA = 4
+#: Dustin's options for the ``*-replace`` rows (specdec.lookup: the policy before "chain" became the default)
+REPLACE = dict(lookup_policy="replace")
 
 
 def elapsed() -> float:
@@ -78,8 +82,9 @@ def engines(m, a):
     head = a.draft or shipped_draft(m, "eagle")
     opts = {"draft": head} if a.draft else {}
 
-    def dustin(**budget):
-        return build_engine(m, PipelineConfig.make(method="dustin", gamma=GAMMA, options=opts, **budget), eos_token_id=-1)
+    def dustin(lookup=None, **budget):
+        o = dict(opts, **(lookup or {}))
+        return build_engine(m, PipelineConfig.make(method="dustin", gamma=GAMMA, options=o, **budget), eos_token_id=-1)
 
     return head, {
         "dense": lambda: SpeculativeEngine(m, method="dense", eos_token_id=-1),
@@ -90,6 +95,9 @@ def engines(m, a):
         # the same at 25 % on the paths before the d15 kernels (head attention in PyTorch matmuls, SRH scores
         # by group_attention): the before/after of one run (see ``before_paths``)
         "dustin-25%-before": lambda: dustin(budget_ratio=0.25),
+        # prompt lookup's drafting before tau15 (lookup_policy=replace): the "before" of the default rows, same run
+        "dustin-25%-replace": lambda: dustin(REPLACE, budget_ratio=0.25),
+        "dustin-default-replace": lambda: dustin(REPLACE),
     }
 
 
