@@ -61,7 +61,7 @@ import torch
 #: whether adaptive γ / dense fall-back is on by default (PipelineConfig.adaptive, engine.adaptive, ``--adaptive`` /
 #: ``--no-adaptive`` of generate and bench). Turning it on is this one line, after ``benchmarks/gpu/a14.py`` on an
 #: H200 prints never-loses for every (document, B): B = 1 >= 0.97x dense, B = 16 / 64 >= 0.98x fixed γ.
-ADAPTIVE_DEFAULT = False
+ADAPTIVE_DEFAULT = True
 
 
 def gamma_ladder(gamma_max: int) -> tuple[int, ...]:
