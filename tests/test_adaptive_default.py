@@ -184,3 +184,17 @@ def test_eval_is_adaptive_unless_switched_off(m, made, adaptive, monkeypatch):
     row = res["documents"][0]["methods"]["vegas"]
     assert row["identical"]
     assert bool(made) is (adaptive is None)
+
+
+def test_seeded_sampling_keeps_its_gamma_so_the_seed_reproduces(m, made):
+    """γ_t follows wall time and a round's random draws depend on its γ: a seeded sampling run keeps γ fixed (same
+    seed, same output, as documented); an unseeded one adapts (its samples follow the target's law either way)."""
+    from specdec.sampling import SamplingConfig
+
+    seeded = build_engine(m, PipelineConfig.make(method="vegas", sampling=SamplingConfig(temperature=1.0, seed=7), **CFG),
+                          eos_token_id=-1)
+    a, b = seeded.generate(PROMPTS, 12), seeded.generate(PROMPTS, 12)
+    assert a.tokens == b.tokens and not _adapted(a) and not made
+    unseeded = build_engine(m, PipelineConfig.make(method="vegas", sampling=SamplingConfig(temperature=1.0), **CFG),
+                            eos_token_id=-1)
+    assert _adapted(unseeded.generate(PROMPTS, 12)) and len(made) == 1
