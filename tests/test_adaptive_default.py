@@ -199,3 +199,19 @@ def test_seeded_sampling_keeps_its_gamma_so_the_seed_reproduces(m, made):
     unseeded = build_engine(m, PipelineConfig.make(method="vegas", sampling=SamplingConfig(temperature=1.0), **CFG),
                             eos_token_id=-1)
     assert _adapted(unseeded.generate(PROMPTS, 12)) and len(made) == 1
+
+
+@pytest.mark.parametrize("flag", [None, "--adaptive"])
+def test_record_acceptance_records_fixed_gamma_unless_adaptive(tiny_dir, tmp_path, made, flag):
+    """A trace is replayed at fixed γ (``bench --acceptance-trace``): ``--record-acceptance`` records every round at
+    γ unless ``--adaptive`` is given explicitly."""
+    root, model = tiny_dir
+    out, trace = tmp_path / "o.json", tmp_path / "t.json"
+    _cli(["generate", "--prompt-file", root / "prompt.txt", "--max-new-tokens", 8, "--model", model, "--device", "cpu",
+          "--method", "vegas", "--gamma", GAMMA, "--budget", 12, "--output-json", out, "--record-acceptance", trace,
+          *([flag] if flag else [])])
+    got, t = json.loads(out.read_text()), json.loads(trace.read_text())
+    on = flag == "--adaptive"
+    assert got["config"]["adaptive"] is on and t["adaptive"] is on and bool(made) is on
+    if not on:
+        assert t["gamma_per_round"] == [GAMMA] * got["stats"]["iterations"] == [GAMMA] * len(t["rounds"])
