@@ -806,6 +806,39 @@ def test_sink_score_variants_bf16_buffer_and_sparse(store, anchors):
           plan_indices=idx, dense_from=df, **kw)
 
 
+@pytest.mark.parametrize("anchors,store", [("pre", "lean"), ("tile", "pair"), ("pre", "pair"), ("loop", "lean")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_sink_lean_and_pair_stores_match_reference(anchors, store, dtype, splits):
+    """``score_store="lean"`` (the per-row factor with ``log2 w`` and ``ref log2 e`` folded out of the loop, the
+    dense store mask one compare shorter) and ``"pair"`` (two-column vector stores, on a GPU) give the
+    reference's ``sink_softmax`` scores; row 0 is requested twice (weight 2), so the folded ``log2 w`` counts.
+    The cache length is even (``"pair"`` needs it) and the sequences end at odd and even positions."""
+    lengths = [50, 14, 0] if not ON_GPU else [4000, 778, 0]
+    q, k, v, lens = make_case(3, 2, 3, 5, 64, max(lengths) + 5 + 5, dtype, lengths, seed=71)
+    assert k.shape[2] % 2 == 0
+    cfg = TritonConfig(block_n=16 if not ON_GPU else 64, num_splits=splits, sink_anchors=anchors, score_store=store)
+    check(cfg, q, k, v, lens, score_rows=[0, 0, 4], score_kind="sink_softmax")
+
+
+@pytest.mark.parametrize("store", ["lean", "pair"])
+def test_sink_lean_store_with_head_subset_and_fractional_weights(store):
+    """The folded factor with a head subset (weight 0: ``log2 0 = -inf`` must give 0, not NaN) through the
+    backend, and with fractional weights (``log2 w < 0``) against the tile path's ``w * exp(...)``."""
+    q, k, v, lens = make_case(2, 2, 3, 3, 32, 48, torch.float32, [40, 9], seed=73)
+    check(TritonConfig(block_n=16, num_splits=3, sink_anchors="pre", score_store=store), q, k, v, lens,
+          score_rows=[1], score_kind="sink_softmax", score_heads=[1, 5])
+    w = torch.rand(6, 3, generator=torch.Generator().manual_seed(5)).to(DEV) * 1.5
+    w[:, 1] = 0.0
+    meta = AttentionMetadata(lens, 32 ** -0.5)
+    cfg = LaunchConfig(block_n=16, num_splits=3)
+    _, _, want, _ = splitk_attention(q, k, v, meta, row_weights=w, sink_softmax=True, cfg=cfg, sink_anchors="tile",
+                                     score_store="shared")
+    _, _, got, _ = splitk_attention(q, k, v, meta, row_weights=w, sink_softmax=True, cfg=cfg, sink_anchors="pre",
+                                    score_store=store)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 class _LaunchSpy:
     """Stands for a Triton kernel: records ``(name, grid, the kwargs named in keys)`` per launch, then launches."""
 
@@ -849,6 +882,31 @@ def test_sink_score_variants_reach_the_kernel(monkeypatch):
             assert launches[0][1] == (2 * 2,)
         assert launches[-1][2] == dict(ANCHOR_IN=pre, DIRECT_STORE=store == "direct" and ON_GPU,
                                        ANCHOR_LOOP=anchors == "loop")
+
+
+def test_lean_and_pair_stores_reach_the_kernel(monkeypatch):
+    """``"lean"`` folds the factor (``SINK_FOLD``, also in the interpreter) and stores directly on CUDA;
+    ``"pair"`` adds the vector stores on CUDA for dense calls over an even cache length only (an odd one or a
+    sparse plan gets ``"lean"``'s stores); ``"direct"`` and ``"shared"`` fold nothing."""
+    import specdec.cuda.triton_attention as ta
+
+    launches = _spy_sink_launches(monkeypatch, ta, ("SINK_FOLD", "PAIR_STORE", "DIRECT_STORE"))
+    meta_kw = dict(score_rows=[0, 4], score_kind="sink_softmax")
+    for L in (40, 41):
+        q, k, v, lens = make_case(2, 2, 3, 5, 16, L, torch.float32, [30, 7], seed=4)
+        for store in ("shared", "direct", "lean", "pair"):
+            launches.clear()
+            cfg = TritonConfig(block_n=16, num_splits=3, sink_anchors="tile", score_store=store)
+            TritonBackend(cfg).attend(q, k, v, AttentionMetadata(lens, 0.25, **meta_kw))
+            assert launches[-1][2] == dict(SINK_FOLD=store in ("lean", "pair"),
+                                           PAIR_STORE=store == "pair" and ON_GPU and L % 2 == 0,
+                                           DIRECT_STORE=store != "shared" and ON_GPU), (L, store)
+    idx, df = make_plan(2, 2, 12, [30, 7], 5)
+    launches.clear()
+    TritonBackend(TritonConfig(block_n=16, num_splits=3, score_store="pair")).attend(
+        q[:, :, :, :], k[:, :, :40], v[:, :, :40], AttentionMetadata(lens, 0.25, plan_indices=idx, dense_from=df,
+                                                                     **meta_kw))
+    assert launches[-1][2]["PAIR_STORE"] is False and launches[-1][2]["SINK_FOLD"] is True
 
 
 def test_score_path_picks_per_shape_class():
@@ -916,16 +974,18 @@ def test_sink_score_variant_names_are_checked():
     w[:, [0, 4]] = 1.0
     with pytest.raises(ValueError, match="sink_anchors must be 'tile', 'pre' or 'loop'"):
         splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, sink_anchors="once")
-    with pytest.raises(ValueError, match="score_store must be 'shared' or 'direct'"):
+    with pytest.raises(ValueError, match="score_store must be 'shared', 'direct', 'lean' or 'pair'"):
         splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, score_store="asm")
     with pytest.raises(Exception, match="sink_anchors"):
         TritonConfig(sink_anchors="once")
 
 
-def test_direct_store_serves_logits_colsum_too():
-    """``score_store="direct"`` also stores the fused logits column sums (``SCORE_MODE`` 4 without ``SCORE_EXP``)."""
+@pytest.mark.parametrize("store", ["direct", "lean", "pair"])
+def test_direct_store_serves_logits_colsum_too(store):
+    """``score_store="direct"`` / ``"lean"`` / ``"pair"`` also store the fused logits column sums (``SCORE_MODE`` 4
+    without ``SCORE_EXP``; an even cache length, so ``"pair"`` runs its vector stores on a GPU)."""
     q, k, v, lens = make_case(2, 2, 3, 5, 32, 50, torch.float32, [40, 9], seed=23)
-    check(TritonConfig(block_n=16, num_splits=2, score_store="direct", sink_anchors="pre"), q, k, v, lens,
+    check(TritonConfig(block_n=16, num_splits=2, score_store=store, sink_anchors="pre"), q, k, v, lens,
           score_rows=[0, 4], score_kind="logits")
 
 

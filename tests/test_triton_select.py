@@ -238,3 +238,134 @@ def test_plan_graph_keys_repeat_across_generate_calls(monkeypatch):
     seen.clear()
     eng.generate(prompts, max_new_tokens=8)
     assert len(first) == 2 and set(seen) <= first  # recency (before the first scores), then the scores' plan
+
+
+# -- TRITON_SELECT = "radix16": 16-bit keys, rows split over several programs (4 launches) -------------------------
+
+from specdec.cuda.triton_select import select_plan16  # noqa: E402
+
+
+def _key16(s: torch.Tensor) -> torch.Tensor:
+    """The top 16 bits of the order-preserving int32 key of fp32 ``s`` (what select_plan16 ranks), as int32."""
+    bits = s.float().contiguous().view(torch.int32)
+    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return key >> 16
+
+
+def _ref16(scores, lengths, k_sel, sinks, recent, sum_heads, **budget):
+    """select_plan16's documented set: positions by 16-bit key, the boundary bucket to the lowest positions (a
+    stable sort of the keys), as sorted index rows; plus the boundary key per row and the exact fp32 row."""
+    c = BudgetConfig(sinks=sinks, recent=recent, **budget)
+    lens = torch.tensor(lengths)
+    fixed, room = fixed_positions(lens, c.budget_for(lens), sinks, recent)
+    s = scores.float().sum(2, keepdim=True) if sum_heads else scores.float()
+    N, B, Hs, L = s.shape
+    pos = torch.arange(L).view(1, L)
+    blocked = ((pos >= lens.view(B, 1)) | (pos < sinks) | (pos >= (lens - recent).view(B, 1))).view(1, B, 1, L)
+    k = _key16(s).masked_fill(blocked, -(2 ** 20))
+    order = torch.sort(k, dim=-1, descending=True, stable=True).indices[..., :k_sel]
+    slot = torch.arange(k_sel).view(1, 1, 1, -1)
+    top = torch.where(slot < room.view(1, B, 1, 1), order, -1)
+    return torch.cat([fixed.view(1, B, 1, -1).expand(N, B, Hs, -1), top], -1).sort(-1).values, k, room
+
+
+# block 256: 3 chunks of a 700-position row (and a padded last chunk); 1024: the row in one chunk
+@pytest.mark.parametrize("case,dtype,block", [(c, torch.float32, 256) for c in sorted(CASES)]
+                         + [("ratio", torch.bfloat16, 256), ("budget", torch.float32, 1024)])
+def test_radix16_plan_is_its_documented_set(case, dtype, block):
+    """Exactly the documented set (16-bit keys, boundary bucket to the lowest positions) for every budget case,
+    ragged lengths, both head modes; the fixed part and dense_from as the torch plan's; -1 exactly past the room;
+    and the picks outside the boundary bucket are exactly torch.topk's, the count is the room."""
+    cfg, lengths = CASES[case]
+    L = 700
+    lengths = [min(x * 3, L) for x in lengths]
+    g = torch.Generator().manual_seed(21)
+    scores = torch.rand(2, len(lengths), 3, L, generator=g).to(dtype)
+    sk = {k: v for k, v in cfg.items() if k in ("sinks", "recent")}
+    k_sel = BudgetConfig(**cfg).max_room(L)
+    F = sk["sinks"] + sk["recent"]
+    for sum_heads in (True, False):
+        got, dense = select_plan16(scores.to(DEV), torch.tensor(lengths, device=DEV), k_sel, sum_heads=sum_heads,
+                                   block=block, **cfg)
+        got = got.cpu()
+        want, key, room = _ref16(scores, lengths, k_sel, sum_heads=sum_heads, **cfg)
+        torch.testing.assert_close(got.sort(-1).values, want, rtol=0, atol=0)
+        assert dense.cpu().tolist() == lengths
+        ref_fixed, _ = fixed_positions(torch.tensor(lengths), BudgetConfig(**cfg).budget_for(torch.tensor(lengths)),
+                                       **sk)
+        torch.testing.assert_close(got[..., :F], ref_fixed.view(1, len(lengths), 1, F).expand_as(got[..., :F]), rtol=0, atol=0)
+        picks = got[..., F:]
+        n = (picks >= 0).sum(-1)  # (N, B, Hs)
+        assert torch.equal(n, room.view(1, -1, 1).expand_as(n))  # the right count
+        assert (picks[..., :-1][picks[..., 1:] >= 0] < picks[..., 1:][picks[..., 1:] >= 0]).all()  # position order
+        slot = torch.arange(k_sel).view(1, 1, 1, -1)
+        assert torch.equal(picks >= 0, (slot < room.view(1, -1, 1, 1)).expand_as(picks))  # -1 exactly past the room
+        # against torch.topk of the exact fp32 scores: the same picks above the boundary key, none below it
+        s = scores.float().sum(2, keepdim=True) if sum_heads else scores.float()
+        N, B, Hs, _ = s.shape
+        blocked = key == -(2 ** 20)
+        exact = torch.topk(s.masked_fill(blocked, float("-inf")), k_sel, dim=-1).indices
+        for n_, b_, h_ in [(a, b, c) for a in range(N) for b in range(B) for c in range(Hs)]:
+            r = int(room[b_])
+            if r == 0:
+                continue
+            mine, ref = set(picks[n_, b_, h_, :r].tolist()), set(exact[n_, b_, h_, :r].tolist())
+            kr = key[n_, b_, h_]
+            t = min(int(kr[p]) for p in mine)  # the boundary key
+            assert {p for p in mine if kr[p] > t} == {p for p in ref if kr[p] > t}
+            assert all(kr[p] >= t for p in ref) and all(kr[p] >= t for p in mine)
+
+
+def test_radix16_boundary_bucket_and_determinism():
+    """Many equal keys (scores in a narrow band: one boundary bucket spans chunks): the lowest positions of the
+    bucket win across chunk borders, identical output on a second call, one-chunk == many-chunk output."""
+    L = 1000
+    g = torch.Generator().manual_seed(4)
+    scores = 1.0 + torch.randint(0, 3, (1, 2, 1, L), generator=g).float() * 2 ** -6  # 3 keys, each ~333 times
+    scores[0, 1, 0, 600:] = 2.0  # row 1: 400 top keys after position 600; the room (500) spills into bucket 1.03
+    lens = torch.tensor([L, L], device=DEV)
+    cfg = dict(sinks=0, recent=0, budget=500)
+    a, _ = select_plan16(scores.to(DEV), lens, 500, block=256, **cfg)
+    b, _ = select_plan16(scores.to(DEV), lens, 500, block=256, **cfg)
+    c, _ = select_plan16(scores.to(DEV), lens, 500, block=1024, **cfg)
+    assert torch.equal(a, b) and torch.equal(a, c)
+    want, _, _ = _ref16(scores, [L, L], 500, 0, 0, False, budget=500)
+    torch.testing.assert_close(a.cpu().sort(-1).values, want, rtol=0, atol=0)
+    row1 = a[0, 1, 0].cpu().tolist()
+    assert row1[:100] == [p for p in range(600) if scores[0, 1, 0, p] == scores[0, 1, 0, :600].max()][:100]
+
+
+def test_radix16_setting_plans_like_torch_and_vegas_stays_lossless(monkeypatch):
+    """Through the selector: "radix16-always" plans (distinct 16-bit keys: the same sets as the torch plan), skips
+    the plan graph ("radix16-graph" keeps it), and greedy Vegas with it emits dense's tokens."""
+    cfg, lengths = CASES["ratio"]
+    L = 200
+    scores = torch.zeros(2, len(lengths), 3, L)  # head sums = distinct integers < 256: distinct 16-bit keys
+    scores[:, :, 0] = torch.stack([torch.randperm(L, generator=torch.Generator().manual_seed(i)).float()
+                                   for i in range(2 * len(lengths))]).view(2, len(lengths), L)  # integers < 256
+    p = _vegas_plans(monkeypatch, scores, lengths, settings=(False, "radix16-always"), **cfg)
+    torch.testing.assert_close(p["radix16-always"].indices.sort(-1).values, p[False].indices.sort(-1).values,
+                               rtol=0, atol=0)
+    lens = torch.tensor([10], device=DEV)
+    sel = SELECTORS.build("collect2", budget_ratio=0.3)
+    monkeypatch.setattr(base, "TRITON_SELECT", "radix16-always")
+    assert sel.plans_in_one_launch(lens)
+    monkeypatch.setattr(base, "TRITON_SELECT", "radix16-graph")
+    assert not sel.plans_in_one_launch(lens)
+    m = make_tiny("llama")
+    m.hf.to(DEV)
+    prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+    want = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens
+    monkeypatch.setattr(base, "TRITON_SELECT", "radix16-always")
+    for opts in ({}, {"per_kv_head": True}):
+        cfg = PipelineConfig.make(method="vegas", gamma=3, budget=12, sinks=2, recent=3, options=opts)
+        assert build_engine(m, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens == want
+
+
+def test_radix16_refuses_bad_arguments():
+    s = torch.rand(1, 1, 1, 100)
+    lens = torch.tensor([100])
+    with pytest.raises(ValueError, match="exactly one of budget and budget_ratio"):
+        select_plan16(s, lens, 10, sinks=0, recent=0)
+    with pytest.raises(ValueError, match="block must be a power of two >= 256"):
+        select_plan16(s, lens, 10, sinks=0, recent=0, budget=10, block=300)

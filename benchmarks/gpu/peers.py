@@ -123,6 +123,51 @@ class Timer:
             return ms * 1e-3 / len(fns), "eager"
 
 
+def interleaved(fn_lists: dict, reps: int, cuda: bool) -> dict:
+    """Median seconds per call of each entry of ``fn_lists`` (``label -> closures``, one per KV copy), timed
+    round-robin: one CUDA graph per entry, then ``reps`` rounds that replay every graph once each (the start
+    entry rotating), so slow drift of the clock or the memory affects every entry alike. An entry that cannot
+    be captured is left out (``label -> None``); on the CPU each round calls the closures eagerly."""
+    graphs, ts = {}, {k: [] for k in fn_lists}
+    for k, fns in fn_lists.items():
+        for f in fns:
+            f()
+        if not cuda:
+            graphs[k] = fns
+            continue
+        torch.cuda.synchronize()
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for f in fns:
+                    f()
+            g.replay()
+            torch.cuda.synchronize()
+            graphs[k] = g
+        except Exception:  # noqa: BLE001 -- not capturable: reported as None, the others still run
+            torch.cuda.synchronize()
+            graphs[k] = None
+    keys = [k for k in fn_lists if graphs[k] is not None]
+    for r in range(reps):
+        for i in range(len(keys)):
+            k = keys[(i + r) % len(keys)]
+            n = len(fn_lists[k])
+            if not cuda:
+                t = time.perf_counter()
+                for f in graphs[k]:
+                    f()
+                ts[k].append((time.perf_counter() - t) / n)
+                continue
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graphs[k].replay()
+            b.record()
+            b.synchronize()
+            ts[k].append(a.elapsed_time(b) * 1e-3 / n)
+    graphs.clear()
+    return {k: (statistics.median(v) if v else None) for k, v in ts.items()}
+
+
 def copy_bandwidth(cuda: bool) -> float:
     n = (1 << 30) if cuda else (1 << 22)
     x = torch.empty(n, dtype=torch.bfloat16, device="cuda" if cuda else "cpu").normal_()
@@ -144,10 +189,14 @@ def make_plan(B, Hkv, L, lengths, dev, gen):
     return idx, dense_from, K
 
 
-def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left, ours=None, only_ours=False):
+def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left, ours=None, only_ours=False,
+             interleave=None, drop=()):
     """Every variant of each call kind at one shape. ``ours``: ``kind -> {label: TritonConfig fields}``,
     our kernel's variants for that kind (default: one, ``"triton"``, with the table's launch);
-    ``only_ours``: no peers (a second pass over more of our variants)."""
+    ``only_ours``: no peers (a second pass over more of our variants); ``interleave``: ``(kind, variant)``
+    pairs (of any of ``kinds``) to time once more after the others, round-robin (:func:`interleaved`), as
+    rows with ``timing="graph-interleaved"`` (those that ran and passed parity above); ``drop``: variant names
+    to leave out (e.g. ``("fa4", "sdpa")``: peers a run does not need)."""
     name, H, Hkv, D, B, L = case
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -162,6 +211,7 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
     from specdec.cuda.triton_backend import TritonBackend, TritonConfig
 
     ours = ours or {}
+    keep = {}  # (kind, variant) -> (closures, row) of the variants to interleave
     runner = peers.FlashInferRunner() if cuda and peers.flashinfer_installed() else None
     elem = ks[0].element_size()
 
@@ -190,7 +240,8 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
         configs = {}
         for label, fields in ours.get(kind, {"triton": {}}).items():
             be = TritonBackend(TritonConfig(**dict(dict(peers="off", flash_attn="off"), **fields)))
-            variants[label] = (lambda be: lambda i: be.attend(q, ks[i], vs[i], meta))(be)
+            # q and meta bound now: the next kind reassigns them, and interleave= calls this closure later
+            variants[label] = (lambda be, q, meta: lambda i: be.attend(q, ks[i], vs[i], meta))(be, q, meta)
             configs[label] = fields
         if kind in ("verify_scores", "verify_sink") or only_ours:
             pass  # ours only: the peers' verify (no scores) is the "verify" rows
@@ -227,6 +278,8 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
 
             variants["sdpa"] = naive
 
+        for vname in drop:
+            variants.pop(vname, None)
         for vname, fn in variants.items():
             row = dict(case=name, H=H, Hkv=Hkv, D=D, B=B, L=L, kind=kind, variant=vname, copies=copies,
                        bytes=nbytes)
@@ -249,7 +302,7 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
                 if fn == "plan_dense":
                     r = runner or peers.FlashInferRunner()
                     run = r.plan_dense(q, ks[0], lengths, scale)
-                    fn = (lambda run: lambda i: (run(q, ks[i], vs[i]), None))(run)
+                    fn = (lambda run, q: lambda i: (run(q, ks[i], vs[i]), None))(run, q)
                 elif fn == "graph_dense":
                     gr = peers.FlashInferGraphRunner()
                     key = gr.key(q, ks[0], scale)
@@ -259,7 +312,7 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
                     for _ in range(5):  # what a replay adds on the host: one plan for these lengths
                         gr.plan(key, host)
                     row["replan_host_us"] = (time.perf_counter() - t_plan) / 5 * 1e6
-                    fn = (lambda gr, key: lambda i: (gr.run(key, q, ks[i], vs[i]), None))(gr, key)
+                    fn = (lambda gr, key, q: lambda i: (gr.run(key, q, ks[i], vs[i]), None))(gr, key, q)
                 elif fn == "plan_sparse":
                     r = runner or peers.FlashInferRunner()
                     run = r.plan_sparse(q, ks[0], lengths, scale, idx, dense_from)
@@ -275,6 +328,8 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
                     row["max_rel_err_scores"] = row["max_abs_err_scores"] / max(ref_scores.abs().max().item(), 1e-30)
                 secs, how = Timer(cuda, reps)([(lambda i: lambda: fn(i))(i) for i in range(copies)])
                 row.update(us=secs * 1e6, timing=how, pct_copy_bw=100.0 * nbytes / secs / bw)
+                if interleave and (kind, vname) in interleave and row["parity_ok"]:
+                    keep[(kind, vname)] = ([(lambda fn, i: lambda: fn(i))(fn, i) for i in range(copies)], row)
                 log(f"{name} B={B} L={L} {kind:13s} {vname:10s} {secs*1e6:9.1f} us  "
                     f"{row['pct_copy_bw']:6.1f}% bw  |Δ| {err:.2e} ({how})")
             except Exception as exc:
@@ -314,6 +369,24 @@ def run_case(case, kinds, cuda, copies_bytes, reps, bw, log, record, budget_left
                 nhd = None
                 if cuda:
                     torch.cuda.empty_cache()
+    if keep and budget_left() > 0:
+        try:
+            got = interleaved({k: fns for k, (fns, _) in keep.items()}, reps, cuda)
+            for (kind, vname), secs in got.items():
+                base = keep[(kind, vname)][1]
+                row = {k: base[k] for k in ("case", "H", "Hkv", "D", "B", "L", "kind", "variant", "copies", "bytes",
+                                            "config", "max_abs_err", "max_rel_err_scores", "parity_ok") if k in base}
+                if secs is None:
+                    row.update(timing="graph-interleaved", skipped="not capturable")
+                else:
+                    row.update(us=secs * 1e6, timing="graph-interleaved", pct_copy_bw=100.0 * row["bytes"] / secs / bw)
+                    log(f"{name} B={B} L={L} {kind:13s} {vname:10s} {secs*1e6:9.1f} us  (interleaved)")
+                record(row)
+        except Exception as exc:
+            record(dict(case=name, B=B, L=L, kind="interleaved", error=f"{type(exc).__name__}: {exc}",
+                        traceback=traceback.format_exc()))
+            log(f"{name} B={B} L={L} interleaved: FAILED {exc}")
+    keep.clear()
     del ks, vs
     if cuda:
         torch.cuda.empty_cache()

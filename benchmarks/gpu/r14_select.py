@@ -5,9 +5,14 @@
 * ``triton_topk``: ``TRITON_SELECT = True``, the top-k of the summed scores in one Triton launch (the plan graph
   around it; rows of at most 16384 positions, else it is the torch path);
 * ``fused``: ``TRITON_SELECT = "fused"``, the whole plan in one launch (``specdec.cuda.triton_select.select_plan``:
-  head sum + mask + radix select + fixed positions; ``on_verify`` only keeps the emitted scores).
+  head sum + mask + radix select + fixed positions; ``on_verify`` only keeps the emitted scores);
+* ``radix16``: ``TRITON_SELECT = "radix16"``, the same plan over 16-bit keys with each row split over several programs
+  (``select_plan16``: 4 launches, two 8-bit passes; no plan graph), and ``radix16_graph`` (``"radix16-graph"``: the
+  same launches inside the plan CUDA graph, which copies Vegas' emitted scores into its input buffer at each replay;
+  GPU only). Their sets may differ from torch's inside the boundary bucket (scores equal in their top 16 order bits):
+  for them parity's ``tie_rows`` counts the rows that differ only there (``bad_rows`` must stay 0).
 
-    timeout 150 python3 benchmarks/gpu/r14_select.py --out $OUT/sel14 --budget-s 100  # H200 (e2e: /tmp/m/smol.gguf)
+    timeout 170 python3 benchmarks/gpu/r14_select.py --out $OUT/sel14b --budget-s 115  # H200 (e2e: /tmp/m/smol.gguf)
     python3 benchmarks/gpu/r14_select.py --out /tmp/sel14 --smoke            # CPU, tiny, TRITON_INTERPRET=1
 
 Parts, in this order (each records its failure with the traceback and the next one runs; none starts after
@@ -22,11 +27,12 @@ Parts, in this order (each records its failure with the traceback and the next o
    that differs only among equal scores at the threshold is counted apart (``tie_rows``: ``torch.topk`` breaks
    ties arbitrarily, the Triton paths take the lowest positions).
 2. ``e2e`` (skipped with ``--no-e2e``): the embedded model, bf16, triton, graphs, fused, B 64 x 8k of ``ssl.py``, gamma 4,
-   5 %, 64 new tokens, ``run_bench`` (warm-up + 1 timed run) of vegas with ``torch``, ``fused`` and ``torch_old_key``
-   (the score buffer as a tensor attribute again: a plan graph captured inside the timed call, as before this
-   branch), 2 rounds interleaved; the second with ``on_verify`` and ``Planner.plan`` timed apart (a sync around each)
+   5 %, 64 new tokens, ``run_bench`` (warm-up + 1 timed run) of vegas with ``torch``, ``fused`` and ``radix16``
+   (``--old-key`` adds ``torch_old_key``: the score buffer as a tensor attribute again, a plan graph captured inside
+   the timed call, as before the plan-graph fix), 2 rounds interleaved; the second with ``on_verify`` and ``Planner.plan`` timed apart (a sync around each)
    and the plan-graph captures of the timed call counted.
-3. ``sweep``: the fused kernel alone at B 64 x 8k (fp32) over radix bits, ``num_warps`` and rows per program.
+3. ``sweep``: the fused kernel alone at B 64 x 8k (fp32) over radix bits, ``num_warps`` and rows per program, and
+   ``select_plan16`` over its block (positions per program) and ``num_warps``.
 
 Writes ``<out>/r14_select.json`` and ``.md`` after every part, and ``<out>.tgz`` at the end.
 """
@@ -65,9 +71,10 @@ def elapsed() -> float:
 
 
 def settings(smoke: bool):
-    """(label, TRITON_SELECT value) of the three paths (the CPU smoke: the interpreter's ``always`` values)."""
+    """(label, TRITON_SELECT value) of the paths (the CPU smoke: the interpreter's ``always`` values, no graphs)."""
     return [("torch", False), ("triton_topk", "always" if smoke else True),
-            ("fused", "fused-always" if smoke else "fused")]
+            ("fused", "fused-always" if smoke else "fused"), ("radix16", "radix16-always" if smoke else "radix16")] + (
+        [] if smoke else [("radix16_graph", "radix16-graph")])
 
 
 def _sync(dev):
@@ -126,6 +133,12 @@ def _fresh_planner(cache):
     return planner.planner_for(cache)
 
 
+def _key16(s: torch.Tensor) -> torch.Tensor:
+    """The 16-bit order key of fp32 ``s`` that ``select_plan16`` ranks (as int32)."""
+    bits = s.float().contiguous().view(torch.int32)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) >> 16
+
+
 def parity(N, B, H, L, dev, smoke) -> dict:
     """Eager plans of one set of scores (random lengths) with each setting, rows compared with torch's."""
     from specdec.selectors import base
@@ -158,6 +171,14 @@ def parity(N, B, H, L, dev, smoke) -> dict:
         va = torch.where(a >= 0, summed.gather(3, a.clamp(min=0)), float("-inf")).sort(-1).values
         vb = torch.where(b >= 0, summed.gather(3, b.clamp(min=0)), float("-inf")).sort(-1).values
         ties = (~same) & (va == vb).all(-1)
+        if label.startswith("radix16"):  # rows that differ only inside the boundary bucket of 16-bit keys
+            k16 = _key16(summed)
+            a, b = want[..., 20:], got[..., 20:]  # the top-k parts (the fixed 20 positions are compared below)
+            ka = torch.where(a >= 0, k16.gather(3, a.clamp(min=0)), 2 ** 20)
+            kb = torch.where(b >= 0, k16.gather(3, b.clamp(min=0)), 2 ** 20)
+            t = kb.min(-1, keepdim=True).values  # the boundary key of each row
+            above = lambda idx, k: torch.where((idx >= 0) & (k > t) & (k < 2 ** 20), idx, -1).sort(-1).values  # noqa: E731
+            ties = (~same) & (above(a, ka) == above(b, kb)).all(-1) & (ka >= t).all(-1) & ((a >= 0) == (b >= 0)).all(-1)
         out[label] = dict(rows=int(same.numel()), same_rows=int(same.sum()), tie_rows=int(ties.sum()),
                           bad_rows=int((~same & ~ties).sum()), same_index_sets=bool(same.all()),
                           same_fixed=bool(torch.equal(got[..., :20], want[..., :20])))
@@ -196,13 +217,14 @@ def micro(a, dev, log) -> list[dict]:
                         r = dict(ms=wall_med(step, a.reps, dev), on_verify_ms=wall_med(lambda: sel.on_verify(req, lengths), a.reps, dev),
                                  plan_ms=wall_med(lambda: planner.plan(sel, lengths), a.reps, dev),
                                  plan_graphs=planner.plan_graphs.captures if planner.plan_graphs is not None else 0)
-                        if label == "fused":
-                            from specdec.cuda.triton_select import select_plan
+                        if label in ("fused", "radix16"):
+                            from specdec.cuda.triton_select import select_plan, select_plan16
 
                             k_sel = sel.max_selected(cache.capacity)
                             c = sel.config
-                            r["kernel_ms"] = gpu_med(lambda: select_plan(stacked, lengths, k_sel, sinks=c.sinks, recent=c.recent,
-                                                                         budget_ratio=c.budget_ratio, sum_heads=True), a.reps, dev)
+                            fn = select_plan if label == "fused" else select_plan16
+                            r["kernel_ms"] = gpu_med(lambda: fn(stacked, lengths, k_sel, sinks=c.sinks, recent=c.recent,
+                                                                budget_ratio=c.budget_ratio, sum_heads=True), a.reps, dev)
                             r["floor_ms"] = stacked.numel() * stacked.element_size() / BW * 1e3
                     except Exception:
                         r = dict(error=traceback.format_exc())
@@ -221,7 +243,7 @@ def micro(a, dev, log) -> list[dict]:
 
 
 def sweep(a, dev, log) -> list[dict]:
-    from specdec.cuda.triton_select import select_plan
+    from specdec.cuda.triton_select import select_plan, select_plan16
 
     name, N, B, H, L = SMOKE_SHAPES[0] if a.smoke else SHAPES[0]
     _, _, stacked, _ = _setup(N, B, H, L, torch.float32, dev)
@@ -233,7 +255,7 @@ def sweep(a, dev, log) -> list[dict]:
     out = []
     # (radix bits, num_warps, rows per program): the default (5, 8 warps at 8k, 1) first
     grid = ([(5, 4, 1), (8, 4, 2)] if a.smoke else
-            [(5, 8, 1), (5, 4, 1), (5, 16, 1), (5, 8, 2), (5, 8, 4), (4, 8, 1), (6, 8, 1), (8, 8, 1), (8, 16, 1)])
+            [(5, 8, 1), (5, 16, 1), (8, 16, 1)])  # the default and the two best of gpu_select_2026-12-01e.md
     for bits, warps, rows in grid:
         if elapsed() > a.budget_s:
             out.append(dict(radix_bits=bits, num_warps=warps, rows_per_program=rows, skipped="budget"))
@@ -246,6 +268,22 @@ def sweep(a, dev, log) -> list[dict]:
                             kernel_ms=gpu_med(fn, a.reps, dev), same_as_default=same))
         except Exception:
             out.append(dict(radix_bits=bits, num_warps=warps, rows_per_program=rows, error=traceback.format_exc(limit=4)))
+        log(f"sweep {out[-1]}")
+    # select_plan16: (block, num_warps); the default (1024 at 8k, 4 warps) first
+    base16, _ = select_plan16(stacked, lengths, k_sel, sinks=4, recent=16, budget_ratio=RATIO, sum_heads=True)
+    for blk, warps in ([(256, 4), (512, 2)] if a.smoke else
+                       [(1024, 4), (512, 4), (256, 2), (256, 4), (2048, 4), (2048, 8), (1024, 8), (4096, 8)]):
+        if elapsed() > a.budget_s:
+            out.append(dict(kernel="radix16", block=blk, num_warps=warps, skipped="budget"))
+            continue
+        try:
+            fn = lambda: select_plan16(stacked, lengths, k_sel, sinks=4, recent=16, budget_ratio=RATIO,  # noqa: E731
+                                       sum_heads=True, block=blk, num_warps=warps)
+            same = bool(torch.equal(fn()[0], base16))
+            out.append(dict(kernel="radix16", shape=name, block=blk, num_warps=warps, kernel_ms=gpu_med(fn, a.reps, dev),
+                            same_as_default=same))
+        except Exception:
+            out.append(dict(kernel="radix16", block=blk, num_warps=warps, error=traceback.format_exc(limit=4)))
         log(f"sweep {out[-1]}")
     return out
 
@@ -345,7 +383,8 @@ def e2e(a, dev, log) -> list[dict]:
     rows, tokens = [], {}
     # torch_old_key: the torch path with the score buffer as a tensor attribute again (as before this branch), so
     # the timed call's first plan has a plan-graph key the warm-up did not capture
-    paths = settings(smoke)[::2] + [("torch_old_key", False)]
+    paths = [p for p in settings(smoke) if p[0] in ("torch", "fused", "radix16")] + (
+        [("torch_old_key", False)] if a.old_key else [])
     for rnd in range(1, 2) if smoke else range(2):  # the smoke: the timed-apart round only
         for label, flag in paths:
             if elapsed() > a.budget_s:
@@ -376,7 +415,7 @@ def e2e(a, dev, log) -> list[dict]:
 
 
 def markdown(res) -> str:
-    L = [f"# Vegas' selection: torch vs Triton top-k vs fused plan ({res['date']}, {res['gpu']})", "",
+    L = [f"# Vegas' selection: torch vs Triton top-k vs fused plan vs radix16 ({res['date']}, {res['gpu']})", "",
          "| shape | scores | setting | on_verify + plan ms | on_verify ms | plan ms | fused kernel ms | floor ms |",
          "|---|---|---|---|---|---|---|---|"]
     for row in res.get("micro", []):
@@ -391,14 +430,17 @@ def markdown(res) -> str:
     L += ["", "Parity (eager plans, random lengths in [L/2, L]; rows: same sets / differ only among equal scores / bad):", ""]
     for row in res.get("micro", []):
         p = row.get("parity", {})
-        for label in ("triton_topk", "fused"):
+        for label in ("triton_topk", "fused", "radix16", "radix16_graph"):
             if label in p:
                 q = p[label]
                 L.append(f"- {row['shape']} {label}: " + (q["error"] if "error" in q else
-                         f"{q['same_rows']} / {q['tie_rows']} / {q['bad_rows']} of {q['rows']} (fixed part equal: {q['same_fixed']})"))
+                         f"{q['same_rows']} / {q['tie_rows']} / {q['bad_rows']} of {q['rows']} (fixed part equal: {q['same_fixed']})"
+                         + (" [radix16: the middle count is rows differing only inside the boundary bucket]"
+                            if label.startswith("radix16") else "")))
     if res.get("sweep"):
-        L += ["", "| radix bits | num_warps | rows/program | fused kernel ms | same as default |", "|---|---|---|---|---|"]
-        L += [f"| {s['radix_bits']} | {s['num_warps']} | {s['rows_per_program']} | "
+        L += ["", "| kernel | radix bits / block | num_warps | rows/program | kernel ms | same as default |",
+              "|---|---|---|---|---|---|"]
+        L += [f"| {s.get('kernel', 'fused')} | {s.get('radix_bits', s.get('block'))} | {s['num_warps']} | {s.get('rows_per_program', '')} | "
               f"{s.get('kernel_ms', float('nan')):.3f} | {s.get('same_as_default', 'error' if 'error' in s else s.get('skipped'))} |"
               for s in res["sweep"]]
     if res.get("e2e"):
@@ -423,6 +465,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=100.0, help="no part or shape starts after this many seconds")
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--no-e2e", action="store_true")
+    ap.add_argument("--old-key", action="store_true", help="e2e: also torch_old_key (the plan-graph recapture of 12-01e)")
     a = ap.parse_args()
     a.reps = a.reps or (2 if a.smoke else 20)
     global RATIO, WARM

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 18 (s18): our verify WITH sink_softmax scores (today's default and the opt-in variants sink_anchors="pre",
-# score_store="direct") vs FlashInfer's verify WITHOUT, side by side in one run, then the 8B capturable decode forms
-# and the GPU parity tests in the time left. <= 5 minutes (LIMIT=300 s, hard: every step under `timeout`).
+# Issue 18 (s18): our verify WITH sink_softmax scores (the table's pick and the opt-in score paths: sink_anchors
+# "pre", score_store "direct" / "lean" / "pair") vs FlashInfer's verify WITHOUT, side by side and interleaved in
+# one run, then the GPU parity tests of the new score stores in the time left. <= 4 minutes (LIMIT=240 s, hard:
+# every step under `timeout`).
 #
 #   call 1, carry [".whl18/part1"]:  bash benchmarks/gpu/peers.sh install1
 #   call 2, carry [".whl18/part2"]:  bash benchmarks/gpu/s18.sh          (same warm machine)
@@ -9,21 +10,21 @@
 #
 # S18_SKIP (comma-separated, default none) leaves parts out: install (part2 already unpacked into $SITE this
 # session), launch (s18.py pass 2), decode (the 8B capturable decode rows), kernel_tests, peer_tests.
-#   e.g. S18_SKIP=decode,peer_tests bash benchmarks/gpu/s18.sh   (the coordinator ran those earlier)
+#   e.g. S18_SKIP=install,decode,peer_tests bash benchmarks/gpu/s18.sh   (peers installed earlier this session)
 #
 # 1. unpack part2 into $SITE and check both peers import: `PARTS=none peers.sh run` (no tests, no bench, no e2e)
-# 2. benchmarks/gpu/s18.py (peers.run_case machinery): 8B 1x128k, 8B 16x32k, SmolLM2 B 64/16/1 x 8k: ours plain,
-#    ours + sink_softmax (sink_tile = today's default, sink_pre, sink_direct, sink_pre_direct, + bf16 at 8B),
-#    FlashInfer eager + CUDA-graph wrapper, FA4, SDPA; then launch variants (ours); then decode at the 8B shapes
+# 2. benchmarks/gpu/s18.py (peers.run_case machinery), per shape 8B 1x128k, 8B 16x32k, SmolLM2 B 64/16/1 x 8k:
+#    ours plain, ours + sink_softmax (sink_table = the table's pick, sink_tile, sink_direct, sink_lean,
+#    sink_pair, sink_pre_pair), FlashInfer eager + CUDA-graph wrapper; the same once more interleaved
+#    (round-robin graph replays); then at 8B 1x128k the launch variants (ours); then decode at the 8B shapes
 #    -> $OUT/s18/{s18.md,results.json,results.md,log.txt,run.log}
-# 3. GPU parity tests: the score variants' kernel tests (the direct PTX store runs only here; ~17 tests, each its
-#    own compile), then
-#    tests/test_peers_gpu.py, in the time left -> $OUT/s18/pytest_*.log
+# 3. GPU parity tests: the new score stores' kernel tests (the "pair" / "direct" PTX stores run only here, each
+#    its own compile), then tests/test_peers_gpu.py, in the time left -> $OUT/s18/pytest_*.log
 # 4. $OUT/s18.tgz
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 SITE=${SITE:-/tmp/site}
-LIMIT=${LIMIT:-300}
+LIMIT=${LIMIT:-240}
 SKIP=",${S18_SKIP:-},"
 mkdir -p "$OUT/s18"
 if [ "${1:-}" = "--smoke" ]; then
@@ -47,7 +48,7 @@ export MAX_JOBS=${MAX_JOBS:-16} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTIC
 PYSKIP=""
 for p in launch decode; do skipped $p && PYSKIP="$PYSKIP,$p"; done
 RESERVE=15
-skipped kernel_tests || RESERVE=$(( RESERVE + 60 ))
+skipped kernel_tests || RESERVE=$(( RESERVE + 50 ))
 skipped peer_tests || RESERVE=$(( RESERVE + 60 ))
 B=$(( $(left) - RESERVE - 20 )); [ "$B" -gt 230 ] && B=230
 timeout $(( B + 30 )) python3 benchmarks/gpu/s18.py --out "$OUT/s18" --budget-s "$B" --skip "${PYSKIP#,}" \
@@ -58,7 +59,7 @@ if ! skipped kernel_tests; then
     L=$(( $(left) - 10 )); skipped peer_tests || L=$(( L - 60 ))
     if [ "$L" -gt 20 ]; then
         SPECDEC_TEST_DEVICE=cuda timeout "$L" python3 -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
-            -k "sink_anchor_kernel or (sink_score_variant and direct and dtype1) or direct_store_serves or bf16_buffer_and_sparse" \
+            -k "(lean_and_pair_stores_match and (tile-pair or pre-pair)) or lean_and_pair_stores_reach or lean_store_with or (sink_score_variants_match and pre-direct and dtype1)" \
             > "$OUT/s18/pytest_kernels.log" 2>&1
         krc=$?
         [ $krc -eq 124 ] && echo "pytest: stopped at the ${L} s limit" >> "$OUT/s18/pytest_kernels.log"

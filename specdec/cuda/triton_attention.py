@@ -122,7 +122,8 @@ def _splitk_attn_kernel(
     V_EARLY: tl.constexpr = False, Sem=None, FUSED_COMBINE: tl.constexpr = False,
     FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
     SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
-    ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False,
+    ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False, SINK_FOLD: tl.constexpr = False,
+    PAIR_STORE: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
         tl.extra.cuda.gdc_wait()
@@ -186,6 +187,9 @@ def _splitk_attn_kernel(
                 ref = tl.zeros([BLOCK_M], tl.float32)
             else:  # one extra (D, 2 NA) tile of K per program, before the loop
                 ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA, DOT_PREC, UPCAST)
+            if SINK_FOLD:  # score_store "lean" / "pair": w and log2(e) folded out of the loop (w = 0: -inf, a 0 factor)
+                ref2 = ref * 1.4426950408889634
+                lw2 = tl.where(w > 0.0, tl.log2(tl.where(w > 0.0, w, 1.0)), float("-inf"))
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -240,14 +244,44 @@ def _splitk_attn_kernel(
                     if j0 == start:
                         ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA, DOT_PREC,
                                                UPCAST)
+                        if SINK_FOLD:
+                            ref2 = ref * 1.4426950408889634
                 # exp(s - ref) = p * exp(m - ref): the tile's p times one factor per row (16 exps, not 16 x N)
-                cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
+                if SINK_FOLD:
+                    # w exp(min(m - ref, C)) = exp2(min(m log2e - ref log2e, C log2e) + log2 w): per row one
+                    # FFMA, one min, one add and the exp2 (no multiply by log2e after the min, none by w)
+                    cw = tl.math.exp2(tl.minimum(m_safe * 1.4426950408889634 - ref2,
+                                                 SINK_CLAMP * 1.4426950408889634) + lw2)
+                else:
+                    cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
                 sc = tl.sum(p * cw[:, None], axis=0)
             else:
                 sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
             s_ptr = Scores + pid_bh.to(tl.int64) * L + pos
-            s_ok = valid & (pos < n_ctx)
-            if DIRECT_STORE:
+            if SINK_FOLD and not SPARSE:
+                s_ok = valid  # dense: pos = offs_n < end <= n_ctx already ("lean" / "pair": one compare less)
+            else:
+                s_ok = valid & (pos < n_ctx)
+            if PAIR_STORE:
+                # score_store="pair" (dense, even L; the host checks): as "direct", but the two adjacent columns a
+                # thread holds (the MMA layout's c0/c1, an even position and the next) go out as one 8-byte (fp32)
+                # / 4-byte (bf16) vector store under the first one's mask: half the stores. Splits start at
+                # multiples of BLOCK_N, so a pair only straddles the sequence's end, where the second position
+                # (< L as L is even) is one no row sees: its sum is exactly 0, what ZERO_TAIL writes there too.
+                if Scores.dtype.element_ty == tl.bfloat16:
+                    # (16-bit operands come packed: the two bf16 sums are one 32-bit register, $4)
+                    _ = tl.inline_asm_elementwise(
+                        "{ .reg .pred p; setp.ne.b32 p, $5, 0; @p st.global.b32 [$2], $4; "
+                        "mov.u32 $0, 0; mov.u32 $1, 0; }",
+                        "=r,=r,l,l,r,r,r", [s_ptr.to(tl.int64), sc.to(tl.bfloat16), s_ok.to(tl.int32)],
+                        dtype=tl.int32, is_pure=False, pack=2)
+                else:
+                    _ = tl.inline_asm_elementwise(
+                        "{ .reg .pred p; setp.ne.b32 p, $6, 0; @p st.global.v2.b32 [$2], {$4, $5}; "
+                        "mov.u32 $0, 0; mov.u32 $1, 0; }",
+                        "=r,=r,l,l,r,r,r,r", [s_ptr.to(tl.int64), sc, s_ok.to(tl.int32)],
+                        dtype=tl.int32, is_pure=False, pack=2)
+            elif DIRECT_STORE:
                 # score_store="direct": each thread stores the sums the row reduction left in its registers
                 # (lanes holding the same column store the same value) -- tl.store would first move the
                 # vector into a coalesced layout through shared memory, two barriers per tile (sm_90 SASS)
@@ -536,6 +570,8 @@ LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...]
 #: row's key; rows not listed take ``DEFAULT_SCORE_PATH`` (see the table's notes above for the measurements)
 SCORE_PATHS: dict[LaunchKey, tuple[str, str]] = {SINK_FEW_LONG_KEY: ("pre", "direct")}
 DEFAULT_SCORE_PATH = ("tile", "shared")
+#: the ``score_store`` values (see :func:`splitk_attention`)
+SCORE_STORES = ("shared", "direct", "lean", "pair")
 
 
 def _table_row(sparse: bool, head_dim: int, raw_scores: bool, pairs: int | None, length: int,
@@ -730,8 +766,16 @@ def splitk_attention(
         score_store: how ``SCORE_MODE`` 4 stores a tile's scores: ``"shared"`` (``tl.store``, which first
             moves the reduced vector to a coalesced layout through shared memory) or ``"direct"`` (inline
             PTX stores from the registers the reduction leaves it in; on CUDA only -- Triton's CPU
-            interpreter runs no PTX, so there the plain store runs); ``None``: ``cfg.score_store``, else
-            the launch table's (``"direct"`` for the ``SINK_FEW_LONG`` class, ``"shared"`` elsewhere).
+            interpreter runs no PTX, so there the plain store runs) or ``"lean"`` (``"direct"``, and
+            ``sink_softmax``'s per-row factor ``w exp(min(m - ref, 60))`` computed as
+            ``exp2(min(m log2 e - ref log2 e, 60 log2 e) + log2 w)`` with ``ref log2 e`` and ``log2 w`` known
+            before the loop; a dense call's store mask drops the compare that ``pos < end`` already implies:
+            fewer instructions per tile, the same scores up to rounding; the fold also runs in the interpreter)
+            or ``"pair"`` (``"lean"`` with the two adjacent columns each thread holds stored as one vector:
+            half the store instructions; dense calls on CUDA with an even cache length, else ``"lean"``'s
+            stores);
+            ``None``: ``cfg.score_store``, else the launch table's (``"direct"`` for the ``SINK_FEW_LONG``
+            class, ``"shared"`` elsewhere).
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -806,11 +850,15 @@ def splitk_attention(
     score_store = cfg.score_store if score_store is None else score_store
     if sink_anchors not in ("tile", "pre", "loop"):
         raise ValueError(f"sink_anchors must be 'tile', 'pre' or 'loop', not {sink_anchors!r}.")
-    if score_store not in ("shared", "direct"):
-        raise ValueError(f"score_store must be 'shared' or 'direct', not {score_store!r}.")
+    if score_store not in SCORE_STORES:
+        raise ValueError(f"score_store must be 'shared', 'direct', 'lean' or 'pair', not {score_store!r}.")
     anchor_in = score_mode == 4 and bool(sink_softmax) and sink_anchors == "pre" and not direct
     anchor_loop = score_mode == 4 and bool(sink_softmax) and sink_anchors == "loop"
-    direct_store = score_mode == 4 and score_store == "direct" and dev.type == "cuda"
+    # "lean" = "direct" + the sink factor folded (w, log2 e out of the loop) + the dense store mask without the
+    # redundant compare; "pair" = "lean" with two-column vector stores (an even L; else "lean"'s stores)
+    sink_fold = score_mode == 4 and score_store in ("lean", "pair")
+    pair_store = sink_fold and score_store == "pair" and dev.type == "cuda" and L % 2 == 0 and not sparse
+    direct_store = score_mode == 4 and score_store in ("direct", "lean", "pair") and dev.type == "cuda"
     fused_softmax = score_mode == 2 and direct and not sparse and softmax_weights is not None
     if fused_softmax:
         scores = torch.empty((B, Hkv, L), dtype=torch.float32, device=dev)  # every position written
@@ -844,7 +892,7 @@ def splitk_attention(
         SCORE_EXP=bool(sink_softmax), NA=SINK_ANCHORS,
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         SinkRef=sink_ref if sink_ref is not None else lse, ANCHOR_IN=anchor_in, DIRECT_STORE=direct_store,
-        ANCHOR_LOOP=anchor_loop,
+        ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold, PAIR_STORE=pair_store,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:

@@ -90,8 +90,13 @@ class TritonConfig(ComponentConfig):
             ``"shared"`` (``tl.store``, which moves the vector through shared memory first) or ``"direct"``
             (inline PTX stores from the registers the row reduction leaves them in, no shared memory, two
             barriers fewer per tile in the sm_90 SASS; CUDA only, the CPU interpreter runs the plain
-            store). The same scores. ``None`` (the default): the launch table's pick, ``"direct"`` for the
-            ``SINK_FEW_LONG`` class (with ``"pre"``), ``"shared"`` everywhere else.
+            store). The same scores. ``"lean"`` (opt-in, not yet timed): ``"direct"`` with ``sink_softmax``'s
+            per-row factor folded (``log2 w`` and ``ref log2 e`` computed before the loop) and a dense call's
+            store mask one compare shorter: fewer instructions per tile, the same scores up to rounding (row
+            weights must be >= 0, as the backend's are). ``"pair"`` (opt-in, not yet timed): ``"lean"`` with
+            the two adjacent columns a thread holds stored as one vector (half the stores; CUDA with an even
+            cache length, else ``"lean"``). ``None`` (the default): the launch table's pick, ``"direct"`` for
+            the ``SINK_FEW_LONG`` class (with ``"pre"``), ``"shared"`` everywhere else.
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -121,7 +126,7 @@ class TritonConfig(ComponentConfig):
     score_reduce: Literal["mma", "colsum"] = "colsum"
     score_dtype: Literal["float32", "bfloat16"] = "float32"
     sink_anchors: Literal["tile", "pre", "loop"] | None = None
-    score_store: Literal["shared", "direct"] | None = None
+    score_store: Literal["shared", "direct", "lean", "pair"] | None = None
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:

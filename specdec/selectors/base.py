@@ -31,12 +31,19 @@ from specdec.registry import ComponentConfig
 #:   scores instead of summing them), the length / sink / recent mask, a radix select (4 passes of 8 bits) and the
 #:   fixed positions; no plan CUDA graph (one launch already).
 #:
-#: Every setting picks the same index sets; ties at the threshold go to the lowest positions in the Triton paths
+#: * ``"radix16"`` (on CUDA) / ``"radix16-always"``: the same whole plan as ``"fused"`` over 16-bit keys, each row
+#:   split over several programs (:func:`specdec.cuda.triton_select.select_plan16`: 4 short launches, two 8-bit radix
+#:   passes), no plan CUDA graph; ``"radix16-graph"`` (CUDA only): the same launches replayed in the plan CUDA graph.
+#:   Its set may differ from the others' only inside the boundary bucket (scores equal in their top 16 order bits:
+#:   there the lowest positions), see :func:`~specdec.cuda.triton_select.select_plan16`.
+#:
+#: Every other setting picks the same index sets; ties at the threshold go to the lowest positions in the Triton paths
 #: (``torch.topk`` leaves them unspecified), which write the picks in position order instead of score order. Read
 #: when a plan is built: a plan CUDA graph captured before a change keeps the old setting.
 TRITON_SELECT: bool | str = False
 
-_SETTINGS = (False, True, "always", "fused", "fused-always")
+_SETTINGS = (False, True, "always", "fused", "fused-always", "radix16", "radix16-always", "radix16-graph")
+_CUDA_ONLY = (True, "fused", "radix16", "radix16-graph")
 
 
 def _setting() -> bool | str:
@@ -61,13 +68,15 @@ def fused_select(device: torch.device):
     """:func:`specdec.cuda.triton_select.select_plan` when :data:`TRITON_SELECT` asks for the fused plan on
     ``device`` (and Triton imports), else ``None``."""
     t = _setting()
-    if t not in ("fused", "fused-always") or (t == "fused" and torch.device(device).type != "cuda"):
+    if not isinstance(t, str) or not t.startswith(("fused", "radix16")):
+        return None
+    if t in _CUDA_ONLY and torch.device(device).type != "cuda":
         return None
     try:
-        from specdec.cuda.triton_select import select_plan
+        from specdec.cuda.triton_select import select_plan, select_plan16
     except ImportError:  # triton is an optional extra
         return None
-    return select_plan
+    return select_plan16 if t.startswith("radix16") else select_plan
 
 
 class BudgetConfig(ComponentConfig):
@@ -158,8 +167,9 @@ class BudgetSelector(KVSelector):
         return self.score(cache, lengths), False
 
     def plans_in_one_launch(self, lengths: torch.Tensor) -> bool:
-        """Whether :meth:`plan` runs as one fused launch on ``lengths``' device (then no plan CUDA graph is needed)."""
-        return fused_select(lengths.device) is not None
+        """Whether :meth:`plan` runs as fused launches on ``lengths``' device without a plan CUDA graph (``"fused"``,
+        ``"radix16"``; ``"radix16-graph"`` keeps the graph around its launches)."""
+        return fused_select(lengths.device) is not None and _setting() != "radix16-graph"
 
     def max_selected(self, capacity: int) -> int:
         """Most top-k slots a plan needs for a cache of ``capacity`` positions (host arithmetic).
