@@ -12,8 +12,8 @@ declared divisible by 16, as Triton specialises them at a real launch (without i
 Use the GPU's Triton version for numbers that match it (the H200 machine runs triton 3.6).
 
 Variants: ``plain`` (no scores), ``tile`` (``sink_softmax`` scores, today's default), ``direct``
-(``score_store="direct"``), ``pre`` (``sink_anchors="pre"``), ``loop`` (``sink_anchors="loop"``) and ``+``
-combinations. A static count is a prediction aid, not a timing.
+(``score_store="direct"``), ``lean`` (``score_store="lean"``), ``pre`` (``sink_anchors="pre"``), ``loop``
+(``sink_anchors="loop"``) and ``+`` combinations. A static count is a prediction aid, not a timing.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from specdec.cuda import triton_attention as ta  # noqa: E402
 
 FLAGS = {"direct": "DIRECT_STORE", "pre": "ANCHOR_IN", "loop": "ANCHOR_LOOP"}
-#: score_store "lean" / "pair" (direct stores + the folded sink factor [+ two-column vector stores])
-STORES = {"lean": ("DIRECT_STORE", "SINK_FOLD"), "pair": ("DIRECT_STORE", "SINK_FOLD", "PAIR_STORE")}
+#: score_store "lean" (direct stores + the folded sink factor)
+STORES = {"lean": ("DIRECT_STORE", "SINK_FOLD")}
 POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lens": "*i64", "Idx": "*i64", "DenseFrom": "*i64"}
 FP32_POINTERS = {"RowW", "RowSlot", "PartO", "PartLse", "Scores", "RawLogits", "OutLse", "Sem", "SinkRef"}
 NO_DIV = {"NUM_SPLITS", "KPLAN", "NSLOT", "sm_scale", "stride_ib", "stride_ih"}
@@ -50,14 +50,14 @@ def compile_variant(variant: str, block_n: int, stages: int, warps: int, D: int,
                  SPARSE=False, SCORE_MODE=4 if scores else 0, DOT_PREC="tf32", UPCAST=False, NOUT=1, DIRECT_OUT=False,
                  ZERO_TAIL=scores, V_EARLY=False, FUSED_COMBINE=False, FUSED_SOFTMAX=False, SCORE_EXP=scores,
                  SINK_CLAMP=60.0, NA=ta.SINK_ANCHORS, ANCHOR_IN=False, DIRECT_STORE=False, ANCHOR_LOOP=False,
-                 SINK_FOLD=False, PAIR_STORE=False, PDL=False)
+                 SINK_FOLD=False, PDL=False)
     for part in variant.split("+"):
         if part in FLAGS:
             const[FLAGS[part]] = True
         elif part in STORES:
             const.update(dict.fromkeys(STORES[part], True))
         elif part not in ("plain", "tile"):
-            raise SystemExit(f"unknown variant part {part!r}; use plain, tile, direct, lean, pair, pre, loop "
+            raise SystemExit(f"unknown variant part {part!r}; use plain, tile, direct, lean, pre, loop "
                              "(joined by +)")
     sig = {}
     for n in fn.arg_names:

@@ -806,27 +806,25 @@ def test_sink_score_variants_bf16_buffer_and_sparse(store, anchors):
           plan_indices=idx, dense_from=df, **kw)
 
 
-@pytest.mark.parametrize("anchors,store", [("pre", "lean"), ("tile", "pair"), ("pre", "pair"), ("loop", "lean")])
+@pytest.mark.parametrize("anchors", ["pre", "tile", "loop"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_sink_lean_and_pair_stores_match_reference(anchors, store, dtype, splits):
+def test_sink_lean_stores_match_reference(anchors, dtype, splits):
     """``score_store="lean"`` (the per-row factor with ``log2 w`` and ``ref log2 e`` folded out of the loop, the
-    dense store mask one compare shorter) and ``"pair"`` (two-column vector stores, on a GPU) give the
-    reference's ``sink_softmax`` scores; row 0 is requested twice (weight 2), so the folded ``log2 w`` counts.
-    The cache length is even (``"pair"`` needs it) and the sequences end at odd and even positions."""
+    dense store mask one compare shorter; direct stores on a GPU) gives the reference's ``sink_softmax`` scores
+    with every anchor source; row 0 is requested twice (weight 2), so the folded ``log2 w`` counts. The
+    sequences end at odd and even positions."""
     lengths = [50, 14, 0] if not ON_GPU else [4000, 778, 0]
     q, k, v, lens = make_case(3, 2, 3, 5, 64, max(lengths) + 5 + 5, dtype, lengths, seed=71)
-    assert k.shape[2] % 2 == 0
-    cfg = TritonConfig(block_n=16 if not ON_GPU else 64, num_splits=splits, sink_anchors=anchors, score_store=store)
+    cfg = TritonConfig(block_n=16 if not ON_GPU else 64, num_splits=splits, sink_anchors=anchors, score_store="lean")
     check(cfg, q, k, v, lens, score_rows=[0, 0, 4], score_kind="sink_softmax")
 
 
-@pytest.mark.parametrize("store", ["lean", "pair"])
-def test_sink_lean_store_with_head_subset_and_fractional_weights(store):
+def test_sink_lean_store_with_head_subset_and_fractional_weights():
     """The folded factor with a head subset (weight 0: ``log2 0 = -inf`` must give 0, not NaN) through the
     backend, and with fractional weights (``log2 w < 0``) against the tile path's ``w * exp(...)``."""
     q, k, v, lens = make_case(2, 2, 3, 3, 32, 48, torch.float32, [40, 9], seed=73)
-    check(TritonConfig(block_n=16, num_splits=3, sink_anchors="pre", score_store=store), q, k, v, lens,
+    check(TritonConfig(block_n=16, num_splits=3, sink_anchors="pre", score_store="lean"), q, k, v, lens,
           score_rows=[1], score_kind="sink_softmax", score_heads=[1, 5])
     w = torch.rand(6, 3, generator=torch.Generator().manual_seed(5)).to(DEV) * 1.5
     w[:, 1] = 0.0
@@ -835,7 +833,7 @@ def test_sink_lean_store_with_head_subset_and_fractional_weights(store):
     _, _, want, _ = splitk_attention(q, k, v, meta, row_weights=w, sink_softmax=True, cfg=cfg, sink_anchors="tile",
                                      score_store="shared")
     _, _, got, _ = splitk_attention(q, k, v, meta, row_weights=w, sink_softmax=True, cfg=cfg, sink_anchors="pre",
-                                    score_store=store)
+                                    score_store="lean")
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -884,44 +882,39 @@ def test_sink_score_variants_reach_the_kernel(monkeypatch):
                                        ANCHOR_LOOP=anchors == "loop")
 
 
-def test_lean_and_pair_stores_reach_the_kernel(monkeypatch):
-    """``"lean"`` folds the factor (``SINK_FOLD``, also in the interpreter) and stores directly on CUDA;
-    ``"pair"`` adds the vector stores on CUDA for dense calls over an even cache length only (an odd one or a
-    sparse plan gets ``"lean"``'s stores); ``"direct"`` and ``"shared"`` fold nothing."""
+def test_lean_stores_reach_the_kernel(monkeypatch):
+    """``"lean"`` folds the factor (``SINK_FOLD``, also in the interpreter, dense and sparse) and stores directly
+    on CUDA; ``"direct"`` and ``"shared"`` fold nothing."""
     import specdec.cuda.triton_attention as ta
 
-    launches = _spy_sink_launches(monkeypatch, ta, ("SINK_FOLD", "PAIR_STORE", "DIRECT_STORE"))
+    launches = _spy_sink_launches(monkeypatch, ta, ("SINK_FOLD", "DIRECT_STORE"))
     meta_kw = dict(score_rows=[0, 4], score_kind="sink_softmax")
-    for L in (40, 41):
-        q, k, v, lens = make_case(2, 2, 3, 5, 16, L, torch.float32, [30, 7], seed=4)
-        for store in ("shared", "direct", "lean", "pair"):
-            launches.clear()
-            cfg = TritonConfig(block_n=16, num_splits=3, sink_anchors="tile", score_store=store)
-            TritonBackend(cfg).attend(q, k, v, AttentionMetadata(lens, 0.25, **meta_kw))
-            assert launches[-1][2] == dict(SINK_FOLD=store in ("lean", "pair"),
-                                           PAIR_STORE=store == "pair" and ON_GPU and L % 2 == 0,
-                                           DIRECT_STORE=store != "shared" and ON_GPU), (L, store)
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 41, torch.float32, [30, 7], seed=4)
+    for store in ("shared", "direct", "lean"):
+        launches.clear()
+        cfg = TritonConfig(block_n=16, num_splits=3, sink_anchors="tile", score_store=store)
+        TritonBackend(cfg).attend(q, k, v, AttentionMetadata(lens, 0.25, **meta_kw))
+        assert launches[-1][2] == dict(SINK_FOLD=store == "lean", DIRECT_STORE=store != "shared" and ON_GPU), store
     idx, df = make_plan(2, 2, 12, [30, 7], 5)
     launches.clear()
-    TritonBackend(TritonConfig(block_n=16, num_splits=3, score_store="pair")).attend(
-        q[:, :, :, :], k[:, :, :40], v[:, :, :40], AttentionMetadata(lens, 0.25, plan_indices=idx, dense_from=df,
-                                                                     **meta_kw))
-    assert launches[-1][2]["PAIR_STORE"] is False and launches[-1][2]["SINK_FOLD"] is True
+    TritonBackend(TritonConfig(block_n=16, num_splits=3, score_store="lean")).attend(
+        q, k, v, AttentionMetadata(lens, 0.25, plan_indices=idx, dense_from=df, **meta_kw))
+    assert launches[-1][2] == dict(SINK_FOLD=True, DIRECT_STORE=ON_GPU)
 
 
 def test_score_path_picks_per_shape_class():
-    """The score path the table picks (H200, 2026-12-01 20:42 UTC, ``gpu_scores_2026-12-01e.md``): the
-    anchors from the pre-kernel with direct stores only for dense head dim 128 ``sink_softmax`` calls of at
-    most 8 (sequence, KV head) pairs over >= 64k positions (8B B 1 x 128k: 149.8 vs 153.3 us for the tile
-    path at the same launch); the tile path with ``tl.store`` wherever they lost or were not measured (8B
-    B 16 x 32k: direct 544.3 / 548.8 vs 538.4 us; SmolLM2 B 1 x 8k: pre 12.4 vs 11.1 us), and for calls
-    without ``sink_softmax`` scores. An explicit setting wins over the table."""
+    """The score path the table picks (H200, 2026-12-01): the tile anchors with direct stores only for dense head
+    dim 128 ``sink_softmax`` calls of at most 8 (sequence, KV head) pairs over >= 64k positions (8B B 1 x 128k,
+    23:12 UTC interleaved: 146.2 us vs 148.4 for the pre-kernel anchors with direct stores, the pick of the 20:42
+    UTC run; 148.2 vs 151.3 at 22:53); the tile path with ``tl.store`` wherever direct stores lost or were not
+    measured (8B B 16 x 32k: direct 537.2 vs 531.6 us interleaved; SmolLM2 B 64 x 8k: 123.1 vs 117.2 us), and for
+    calls without ``sink_softmax`` scores. An explicit setting wins over the table."""
     from specdec.cuda.triton_attention import DEFAULT_SCORE_PATH, score_path
 
     assert DEFAULT_SCORE_PATH == ("tile", "shared")
     sink = dict(sink_scores=True, rows=5)
-    assert score_path(False, 128, pairs=1 * 8, length=131072, **sink) == ("pre", "direct")
-    assert score_path(False, 128, pairs=4, length=1 << 16, **sink) == ("pre", "direct")
+    assert score_path(False, 128, pairs=1 * 8, length=131072, **sink) == ("tile", "direct")
+    assert score_path(False, 128, pairs=4, length=1 << 16, **sink) == ("tile", "direct")
     for shape in (dict(pairs=16 * 8, length=32768), dict(pairs=16 * 8, length=131072), dict(pairs=8, length=32768),
                   dict(pairs=None, length=131072)):
         assert score_path(False, 128, **shape, **sink) == ("tile", "shared"), shape
@@ -931,7 +924,7 @@ def test_score_path_picks_per_shape_class():
     assert score_path(True, 128, pairs=8, length=131072, **sink) == ("tile", "shared")  # sparse plan
     assert score_path(False, 128, pairs=8, length=131072, rows=5) == ("tile", "shared")  # logits colsum
     got = LaunchConfig().resolve(False, 128, pairs=8, length=131072, **sink)
-    assert (got.block_n, got.num_stages, got.ctas_per_sm, got.sink_anchors, got.score_store) == (64, 3, 2, "pre",
+    assert (got.block_n, got.num_stages, got.ctas_per_sm, got.sink_anchors, got.score_store) == (64, 3, 2, "tile",
                                                                                                 "direct")
     got = LaunchConfig().resolve(False, 128, pairs=128, length=32768, **sink)
     assert (got.sink_anchors, got.score_store) == ("tile", "shared")
@@ -943,9 +936,9 @@ def test_score_path_picks_per_shape_class():
 
 def test_splitk_attention_takes_the_table_score_path(monkeypatch):
     """With the ``SINK_FEW_LONG`` row's cache floor lowered to 0, a default backend's ``sink_softmax`` verify
-    of one sequence (2 KV heads) runs the anchor pre-kernel and loads its anchors (direct stores on a GPU),
-    at the row's launch, and gives the reference's outputs and scores; 5 sequences (10 pairs) and the same
-    call without scores keep today's path (no anchor kernel)."""
+    of one sequence (2 KV heads) resolves to the row's score path (the tile anchors, no pre-kernel, with direct
+    stores: PTX on a GPU) at the row's launch, and gives the reference's outputs and scores; 5 sequences
+    (10 pairs) and the same call without scores keep the default path (``tl.store``)."""
     import specdec.cuda.triton_attention as ta
 
     low = ta.SINK_FEW_LONG_KEY[:6] + (0,)
@@ -953,18 +946,29 @@ def test_splitk_attention_takes_the_table_score_path(monkeypatch):
                                                   for k, v in ta.LAUNCH_TABLE))
     monkeypatch.setattr(ta, "SCORE_PATHS", {low: ta.SCORE_PATHS[ta.SINK_FEW_LONG_KEY]})
     launches = _spy_sink_launches(monkeypatch, ta, ("ANCHOR_IN", "DIRECT_STORE", "ANCHOR_LOOP", "BLOCK_N"))
+    resolved, real_resolve = [], ta.LaunchConfig.resolve
+
+    def spy_resolve(self, *a, **kw):
+        resolved.append(real_resolve(self, *a, **kw))
+        return resolved[-1]
+
+    monkeypatch.setattr(ta.LaunchConfig, "resolve", spy_resolve)
     sink = dict(score_rows=[0, 4], score_kind="sink_softmax")
     for B, lengths, picked in ((1, [290], True), (5, [290, 77, 5, 150, 0], False)):
         q, k, v, lens = make_case(B, 2, 2, 5, 128, 300, torch.float32, lengths, seed=61 + B)
         for kw in (sink, {}):
             launches.clear()
+            resolved.clear()
             check(TritonConfig(), q, k, v, lens, **kw)
-            pre = picked and bool(kw)
-            assert [n for n, _, _ in launches] == (["anchor", "split"] if pre else ["split"]), (B, kw, launches)
+            row = picked and bool(kw)
+            assert len(resolved) == 1
+            assert (resolved[0].sink_anchors, resolved[0].score_store) == (("tile", "direct") if row
+                                                                           else ("tile", "shared")), (B, kw)
+            assert [n for n, _, _ in launches] == ["split"], (B, kw, launches)  # no anchor pre-kernel
             split = launches[-1]
-            assert split[2]["ANCHOR_IN"] == pre and split[2]["ANCHOR_LOOP"] is False
-            assert split[2]["DIRECT_STORE"] == (pre and ON_GPU)
-            if pre:
+            assert split[2]["ANCHOR_IN"] is False and split[2]["ANCHOR_LOOP"] is False
+            assert split[2]["DIRECT_STORE"] == (row and ON_GPU)
+            if row:
                 assert split[2]["BLOCK_N"] == ta.SINK_FEW_LONG[0] and split[1][1] > 1  # the row's tiles, split
 
 
@@ -974,16 +978,20 @@ def test_sink_score_variant_names_are_checked():
     w[:, [0, 4]] = 1.0
     with pytest.raises(ValueError, match="sink_anchors must be 'tile', 'pre' or 'loop'"):
         splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, sink_anchors="once")
-    with pytest.raises(ValueError, match="score_store must be 'shared', 'direct', 'lean' or 'pair'"):
-        splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True, score_store="asm")
+    for bad in ("asm", "pair"):  # "pair" (two-column vector stores) was removed: misaligned stores on the H200
+        with pytest.raises(ValueError, match=f"score_store must be 'shared', 'direct' or 'lean', not '{bad}'"):
+            splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), row_weights=w, sink_softmax=True,
+                             score_store=bad)
+    with pytest.raises(Exception, match="score_store"):
+        TritonConfig(score_store="pair")
     with pytest.raises(Exception, match="sink_anchors"):
         TritonConfig(sink_anchors="once")
 
 
-@pytest.mark.parametrize("store", ["direct", "lean", "pair"])
+@pytest.mark.parametrize("store", ["direct", "lean"])
 def test_direct_store_serves_logits_colsum_too(store):
-    """``score_store="direct"`` / ``"lean"`` / ``"pair"`` also store the fused logits column sums (``SCORE_MODE`` 4
-    without ``SCORE_EXP``; an even cache length, so ``"pair"`` runs its vector stores on a GPU)."""
+    """``score_store="direct"`` / ``"lean"`` also store the fused logits column sums (``SCORE_MODE`` 4 without
+    ``SCORE_EXP``)."""
     q, k, v, lens = make_case(2, 2, 3, 5, 32, 50, torch.float32, [40, 9], seed=23)
     check(TritonConfig(block_n=16, num_splits=2, score_store=store, sink_anchors="pre"), q, k, v, lens,
           score_rows=[0, 4], score_kind="logits")

@@ -369,3 +369,109 @@ def test_radix16_refuses_bad_arguments():
         select_plan16(s, lens, 10, sinks=0, recent=0)
     with pytest.raises(ValueError, match="block must be a power of two >= 256"):
         select_plan16(s, lens, 10, sinks=0, recent=0, budget=10, block=300)
+
+
+# -- TRITON_SELECT = "auto": radix16 eager for large score tensors, in the plan graph below, torch where it can't run --
+
+from specdec.cuda import triton_select  # noqa: E402
+
+#: (name, layers x B x KV heads x capacity, documented path): the H200 shapes the threshold was measured at
+AUTO_SIZES = [("smol B64 x 8k", 30 * 64 * 3 * 8016, "radix16"), ("8b B16 x 32k", 32 * 16 * 8 * 32784, "radix16"),
+              ("smol B16 x 8k", 30 * 16 * 3 * 8016, "radix16-graph"), ("smol B1 x 8k", 30 * 1 * 3 * 8016, "radix16-graph")]
+
+
+@pytest.mark.parametrize("name,elements,path", AUTO_SIZES)
+def test_auto_path_of_the_measured_sizes(monkeypatch, name, elements, path):
+    """Each measured size takes its documented path on CUDA and under the interpreter; the torch path on a CPU
+    without the interpreter and for scores / slots the kernel refuses (shapes on the meta device: nothing allocated)."""
+    for dev in ("cuda", "cpu"):
+        assert base.auto_path(torch.device(dev), elements=elements) == path, (name, dev)
+    assert base.auto_path(torch.device("cuda")) == "radix16-graph"  # size unknown before the plan: the graph
+    meta = torch.empty(30, 64, 3, 8016, device="meta")
+    assert base.auto_path(torch.device("cuda"), meta, 400, elements) == path
+    assert base.auto_path(torch.device("cuda"), meta.double(), 400, elements) == "torch"  # dtype refused
+    assert base.auto_path(torch.device("cuda"), meta, triton_select.R16_MAX_BLOCK + 1, elements) == "torch"
+    long = torch.empty(1, 1, 1, triton_select.R16_MAX_CHUNKS * triton_select.R16_MAX_BLOCK + 1, device="meta")
+    assert base.auto_path(torch.device("cuda"), long, 400, elements) == "torch"  # rows too long
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert base.auto_path(torch.device("cpu"), elements=elements) == "torch"
+    assert base.auto_path(torch.device("cuda"), elements=elements) == path
+
+
+def _auto_plan(monkeypatch, threshold: int | None = None):
+    """A collect2 plan under "auto" of ragged scores (N 2, B 3, 3 KV heads, L 200) with a spy on select_plan16:
+    (plan indices, select_plan16 calls, plans_in_one_launch, whether on_verify kept the emitted scores)."""
+    cfg, lengths = CASES["ratio"]
+    lengths = lengths[:3]
+    scores = torch.rand(2, 3, 3, 200, generator=torch.Generator().manual_seed(8))
+    calls = []
+    real = triton_select.select_plan16
+
+    def spy(*args, **kw):
+        calls.append(tuple(args[0].shape))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(triton_select, "select_plan16", spy)
+    if threshold is not None:
+        monkeypatch.setattr(base, "AUTO_EAGER_ELEMENTS", threshold)
+    cache = KVCache(2, 3, 3, 200, 8, torch.float32, torch.device(DEV))
+    lens = torch.tensor(lengths, device=DEV)
+    monkeypatch.setattr(base, "TRITON_SELECT", "auto")
+    sel = SELECTORS.build("collect2", **cfg)
+    sel.reset(cache)
+    req = ScoreRequest(rows=[0, 4], kind="sink_softmax", heads="group")
+    req.scores = dict(enumerate(scores.to(DEV).unbind(0)))
+    sel.on_verify(req, lens)
+    one_launch = sel.plans_in_one_launch(lens)
+    idx = sel.plan(cache, lens).indices
+    monkeypatch.setattr(base, "TRITON_SELECT", False)
+    ref = sel.plan(cache, lens).indices  # the torch plan of the same scores (score() sums the kept ones)
+    monkeypatch.setattr(base, "TRITON_SELECT", "radix16-always")
+    r16 = sel.plan(cache, lens).indices if calls else None  # (only where auto ran radix16: it raises where refused)
+    monkeypatch.setattr(base, "TRITON_SELECT", "auto")
+    return dict(idx=idx, ref=ref, r16=r16, calls=calls, one_launch=one_launch, kept=sel._raw is not None,
+                elements=2 * 3 * 3 * 200)
+
+
+def test_auto_takes_each_documented_path_through_the_selector(monkeypatch):
+    """At / above the threshold: eager radix16 (one select_plan16 call of the unsummed scores, no plan graph); below:
+    the same launches, plan graph kept; no interpreter on the CPU, or rows the kernel refuses: torch.topk's plan."""
+    n = 2 * 3 * 3 * 200
+    eager = _auto_plan(monkeypatch, threshold=n)
+    assert eager["one_launch"] and eager["kept"] and eager["calls"][0] == (2, 3, 3, 200)
+    assert len(eager["calls"]) == 2  # auto's plan, then radix16-always's (the same launches)
+    assert torch.equal(eager["idx"], eager["r16"])
+    monkeypatch.undo()
+    graph = _auto_plan(monkeypatch, threshold=n + 1)
+    assert not graph["one_launch"] and graph["kept"] and len(graph["calls"]) == 2
+    assert torch.equal(graph["idx"], graph["r16"])
+    assert graph["idx"].shape == graph["ref"].shape and torch.equal(graph["idx"][..., :6], graph["ref"][..., :6])
+    monkeypatch.undo()
+    monkeypatch.setattr(triton_select, "R16_MAX_BLOCK", 8)  # rows of 200 > 16 chunks x 8: refused at on_verify
+    refused = _auto_plan(monkeypatch, threshold=1)
+    assert not refused["kept"] and refused["calls"] == [] and not refused["one_launch"]
+    assert torch.equal(refused["idx"], refused["ref"])
+    monkeypatch.undo()
+    monkeypatch.setattr(triton_select, "R16_MAX_BLOCK", 16)  # rows pass (200 <= 256), 54 slots > 16: refused at plan
+    slots = _auto_plan(monkeypatch, threshold=1)
+    assert slots["kept"] and slots["calls"] == [] and torch.equal(slots["idx"], slots["ref"])
+    monkeypatch.undo()
+    if DEV == "cpu":
+        monkeypatch.delenv("TRITON_INTERPRET")
+        plain = _auto_plan(monkeypatch, threshold=1)
+        assert not plain["kept"] and plain["calls"] == [] and not plain["one_launch"]
+        assert torch.equal(plain["idx"], plain["ref"])
+
+
+def test_auto_greedy_vegas_equals_dense(monkeypatch):
+    m = make_tiny("llama")
+    m.hf.to(DEV)
+    prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+    want = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens
+    monkeypatch.setattr(base, "TRITON_SELECT", "auto")
+    calls = []
+    real = triton_select.select_plan16
+    monkeypatch.setattr(triton_select, "select_plan16", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = PipelineConfig.make(method="vegas", gamma=3, budget=12, sinks=2, recent=3)
+    assert build_engine(m, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens == want
+    assert calls  # the plans went through radix16

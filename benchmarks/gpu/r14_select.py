@@ -12,8 +12,18 @@
   GPU only). Their sets may differ from torch's inside the boundary bucket (scores equal in their top 16 order bits):
   for them parity's ``tie_rows`` counts the rows that differ only there (``bad_rows`` must stay 0).
 
+* ``auto``: ``TRITON_SELECT = "auto"`` (radix16 eager at >= ``AUTO_EAGER_ELEMENTS`` score elements, in the plan graph
+  below), only in ``--e2e-auto``.
+
     timeout 170 python3 benchmarks/gpu/r14_select.py --out $OUT/sel14b --budget-s 115  # H200 (e2e: /tmp/m/smol.gguf)
     python3 benchmarks/gpu/r14_select.py --out /tmp/sel14 --smoke            # CPU, tiny, TRITON_INTERPRET=1
+    timeout 150 python3 benchmarks/gpu/r14_select.py --out $OUT/selauto --e2e-auto --budget-s 100  # H200, ~1.5 min
+    python3 benchmarks/gpu/r14_select.py --out /tmp/selauto --e2e-auto --smoke
+
+``--e2e-auto`` runs only part 2, torch vs ``auto`` at B 1, 16 and 64 x 8k (the smoke: B 1 / 2 x 160), 2 rounds, each
+round every (B, setting) in turn (torch first at each B), same tokens checked per (round, B); the Markdown ends with
+the verdict: flip the default to ``"auto"`` only if its select ms/iteration is below torch's at every B in both
+rounds with the same tokens (a skipped or failed run counts against it).
 
 Parts, in this order (each records its failure with the traceback and the next one runs; none starts after
 ``--budget-s``; a SIGTERM, e.g. from ``timeout``, still writes the files):
@@ -30,7 +40,8 @@ Parts, in this order (each records its failure with the traceback and the next o
    5 %, 64 new tokens, ``run_bench`` (warm-up + 1 timed run) of vegas with ``torch``, ``fused`` and ``radix16``
    (``--old-key`` adds ``torch_old_key``: the score buffer as a tensor attribute again, a plan graph captured inside
    the timed call, as before the plan-graph fix), 2 rounds interleaved; the second with ``on_verify`` and ``Planner.plan`` timed apart (a sync around each)
-   and the plan-graph captures of the timed call counted.
+   and the plan-graph captures of the timed call counted; every run counts its plans built eagerly / through the
+   plan graph (``plans_in_one_launch``).
 3. ``sweep``: the fused kernel alone at B 64 x 8k (fp32) over radix bits, ``num_warps`` and rows per program, and
    ``select_plan16`` over its block (positions per program) and ``num_warps``.
 
@@ -367,6 +378,29 @@ class _OldKey:
         self.cls.reset = self.saved
 
 
+class _PathSpy:
+    """Counts the plans built as eager launches vs through the plan graph (``plans_in_one_launch``'s answers)."""
+
+    def __init__(self):
+        from specdec.selectors.base import BudgetSelector
+
+        self.cls, self.saved, self.eager, self.graph = BudgetSelector, BudgetSelector.plans_in_one_launch, 0, 0
+
+    def __enter__(self):
+        spy, saved = self, self.saved
+
+        def counted(sel, lengths):
+            one = saved(sel, lengths)
+            spy.eager, spy.graph = spy.eager + bool(one), spy.graph + (not one)
+            return one
+
+        self.cls.plans_in_one_launch = counted
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.plans_in_one_launch = self.saved
+
+
 def e2e(a, dev, log) -> list[dict]:
     from specdec.bench import run_bench
     from specdec.loading import load_model
@@ -379,45 +413,72 @@ def e2e(a, dev, log) -> list[dict]:
                   gamma=GAMMA, model=m, backend="reference" if smoke else "triton",
                   dtype="float32" if smoke else "bfloat16", device=dev.type, output_dir=Path(a.out),
                   cuda_graphs=not smoke, fuse=True, warmup=True, repeats=1, hf_baseline=False, adaptive=False,
-                  batch_sizes=[2 if smoke else 64], max_new_tokens=8 if smoke else 64)
+                  max_new_tokens=8 if smoke else 64)
     rows, tokens = [], {}
-    # torch_old_key: the torch path with the score buffer as a tensor attribute again (as before this branch), so
-    # the timed call's first plan has a plan-graph key the warm-up did not capture
-    paths = [p for p in settings(smoke) if p[0] in ("torch", "fused", "radix16")] + (
-        [("torch_old_key", False)] if a.old_key else [])
-    for rnd in range(1, 2) if smoke else range(2):  # the smoke: the timed-apart round only
-        for label, flag in paths:
-            if elapsed() > a.budget_s:
-                rows.append(dict(round=rnd, setting=label, skipped="budget"))
-                continue
-            base.TRITON_SELECT = flag
-            try:
-                with _OldKey(label == "torch_old_key"), _SubTimers(dev, on=rnd == 1) as st:
-                    r = run_bench(["vegas"], tag="r14_select_e2e", **common)[-1]
-                split = (st.calls[-1] if st.calls else {}) if rnd == 1 else None
-                ph = r.get("phase_seconds") or {}
-                it = r.get("iterations") or 1
-                row = dict(round=rnd, setting=label, tok_s=r.get("tokens_per_second"), tau=r.get("tau"), iterations=it,
-                           select_share=r.get("selection_overhead_share"),
-                           select_ms_per_iter=1e3 * (ph.get("select", 0.0) + ph.get("select_in_draft", 0.0)) / it,
-                           phase_ms_per_iter={k: 1e3 * v / it for k, v in ph.items()})
-                if split is not None:
-                    row["split"] = {k: (1e3 * v / it if k.endswith("_s") else v) for k, v in split.items()}
-                tokens.setdefault(rnd, {})[label] = r.get("tokens")
-                row["same_tokens_as_torch"] = tokens[rnd].get(label) == tokens[rnd].get("torch")
-            except Exception:
-                row = dict(round=rnd, setting=label, error=traceback.format_exc())
-            finally:
-                base.TRITON_SELECT = False
-            rows.append(row)
-            log(f"e2e {row}")
+    if a.e2e_auto:  # torch vs "auto" at B 1 / 16 / 64 (the smoke: B 1 / 2), both rounds in the smoke too
+        paths, batches, rounds = [("torch", False), ("auto", "auto")], ([1, 2] if smoke else [1, 16, 64]), range(2)
+    else:
+        # torch_old_key: the torch path with the score buffer as a tensor attribute again (as before this branch),
+        # so the timed call's first plan has a plan-graph key the warm-up did not capture
+        paths = [p for p in settings(smoke) if p[0] in ("torch", "fused", "radix16")] + (
+            [("torch_old_key", False)] if a.old_key else [])
+        batches, rounds = [2 if smoke else 64], (range(1, 2) if smoke else range(2))  # the smoke: the timed-apart round
+    for rnd, B, (label, flag) in [(r, b, p) for r in rounds for b in batches for p in paths]:
+        if elapsed() > a.budget_s:
+            rows.append(dict(round=rnd, batch=B, setting=label, skipped="budget"))
+            continue
+        base.TRITON_SELECT = flag
+        try:
+            with _OldKey(label == "torch_old_key"), _SubTimers(dev, on=rnd == 1) as st, _PathSpy() as spy:
+                r = run_bench(["vegas"], tag="r14_select_e2e", batch_sizes=[B], **common)[-1]
+            split = (st.calls[-1] if st.calls else {}) if rnd == 1 else None
+            ph = r.get("phase_seconds") or {}
+            it = r.get("iterations") or 1
+            row = dict(round=rnd, batch=B, setting=label, tok_s=r.get("tokens_per_second"), tau=r.get("tau"),
+                       iterations=it, select_share=r.get("selection_overhead_share"),
+                       plans_eager=spy.eager, plans_graph=spy.graph,
+                       select_ms_per_iter=1e3 * (ph.get("select", 0.0) + ph.get("select_in_draft", 0.0)) / it,
+                       phase_ms_per_iter={k: 1e3 * v / it for k, v in ph.items()})
+            if split is not None:
+                row["split"] = {k: (1e3 * v / it if k.endswith("_s") else v) for k, v in split.items()}
+            tokens.setdefault((rnd, B), {})[label] = r.get("tokens")
+            row["same_tokens_as_torch"] = tokens[rnd, B].get(label) == tokens[rnd, B].get("torch")
+        except Exception:
+            row = dict(round=rnd, batch=B, setting=label, error=traceback.format_exc())
+        finally:
+            base.TRITON_SELECT = False
+        rows.append(row)
+        log(f"e2e {row}")
     return rows
 
 
+def auto_verdict(rows: list[dict]) -> str:
+    """Whether the e2e rows justify ``TRITON_SELECT = "auto"`` as the default: auto's select ms/iteration below
+    torch's at every batch in every round, with the same tokens (a skipped or failed run: no)."""
+    cells = {(r["round"], r.get("batch"), r["setting"]): r for r in rows}
+    keys = sorted({(rnd, b) for rnd, b, _ in cells})
+    bad = []
+    for rnd, b in keys:
+        t, u = cells.get((rnd, b, "torch"), {}), cells.get((rnd, b, "auto"), {})
+        if "select_ms_per_iter" not in t or "select_ms_per_iter" not in u:
+            bad.append(f"round {rnd} B {b}: a run is missing")
+        elif not u["same_tokens_as_torch"]:
+            bad.append(f"round {rnd} B {b}: other tokens")
+        elif not u["select_ms_per_iter"] < t["select_ms_per_iter"]:
+            bad.append(f"round {rnd} B {b}: auto {u['select_ms_per_iter']:.3f} >= torch {t['select_ms_per_iter']:.3f} ms")
+    if not keys:
+        bad.append("no e2e rows")
+    return ("**Verdict: flip** the default to `\"auto\"` (select ms/iteration lower than torch's at every B in every "
+            "round, same tokens)." if not bad else "**Verdict: keep torch** (" + "; ".join(bad) + ").")
+
+
 def markdown(res) -> str:
-    L = [f"# Vegas' selection: torch vs Triton top-k vs fused plan vs radix16 ({res['date']}, {res['gpu']})", "",
-         "| shape | scores | setting | on_verify + plan ms | on_verify ms | plan ms | fused kernel ms | floor ms |",
-         "|---|---|---|---|---|---|---|---|"]
+    L = [f"# Vegas' selection: torch vs Triton top-k vs fused plan vs radix16 ({res['date']}, {res['gpu']})", ""]
+    if res["args"].get("e2e_auto"):
+        L[0] = f"# Vegas' selection end to end: torch vs TRITON_SELECT=\"auto\" ({res['date']}, {res['gpu']})"
+    if res.get("micro"):
+        L += ["| shape | scores | setting | on_verify + plan ms | on_verify ms | plan ms | fused kernel ms | floor ms |",
+              "|---|---|---|---|---|---|---|---|"]
     for row in res.get("micro", []):
         for key, r in row.items():
             if not isinstance(r, dict) or key == "parity":
@@ -427,7 +488,9 @@ def markdown(res) -> str:
                          f"{r['plan_ms']:.3f} | {r.get('kernel_ms', float('nan')):.3f} | {r.get('floor_ms', float('nan')):.3f} |")
             else:
                 L.append(f"| {row['shape']} | {key.split()[-1]} | {key.split()[0]} | {r.get('skipped') or 'error'} | | | | |")
-    L += ["", "Parity (eager plans, random lengths in [L/2, L]; rows: same sets / differ only among equal scores / bad):", ""]
+    if res.get("micro"):
+        L += ["", "Parity (eager plans, random lengths in [L/2, L]; rows: same sets / differ only among equal scores / "
+              "bad):", ""]
     for row in res.get("micro", []):
         p = row.get("parity", {})
         for label in ("triton_topk", "fused", "radix16", "radix16_graph"):
@@ -444,15 +507,21 @@ def markdown(res) -> str:
               f"{s.get('kernel_ms', float('nan')):.3f} | {s.get('same_as_default', 'error' if 'error' in s else s.get('skipped'))} |"
               for s in res["sweep"]]
     if res.get("e2e"):
-        L += ["", "| round | setting | tok/s | tau | select share | select ms/iter | on_verify ms/iter | plan ms/iter | "
-              "plan graph captures | same tokens |", "|---|---|---|---|---|---|---|---|---|---|"]
+        L += ["", "| round | B | setting | tok/s | tau | select share | select ms/iter | on_verify ms/iter | plan ms/iter | "
+              "plan graph captures | plans eager / graph | same tokens |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["e2e"]:
             if "tok_s" not in r:
+                L.append(f"| {r['round']} | {r.get('batch', '')} | {r['setting']} | {r.get('skipped') or 'error'} "
+                         "| | | | | | | | | |")
                 continue
             sp = r.get("split") or {}
-            L.append(f"| {r['round']} | {r['setting']} | {r['tok_s']:.0f} | {r['tau']:.2f} | {100 * r['select_share']:.1f} % | "
-                     f"{r['select_ms_per_iter']:.3f} | {sp.get('on_verify_s', float('nan')):.3f} | {sp.get('plan_s', float('nan')):.3f} | "
-                     f"{sp.get('plan_graph_captures', '')} | {r['same_tokens_as_torch']} |")
+            L.append(f"| {r['round']} | {r.get('batch', '')} | {r['setting']} | {r['tok_s']:.0f} | {r['tau']:.2f} | "
+                     f"{100 * r['select_share']:.1f} % | {r['select_ms_per_iter']:.3f} | "
+                     f"{sp.get('on_verify_s', float('nan')):.3f} | {sp.get('plan_s', float('nan')):.3f} | "
+                     f"{sp.get('plan_graph_captures', '')} | {r.get('plans_eager', '')} / {r.get('plans_graph', '')} | "
+                     f"{r['same_tokens_as_torch']} |")
+        if res["args"].get("e2e_auto"):
+            L += ["", auto_verdict(res["e2e"])]
     errs = [f"- {k}: {v}" for k, v in res.get("errors", {}).items()]
     return "\n".join(L + ([""] + errs if errs else [])) + "\n"
 
@@ -466,6 +535,8 @@ def main() -> None:
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--no-e2e", action="store_true")
     ap.add_argument("--old-key", action="store_true", help="e2e: also torch_old_key (the plan-graph recapture of 12-01e)")
+    ap.add_argument("--e2e-auto", action="store_true",
+                    help='only the e2e part, torch vs TRITON_SELECT="auto" at B 1 / 16 / 64 x 8k, 2 rounds interleaved')
     a = ap.parse_args()
     a.reps = a.reps or (2 if a.smoke else 20)
     global RATIO, WARM
@@ -496,7 +567,8 @@ def main() -> None:
 
     # a `timeout` (SIGTERM) still leaves the JSON, the Markdown and the tarball (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
-    parts = [("micro", micro)] + ([] if a.no_e2e else [("e2e", e2e)]) + [("sweep", sweep)]
+    parts = ([("e2e", e2e)] if a.e2e_auto else
+             [("micro", micro)] + ([] if a.no_e2e else [("e2e", e2e)]) + [("sweep", sweep)])
     try:
         for name, fn in parts:
             if elapsed() > a.budget_s:

@@ -11,13 +11,13 @@ reference on the first two sequences). Per shape (8B first: the targets):
 * ``verify`` (5 rows, no scores): ours at the table's launch (``triton``), FlashInfer eager
   (``flashinfer``) and its CUDA-graph wrapper (``flashinfer_graph``) (FA4 and SDPA left out: ``DROP``);
 * ``verify_sink`` (the same with ``sink_softmax`` scores of rows {0, 4}, Vegas' default), ours at the
-  table's launch: the table's pick (``sink_table``: since the 20:42 UTC run ``pre`` + ``direct`` for the
-  ``SINK_FEW_LONG`` class, i.e. 8B B 1 x 128k, ``tile`` + ``shared`` elsewhere), the path of before
+  table's launch: the table's pick (``sink_table``: since the 23:12 UTC run ``tile`` + ``direct`` for the
+  ``SINK_FEW_LONG`` class, i.e. 8B B 1 x 128k, ``tile`` + ``shared`` elsewhere), the tile path
   (``sink_tile``: anchors per split program, ``tl.store``) and the variants (``TritonConfig`` fields):
   ``sink_direct`` (``score_store="direct"``: PTX stores from the reduction's registers), ``sink_lean``
-  (``score_store="lean"``: direct, with the per-row factor folded), ``sink_pair`` (``"pair"``: lean with
-  two-column vector stores) and ``sink_pre_pair`` (``sink_anchors="pre"``: the anchors once per (sequence, KV
-  head) in a pre-kernel, + ``pair``);
+  (``score_store="lean"``: direct, with the per-row factor folded) and ``sink_pre_direct``
+  (``sink_anchors="pre"``: the anchors once per (sequence, KV head) in a pre-kernel, + ``direct``: the
+  ``SINK_FEW_LONG`` pick before the 23:12 UTC run);
 * then the ``INTERLEAVE`` variants of the shape once more, round-robin (``peers.interleaved``: one graph
   each, every round replays each once, the start rotating): the rows the ratios should be read from;
 * then the launch variants (ours only, plain and with scores at the same launch: ``@...``);
@@ -53,18 +53,18 @@ ORDER = [4, 3, 2, 1, 0]  # peers.CASES: 8B 1 x 128k, 8B 16 x 32k, SmolLM2 B 64 /
 #: (each names both fields: since the 2026-12-01 20:42 UTC run the table picks the path per shape class,
 #: ``triton_attention.SCORE_PATHS``; ``sink_table`` is that pick, at the table's launch)
 TILE = dict(sink_anchors="tile", score_store="shared")
-#: (sink_pre, sink_pre_direct, sink_loop_direct and the bf16 buffer of the 20:42 UTC run are left out: known, and
-#: every variant is one more compile in a 4-minute call; sink_table at 8B 1 x 128k is pre + direct)
+#: (sink_pre, sink_loop_direct and the bf16 buffer of the 20:42 UTC run are left out: known, and every variant is
+#: one more compile in a 4-minute call; sink_table at 8B 1 x 128k is tile + direct = sink_direct there)
 SINK_VARIANTS = {"sink_table": {}, "sink_direct": dict(sink_anchors="tile", score_store="direct"),
-                 # sc18b (2026-12-01 night): score_store "lean" (the sink factor folded, w and log2 e out of the
-                 # loop; the dense store mask one compare shorter) and "pair" (lean + two-column vector stores)
+                 # score_store "lean" (the sink factor folded, w and log2 e out of the loop; the dense store mask
+                 # one compare shorter); "pair" (two-column vector stores) was removed after the 23:12 UTC run
+                 # (misaligned address on the GPU, gain within noise)
                  "sink_lean": dict(sink_anchors="tile", score_store="lean"),
-                 "sink_pair": dict(sink_anchors="tile", score_store="pair"),
-                 "sink_pre_pair": dict(sink_anchors="pre", score_store="pair")}
+                 "sink_pre_direct": dict(sink_anchors="pre", score_store="direct")}
 #: timed once more, round-robin after the others at each shape (``peers.interleaved``): what the ratios use
 INTERLEAVE = [("verify", "triton"), ("verify", "flashinfer"), ("verify", "flashinfer_graph"),
               ("verify_sink", "sink_table"), ("verify_sink", "sink_tile"), ("verify_sink", "sink_direct"),
-              ("verify_sink", "sink_lean"), ("verify_sink", "sink_pair"), ("verify_sink", "sink_pre_pair")]
+              ("verify_sink", "sink_lean"), ("verify_sink", "sink_pre_direct")]
 #: peers left out (FA4's JIT and SDPA's masked verify cost time and are not this run's question; FA4 at these
 #: shapes: gpu_scores_2026-12-01e.md)
 DROP = ("fa4", "sdpa")
@@ -76,35 +76,37 @@ LAUNCH = {
     4: {"bn64s2c3": dict(block_n=64, num_stages=2, ctas_per_sm=3),
         "bn64s4c2": dict(block_n=64, num_stages=4, ctas_per_sm=2)},
 }
-LAUNCH_SINK = {"sink_direct": dict(sink_anchors="tile", score_store="direct"),
-               "sink_pair": dict(sink_anchors="tile", score_store="pair")}
-#: predictions written before the GPU run (2026-12-01 ~23:00 UTC, sc18b), from the sm_90 SASS of the kernel
+LAUNCH_SINK = {"sink_direct": dict(sink_anchors="tile", score_store="direct")}
+#: the cost model behind the predictions (2026-12-01 ~23:00 UTC, sc18b), from the sm_90 SASS of the kernel
 #: compiled on the CPU (benchmarks/sass_mix.py, triton 3.9 here, 3.6 on the GPU) and the 20:42 UTC run
 #: (gpu_scores_2026-12-01e.md). Hot-loop instructions per 64-position tile at 8B bn64 s3 w4: plain 613; tile
-#: (shared) 639 (+26, and 9 barriers instead of 7); direct 634 (+21); lean 626 (+13); pair 619 (+6); pre+direct
+#: (shared) 639 (+26, and 9 barriers instead of 7); direct 634 (+21); lean 626 (+13); pre+direct
 #: 699 (+86: ~39 IMAD / 18 IADD3 / 9 PLOP3 more than tile+direct, the loaded anchors change the loop's
-#: address code); pre+pair 688 (+75). Model fitted to the 20:42 UTC run at 1 x 128k, 2 programs/SM (2 warps per
+#: address code). Model fitted to the 20:42 UTC run at 1 x 128k, 2 programs/SM (2 warps per
 #: scheduler, ~62 tiles per program): ~0.1 us per hot-loop instruction per tile, ~3 us per extra barrier, ~2 us
 #: for the anchor prologue per wave of split programs (pre+direct@c2 +86 -> +8.4 us measured; tile@c2 +26 and
 #: +2 BAR -> 11.9 measured vs 10.6 modelled; tile+direct@c4, 2 waves: +6.5 measured vs 6.1 modelled).
-#: SmolLM2 d64 bn128 s3 w4: plain 486; tile 552 (+66, 9 BAR vs 7); direct 568; lean 565; pair 539 (+53, 7 BAR).
+#: SmolLM2 d64 bn128 s3 w4: plain 486; tile 552 (+66, 9 BAR vs 7); direct 568; lean 565.
 #: Refit to the in-place run of 22:53 UTC (gpu_scores_2026-12-01h.md, c2 table launch at 1 x 128k: plain 141.5,
 #: tile+direct 148.2 = +21 instr + prologue, tile+shared 149.5 = +26 instr + 2 BAR + prologue, pre+direct 150.1 =
 #: +86 instr + the pre launch): 0.05-0.1 us per hot-loop instruction, the tile anchor prologue 4.6-5.7 us per wave
 #: (the larger part of the score cost there), a barrier ~0.5 us.
+#: Predictions for the next run (written 2026-12-01 ~23:40 UTC, pair18), from the 23:12 UTC run
+#: (gpu_scores_2026-12-01i.md, interleaved medians): 8B 1 x 128k plain 139.6, tile+direct 146.2, tile+shared 146.3,
+#: lean 146.4, pre+direct 148.4, FI 149.4; 16 x 32k plain 488.4, tile 531.6, lean 534.8, direct 537.2, FI 520.3.
 PREDICTED = {
-    4: "8B 1x128k (table launch bn64 s3 c2, 33 splits, one wave; 22:53 run: plain 141.5, sink_direct 148.2, "
-       "sink_table 151.3, FI 155.7): sink_lean 147.0-147.9; sink_pair 146.5-147.5 (+3.5..4.2 %: the <= 3 % target "
-       "NOT expected, the tile prologue alone is ~3.5 %; FI/ours 1.01-1.06 depending on FI's 149-156); "
-       "sink_pre_pair 148.5-150 (the pre loop keeps its extra address code, 688 instr); sink_tile ~149.5. "
-       "@bn64s2c3 (3 per SM, 12 warps): plain 141-146, overhead +3..4 %; @bn64s4c2: plain -0..2 %, overhead unchanged",
-    3: "8B 16x32k (bn128 s3, 1 program/SM; 22:53 run: plain 499.2, sink_tile 546.6, FI 536.2): sink_pair 540-545 "
-       "(-2 instructions and -2 barriers per 128-position tile vs tile: -0.3..-1.2 %; FI/ours ~0.985-0.993, target "
-       "not expected); sink_lean / sink_direct 545-548; sink_pre_pair 543-550",
-    2: "SmolLM2 64x8k (one split): sink_pair -1..-3 % vs sink_tile (116.3 at 22:53); lean/direct +3..+7 % (direct "
-       "measured +5.8 %)",
-    1: "SmolLM2 16x8k: sink_pair -1..-3 % vs sink_tile (~41-42); <= 3 % overhead over plain not expected (~+9-12 %)",
-    0: "SmolLM2 1x8k (launch-bound): every path within +-0.3 us of sink_tile (11.1); the pre path +1.3 us",
+    4: "8B 1x128k (table launch bn64 s3 c2, one wave; 23:12 interleaved: plain 139.6, sink_direct 146.2, "
+       "sink_tile 146.3, pre+direct 148.4, FI 149.4): sink_table = sink_direct 145.5-147.5 (+4.5..5 % over plain, "
+       "FI/ours 1.01-1.03); sink_pre_direct ~1.5 % slower than sink_table (both earlier runs); sink_lean within "
+       "+-0.5 % of sink_direct; @bn64s4c2 +2..3 us, @bn64s2c3 ~+50 %",
+    3: "8B 16x32k (bn128 s3; 23:12 interleaved: plain 488.4, sink_tile 531.6, FI 520.3): sink_table = sink_tile "
+       "528-535 (FI/ours 0.97-0.99, target not expected); sink_lean / sink_direct +0.5..+2.5 % over sink_tile; "
+       "sink_pre_direct 530-545",
+    2: "SmolLM2 64x8k (one split: pre = tile): sink_table = sink_tile 114-118 (FI/ours 0.99-1.01); lean / direct / "
+       "pre_direct +5..+7 %",
+    1: "SmolLM2 16x8k: every path within +-1 us of sink_tile (~41.5); <= 3 % overhead over plain not expected "
+       "(~+12 %)",
+    0: "SmolLM2 1x8k (launch-bound): every path within +-0.3 us of sink_tile (11.1); sink_pre_direct +1.3..1.6 us",
 }
 
 
@@ -154,7 +156,7 @@ def target_table(rows) -> list[str]:
                          f"{r['max_abs_err']:.1e} |")
             if kind == "verify_sink" and fi and (best.get((case, B, L)) is None or r["us"] < best[(case, B, L)][1]):
                 best[(case, B, L)] = (var, r["us"], fi / r["us"], d.get(("verify_sink", "sink_tile"), {}).get("us"))
-    cols = ["triton", "sink_table", "sink_tile", "sink_direct", "sink_lean", "sink_pair", "sink_pre_pair"]
+    cols = ["triton", "sink_table", "sink_tile", "sink_direct", "sink_lean", "sink_pre_direct"]
     lines += ["", "FlashInfer eager (verify, no scores) µs / ours µs at the table's launch (>= 1.0 meets the target; "
               "`triton` = ours without scores):", "", "| shape | FI µs | " + " | ".join(cols) + " |",
               "|---|---|" + "---|" * len(cols)]
@@ -166,7 +168,7 @@ def target_table(rows) -> list[str]:
         lines[-1] += " | ".join(cell("verify" if c == "triton" else "verify_sink", c) for c in cols) + " |"
     lines += ["", "Interleaved (every graph replayed once per round, the start rotating; medians of the rounds): "
               "FI eager / this (>= 1.0 meets the target), FI graph / this, + % over ours plain (<= 3 % meets "
-              "issue 14's score target):", "", "| shape | variant | µs | FI eager / this | FI graph / this | "
+              "the score-overhead target):", "", "| shape | variant | µs | FI eager / this | FI graph / this | "
               "+ % over plain |", "|---|---|---|---|---|---|"]
     for (case, B, L), d in iby.items():
         fi = d.get(("verify", "flashinfer"), {}).get("us")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 18 (s18): our verify WITH sink_softmax scores (the table's pick and the opt-in score paths: sink_anchors
-# "pre", score_store "direct" / "lean" / "pair") vs FlashInfer's verify WITHOUT, side by side and interleaved in
+# "pre", score_store "direct" / "lean") vs FlashInfer's verify WITHOUT, side by side and interleaved in
 # one run, then the GPU parity tests of the new score stores in the time left. <= 4 minutes (LIMIT=240 s, hard:
 # every step under `timeout`).
 #
@@ -15,10 +15,10 @@
 # 1. unpack part2 into $SITE and check both peers import: `PARTS=none peers.sh run` (no tests, no bench, no e2e)
 # 2. benchmarks/gpu/s18.py (peers.run_case machinery), per shape 8B 1x128k, 8B 16x32k, SmolLM2 B 64/16/1 x 8k:
 #    ours plain, ours + sink_softmax (sink_table = the table's pick, sink_tile, sink_direct, sink_lean,
-#    sink_pair, sink_pre_pair), FlashInfer eager + CUDA-graph wrapper; the same once more interleaved
+#    sink_pre_direct), FlashInfer eager + CUDA-graph wrapper; the same once more interleaved
 #    (round-robin graph replays); then at 8B 1x128k the launch variants (ours); then decode at the 8B shapes
 #    -> $OUT/s18/{s18.md,results.json,results.md,log.txt,run.log}
-# 3. GPU parity tests: the new score stores' kernel tests (the "pair" / "direct" PTX stores run only here, each
+# 3. GPU parity tests: the score stores' kernel tests (the "direct" / "lean" PTX stores run only here, each
 #    its own compile), then tests/test_peers_gpu.py, in the time left -> $OUT/s18/pytest_*.log
 # 4. $OUT/s18.tgz
 set -uo pipefail
@@ -59,7 +59,7 @@ if ! skipped kernel_tests; then
     L=$(( $(left) - 10 )); skipped peer_tests || L=$(( L - 60 ))
     if [ "$L" -gt 20 ]; then
         SPECDEC_TEST_DEVICE=cuda timeout "$L" python3 -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
-            -k "(lean_and_pair_stores_match and (tile-pair or pre-pair)) or lean_and_pair_stores_reach or lean_store_with or (sink_score_variants_match and pre-direct and dtype1)" \
+            -k "lean_stores_match or lean_stores_reach or lean_store_with or (sink_score_variants_match and tile-direct and dtype1) or table_score_path" \
             > "$OUT/s18/pytest_kernels.log" 2>&1
         krc=$?
         [ $krc -eq 124 ] && echo "pytest: stopped at the ${L} s limit" >> "$OUT/s18/pytest_kernels.log"

@@ -123,7 +123,6 @@ def _splitk_attn_kernel(
     FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
     SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
     ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False, SINK_FOLD: tl.constexpr = False,
-    PAIR_STORE: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
         tl.extra.cuda.gdc_wait()
@@ -187,7 +186,7 @@ def _splitk_attn_kernel(
                 ref = tl.zeros([BLOCK_M], tl.float32)
             else:  # one extra (D, 2 NA) tile of K per program, before the loop
                 ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA, DOT_PREC, UPCAST)
-            if SINK_FOLD:  # score_store "lean" / "pair": w and log2(e) folded out of the loop (w = 0: -inf, a 0 factor)
+            if SINK_FOLD:  # score_store "lean": w and log2(e) folded out of the loop (w = 0: -inf, a 0 factor)
                 ref2 = ref * 1.4426950408889634
                 lw2 = tl.where(w > 0.0, tl.log2(tl.where(w > 0.0, w, 1.0)), float("-inf"))
 
@@ -259,30 +258,11 @@ def _splitk_attn_kernel(
                 sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
             s_ptr = Scores + pid_bh.to(tl.int64) * L + pos
             if SINK_FOLD and not SPARSE:
-                s_ok = valid  # dense: pos = offs_n < end <= n_ctx already ("lean" / "pair": one compare less)
+                s_ok = valid  # dense: pos = offs_n < end <= n_ctx already ("lean": one compare less)
             else:
                 s_ok = valid & (pos < n_ctx)
-            if PAIR_STORE:
-                # score_store="pair" (dense, even L; the host checks): as "direct", but the two adjacent columns a
-                # thread holds (the MMA layout's c0/c1, an even position and the next) go out as one 8-byte (fp32)
-                # / 4-byte (bf16) vector store under the first one's mask: half the stores. Splits start at
-                # multiples of BLOCK_N, so a pair only straddles the sequence's end, where the second position
-                # (< L as L is even) is one no row sees: its sum is exactly 0, what ZERO_TAIL writes there too.
-                if Scores.dtype.element_ty == tl.bfloat16:
-                    # (16-bit operands come packed: the two bf16 sums are one 32-bit register, $4)
-                    _ = tl.inline_asm_elementwise(
-                        "{ .reg .pred p; setp.ne.b32 p, $5, 0; @p st.global.b32 [$2], $4; "
-                        "mov.u32 $0, 0; mov.u32 $1, 0; }",
-                        "=r,=r,l,l,r,r,r", [s_ptr.to(tl.int64), sc.to(tl.bfloat16), s_ok.to(tl.int32)],
-                        dtype=tl.int32, is_pure=False, pack=2)
-                else:
-                    _ = tl.inline_asm_elementwise(
-                        "{ .reg .pred p; setp.ne.b32 p, $6, 0; @p st.global.v2.b32 [$2], {$4, $5}; "
-                        "mov.u32 $0, 0; mov.u32 $1, 0; }",
-                        "=r,=r,l,l,r,r,r,r", [s_ptr.to(tl.int64), sc, s_ok.to(tl.int32)],
-                        dtype=tl.int32, is_pure=False, pack=2)
-            elif DIRECT_STORE:
-                # score_store="direct": each thread stores the sums the row reduction left in its registers
+            if DIRECT_STORE:
+                # score_store="direct" / "lean": each thread stores the sums the row reduction left in its registers
                 # (lanes holding the same column store the same value) -- tl.store would first move the
                 # vector into a coalesced layout through shared memory, two barriers per tile (sm_90 SASS)
                 if Scores.dtype.element_ty == tl.bfloat16:
@@ -526,6 +506,11 @@ def reduce_scores(raw: torch.Tensor, lse: torch.Tensor, flat: torch.Tensor, to_r
 #:   2 per SM, with ``SCORE_PATHS`` ``("pre", "direct")``. Every other row keeps ``("tile", "shared")``: at
 #:   B 16 x 32k "direct" was slower (544.3 / 548.8 vs 538.4 us) and "pre" level (537.8), at SmolLM2 B 1 x 8k
 #:   "pre" slower (12.4 vs 11.1 us), and "loop" never won.
+#: * the same class, re-timed in place twice (H200, 2026-12-01 22:53 and 23:12 UTC, ``benchmarks/gpu/s18.sh``,
+#:   ``benchmarks/results/gpu_scores_2026-12-01h.md`` / ``-01i.md``): ``("pre", "direct")`` was ~1.5 % slower than
+#:   the tile anchors with direct stores in both (22:53 side by side 151.3 vs 148.2 us; 23:12 interleaved 148.4 vs
+#:   146.2 us, side by side 149.6 vs 146.3 us; FlashInfer without scores 149.4 us at 23:12; the tile anchors with
+#:   ``tl.store`` 146.3 us interleaved): ``SINK_FEW_LONG``'s ``SCORE_PATHS`` entry is now ``("tile", "direct")``.
 #: the sparse launch before the table (2026-12-01): 128-position tiles, 2 stages, V after the softmax
 SPARSE_LEGACY = (128, 4, 2, 4, False, 1)
 #: sparse head dim 128 over a long cache (>= 32k positions) at more than one 8B sequence's 8 (sequence, KV
@@ -568,10 +553,10 @@ LAUNCH_TABLE: tuple[tuple[LaunchKey, tuple[int, int, int, int, bool, int]], ...]
 
 #: the score path (``sink_anchors``, ``score_store``) of the calls a ``LAUNCH_TABLE`` row serves, by the
 #: row's key; rows not listed take ``DEFAULT_SCORE_PATH`` (see the table's notes above for the measurements)
-SCORE_PATHS: dict[LaunchKey, tuple[str, str]] = {SINK_FEW_LONG_KEY: ("pre", "direct")}
+SCORE_PATHS: dict[LaunchKey, tuple[str, str]] = {SINK_FEW_LONG_KEY: ("tile", "direct")}
 DEFAULT_SCORE_PATH = ("tile", "shared")
 #: the ``score_store`` values (see :func:`splitk_attention`)
-SCORE_STORES = ("shared", "direct", "lean", "pair")
+SCORE_STORES = ("shared", "direct", "lean")
 
 
 def _table_row(sparse: bool, head_dim: int, raw_scores: bool, pairs: int | None, length: int,
@@ -761,8 +746,7 @@ def splitk_attention(
             split; with a single split the kernel computes it itself, as with ``"tile"``) or ``"loop"``
             (each split program computes it in its loop's first iteration, once the pipeline's first K/V
             tiles are in flight, instead of before the loop, where its K load and reductions delay them);
-            ``None``: ``cfg.sink_anchors``, else the launch table's (``SCORE_PATHS``: ``"pre"`` for the
-            ``SINK_FEW_LONG`` class, ``"tile"`` elsewhere).
+            ``None``: ``cfg.sink_anchors``, else the launch table's (``SCORE_PATHS``: ``"tile"``).
         score_store: how ``SCORE_MODE`` 4 stores a tile's scores: ``"shared"`` (``tl.store``, which first
             moves the reduced vector to a coalesced layout through shared memory) or ``"direct"`` (inline
             PTX stores from the registers the reduction leaves it in; on CUDA only -- Triton's CPU
@@ -770,10 +754,7 @@ def splitk_attention(
             ``sink_softmax``'s per-row factor ``w exp(min(m - ref, 60))`` computed as
             ``exp2(min(m log2 e - ref log2 e, 60 log2 e) + log2 w)`` with ``ref log2 e`` and ``log2 w`` known
             before the loop; a dense call's store mask drops the compare that ``pos < end`` already implies:
-            fewer instructions per tile, the same scores up to rounding; the fold also runs in the interpreter)
-            or ``"pair"`` (``"lean"`` with the two adjacent columns each thread holds stored as one vector:
-            half the store instructions; dense calls on CUDA with an even cache length, else ``"lean"``'s
-            stores);
+            fewer instructions per tile, the same scores up to rounding; the fold also runs in the interpreter);
             ``None``: ``cfg.score_store``, else the launch table's (``"direct"`` for the ``SINK_FEW_LONG``
             class, ``"shared"`` elsewhere).
 
@@ -851,14 +832,13 @@ def splitk_attention(
     if sink_anchors not in ("tile", "pre", "loop"):
         raise ValueError(f"sink_anchors must be 'tile', 'pre' or 'loop', not {sink_anchors!r}.")
     if score_store not in SCORE_STORES:
-        raise ValueError(f"score_store must be 'shared', 'direct', 'lean' or 'pair', not {score_store!r}.")
+        raise ValueError(f"score_store must be 'shared', 'direct' or 'lean', not {score_store!r}.")
     anchor_in = score_mode == 4 and bool(sink_softmax) and sink_anchors == "pre" and not direct
     anchor_loop = score_mode == 4 and bool(sink_softmax) and sink_anchors == "loop"
     # "lean" = "direct" + the sink factor folded (w, log2 e out of the loop) + the dense store mask without the
-    # redundant compare; "pair" = "lean" with two-column vector stores (an even L; else "lean"'s stores)
-    sink_fold = score_mode == 4 and score_store in ("lean", "pair")
-    pair_store = sink_fold and score_store == "pair" and dev.type == "cuda" and L % 2 == 0 and not sparse
-    direct_store = score_mode == 4 and score_store in ("direct", "lean", "pair") and dev.type == "cuda"
+    # redundant compare
+    sink_fold = score_mode == 4 and score_store == "lean"
+    direct_store = score_mode == 4 and score_store in ("direct", "lean") and dev.type == "cuda"
     fused_softmax = score_mode == 2 and direct and not sparse and softmax_weights is not None
     if fused_softmax:
         scores = torch.empty((B, Hkv, L), dtype=torch.float32, device=dev)  # every position written
@@ -892,7 +872,7 @@ def splitk_attention(
         SCORE_EXP=bool(sink_softmax), NA=SINK_ANCHORS,
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         SinkRef=sink_ref if sink_ref is not None else lse, ANCHOR_IN=anchor_in, DIRECT_STORE=direct_store,
-        ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold, PAIR_STORE=pair_store,
+        ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:

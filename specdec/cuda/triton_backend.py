@@ -82,21 +82,20 @@ class TritonConfig(ComponentConfig):
             its loop), ``"pre"`` (a small kernel, once per (sequence, KV head), before the split kernel;
             with one split the kernel computes it itself) or ``"loop"`` (each split program, in its loop's
             first iteration, once its first K/V tiles are in flight). The same scores. ``None`` (the
-            default): the launch table's pick for the call (``triton_attention.SCORE_PATHS``): ``"pre"``
-            for dense head dim 128 ``sink_softmax`` calls of at most 8 (sequence, KV head) pairs over
-            >= 64k positions (``SINK_FEW_LONG``, e.g. an 8B model at B 1 x 128k, where it won on the H200,
-            2026-12-01), ``"tile"`` everywhere else.
+            default): the launch table's pick for the call (``triton_attention.SCORE_PATHS``): ``"tile"``
+            everywhere (``"pre"`` won at B 1 x 128k in one H200 run and lost by ~1.5 % in the next two).
         score_store: how the fused column-sum scores (logits and ``sink_softmax``) of a tile are stored:
             ``"shared"`` (``tl.store``, which moves the vector through shared memory first) or ``"direct"``
             (inline PTX stores from the registers the row reduction leaves them in, no shared memory, two
             barriers fewer per tile in the sm_90 SASS; CUDA only, the CPU interpreter runs the plain
-            store). The same scores. ``"lean"`` (opt-in, not yet timed): ``"direct"`` with ``sink_softmax``'s
-            per-row factor folded (``log2 w`` and ``ref log2 e`` computed before the loop) and a dense call's
-            store mask one compare shorter: fewer instructions per tile, the same scores up to rounding (row
-            weights must be >= 0, as the backend's are). ``"pair"`` (opt-in, not yet timed): ``"lean"`` with
-            the two adjacent columns a thread holds stored as one vector (half the stores; CUDA with an even
-            cache length, else ``"lean"``). ``None`` (the default): the launch table's pick, ``"direct"`` for
-            the ``SINK_FEW_LONG`` class (with ``"pre"``), ``"shared"`` everywhere else.
+            store). The same scores. ``"lean"`` (opt-in): ``"direct"`` with ``sink_softmax``'s per-row factor
+            folded (``log2 w`` and ``ref log2 e`` computed before the loop) and a dense call's store mask one
+            compare shorter: fewer instructions per tile, the same scores up to rounding (row weights must be
+            >= 0, as the backend's are); on the H200 (2026-12-01 23:12 UTC) level with ``"direct"`` at 8B
+            B 1 x 128k and slower than the table's pick elsewhere. ``None`` (the default): the launch table's
+            pick, ``"direct"`` for dense head dim 128 ``sink_softmax`` calls of at most 8 (sequence, KV head)
+            pairs over >= 64k positions (``SINK_FEW_LONG``, e.g. an 8B model at B 1 x 128k), ``"shared"``
+            everywhere else.
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -126,7 +125,7 @@ class TritonConfig(ComponentConfig):
     score_reduce: Literal["mma", "colsum"] = "colsum"
     score_dtype: Literal["float32", "bfloat16"] = "float32"
     sink_anchors: Literal["tile", "pre", "loop"] | None = None
-    score_store: Literal["shared", "direct", "lean", "pair"] | None = None
+    score_store: Literal["shared", "direct", "lean"] | None = None
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:

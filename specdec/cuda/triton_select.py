@@ -323,6 +323,8 @@ def select_plan(scores: torch.Tensor, lengths: torch.Tensor, k_sel: int, *, sink
 R16_MAX_CHUNKS = 16
 #: default positions per program
 R16_BLOCK = 1024
+#: largest block / top-k slot row one program holds (Triton's largest tensor, ``TRITON_MAX_TENSOR_NUMEL``)
+R16_MAX_BLOCK = 1 << 20
 _SENT16 = -32768  # blocked / padding key (every fp32 score but one NaN pattern maps above it)
 
 
@@ -458,6 +460,19 @@ def _r16_write(K16, META, OUT, k_sel, LP, NC, F: tl.constexpr, BLOCK: tl.constex
     tl.store(OUT + row.to(tl.int64) * (F + k_sel) + F + slot, offs.to(tl.int64), mask=take)
 
 
+def plan16_refusal(scores: torch.Tensor, k_sel: int | None = None) -> str | None:
+    """Why :func:`select_plan16` refuses ``scores`` (and ``k_sel`` slots), or ``None`` when it plans them (the
+    default block): a 4-d fp32 / bf16 / fp16 tensor, rows of at most ``R16_MAX_CHUNKS x R16_MAX_BLOCK`` positions,
+    at most :data:`R16_MAX_BLOCK` slots."""
+    if scores.dim() != 4 or scores.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"want (N, B, H, L) float scores, got {scores.dtype} {tuple(scores.shape)}"
+    if scores.shape[-1] > R16_MAX_CHUNKS * R16_MAX_BLOCK:
+        return f"rows of {scores.shape[-1]} positions; at most {R16_MAX_CHUNKS * R16_MAX_BLOCK}"
+    if k_sel is not None and k_sel > R16_MAX_BLOCK:
+        return f"{k_sel} top-k slots; at most {R16_MAX_BLOCK}"
+    return None
+
+
 def select_plan16(scores: torch.Tensor, lengths: torch.Tensor, k_sel: int, *, sinks: int, recent: int,
                   budget: int | None = None, budget_ratio: float | None = None, min_budget: int = 0,
                   sum_heads: bool = False, block: int | None = None,
@@ -476,8 +491,9 @@ def select_plan16(scores: torch.Tensor, lengths: torch.Tensor, k_sel: int, *, si
     Args: as :func:`select_plan`; ``block`` positions per program (a power of two >= 256; default
     :data:`R16_BLOCK`, raised so that a row has at most :data:`R16_MAX_CHUNKS` chunks).
     """
-    if scores.dim() != 4 or scores.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"select_plan16: want (N, B, H, L) float scores, got {scores.dtype} {tuple(scores.shape)}")
+    why = plan16_refusal(scores, k_sel)
+    if why is not None:
+        raise ValueError(f"select_plan16: {why}")
     if (budget is None) == (budget_ratio is None):
         raise ValueError("select_plan16: pass exactly one of budget and budget_ratio")
     N, B, H, L = scores.shape

@@ -10,6 +10,7 @@ during the current iteration (≤ γ) are visible on top of it.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from pydantic import Field, model_validator
@@ -37,13 +38,30 @@ from specdec.registry import ComponentConfig
 #:   Its set may differ from the others' only inside the boundary bucket (scores equal in their top 16 order bits:
 #:   there the lowest positions), see :func:`~specdec.cuda.triton_select.select_plan16`.
 #:
+#: * ``"auto"``: per plan call, radix16's launches where Triton runs (CUDA, or the CPU under ``TRITON_INTERPRET=1``):
+#:   eagerly (as ``"radix16"``) when the scores the plan ranks have at least :data:`AUTO_EAGER_ELEMENTS` elements
+#:   (:meth:`BudgetSelector.score_elements`: layers x B x KV heads x L of Vegas' emitted scores), in the plan CUDA
+#:   graph (as ``"radix16-graph"``) below it or when the size is not known before the plan; the torch path on a CPU
+#:   without the interpreter, without Triton, or for scores :func:`~specdec.cuda.triton_select.plan16_refusal`
+#:   refuses (dtype, row length, top-k slots). :func:`auto_path` is the rule.
+#:
 #: Every other setting picks the same index sets; ties at the threshold go to the lowest positions in the Triton paths
 #: (``torch.topk`` leaves them unspecified), which write the picks in position order instead of score order. Read
 #: when a plan is built: a plan CUDA graph captured before a change keeps the old setting.
 TRITON_SELECT: bool | str = False
 
-_SETTINGS = (False, True, "always", "fused", "fused-always", "radix16", "radix16-always", "radix16-graph")
+_SETTINGS = (False, True, "always", "fused", "fused-always", "radix16", "radix16-always", "radix16-graph", "auto")
 _CUDA_ONLY = (True, "fused", "radix16", "radix16-graph")
+
+#: ``TRITON_SELECT = "auto"``: plans ranking at least this many score elements (layers x B x KV heads x L) run
+#: radix16's launches eagerly, smaller ones inside the plan CUDA graph. Measured 2026-12-01 23:16 UTC on the H200
+#: (benchmarks/results/gpu_select_2026-12-01h.md; on_verify + plan ms, eager / in the graph): SmolLM2 B 64 x 8k
+#: (46.2M elements) 0.397 / 0.523 fp32, 0.516 / 0.473 bf16; Llama-8B B 16 x 32k (134M) 0.621 / 0.805 fp32, 0.470 /
+#: 0.630 bf16; SmolLM2 B 16 x 8k (11.5M) 0.473 / 0.273; B 1 x 8k (0.72M) 0.554 / 0.144. The graph copies the scores
+#: into its input buffer at every replay (a cost that grows with them), the eager path pays ~0.3 ms of host launches
+#: (flat): the crossover lies between 11.5M and 46.2M; the threshold is their geometric mean (7.7M per KV head at
+#: SmolLM2's 3).
+AUTO_EAGER_ELEMENTS = 23_000_000
 
 
 def _setting() -> bool | str:
@@ -64,10 +82,39 @@ def _triton_select(s: torch.Tensor):
     return select_top if s.shape[-1] <= MAX_L else None
 
 
-def fused_select(device: torch.device):
+def _triton_runs(device: torch.device) -> bool:
+    """Whether Triton kernels run on ``device``: CUDA, or the CPU under ``TRITON_INTERPRET=1``."""
+    kind = torch.device(device).type
+    return kind == "cuda" or (kind == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+
+
+def auto_path(device: torch.device, scores: torch.Tensor | None = None, k_sel: int | None = None,
+              elements: int | None = None) -> str:
+    """The path ``TRITON_SELECT = "auto"`` takes for a plan on ``device``: ``"torch"`` (Triton does not run there,
+    does not import, or refuses ``scores`` / ``k_sel``), ``"radix16"`` (eager: ``elements`` at least
+    :data:`AUTO_EAGER_ELEMENTS`) or ``"radix16-graph"`` (in the plan CUDA graph: fewer, or ``elements`` unknown)."""
+    if not _triton_runs(device):
+        return "torch"
+    try:
+        from specdec.cuda.triton_select import plan16_refusal
+    except ImportError:  # triton is an optional extra
+        return "torch"
+    if scores is not None and plan16_refusal(scores, k_sel) is not None:
+        return "torch"
+    return "radix16" if elements is not None and elements >= AUTO_EAGER_ELEMENTS else "radix16-graph"
+
+
+def fused_select(device: torch.device, scores: torch.Tensor | None = None, k_sel: int | None = None):
     """:func:`specdec.cuda.triton_select.select_plan` when :data:`TRITON_SELECT` asks for the fused plan on
-    ``device`` (and Triton imports), else ``None``."""
+    ``device`` (and Triton imports), else ``None``; with ``"auto"`` :func:`~specdec.cuda.triton_select.select_plan16`
+    unless :func:`auto_path` takes the torch path for ``scores`` (when given) and ``k_sel``."""
     t = _setting()
+    if t == "auto":
+        if auto_path(device, scores, k_sel) == "torch":
+            return None
+        from specdec.cuda.triton_select import select_plan16  # auto_path imported it
+
+        return select_plan16
     if not isinstance(t, str) or not t.startswith(("fused", "radix16")):
         return None
     if t in _CUDA_ONLY and torch.device(device).type != "cuda":
@@ -166,9 +213,17 @@ class BudgetSelector(KVSelector):
         The default is :meth:`score` as it is; Vegas hands over the emitted per-KV-head scores unsummed."""
         return self.score(cache, lengths), False
 
+    def score_elements(self, lengths: torch.Tensor) -> int | None:
+        """Elements of the scores the next fused plan ranks, when known before the plan is built (``TRITON_SELECT
+        = "auto"`` picks eager launches or the plan graph by it); ``None`` (the default): not known, the graph."""
+        return None
+
     def plans_in_one_launch(self, lengths: torch.Tensor) -> bool:
         """Whether :meth:`plan` runs as fused launches on ``lengths``' device without a plan CUDA graph (``"fused"``,
-        ``"radix16"``; ``"radix16-graph"`` keeps the graph around its launches)."""
+        ``"radix16"``, ``"auto"`` at :data:`AUTO_EAGER_ELEMENTS` score elements or more; ``"radix16-graph"`` keeps the
+        graph around its launches)."""
+        if _setting() == "auto":
+            return auto_path(lengths.device, elements=self.score_elements(lengths)) == "radix16"
         return fused_select(lengths.device) is not None and _setting() != "radix16-graph"
 
     def max_selected(self, capacity: int) -> int:
@@ -193,7 +248,9 @@ class BudgetSelector(KVSelector):
         if fused is not None and (cache is None or self.max_selected(cache.capacity) > 0):
             s, sum_heads = self.fused_scores(cache, lengths)  # (N', B, H, L)
             k_sel = min(self.max_selected(s.shape[-1] if cache is None else cache.capacity), s.shape[-1])
-            if k_sel > 0:
+            if _setting() == "auto":  # scores or slots the kernel refuses: the torch path below
+                fused = fused_select(lengths.device, s, k_sel)
+            if k_sel > 0 and fused is not None:
                 idx, dense_from = fused(s, lengths, k_sel, sinks=c.sinks, recent=c.recent, budget=c.budget,
                                         budget_ratio=None if c.budget is not None else c.budget_ratio,
                                         min_budget=c.min_budget, sum_heads=sum_heads)

@@ -141,7 +141,7 @@ class VerificationGuidedSelector(BudgetSelector):
             s = stack_layers([scores.scores[layer] for layer in layers])  # (N, B, H_kv, [R,] L)
             if scores.per_row:
                 s = self._last_accepted_row(s, lengths)
-            if fused_select(s.device) is not None:  # the fused plan sums the heads itself: keep s as emitted
+            if fused_select(s.device, s) is not None:  # the fused plan sums the heads itself: keep s as emitted
                 self._raw = s
             else:
                 self._scores = self._keep(s)
@@ -196,6 +196,10 @@ class VerificationGuidedSelector(BudgetSelector):
         if self._scores is None:  # no verification yet: recency
             return recency(cache, lengths)
         return self._scores
+
+    def score_elements(self, lengths: torch.Tensor) -> int | None:
+        """The emitted scores kept for the fused plan (layers x B x KV heads x L), ``None`` without them."""
+        return None if self._raw is None else self._raw.numel()
 
     def fused_scores(self, cache: KVCache, lengths: torch.Tensor) -> tuple[torch.Tensor, bool]:
         if self._raw is not None:
