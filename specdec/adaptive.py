@@ -41,11 +41,13 @@ Both decisions change only *how* tokens are produced: dense steps and verified r
 exactly the target's tokens (greedy) or samples of its distribution (rejection sampling), so the
 output is unchanged. Only lossless methods adapt: a near-lossless one (Dustin's sparse verification)
 emits what its γ gives, and γ_t follows the whole batch's acceptance, so adapting would make a
-sequence's output depend on its batch mates. Fall-back needs a drafter that drafts from the target's own cache
+sequence's output depend on its batch mates. A seeded sampling run keeps γ too: γ_t follows wall time and an
+iteration's random draws depend on its γ, so the same seed would give other tokens run to run. Fall-back needs a drafter that drafts from the target's own cache
 (``Drafter.dense_steps_ok``) and the full verifier; otherwise only γ adapts.
 
-:data:`ADAPTIVE_DEFAULT` is the one switch for the default (``PipelineConfig.adaptive``,
-``specdec generate`` and ``specdec bench`` without ``--adaptive/--no-adaptive``).
+:data:`ADAPTIVE_DEFAULT` is the one switch for the default (``PipelineConfig.adaptive``, ``SpeculativeEngine(adaptive=None)``,
+``specdec generate``, ``bench`` and ``eval`` without ``--adaptive/--no-adaptive``): on. Per run, ``--no-adaptive``,
+``PipelineConfig(adaptive=False)``, ``build_engine(..., adaptive=False)`` or ``engine.adaptive = False`` fix γ.
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ from collections import deque
 import torch
 
 #: whether adaptive γ / dense fall-back is on by default (PipelineConfig.adaptive, engine.adaptive, ``--adaptive`` /
-#: ``--no-adaptive`` of generate and bench). Turning it on is this one line, after ``benchmarks/gpu/a14.py`` on an
-#: H200 prints never-loses for every (document, B): B = 1 >= 0.97x dense, B = 16 / 64 >= 0.98x fixed γ.
-ADAPTIVE_DEFAULT = False
+#: ``--no-adaptive`` of generate, bench and eval). On since ``benchmarks/gpu/a14.py`` on an H200 (2026-12-01 22:55 and
+#: 22:58 UTC, benchmarks/results/gpu_adaptive_2026-12-01h.md) printed never-loses for every (document, B): B = 1
+#: >= 0.97x dense, B = 16 / 64 >= 0.98x fixed γ, same tokens. Set it to False to make fixed γ the default again.
+ADAPTIVE_DEFAULT = True
 
 
 def gamma_ladder(gamma_max: int) -> tuple[int, ...]:

@@ -99,7 +99,9 @@ def generate(
         help="adapt γ per iteration and fall back to dense steps when drafting cannot pay "
              "(default: specdec.adaptive.ADAPTIVE_DEFAULT; lossless)"),
     record_acceptance: Optional[Path] = typer.Option(
-        None, "--record-acceptance", help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace)"),
+        None, "--record-acceptance",
+        help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace); records at fixed γ "
+             "unless --adaptive is given"),
     encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
     allow_special_tokens: bool = typer.Option(
         False, "--allow-special-tokens",
@@ -140,6 +142,8 @@ def generate(
     check_positions(len(ids), max_new_tokens, m.dims.max_positions, "--context-tokens")
     check_budget(cfg, len(ids))
     check_fits(m, batch_size, len(ids), max_new_tokens, cfg.gamma)
+    if adaptive is None and record_acceptance is not None and "adaptive" not in cfg.model_fields_set:
+        adaptive = False  # a trace is replayed at fixed γ (bench --acceptance-trace): every round drafts γ
     if adaptive is not None:
         cfg = cfg.model_copy(update={"adaptive": adaptive})
     engine = build_engine(m, cfg)

@@ -443,6 +443,11 @@ class SpeculativeEngine:
         # the batch's acceptance would change a sequence's output with its batch mates; they keep γ
         if self.drafter is None or not self.adaptive or self.replay is not None or not self.lossless:
             return None
+        # a seeded sampling run keeps γ fixed: γ_t follows wall time and the random draws of an iteration depend on
+        # its γ (and on whether it is a dense step), so adapting would give other tokens - of the same law - from
+        # the same seed run to run; the seed's promise (same seed, same output) wins
+        if not self.sampling.greedy and self.sampling.seed is not None:
+            return None
         tp = getattr(self.model, "tp", None)
         if tp is not None and tp.world > 1:  # decisions from each rank's own clock would differ: every rank
             return None  # must run the same γ and step kinds (the collectives must match), so γ stays fixed

@@ -291,10 +291,13 @@ def parse_methods(spec: str) -> dict[str, tuple[str, dict[str, Any]]]:
 def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Sequence[str] = TASKS, context: int = 1024,
              samples: int = 2, budget: int | None = None, budget_ratio: float | None = None, gamma: int = 4,
              documents: Sequence[str] = DOCUMENTS[:2], doc_context: int | None = None, doc_tokens: int = 64,
-             seed: int = 0, tokenizer=None, log=print, max_new_tokens: int | None = None) -> dict[str, Any]:
+             seed: int = 0, tokenizer=None, log=print, max_new_tokens: int | None = None,
+             adaptive: bool | None = None) -> dict[str, Any]:
     """Every method (and dense, the reference) on ``samples`` samples per task and on the documents.
 
     ``max_new_tokens`` caps every task's answer length (``None``: each task's own, 8–48 tokens).
+    ``adaptive``: adaptive γ / dense fall-back of the lossless methods (:mod:`specdec.adaptive`; ``None``: its
+    default, ``ADAPTIVE_DEFAULT``); it changes their τ and speed, never their tokens.
 
     Returns ``{"tasks": [...per sample...], "documents": [...], "summary": {...}}``.
     """
@@ -317,6 +320,8 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
 
     def engine(method, opts):
         kw = dict(method=method, gamma=gamma, options=dict(opts))
+        if adaptive is not None:
+            kw["adaptive"] = adaptive
         if budget is not None:
             kw["budget"] = budget
         elif budget_ratio is not None:
@@ -518,6 +523,9 @@ def register(app) -> None:
         doc_tokens: int = typer.Option(64, "--doc-tokens", min=1, help="tokens generated per document"),
         seed: int = typer.Option(0, "--seed", help="seed of the task generator"),
         device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
+        adaptive: Optional[bool] = typer.Option(
+            None, "--adaptive/--no-adaptive",
+            help="adaptive γ and dense fall-back of lossless methods (default: specdec.adaptive.ADAPTIVE_DEFAULT)"),
     ) -> None:
         """Quality of methods vs dense decoding: RULER-style tasks + agreement and TV distance on documents."""
         import datetime as dt
@@ -545,10 +553,13 @@ def register(app) -> None:
         m = load_model(model, "float32", device, "reference")
         res = run_eval(m, mspec, tl, context, samples, budget, budget_ratio, gamma,
                        [d.strip() for d in documents.split(",") if d.strip()], None, doc_tokens, seed,
-                       log=lambda s: typer.echo(s, err=True))
+                       log=lambda s: typer.echo(s, err=True), adaptive=adaptive)
+        from specdec.adaptive import ADAPTIVE_DEFAULT
+
         meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     command=" ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]]), model=model, context=context,
-                    samples=samples, budget=budget, budget_ratio=budget_ratio, gamma=gamma)
+                    samples=samples, budget=budget, budget_ratio=budget_ratio, gamma=gamma,
+                    adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive)
         write_text(output_json, json.dumps(dict(meta=meta, **res), indent=1), "--output-json")
         md = markdown(res, meta)
         if output_md is not None:

@@ -142,8 +142,10 @@ def build_engine(model, config: PipelineConfig, **engine_kw: Any):
     """Build the :class:`~specdec.engine.SpeculativeEngine` of ``config.method`` on ``model``."""
     spec = get_method(config.method)
     engine = spec.build(model, config, method_options(config), **engine_kw)
-    if "adaptive" not in engine_kw:  # the pipeline's setting, for every method (a plugin's builder too)
-        engine.adaptive = config.adaptive
+    # ``adaptive=`` here wins over the pipeline's setting; set after the build, so it holds for every method (a
+    # plugin's builder too, even one that does not pass ``**engine_kw`` on to the engine)
+    wanted = engine_kw.get("adaptive")
+    engine.adaptive = config.adaptive if wanted is None else wanted
     return engine
 
 

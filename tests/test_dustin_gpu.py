@@ -142,7 +142,8 @@ def _eagle_runs(artifact, method, graphs, sampling=None, fuse=False, attention="
         m.fuse_projections()
     if method == "eagle":
         eng = SpeculativeEngine(m, EagleDrafter(m, artifact), FullVerifier(m), gamma=3, eos_token_id=-1,
-                                sampling=SamplingConfig(temperature=0.8, seed=3) if sampling else None)
+                                sampling=SamplingConfig(temperature=0.8, seed=3) if sampling else None,
+                                adaptive=False)  # eager vs captured compared on τ: γ fixed
     else:  # "dustin": the default drafting (lookup policy chain); "-chain8": 8 candidates; "-replace": the old policy
         opts = {"draft": str(artifact)}
         if method == "dustin-chain8":

@@ -105,7 +105,8 @@ def test_prompt_features_recomputed_without_recorded_hidden(target, artifact):
     pre = dense.prefill(prompts)
     assert pre.hidden is None
     d = EagleDrafter(other, artifact)
-    eng = SpeculativeEngine(other, d, FullVerifier(other), gamma=3, eos_token_id=-1)
+    # γ fixed: the two calls' τ are compared (an adaptive γ follows each call's timing)
+    eng = SpeculativeEngine(other, d, FullVerifier(other), gamma=3, eos_token_id=-1, adaptive=False)
     a = eng.generate(prompts, 16, prefilled=pre)
     b = eng.generate(prompts, 16)
     assert a.tokens == b.tokens == dense.generate(prompts, 16).tokens
@@ -277,7 +278,7 @@ def test_shipped_eagle_head_is_default_and_accepted(smol):
     tau = {}
     for name, d in drafters.items():
         spec = SpeculativeEngine(smol, d, FullVerifier(smol), gamma=4, sampling=SamplingConfig(), method=name,
-                                 eos_token_id=-1)
+                                 eos_token_id=-1, adaptive=False)  # τ of two drafters at the same fixed γ
         res = spec.generate([ids], 32, prefilled=pre)
         assert res.tokens == ref.tokens  # dense verification: lossless
         tau[name] = res.stats.mean_accepted_length

@@ -208,6 +208,8 @@ def test_score_every_skips_requests_and_keeps_scores():
     sel = SELECTORS.build("collect2", budget=12, sinks=2, recent=3, score_every=2, score_kind="sink_softmax")
     orig = sel.score_request
     sel.score_request = lambda g: calls.append(orig(g)) or calls[-1]
-    res = SpeculativeEngine(model, SparseSelfDrafter(model, sel), gamma=4, eos_token_id=-1).generate(prompts, max_new_tokens=12)
+    # γ fixed: every verification is a round here (the adaptive controller's dense steps would re-plan without scores)
+    res = SpeculativeEngine(model, SparseSelfDrafter(model, sel), gamma=4, eos_token_id=-1,
+                            adaptive=False).generate(prompts, max_new_tokens=12)
     assert res.tokens == ref
     assert [c is None for c in calls[:4]] == [False, True, False, True]
