@@ -144,7 +144,7 @@ def _eagle_runs(artifact, method, graphs, sampling=None, fuse=False, attention="
         eng = SpeculativeEngine(m, EagleDrafter(m, artifact), FullVerifier(m), gamma=3, eos_token_id=-1,
                                 sampling=SamplingConfig(temperature=0.8, seed=3) if sampling else None,
                                 adaptive=False)  # eager vs captured compared on τ: γ fixed
-    else:  # "dustin": the default drafting (lookup policy chain); "-chain8": 8 candidates; "-replace": the old policy
+    else:  # "dustin": the default drafting (lookup policy replace); "-chain8": chain, 8 candidates; "-replace": replace
         opts = {"draft": str(artifact)}
         if method == "dustin-chain8":
             opts.update(lookup_policy="chain", lookup_candidates=8, lookup_veto=0.9)

@@ -92,8 +92,10 @@ def _run(target, artifact, replay: bool, method: str, sampling=None, new=20, att
         eng = SpeculativeEngine(target, EagleDrafter(target, artifact), FullVerifier(target), gamma=3,
                                 sampling=sampling, eos_token_id=-1, adaptive=False)
     else:  # Dustin at a small verification budget: sparse, lossy, the lookahead signal steers it
-        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4,
-                                  options={"draft": str(artifact)})
+        opts = {"draft": str(artifact)}
+        if method == "dustin-chain":  # the opt-in lookup policy: the head follows the context's match
+            opts["lookup_policy"] = "chain"
+        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4, options=opts)
         eng = build_engine(target, cfg, eos_token_id=-1)
     calls = ReplayCalls() if replay else None
     from specdec.lookup import base_drafter
@@ -108,7 +110,7 @@ def _run(target, artifact, replay: bool, method: str, sampling=None, new=20, att
     return out, calls, eng
 
 
-@pytest.mark.parametrize("method", ["eagle", "dustin"])
+@pytest.mark.parametrize("method", ["eagle", "dustin", "dustin-chain"])
 def test_replayed_draft_gives_the_eager_tokens(target, artifact, method):
     eager, _, _ = _run(target, artifact, False, method)
     got, calls, eng = _run(target, artifact, True, method)
@@ -117,10 +119,10 @@ def test_replayed_draft_gives_the_eager_tokens(target, artifact, method):
         dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
         assert eager[0][0] == dense.generate(PROMPTS, 20).tokens
     # one shape after the prefill (one queued row) and one after each verification (γ+1 rows), per buffer set;
-    # Dustin's default lookup policy ("chain") drafts rounds with a context match by its own function (PROMPTS[1]
+    # the opt-in lookup policy "chain" drafts rounds with a context match by its own function (PROMPTS[1]
     # repeats itself): "chain3x1" at those shapes too
     names = [k[0][1] for k in calls.graphs]
-    if method == "eagle":
+    if method != "dustin-chain":
         assert calls.captures == 2 and calls.replays >= 8, (calls.captures, calls.replays)
         assert names == ["greedy3"] * 2
     else:
