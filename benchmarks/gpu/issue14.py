@@ -157,20 +157,7 @@ def timed(fn, dev, n=15):
     for _ in range(3 if dev.type == "cuda" else 1):
         fn()
     _sync(dev)
-    ts = []
-    for _ in range(n):
-        if dev.type == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            torch.cuda.synchronize()
-            ts.append(s.elapsed_time(e) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return statistics.median(_replay_times(fn, dev, n)) / 1e3
 
 
 def launch_table(fn) -> dict:

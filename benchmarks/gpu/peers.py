@@ -97,14 +97,8 @@ class Timer:
                     f()
                 ts.append((time.perf_counter() - t) / len(fns))
             return statistics.median(ts), "eager-cpu"
-        torch.cuda.synchronize()
         try:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for f in fns:
-                    f()
-            g.replay()
-            torch.cuda.synchronize()
+            g = _capture(fns)
             ts = []
             for _ in range(self.reps):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -123,6 +117,18 @@ class Timer:
             return ms * 1e-3 / len(fns), "eager"
 
 
+def _capture(fns) -> "torch.cuda.CUDAGraph":
+    """One CUDA graph calling every closure of ``fns`` in order, replayed once (a capture error raises)."""
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
 def interleaved(fn_lists: dict, reps: int, cuda: bool) -> dict:
     """Median seconds per call of each entry of ``fn_lists`` (``label -> closures``, one per KV copy), timed
     round-robin: one CUDA graph per entry, then ``reps`` rounds that replay every graph once each (the start
@@ -135,15 +141,8 @@ def interleaved(fn_lists: dict, reps: int, cuda: bool) -> dict:
         if not cuda:
             graphs[k] = fns
             continue
-        torch.cuda.synchronize()
         try:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for f in fns:
-                    f()
-            g.replay()
-            torch.cuda.synchronize()
-            graphs[k] = g
+            graphs[k] = _capture(fns)
         except Exception:  # noqa: BLE001 -- not capturable: reported as None, the others still run
             torch.cuda.synchronize()
             graphs[k] = None
