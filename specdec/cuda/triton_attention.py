@@ -76,15 +76,11 @@ def _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA:
 
 
 @triton.jit
-def _sink_anchor_kernel(
-    Q, K, Lens, Ref, sm_scale,
-    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kl,
-    HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-    NA: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """``sink_anchors="pre"``: the anchors of one (sequence, KV head), once, before the split kernel:
-    ``Ref[(b * H_kv + h) * BLOCK_M + m]`` for the packed rows ``m`` (the same rows as the split kernel)."""
-    pid_bh = tl.program_id(0)
+def _packed_rows_q(Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV: tl.constexpr, T: tl.constexpr,
+                   G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr):
+    """The prologue of a program of (sequence, KV head) ``pid_bh`` over its packed rows (row ``m`` = query head
+    ``h G + m // T`` at draft row ``m % T``): ``(b, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q)``
+    with ``q`` the ``(BLOCK_M, D)`` queries (zero past the ``G T`` rows; fp32 under ``UPCAST``)."""
     b = pid_bh // HKV
     h = pid_bh % HKV
     b64 = b.to(tl.int64)
@@ -97,8 +93,23 @@ def _sink_anchor_kernel(
     offs_d = tl.arange(0, D)
     q = tl.load(Q + b64 * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
                 mask=row_valid[:, None], other=0.0)
-    if UPCAST:
+    if UPCAST:  # Triton's CPU interpreter miscomputes bf16 dots: do them in fp32 there
         q = q.to(tl.float32)
+    return b, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q
+
+
+@triton.jit
+def _sink_anchor_kernel(
+    Q, K, Lens, Ref, sm_scale,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kl,
+    HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+    NA: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``sink_anchors="pre"``: the anchors of one (sequence, KV head), once, before the split kernel:
+    ``Ref[(b * H_kv + h) * BLOCK_M + m]`` for the packed rows ``m`` (the same rows as the split kernel)."""
+    pid_bh = tl.program_id(0)
+    b, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q = _packed_rows_q(
+        Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV, T, G, D, BLOCK_M, UPCAST)
     k_base = K + b64 * stride_kb + h * stride_kh
     ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, length + t, sm_scale, offs_d, NA, DOT_PREC, UPCAST)
     tl.store(Ref + pid_bh.to(tl.int64) * BLOCK_M + offs_m, ref)
@@ -129,24 +140,9 @@ def _splitk_attn_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
-    b = pid_bh // HKV
-    h = pid_bh % HKV
-    b64 = b.to(tl.int64)
-
-    length = tl.load(Lens + b)
-    n_ctx = length + T
-
-    offs_m = tl.arange(0, BLOCK_M)
-    g = offs_m // T
-    t = offs_m % T
-    row_valid = offs_m < T * G
+    b, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q = _packed_rows_q(
+        Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV, T, G, D, BLOCK_M, UPCAST)
     row_pos = length + t
-    offs_d = tl.arange(0, D)
-
-    q_ptrs = Q + b64 * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_valid[:, None], other=0.0)
-    if UPCAST:  # Triton's CPU interpreter miscomputes bf16 dots: do them in fp32 there
-        q = q.to(tl.float32)
 
     if SPARSE:
         df = tl.maximum(tl.load(DenseFrom + b), 0)

@@ -120,6 +120,32 @@ def _digit(h, bins, need, prefix, SHIFT: tl.constexpr):
 
 
 @triton.jit
+def _budget_room(LENS, RATIO, b, sinks, recent, budget_abs, min_budget, k_sel, USE_RATIO: tl.constexpr,
+                 F: tl.constexpr, FBLOCK: tl.constexpr):
+    """budget_for + fixed_positions of specdec.selectors.base for sequence ``b``: ``(length, fixed (FBLOCK,), room)``
+    -- the fixed positions (-1: none) and how many top-k slots are left for the selection (at most ``k_sel``)."""
+    length = tl.load(LENS + b).to(tl.int64)
+    if USE_RATIO:
+        q = length.to(tl.float64) * tl.load(RATIO)
+        k = q.to(tl.int64)
+        k = k + (k.to(tl.float64) < q).to(tl.int64)  # ceil
+        k = tl.maximum(k, min_budget)
+    else:
+        k = length * 0 + budget_abs
+    budget = tl.minimum(k, length)
+    s_ = tl.minimum(budget * 0 + sinks, budget)
+    r_ = tl.minimum(budget * 0 + recent, budget - s_)
+    f = tl.arange(0, FBLOCK)
+    i = f - sinks
+    rec = length - recent + i
+    fix = tl.where(f < sinks, tl.where(f < s_, f.to(tl.int64), -1),
+                   tl.where((i >= recent - r_) & (rec >= s_), rec, -1))
+    used = tl.sum(((fix >= 0) & (f < F)).to(tl.int64), axis=0)
+    room = tl.minimum(tl.maximum(budget - used, 0), k_sel).to(tl.int32)
+    return length, fix, room
+
+
+@triton.jit
 def _plan_kernel(S, OUT, DENSE, LENS, RATIO, SCRATCH, stride_n, stride_b, stride_h, L, k_sel, Hs, B, n_rows,
                  sinks, recent, budget_abs, min_budget,
                  USE_RATIO: tl.constexpr, HSUM: tl.constexpr, F: tl.constexpr, FBLOCK: tl.constexpr,
@@ -134,27 +160,11 @@ def _plan_kernel(S, OUT, DENSE, LENS, RATIO, SCRATCH, stride_n, stride_b, stride
         hs = row % Hs
         b = (row // Hs) % B
         n = row // (Hs * B)
-        length = tl.load(LENS + b).to(tl.int64)
-        # budget_for + fixed_positions of specdec.selectors.base, per sequence
-        if USE_RATIO:
-            q = length.to(tl.float64) * tl.load(RATIO)
-            k = q.to(tl.int64)
-            k = k + (k.to(tl.float64) < q).to(tl.int64)  # ceil
-            k = tl.maximum(k, min_budget)
-        else:
-            k = length * 0 + budget_abs
-        budget = tl.minimum(k, length)
-        s_ = tl.minimum(budget * 0 + sinks, budget)
-        r_ = tl.minimum(budget * 0 + recent, budget - s_)
+        length, fix, room = _budget_room(LENS, RATIO, b, sinks, recent, budget_abs, min_budget, k_sel, USE_RATIO, F,
+                                         FBLOCK)
         f = tl.arange(0, FBLOCK)
-        i = f - sinks
-        rec = length - recent + i
-        fix = tl.where(f < sinks, tl.where(f < s_, f.to(tl.int64), -1),
-                       tl.where((i >= recent - r_) & (rec >= s_), rec, -1))
         obase = OUT + row.to(tl.int64) * W
         tl.store(obase + f, fix, mask=f < F)
-        used = tl.sum(((fix >= 0) & (f < F)).to(tl.int64), axis=0)
-        room = tl.minimum(tl.maximum(budget - used, 0), k_sel).to(tl.int32)
         if (n == 0) & (hs == 0):
             tl.store(DENSE + b, length)
         sbase = n.to(tl.int64) * stride_n + b.to(tl.int64) * stride_b
@@ -329,31 +339,6 @@ _SENT16 = -32768  # blocked / padding key (every fp32 score but one NaN pattern 
 
 
 @triton.jit
-def _r16_room(LENS, RATIO, b, sinks, recent, budget_abs, min_budget, k_sel, USE_RATIO: tl.constexpr,
-              F: tl.constexpr, FBLOCK: tl.constexpr):
-    """budget_for + fixed_positions of specdec.selectors.base for sequence ``b``: (length, fixed (FBLOCK,), room)."""
-    length = tl.load(LENS + b).to(tl.int64)
-    if USE_RATIO:
-        q = length.to(tl.float64) * tl.load(RATIO)
-        k = q.to(tl.int64)
-        k = k + (k.to(tl.float64) < q).to(tl.int64)  # ceil
-        k = tl.maximum(k, min_budget)
-    else:
-        k = length * 0 + budget_abs
-    budget = tl.minimum(k, length)
-    s_ = tl.minimum(budget * 0 + sinks, budget)
-    r_ = tl.minimum(budget * 0 + recent, budget - s_)
-    f = tl.arange(0, FBLOCK)
-    i = f - sinks
-    rec = length - recent + i
-    fix = tl.where(f < sinks, tl.where(f < s_, f.to(tl.int64), -1),
-                   tl.where((i >= recent - r_) & (rec >= s_), rec, -1))
-    used = tl.sum(((fix >= 0) & (f < F)).to(tl.int64), axis=0)
-    room = tl.minimum(tl.maximum(budget - used, 0), k_sel).to(tl.int32)
-    return length, fix, room
-
-
-@triton.jit
 def _r16_keys(S, K16, H1, OUT, DENSE, LENS, RATIO, stride_n, stride_b, stride_h, L, k_sel, Hs, B, LP,
               sinks, recent, budget_abs, min_budget, USE_RATIO: tl.constexpr, HSUM: tl.constexpr, F: tl.constexpr,
               FBLOCK: tl.constexpr, BLOCK: tl.constexpr):
@@ -362,7 +347,7 @@ def _r16_keys(S, K16, H1, OUT, DENSE, LENS, RATIO, stride_n, stride_b, stride_h,
     hs = row % Hs
     b = (row // Hs) % B
     n = row // (Hs * B)
-    length, fix, room = _r16_room(LENS, RATIO, b, sinks, recent, budget_abs, min_budget, k_sel, USE_RATIO, F, FBLOCK)
+    length, fix, room = _budget_room(LENS, RATIO, b, sinks, recent, budget_abs, min_budget, k_sel, USE_RATIO, F, FBLOCK)
     if c == 0:
         f = tl.arange(0, FBLOCK)
         tl.store(OUT + row.to(tl.int64) * (F + k_sel) + f, fix, mask=f < F)
@@ -386,7 +371,7 @@ def _r16_digit1(H1, row, LENS, RATIO, b, sinks, recent, budget_abs, min_budget, 
     """(room, d1, need after d1) of a row from its high-byte totals."""
     bins = tl.arange(0, 256)
     h1 = tl.load(H1 + row.to(tl.int64) * 256 + bins)
-    _, _, room = _r16_room(LENS, RATIO, b, sinks, recent, budget_abs, min_budget, k_sel, USE_RATIO, F, FBLOCK)
+    _, _, room = _budget_room(LENS, RATIO, b, sinks, recent, budget_abs, min_budget, k_sel, USE_RATIO, F, FBLOCK)
     room = tl.minimum(room, tl.sum(h1, axis=0))
     d1, need = _digit(h1, bins, room, tl.zeros((), tl.int32), 0)
     return room, d1, need

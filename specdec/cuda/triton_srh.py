@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.cuda.triton_attention import _packed_rows_q
+
 LOG2E = 1.4426950408889634
 
 
@@ -44,19 +46,8 @@ def _srh_lse_kernel(
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
-    b64 = (pid_bh // HKV).to(tl.int64)
-    h = pid_bh % HKV
-    length = tl.load(Lens + b64)
-    n_ctx = length + T
-    offs_m = tl.arange(0, BLOCK_M)
-    g = offs_m // T
-    t = offs_m % T
-    row_valid = offs_m < G * T
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + b64 * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
-                mask=row_valid[:, None], other=0.0)
-    if UPCAST:  # the CPU interpreter miscomputes bf16 dots
-        q = q.to(tl.float32)
+    _, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q = _packed_rows_q(
+        Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV, T, G, D, BLOCK_M, UPCAST)
     per_split = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = pid_s * per_split
     end = tl.minimum(tl.minimum(start + per_split, L), n_ctx)
@@ -93,15 +84,8 @@ def _srh_scores_kernel(
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
-    b64 = (pid_bh // HKV).to(tl.int64)
-    h = pid_bh % HKV
-    length = tl.load(Lens + b64)
-    n_ctx = length + T
-    offs_m = tl.arange(0, BLOCK_M)
-    g = offs_m // T
-    t = offs_m % T
-    row_valid = offs_m < G * T
-    offs_d = tl.arange(0, D)
+    _, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q = _packed_rows_q(
+        Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV, T, G, D, BLOCK_M, UPCAST)
     # each row's log-sum-exp over the whole sequence: merge the chunks' partials
     base = pid_bh.to(tl.int64) * NUM_SPLITS
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -117,10 +101,6 @@ def _srh_scores_kernel(
     w = tl.load(W + h * (G * T) + offs_m, mask=row_valid, other=0.0)
     use = row_valid & (den > 0.0) & (w != 0.0)
     lse = tl.where(use, m_run + tl.log(tl.where(use, den, 1.0)), 0.0)
-    q = tl.load(Q + b64 * stride_qb + (h * G + g)[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
-                mask=row_valid[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
     per_split = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = pid_s * per_split
     end = tl.minimum(start + per_split, L)
