@@ -42,6 +42,9 @@ def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: b
     from specdec.models import SpecdecModel, resolve_dtype
     from specdec.registry import BACKENDS
 
+    from specdec.cuda.triton_pdl import pdl_requested
+
+    pdl_requested()  # a bad SPECDEC_PDL fails here, in one line, not at the first kernel launch
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     if dev == "cpu" and torch_dtype == torch.float16:

@@ -189,6 +189,19 @@ def test_bad_input_in_a_real_process(files, tmp_path, case):
     assert not out.exists()
 
 
+def test_bad_pdl_environment_is_one_error_line(files, tmp_path, monkeypatch):
+    """A bad ``SPECDEC_PDL`` ends like any bad input, before the model loads (it used to escape as a ValueError
+    traceback at the first Triton launch on a GPU)."""
+    monkeypatch.setenv("SPECDEC_PDL", "yes")
+    out = tmp_path / "o.json"
+    res = run_in_process(base_args(files, out))
+    assert res.exit_code == 2, (res.exit_code, res.exception)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == ["error: SPECDEC_PDL='yes' is not a valid setting; use 1 (programmatic dependent launch on) "
+                     "or 0 (off)."], res.stderr
+    assert not out.exists()
+
+
 def test_unknown_command_and_no_arguments():
     res = run_in_process(["frobnicate"])
     assert res.exit_code == 2 and res.stderr.strip().startswith("error: No such command")

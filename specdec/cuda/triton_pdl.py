@@ -26,7 +26,9 @@ tensors on a GPU of compute capability >= 9 and never under Triton's CPU interpr
 Measured on an H200 (2026-12-01, Llama-3.1-8B shape, B 16 x 32k, benchmarks/results/gpu_8b_steps_2026-12-01h.md):
 no gain on the sparse step (5.636 ms off, 5.662 ms on), the dense step 11 % slower with PDL on; so it stays off.
 
-This module imports nothing from specdec.
+This module imports nothing from specdec but :mod:`specdec.errors` (a leaf: the one exception type). A bad
+``SPECDEC_PDL`` value is a :class:`~specdec.errors.SpecdecError`; :func:`specdec.loading.load_model` checks it
+before loading anything, so the CLI ends with one ``error:`` line instead of failing at the first kernel launch.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from specdec.errors import SpecdecError
 
 ENV = "SPECDEC_PDL"
 _OVERRIDE: list = [None]
@@ -56,7 +60,7 @@ def pdl_requested() -> bool:
         return False
     if raw == "1":
         return True
-    raise ValueError(f"{ENV}={raw!r} is not a valid setting; use 1 (programmatic dependent launch on) or 0 (off).")
+    raise SpecdecError(f"{ENV}={raw!r} is not a valid setting; use 1 (programmatic dependent launch on) or 0 (off).")
 
 
 def _interpreted() -> bool:
