@@ -175,7 +175,11 @@ def test_eagle_captured_draft_equals_eager(eagle_artifact, method, sampling, fus
     assert g is not None and not g.uncapturable, g and g.uncapturable
     assert g.captures >= 2 and g.replays >= 10, (g.captures, g.replays)
     assert m._graphs.replays > 0 and not m._graphs.uncapturable, m._graphs.uncapturable
-    if method in ("dustin", "dustin-chain8"):  # the chain draft (rounds with a context match) was captured too
+    from specdec.dustin import LOOKUP_POLICY
+
+    # the chain draft (rounds with a context match) was captured too, where the policy is chain (the library's
+    # default policy is replace again since 2026-12-01: this asserted chain for plain "dustin" and failed on the H200)
+    if method == "dustin-chain8" or (method == "dustin" and LOOKUP_POLICY == "chain"):
         assert any(str(k[0][1]).startswith("chain") for k in g.graphs), [k[0][1] for k in g.graphs]
     if method == "eagle" and not sampling:
         dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1)
