@@ -10,8 +10,10 @@ The target compares the methods *at equal budget*; γ is each method's own choic
 1. ``traces``: the embedded model (bf16, triton, CUDA graphs, fused) records per-round accepted lengths
    (``engine.record_acceptance``, adaptive off so every round drafts γ) for magicdec and vegas at each ``--gammas``
    value, 5 % budget, on two documents that are not in the repository: this interpreter's ``ssl.py`` (code) and the
-   docstrings of its ``email`` package (prose, ``a14.email_docstrings``), 8,000 tokens of context, B = 4, 64 new
-   tokens (greedy; every trace run's tokens are compared with dense greedy: ``same_tokens``).
+   docstrings of its ``email`` package (prose, ``a14.email_docstrings``), 8,000 tokens of context, B = 4, ``--new``
+   tokens (greedy; every trace run's tokens are compared with dense greedy: ``same_tokens``); ``--windows K``
+   makes the batch's sequences K different windows of the document (ends ``--stride`` tokens apart) instead of
+   one window repeated.
 2. ``replay``: :func:`specdec.bench.run_bench` at ``shape="llama-3.1-8b"``, B 16 × 32k, random weights: dense once,
    then per (document, γ) magicdec and vegas replaying their traces (rows labelled replayed; warm-up + median of
    ``--repeats`` timed runs, min–max).
@@ -65,9 +67,13 @@ def record(a, res, out: Path) -> None:
     for doc, path in documents(a, out).items():
         if doc not in a.docs:
             continue
-        ids = context_ids(m.tokenizer, load_document(path), a.context, offset=a.new + 16)
+        text = load_document(path)
+        # a.windows distinct windows (ends a.stride tokens apart): the sequences of a trace continue different
+        # places of the document; with --windows 1 every sequence is the same window (the 2026-12-01 runs)
+        batch = [context_ids(m.tokenizer, text, a.context, offset=a.new + 16 + k * a.stride) for k in range(a.windows)]
+        batch = (batch * a.trace_batch)[: max(a.trace_batch, a.windows)]
         dense = build_engine(m, PipelineConfig.make(method="dense", adaptive=False))
-        ref = dense.generate([ids] * a.trace_batch, max_new_tokens=a.new).tokens
+        ref = dense.generate(batch, max_new_tokens=a.new).tokens
         for g in a.gammas:
             for method in ("magicdec", "vegas"):
                 if elapsed() > a.trace_budget_s:
@@ -76,9 +82,9 @@ def record(a, res, out: Path) -> None:
                 cfg = PipelineConfig.make(method=method, gamma=g, budget_ratio=a.ratio, adaptive=False)
                 eng = build_engine(m, cfg)
                 eng.record_acceptance = True
-                r = eng.generate([ids] * a.trace_batch, max_new_tokens=a.new)
+                r = eng.generate(batch, max_new_tokens=a.new)
                 p = tdir / f"{doc}_{method}_g{g}.json"
-                save_trace(p, r.stats, model=str(a.model), budget_ratio=a.ratio, context_tokens=len(ids), document=path)
+                save_trace(p, r.stats, model=str(a.model), budget_ratio=a.ratio, context_tokens=a.context, document=path)
                 res["traces"][f"{doc}|{g}|{method}"] = dict(
                     file=str(p), tau=r.stats.mean_accepted_length, rounds=len(r.stats.acceptance_trace),
                     same_tokens=[list(map(int, t)) for t in r.tokens] == [list(map(int, t)) for t in ref])
@@ -194,6 +200,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=250.0, help="no new replay after this many seconds")
     ap.add_argument("--trace-budget-s", type=float, default=110.0, help="no new trace after this many seconds")
+    ap.add_argument("--new", type=int, default=64, help="new tokens per trace sequence (and per replayed sequence)")
+    ap.add_argument("--windows", type=int, default=1, help="distinct context windows in a trace's batch (ends "
+                    "--stride tokens apart; the batch is max(4, windows) sequences, windows repeated)")
+    ap.add_argument("--stride", type=int, default=1000, help="tokens between the ends of consecutive windows")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, not the numbers")
     a = ap.parse_args()
     try:
@@ -208,11 +218,14 @@ def main() -> None:
     a.ratio = 0.05
     if a.smoke:
         a.model, a.device, a.dtype, a.backend, a.graphs = "smollm2-135m", "cpu", "float32", "reference", False
-        a.context, a.new, a.trace_batch, a.replay_shape = 300, 8, 2, ("tiny", 2, 256)
+        a.context, a.new, a.trace_batch, a.replay_shape = 300, min(a.new, 8), 2, ("tiny", 2, 256)
+        a.stride = min(a.stride, 20)
         a.repeats = min(a.repeats, 2)
     else:
         a.model, a.device, a.dtype, a.backend, a.graphs = a.gguf, "cuda", "bfloat16", "triton", True
-        a.context, a.new, a.trace_batch, a.replay_shape = 8000, 64, 4, ("llama-3.1-8b", 16, 32768)
+        a.context, a.trace_batch, a.replay_shape = 8000, 4, ("llama-3.1-8b", 16, 32768)
+    if a.new < 1 or a.windows < 1 or a.stride < 1:
+        ap.error("--new, --windows and --stride must be >= 1")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), args={k: str(v) for k, v in vars(a).items()},
