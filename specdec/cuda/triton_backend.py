@@ -497,19 +497,24 @@ class TritonBackend(AttentionBackend):
             ), None
         chunk = max(1, self.config.max_packed_rows // (H // Hkv))
         outs = []
+        # every score kind is per row (each row normalised on its own), so summed scores are the sum of each
+        # chunk's summed scores; per-row scores land in their rows' slices
+        per_row = meta.score_per_row
         R = 0 if score_rows is None else len(score_rows)
-        total = None if score_rows is None else torch.zeros(B, Hkv, R, L, dtype=torch.float32, device=q.device)
+        total = None if score_rows is None else torch.zeros((B, Hkv, R, L) if per_row else (B, Hkv, L),
+                                                             dtype=torch.float32, device=q.device)
         for t0 in range(0, T, chunk):
             t1 = min(T, t0 + chunk)
             picked = [] if score_rows is None else [i for i, r in enumerate(score_rows) if t0 <= r < t1]
             rows = [score_rows[i] - t0 for i in picked] if picked else None
             o, s = self.attend(q[:, :, t0:t1], k_cache, v_cache,
-                               meta.replace(lengths=lengths + t0, score_rows=rows, score_per_row=rows is not None))
+                               meta.replace(lengths=lengths + t0, score_rows=rows, score_per_row=per_row and bool(rows)))
             outs.append(o)
             if s is not None:
-                total[:, :, picked] += s
-        if total is not None and not meta.score_per_row:
-            total = total.sum(dim=2)
+                if per_row:
+                    total[:, :, picked] += s
+                else:
+                    total += s
         return torch.cat(outs, dim=2), total
 
     @staticmethod
