@@ -274,6 +274,17 @@ def test_many_rows_prefill_chunks(kw):
     check(TritonConfig(block_n=16, num_splits=2, max_packed_rows=16), q, k, v, lens, **kw)
 
 
+def test_many_rows_past_the_split_k_bound():
+    """More rows than ``MANY_ROWS_SPLITK_MAX_T`` (a prefill chunk): on a GPU the dense no-score forward goes to
+    masked SDPA, up to the bound (a long verify) to the split-K chunks; both against the reference."""
+    from specdec.cuda.triton_backend import MANY_ROWS_SPLITK_MAX_T
+
+    T = MANY_ROWS_SPLITK_MAX_T + 6
+    lengths = [0, 9]
+    q, k, v, lens = make_case(2, 2, 3, T, 16, T + 12, torch.float32, lengths, seed=6)
+    check(TritonConfig(block_n=16, num_splits=2, max_packed_rows=16), q, k, v, lens)
+
+
 def test_launcher_returns_lse():
     q, k, v, lens = make_case(2, 1, 2, 2, 16, 40, torch.float32, [10, 30], seed=2)
     out, lse, s, raw = splitk_attention(q, k, v, AttentionMetadata(lens, 0.25), cfg=LaunchConfig(block_n=16, num_splits=2))

@@ -31,6 +31,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     _TRITON_ERROR = str(exc)
 
 
+#: verify-sized forwards with more rows than one tile packs (``T * G > max_packed_rows``) and at most this many rows
+#: run the split-K kernel in row chunks on the GPU, also dense without scores; longer ones (prefill chunks) use
+#: PyTorch SDPA with a mask. Measured on the H200 (benchmarks/gpu/many_rows.py, 2026-12-02).
+MANY_ROWS_SPLITK_MAX_T = 64
+
+
 class TritonConfig(ComponentConfig):
     """Launch tunables of the Triton backend.
 
@@ -481,14 +487,16 @@ class TritonBackend(AttentionBackend):
     def _many_rows(self, q, k_cache, v_cache, meta: AttentionMetadata):
         """Prefill-sized forwards (more rows than one packed tile holds).
 
-        Dense without scores on a GPU: PyTorch SDPA with a causal mask (one host sync to size the
-        KV slice). Otherwise: the split-K kernel over chunks of rows (row ``t`` of a chunk starting
-        at ``t0`` is row ``t0 + t`` of the forward, i.e. the same kernel with ``lengths + t0``).
+        Dense without scores on a GPU, more than :data:`MANY_ROWS_SPLITK_MAX_T` rows (a prefill chunk): PyTorch
+        SDPA with a causal mask (one host sync to size the KV slice). Otherwise: the split-K kernel over chunks
+        of rows (row ``t`` of a chunk starting at ``t0`` is row ``t0 + t`` of the forward, i.e. the same kernel
+        with ``lengths + t0``); each chunk reads the KV once, so a verify of γ + 1 rows just past one tile costs
+        two passes (the masked SDPA cost ~6 on the H200: 141.7 vs 22.1 ms per 8B verify at γ 16 vs 8).
         """
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         lengths, score_rows = meta.lengths, meta.score_rows
-        if not meta.sparse and score_rows is None and q.device.type == "cuda":
+        if not meta.sparse and score_rows is None and q.device.type == "cuda" and T > MANY_ROWS_SPLITK_MAX_T:
             n = min(L, int(lengths.max()) + T)
             pos = torch.arange(n, device=q.device).view(1, 1, 1, n)
             rowpos = lengths.view(B, 1, 1, 1) + torch.arange(T, device=q.device).view(1, 1, T, 1)
