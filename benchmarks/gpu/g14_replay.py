@@ -1,6 +1,7 @@
 """Vegas vs MagicDec at the Llama-3.1-8B shape, each at its best γ: traces recorded on held-out documents, replayed.
 
-    timeout 280 python3 benchmarks/gpu/g14_replay.py --out $OUT/g14     # H200, <= 4.5 minutes, needs /tmp/m/smol.gguf
+    timeout 280 python3 benchmarks/gpu/g14_replay.py --out $OUT/g14 --docs code --gammas 8,12   # H200, one document
+    per process (a fourth 8B replay in one process runs out of memory); needs /tmp/m/smol.gguf
     python3 benchmarks/gpu/g14_replay.py --smoke --out /tmp/g14_smoke    # CPU, tiny shapes, ~1 minute
 
 The replayed 8B rows of ``replay_8b.sh`` use γ = 4 only, where both methods accept almost every draft (τ 4.6 / 4.9 of
@@ -69,7 +70,8 @@ def record(a, res, out: Path) -> None:
             continue
         text = load_document(path)
         # a.windows distinct windows (ends a.stride tokens apart): the sequences of a trace continue different
-        # places of the document; with --windows 1 every sequence is the same window (the 2026-12-01 runs)
+        # places of the document; with --windows 1 every sequence is the same window (the 2026-12-01 runs, whose
+        # Vegas lead did not hold on four windows: benchmarks/results/gpu_replay_8b_2026-12-02.md)
         batch = [context_ids(m.tokenizer, text, a.context, offset=a.new + 16 + k * a.stride) for k in range(a.windows)]
         batch = (batch * a.trace_batch)[: max(a.trace_batch, a.windows)]
         dense = build_engine(m, PipelineConfig.make(method="dense", adaptive=False))
@@ -200,9 +202,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=250.0, help="no new replay after this many seconds")
     ap.add_argument("--trace-budget-s", type=float, default=110.0, help="no new trace after this many seconds")
-    ap.add_argument("--new", type=int, default=64, help="new tokens per trace sequence (and per replayed sequence)")
-    ap.add_argument("--windows", type=int, default=1, help="distinct context windows in a trace's batch (ends "
-                    "--stride tokens apart; the batch is max(4, windows) sequences, windows repeated)")
+    ap.add_argument("--new", type=int, default=128, help="new tokens per trace sequence (and per replayed sequence)")
+    ap.add_argument("--windows", type=int, default=4, help="distinct context windows in a trace's batch (ends "
+                    "--stride tokens apart; the batch is max(4, windows) sequences, windows repeated; 1: one window "
+                    "repeated, as the 2026-12-01 runs did)")
     ap.add_argument("--stride", type=int, default=1000, help="tokens between the ends of consecutive windows")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, not the numbers")
     a = ap.parse_args()
