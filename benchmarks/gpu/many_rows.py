@@ -16,28 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 
 def timed(fn, repeats: int, dev) -> float:
+    """Median ms of ``repeats`` synchronised calls after one warm-up (``issue14._replay_times``)."""
+    from issue14 import _replay_times
+
     fn()
-    if dev.type != "cuda":
-        t = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return statistics.median(_replay_times(fn, dev, repeats))
 
 
 def main() -> None:
