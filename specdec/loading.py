@@ -39,10 +39,9 @@ def load_model(model: str, dtype: str, device: str, backend: str, cuda_graphs: b
     """
     import torch
 
+    from specdec.cuda.triton_pdl import pdl_requested
     from specdec.models import SpecdecModel, resolve_dtype
     from specdec.registry import BACKENDS
-
-    from specdec.cuda.triton_pdl import pdl_requested
 
     pdl_requested()  # a bad SPECDEC_PDL fails here, in one line, not at the first kernel launch
     dev = resolve_device(device)
