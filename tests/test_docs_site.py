@@ -135,6 +135,7 @@ def test_summary_picks_the_best_valid_run_and_hides_machine_paths(tmp_path):
 
 def test_summary_of_the_committed_results_opens_with_gpu_rows():
     md = benchpage.summary_markdown(ROOT / "benchmarks" / "results")
+    assert "``" not in md, "a run without a command renders as an empty code span"
     head, _, first = md.splitlines()[:3]
     assert head.startswith("| method |") and "H200" in head.split("|")[2]
     assert "/tmp/" not in md and "/root/" not in md

@@ -177,7 +177,8 @@ def summary_parts(results: Path) -> tuple[str, str]:
                "[All benchmark runs](benchmark-runs.md)):\n"]
     for i, name in enumerate(sources, 1):
         run = by_name[name]
-        runs_md.append(f"{i}. {run.date} · {run.machine} · `{name}`  \n   `{run.command}`")
+        how = f"`{run.command}`" if run.command.strip() else "(`run_bench` called by a script: its report names the command)"
+        runs_md.append(f"{i}. {run.date} · {run.machine} · `{name}`  \n   {how}")
     runs_md.append("")
     return "\n".join(out), "\n".join(runs_md)
 
