@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import ssl
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
@@ -37,7 +40,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     from specdec import PipelineConfig, build_engine
-    from specdec.data import context_ids, load_document
+    from g14_replay import windows
+    from specdec.data import load_document
     from specdec.loading import load_model
 
     out = Path(a.out)
@@ -49,7 +53,7 @@ def main() -> None:
         backend, dtype, graphs, fuse = c.split(",")
         m = load_model(a.gguf, dtype, a.device, backend, graphs == "1", False, fuse == "1")
         text = load_document(ssl.__file__)
-        batch = [context_ids(m.tokenizer, text, a.context, offset=a.new + 16 + k * a.stride) for k in range(a.windows)]
+        batch = windows(m.tokenizer, text, a.context, a.new, a.windows, a.stride)
         ref = build_engine(m, PipelineConfig.make(method="dense", adaptive=False)).generate(batch, max_new_tokens=a.new).tokens
         for g in gammas:
             for meth in ("magicdec", "vegas"):

@@ -56,10 +56,18 @@ def documents(a, out: Path) -> dict[str, str]:
     return {"code": ssl.__file__, "prose": str(out / "email_docstrings.txt")}
 
 
+def windows(tokenizer, text: str, context: int, new: int, count: int, stride: int) -> list[list[int]]:
+    """``count`` windows of ``context`` tokens of ``text`` whose ends lie ``stride`` tokens apart, the last ending
+    ``new + 16`` tokens before the end (room for the continuation)."""
+    from specdec.data import context_ids
+
+    return [context_ids(tokenizer, text, context, offset=new + 16 + k * stride) for k in range(count)]
+
+
 def record(a, res, out: Path) -> None:
     from specdec import PipelineConfig, build_engine
     from specdec.adaptive import save_trace
-    from specdec.data import context_ids, load_document
+    from specdec.data import load_document
     from specdec.loading import load_model
 
     m = load_model(a.model, a.dtype, a.device, a.backend, a.graphs, False, True)
@@ -72,7 +80,7 @@ def record(a, res, out: Path) -> None:
         # a.windows distinct windows (ends a.stride tokens apart): the sequences of a trace continue different
         # places of the document; with --windows 1 every sequence is the same window (the 2026-12-01 runs, whose
         # Vegas lead did not hold on four windows: benchmarks/results/gpu_replay_8b_2026-12-02.md)
-        batch = [context_ids(m.tokenizer, text, a.context, offset=a.new + 16 + k * a.stride) for k in range(a.windows)]
+        batch = windows(m.tokenizer, text, a.context, a.new, a.windows, a.stride)
         batch = (batch * a.trace_batch)[: max(a.trace_batch, a.windows)]
         dense = build_engine(m, PipelineConfig.make(method="dense", adaptive=False))
         ref = dense.generate(batch, max_new_tokens=a.new).tokens
