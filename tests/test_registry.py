@@ -89,7 +89,7 @@ def test_method_options_are_validated_once():
     from specdec import PipelineConfig, build_engine
     from specdec.testing import tiny_model
 
-    with pytest.raises(SpecdecError, match="unknown vegas option 'rows'; known: per_kv_head, score_every, score_kind"):
+    with pytest.raises(SpecdecError, match="unknown vegas option 'rows'; known: per_kv_head, score_every, score_kind, spread"):
         build_engine(tiny_model(), PipelineConfig.make(method="vegas", options={"rows": "all"}))
     with pytest.raises(SpecdecError, match="unknown magicdec option 'sinks'; known: none"):
         build_engine(tiny_model(), PipelineConfig.make(method="magicdec", options={"sinks": 2}))

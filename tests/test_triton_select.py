@@ -26,7 +26,8 @@ from specdec.selectors import base  # noqa: E402
 def _plans(monkeypatch, per_kv_head: bool, lengths: list[int]):
     N, B, H, L = 3, len(lengths), 2, 200
     cache = KVCache(N, B, H, L, 8, torch.float32, torch.device(DEV))
-    sel = SELECTORS.build("collect2", budget_ratio=0.3, sinks=2, recent=4, per_kv_head=per_kv_head)
+    # spread=0: distinct random scores, so the two paths must pick the same sets (spread makes plateaus of ties)
+    sel = SELECTORS.build("collect2", budget_ratio=0.3, sinks=2, recent=4, per_kv_head=per_kv_head, spread=0)
     sel.reset(cache)
     assert sel.max_selected(L) == 54  # top-k picks beyond sinks and the recent window
     req = ScoreRequest(rows=[0, 4], kind="sink_softmax", heads="group")
@@ -78,7 +79,9 @@ from specdec.selectors.base import BudgetConfig, fixed_positions  # noqa: E402
 
 
 def _vegas_plans(monkeypatch, scores, lengths, settings=(False, "fused-always"), **cfg):
-    """Plans of collect2 over ``scores`` ``(N, B, H, L)`` (emitted per KV head) with each TRITON_SELECT setting."""
+    """Plans of collect2 over ``scores`` ``(N, B, H, L)`` (emitted per KV head) with each TRITON_SELECT setting
+    (``spread=0`` unless given: distinct scores stay distinct, so the paths' sets can be compared exactly)."""
+    cfg = {"spread": 0, **cfg}
     N, B, H, L = scores.shape
     cache = KVCache(N, B, H, L, 8, torch.float32, torch.device(DEV))
     lens = torch.tensor(lengths, device=DEV)
@@ -133,6 +136,25 @@ def test_fused_plan_equals_the_torch_plan(monkeypatch, case, per_kv_head):
     torch.testing.assert_close(got.indices.sort(-1).values, want.indices.sort(-1).values, rtol=0, atol=0)
     torch.testing.assert_close(got.dense_from, want.dense_from, rtol=0, atol=0)
     assert (want.indices[..., F:] == -1).any() and (want.indices[..., F:] >= 0).any()
+
+
+@pytest.mark.parametrize("per_kv_head", [False, True])
+def test_fused_plan_with_spread_ranks_the_spread_scores(monkeypatch, per_kv_head):
+    """``spread`` (Vegas' default): the fused path ranks the head sums (or each KV head's scores) after the forward
+    max, with the plateaus' ties to the lowest positions: the stable reference on the spread scores."""
+    from specdec.selectors.verification_guided import spread_forward
+
+    cfg, lengths = CASES["ratio"]
+    g = torch.Generator().manual_seed(6)
+    scores = torch.rand(3, len(lengths), 3, 200, generator=g)
+    plan = _vegas_plans(monkeypatch, scores, lengths, settings=("fused-always",), per_kv_head=per_kv_head, spread=5,
+                        **cfg)["fused-always"]
+    spread = spread_forward(scores if per_kv_head else scores.sum(2, keepdim=True), 5)
+    want = _stable_ref(spread, lengths, BudgetConfig(**cfg).max_room(200), sum_heads=False, **cfg)
+    torch.testing.assert_close(plan.indices.cpu().sort(-1).values, want, rtol=0, atol=0)
+    plain = _stable_ref(scores if per_kv_head else scores.sum(2, keepdim=True), lengths,
+                        BudgetConfig(**cfg).max_room(200), sum_heads=False, **cfg)
+    assert not torch.equal(want, plain)  # the spread changes the sets here
 
 
 # chunk 8192: the row in registers; 64: 4 chunks through the scratch keys
@@ -417,7 +439,7 @@ def _auto_plan(monkeypatch, threshold: int | None = None):
     cache = KVCache(2, 3, 3, 200, 8, torch.float32, torch.device(DEV))
     lens = torch.tensor(lengths, device=DEV)
     monkeypatch.setattr(base, "TRITON_SELECT", "auto")
-    sel = SELECTORS.build("collect2", **cfg)
+    sel = SELECTORS.build("collect2", spread=0, **cfg)  # spread=0: on_verify keeps the emitted scores for the kernel
     sel.reset(cache)
     req = ScoreRequest(rows=[0, 4], kind="sink_softmax", heads="group")
     req.scores = dict(enumerate(scores.to(DEV).unbind(0)))

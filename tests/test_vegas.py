@@ -8,7 +8,8 @@ from specdec.errors import SpecdecError
 from specdec.interfaces import ScoreRequest
 from specdec.observations import overlap_vs_distance, recall_of_future_rows
 from specdec.presets import PipelineConfig, build_engine, method_names
-from specdec.selectors.verification_guided import Collect2Query, VerificationGuidedSelector, collected_rows
+from specdec.selectors.verification_guided import (Collect2Query, VerificationGuidedSelector, collected_rows,
+                                                   spread_forward)
 
 from conftest import make_tiny, real_prompts
 
@@ -49,7 +50,7 @@ def test_default_score_kind():
 
 def test_topk_on_handmade_scores_per_layer():
     """Two layers, one sequence of 40 tokens: sinks 2 + recent 4 + the 4 best-scored positions."""
-    sel = SELECTORS.build("verification_guided", budget=10, sinks=2, recent=4)
+    sel = SELECTORS.build("verification_guided", budget=10, sinks=2, recent=4, spread=0)
     lengths = torch.tensor([40])
     sel.on_verify(None, lengths)
     s0 = torch.zeros(1, 3, 64)
@@ -71,7 +72,7 @@ def test_topk_on_handmade_scores_per_layer():
 
 
 def test_per_kv_head_selection():
-    sel = SELECTORS.build("verification_guided", budget=4, sinks=0, recent=0, per_kv_head=True)
+    sel = SELECTORS.build("verification_guided", budget=4, sinks=0, recent=0, per_kv_head=True, spread=0)
     lengths = torch.tensor([30])
     sel.on_verify(None, lengths)
     s = torch.zeros(1, 2, 32)
@@ -86,7 +87,7 @@ def test_per_kv_head_selection():
 
 def test_last_mode_keeps_the_last_accepted_row():
     """Batch of 2: sequence 0 accepted 2 drafts (row 2), sequence 1 none (row 0)."""
-    sel = SELECTORS.build("verification_guided", budget=2, sinks=0, recent=0, rows="last")
+    sel = SELECTORS.build("verification_guided", budget=2, sinks=0, recent=0, rows="last", spread=0)
     old = torch.tensor([20, 20])
     sel.on_verify(None, old)
     s = torch.zeros(2, 1, 4, 32)  # (B, H_kv, R = γ+1, L)
@@ -97,6 +98,40 @@ def test_last_mode_keeps_the_last_accepted_row():
     sel.on_verify(req, new)
     idx = sel.plan(None, new).indices[0, :, 0]
     assert set(idx[0].tolist()) == {4, 5} and set(idx[1].tolist()) == {0, 1}
+
+
+def test_spread_forward():
+    s = torch.tensor([[0.0, 5.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]])
+    assert spread_forward(s, 2).tolist() == [[0.0, 5.0, 5.0, 5.0, 1.0, 1.0, 1.0, 0.0]]
+    assert torch.equal(spread_forward(s, 0), s)
+    logits = torch.tensor([[-3.0, -1.0, -2.0, -5.0]])  # logits may be negative: the padding is -inf, not 0
+    assert spread_forward(logits, 1).tolist() == [[-3.0, -1.0, -1.0, -2.0]]
+
+
+def test_spread_keeps_the_entries_after_an_attended_one():
+    """``spread`` (default 8): one hot position and a weaker cluster elsewhere; the plan keeps the hot position and
+    the ``spread`` after it (the text a draft reads next when it follows it), also per KV head; ``spread=0`` is the
+    paper's plain top-k (the hot position, then the cluster). Nothing at or past the length is picked."""
+    lengths = torch.tensor([60])
+
+    def plan(hot=10, **kw):
+        sel = SELECTORS.build("verification_guided", budget=6, sinks=0, recent=0, **kw)
+        sel.on_verify(None, lengths)
+        s = torch.zeros(1, 2, 64)
+        s[0, 0, hot] = 9.0                           # the attended entry (head 0)
+        s[0, 1, [40, 41, 42, 43, 44, 45]] = 2.0      # a weaker cluster (head 1)
+        sel.on_verify(_request(sel, 3, {0: s}), lengths)
+        idx = sel.plan(None, lengths).indices
+        return [set(idx[0, 0, h].tolist()) - {-1} for h in range(idx.shape[2])]
+
+    assert Collect2Query().config.spread == 8
+    assert plan(spread=5) == [{10, 11, 12, 13, 14, 15}]
+    plain = plan(spread=0)[0]
+    assert len(plain) == 6 and 10 in plain and plain - {10} <= {40, 41, 42, 43, 44, 45}
+    kv = plan(spread=5, per_kv_head=True)  # each KV head spreads its own scores
+    assert kv[0] == {10, 11, 12, 13, 14, 15} and len(kv[1]) == 6 and kv[1] <= set(range(40, 51))
+    near_end = plan(hot=57, spread=5)[0]   # 57..62 score 9: only 57..59 are cached
+    assert {57, 58, 59} <= near_end and max(near_end) < 60
 
 
 def test_first_plan_falls_back_to_recency():

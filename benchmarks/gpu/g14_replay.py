@@ -1,5 +1,8 @@
 """Vegas vs MagicDec at the Llama-3.1-8B shape, each at its best γ: traces recorded on held-out documents, replayed.
 
+    timeout 330 python3 benchmarks/gpu/g14_replay.py --out $OUT/g14 --docs code --gammas 8,12 \
+        --methods magicdec,vegas,vegas-all    # every method after magicdec is compared with it
+
     timeout 280 python3 benchmarks/gpu/g14_replay.py --out $OUT/g14 --docs code --gammas 8,12   # H200, one document
     per process (a fourth 8B replay in one process runs out of memory); needs /tmp/m/smol.gguf
     python3 benchmarks/gpu/g14_replay.py --smoke --out /tmp/g14_smoke    # CPU, tiny shapes, ~1 minute
@@ -9,16 +12,16 @@ at most 5), so τ can differ by at most ~8 % while Vegas does strictly more work
 The target compares the methods *at equal budget*; γ is each method's own choice. This script:
 
 1. ``traces``: the embedded model (bf16, triton, CUDA graphs, fused) records per-round accepted lengths
-   (``engine.record_acceptance``, adaptive off so every round drafts γ) for magicdec and vegas at each ``--gammas``
+   (``engine.record_acceptance``, adaptive off so every round drafts γ) for each of ``--methods`` (default magicdec, vegas) at each ``--gammas``
    value, 5 % budget, on two documents that are not in the repository: this interpreter's ``ssl.py`` (code) and the
    docstrings of its ``email`` package (prose, ``a14.email_docstrings``), 8,000 tokens of context, B = 4, ``--new``
    tokens (greedy; every trace run's tokens are compared with dense greedy: ``same_tokens``); ``--windows K``
    makes the batch's sequences K different windows of the document (ends ``--stride`` tokens apart) instead of
    one window repeated.
 2. ``replay``: :func:`specdec.bench.run_bench` at ``shape="llama-3.1-8b"``, B 16 × 32k, random weights: dense once,
-   then per (document, γ) magicdec and vegas replaying their traces (rows labelled replayed; warm-up + median of
+   then per (document, γ) the methods replaying their traces (rows labelled replayed; warm-up + median of
    ``--repeats`` timed runs, min–max).
-3. Per document: each method's best γ by tokens/s, and vegas(best) / magicdec(best).
+3. Per document: each method's best γ by tokens/s, and its best over magicdec's best.
 
 Writes ``<out>/g14.json`` and ``<out>/g14.md`` after every step (a timeout keeps what finished), traces under
 ``<out>/traces/``.
@@ -85,7 +88,7 @@ def record(a, res, out: Path) -> None:
         dense = build_engine(m, PipelineConfig.make(method="dense", adaptive=False))
         ref = dense.generate(batch, max_new_tokens=a.new).tokens
         for g in a.gammas:
-            for method in ("magicdec", "vegas"):
+            for method in a.methods:
                 if elapsed() > a.trace_budget_s:
                     res["traces"][f"{doc}|{g}|{method}"] = dict(skipped="out of time")
                     continue
@@ -124,7 +127,7 @@ def replay(a, res, out: Path) -> None:
         if elapsed() > a.budget_s:
             res["replay"].append(dict(doc=doc, gamma=g, skipped="out of time"))
             continue
-        traces = {m: res["traces"][f"{doc}|{g}|{m}"]["file"] for m in ("magicdec", "vegas")
+        traces = {m: res["traces"][f"{doc}|{g}|{m}"]["file"] for m in a.methods
                   if "file" in res["traces"].get(f"{doc}|{g}|{m}", {})}
         try:
             rows = run_bench(list(traces), [ctx], [B], ["random"], a.new, None, a.ratio, g, "random", a.backend,
@@ -153,11 +156,13 @@ def summary(res) -> dict:
                 best[k] = dict(r, gamma=e["gamma"])
     out = {}
     for doc in sorted({d for d, _ in best}):
-        v, mg = best.get((doc, "vegas")), best.get((doc, "magicdec"))
-        out[doc] = dict(vegas_best_gamma=v and v["gamma"], magicdec_best_gamma=mg and mg["gamma"],
-                        vegas_tok_s=v and v["tokens_per_second"], magicdec_tok_s=mg and mg["tokens_per_second"],
-                        vegas_over_magicdec=(v["tokens_per_second"] / mg["tokens_per_second"]) if v and mg else None,
-                        vegas_x_dense=(v["tokens_per_second"] / dense["tokens_per_second"]) if v and dense else None)
+        mg = best.get((doc, "magicdec"))
+        out[doc] = dict(magicdec_best_gamma=mg and mg["gamma"], magicdec_tok_s=mg and mg["tokens_per_second"])
+        for m in sorted({m for d, m in best if d == doc and m != "magicdec"}):
+            v, k = best[(doc, m)], m.replace("-", "_")
+            out[doc].update({f"{k}_best_gamma": v["gamma"], f"{k}_tok_s": v["tokens_per_second"],
+                             f"{k}_over_magicdec": (v["tokens_per_second"] / mg["tokens_per_second"]) if mg else None,
+                             f"{k}_x_dense": (v["tokens_per_second"] / dense["tokens_per_second"]) if dense else None})
     return out
 
 
@@ -185,12 +190,14 @@ def report_md(res) -> str:
                        f"{r.get('tokens_per_second_max', 0):,.1f} | {'' if sp is None else f'{sp:.2f}×'} | "
                        f"{100 * r.get('selection_overhead_share', 0.0):.1f} % |")
     s = summary(res)
-    out += ["", "## Each method at its best γ", "", "| document | vegas γ | magicdec γ | vegas tok/s | magicdec tok/s | "
-            "vegas / magicdec | vegas × dense |", "|---|---|---|---|---|---|---|"]
+    out += ["", "## Each method at its best γ (against MagicDec at its best γ)", "",
+            "| document | method | γ | tok/s | / magicdec | × dense |", "|---|---|---|---|---|---|"]
+    f = lambda x, p="{:.3f}": "—" if x is None else p.format(x)  # noqa: E731
     for doc, v in s.items():
-        f = lambda x, p="{:.3f}": "—" if x is None else p.format(x)  # noqa: E731
-        out.append(f"| {doc} | {v['vegas_best_gamma']} | {v['magicdec_best_gamma']} | {f(v['vegas_tok_s'], '{:,.1f}')} | "
-                   f"{f(v['magicdec_tok_s'], '{:,.1f}')} | {f(v['vegas_over_magicdec'])} | {f(v['vegas_x_dense'])} |")
+        out.append(f"| {doc} | magicdec | {v['magicdec_best_gamma']} | {f(v['magicdec_tok_s'], '{:,.1f}')} | 1 | |")
+        for k in sorted(x[: -len("_best_gamma")] for x in v if x.endswith("_best_gamma") and x != "magicdec_best_gamma"):
+            out.append(f"| {doc} | {k.replace('_', '-')} | {v[k + '_best_gamma']} | {f(v[k + '_tok_s'], '{:,.1f}')} | "
+                       f"{f(v[k + '_over_magicdec'])} | {f(v[k + '_x_dense'])} |")
     out += ["", "parts: " + json.dumps(res["parts"]), ""]
     return "\n".join(out)
 
@@ -215,8 +222,13 @@ def main() -> None:
                     "--stride tokens apart; the batch is max(4, windows) sequences, windows repeated; 1: one window "
                     "repeated, as the 2026-12-01 runs did)")
     ap.add_argument("--stride", type=int, default=1000, help="tokens between the ends of consecutive windows")
+    ap.add_argument("--methods", default="magicdec,vegas", help="methods traced and replayed, comma separated "
+                    "(magicdec first: every other one is compared with it)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, not the numbers")
     a = ap.parse_args()
+    a.methods = [m for m in a.methods.split(",") if m]
+    if not a.methods or a.methods[0] != "magicdec" or len(a.methods) < 2:
+        ap.error(f"--methods starts with magicdec and names at least one more (e.g. magicdec,vegas); got {a.methods}")
     try:
         a.gammas = [int(g) for g in a.gammas.split(",") if g]
     except ValueError:

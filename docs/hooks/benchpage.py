@@ -79,7 +79,7 @@ def load_run(path: Path) -> Run | None:
     if isinstance(meta.get("machine"), dict) and "command" in meta:  # specdec bench
         machine = meta["machine"]
         name = machine.get("gpu") or f"CPU ({machine.get('cpu', '?')}, {machine.get('threads', '?')} thread{'' if machine.get('threads') == 1 else 's'})"
-        model = f"{meta.get('model', '?')} {meta.get('dtype') or ''}".strip()
+        model = scrub_paths(f"{meta.get('model', '?')} {meta.get('dtype') or ''}".strip())  # a GGUF path: its name
         run = Run(path.name, str(machine.get("date", "")), f"{name} · {model}", scrub_paths(meta["command"]))
         for r in data["rows"]:
             if isinstance(r, dict) and {"method", "context", "batch", "tokens_per_second"} <= r.keys():

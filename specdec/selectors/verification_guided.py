@@ -49,6 +49,18 @@ def collected_rows(mode: str, gamma: int) -> list[int]:
     raise SpecdecError(f"rows must be one of all, collect2, last (got {mode!r}).")
 
 
+def spread_forward(s: torch.Tensor, n: int) -> torch.Tensor:
+    """``out[..., i] = max(s[..., i - n : i + 1])`` over the last dimension (positions), same shape and dtype.
+
+    Each position ranks with the best score of itself and the ``n`` positions before it, so a plan that keeps an
+    attended entry keeps the ``n`` after it too (where a draft that copies or paraphrases the context reads next).
+    """
+    L = s.shape[-1]
+    flat = s.reshape(-1, 1, L)
+    padded = torch.nn.functional.pad(flat, (n, 0), value=float("-inf"))
+    return torch.nn.functional.max_pool1d(padded, kernel_size=n + 1, stride=1).view(s.shape)
+
+
 class VerificationGuidedConfig(BudgetConfig):
     """Options of :class:`VerificationGuidedSelector` (budget fields: :class:`BudgetConfig`)."""
 
@@ -64,6 +76,10 @@ class VerificationGuidedConfig(BudgetConfig):
     score_every: int = Field(default=1, ge=1, description="collect scores at every n-th verification only; "
                              "the plans in between reuse the last scores (newer tokens come from the recent window "
                              "and the dense tail): verify passes without score emission")
+    spread: int = Field(default=8, ge=0, description="each entry also ranks with the best (head-summed) score of "
+                        "the `spread` entries before it (a forward max over positions): drafts move on through the "
+                        "text they attend to, so the entries after an attended one are the ones later drafts need; "
+                        "0: the paper's plain top-k")
 
     @model_validator(mode="before")
     @classmethod
@@ -141,7 +157,8 @@ class VerificationGuidedSelector(BudgetSelector):
             s = stack_layers([scores.scores[layer] for layer in layers])  # (N, B, H_kv, [R,] L)
             if scores.per_row:
                 s = self._last_accepted_row(s, lengths)
-            if fused_select(s.device, s) is not None:  # the fused plan sums the heads itself: keep s as emitted
+            # the fused plan sums the heads itself: keep s as emitted (unless the sums are to be spread first)
+            if fused_select(s.device, s) is not None and not self.config.spread:
                 self._raw = s
             else:
                 self._scores = self._keep(s)
@@ -172,7 +189,10 @@ class VerificationGuidedSelector(BudgetSelector):
                     forget_address(buf)
                 buf = keep_address(torch.empty(shape, dtype=torch.float32, device=s.device))
                 self._own[:] = [buf]
-        if self.config.per_kv_head:
+        if self.config.spread:  # the head sums (or each KV head's scores), spread forward
+            buf.copy_(spread_forward(s if self.config.per_kv_head else s.sum(2, keepdim=True, dtype=torch.float32),
+                                     self.config.spread))
+        elif self.config.per_kv_head:
             buf.copy_(s)
         else:
             torch.sum(s, dim=2, keepdim=True, dtype=torch.float32, out=buf)
@@ -198,8 +218,11 @@ class VerificationGuidedSelector(BudgetSelector):
         return self._scores
 
     def score_elements(self, lengths: torch.Tensor) -> int | None:
-        """The emitted scores kept for the fused plan (layers x B x KV heads x L), ``None`` without them."""
-        return None if self._raw is None else self._raw.numel()
+        """The emitted scores kept for the fused plan (layers x B x KV heads x L); with ``spread``, the spread scores
+        it ranks instead (layers x B x 1 or KV heads x L); ``None`` without either."""
+        if self._raw is not None:
+            return self._raw.numel()
+        return self._scores.numel() if self.config.spread and self._scores is not None else None
 
     def fused_scores(self, cache: KVCache, lengths: torch.Tensor) -> tuple[torch.Tensor, bool]:
         if self._raw is not None:
