@@ -94,22 +94,33 @@ def _free_memory(device) -> None:
         torch.cuda.empty_cache()
 
 
-def _prefilled(eng, m, ids: list[int], batch: int, random_cache: bool):
-    """``ids`` prefilled once (or, for a random-weight shape, a random cache: no prefill), as ``batch`` views."""
+def _prefilled(eng, m, windows: list[list[int]], batch: int, random_cache: bool):
+    """The ``windows`` (contexts of one length) prefilled once (or, for a random-weight shape, a random cache: no
+    prefill), as ``batch`` sequences: sequence ``b`` continues window ``b % len(windows)``. One window: expanded
+    views, no copy; several: the prefilled cache gathered to the batch."""
     from specdec.engine import Prefilled
 
     if random_cache:
         d = m.dims
         g = torch.Generator(device=m.device).manual_seed(0)
-        shape = (d.n_layers, 1, d.n_kv_heads, len(ids), d.head_dim)
+        shape = (d.n_layers, 1, d.n_kv_heads, len(windows[0]), d.head_dim)
         k = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)
         v = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)
-        one = Prefilled(ids=[ids], k=k, v=v, last_logits=torch.zeros(1, d.vocab_size, device=m.device))
+        one = Prefilled(ids=windows[:1], k=k, v=v, last_logits=torch.zeros(1, d.vocab_size, device=m.device))
     else:
-        one = eng.prefill([ids])
-    return Prefilled(ids=[ids] * batch, k=one.k.expand(-1, batch, -1, -1, -1), v=one.v.expand(-1, batch, -1, -1, -1),
-                     last_logits=one.last_logits.expand(batch, -1),
-                     hidden=one.hidden.expand(batch, -1, -1) if one.hidden is not None else None)
+        one = eng.prefill(windows)
+    n = len(one.ids)
+    if n == 1:
+        def to_batch(t, dim):
+            return None if t is None else t.expand(*[batch if i == dim else -1 for i in range(t.dim())])
+    else:
+        idx = torch.arange(batch, device=m.device) % n
+
+        def to_batch(t, dim):
+            return None if t is None else t.index_select(dim, idx.to(t.device))
+    return Prefilled(ids=[one.ids[b % n] for b in range(batch)], k=to_batch(one.k, 1), v=to_batch(one.v, 1),
+                     last_logits=to_batch(one.last_logits, 0), ring_k=to_batch(one.ring_k, 1),
+                     ring_v=to_batch(one.ring_v, 1), hidden=to_batch(one.hidden, 0))
 
 
 def run_bench(
@@ -138,6 +149,8 @@ def run_bench(
     shape: str | None = None,
     acceptance_trace: str | Path | dict[str, str | Path] | None = None,
     adaptive: bool | None = None,
+    windows: int = 1,
+    window_stride: int = 1000,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
@@ -158,13 +171,17 @@ def run_bench(
       ``acceptance_trace`` (one file, or ``{method: file}``): speculative rows replay the accepted
       lengths a real run of that method recorded (:class:`specdec.adaptive.AcceptanceReplay`) and are
       labelled ``replayed``; their tokens are not compared with dense.
-    - Every sequence of a batch gets the same context, prefilled once and shared (expanded views).
+    - Every sequence of a batch gets the same context, prefilled once and shared (expanded views); with
+      ``windows`` K > 1 the batch cycles K different windows of each document (window ``k`` ends
+      ``max_new_tokens + 16 + k * window_stride`` tokens before its end; sequence ``b`` continues window ``b % K``),
+      prefilled once, so τ is read over K continuations instead of one. Every sequence's tokens are compared with
+      dense's (``same_tokens_as_dense``).
     - ``adaptive``: the adaptive γ / dense fall-back of :mod:`specdec.adaptive` (off under replay).
     """
     from rich.progress import Progress
 
     from specdec.loading import load_model, pipeline_config
-    from specdec.data import context_ids, load_document
+    from specdec.data import context_windows, load_document
     from specdec.memory import check_fits
     from specdec.outputs import check_output_dir, write_text
     from specdec.presets import build_engine
@@ -176,6 +193,12 @@ def run_bench(
         raise SpecdecError("contexts and batch sizes must be >= 1.")
     if repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1 (got {repeats}); use 3 or more for a median.")
+    if windows < 1 or window_stride < 1:
+        raise SpecdecError(f"--windows and --window-stride must be >= 1 (got {windows}, {window_stride}); "
+                           "e.g. --windows 4 --window-stride 1000.")
+    if windows > 1 and shape is not None:
+        raise SpecdecError("--windows takes windows of documents; a random-weight --shape has random contexts: "
+                           "drop --windows (or --shape).")
     if not methods or not contexts or not batch_sizes or not documents:
         raise SpecdecError("methods, contexts, batch sizes and documents each need at least one value.")
     check_output_dir(output_dir, "--output-dir")
@@ -214,12 +237,14 @@ def run_bench(
                 compile_skipped=getattr(m, "compile_skipped", None), fuse=fuse, warmup=warmup, repeats=repeats,
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
                 replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None,
-                adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive)
+                adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive, windows=windows,
+                window_stride=window_stride if windows > 1 else None)
 
     def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
         write_text(output_dir / f"{tag}.json", json.dumps(dict(meta=meta, rows=rows), indent=2), "--output-dir")
         write_text(output_dir / f"{tag}.md", markdown_table(meta, rows), "--output-dir")
     rows: list[dict[str, Any]] = []
+    all_tokens: list = []  # per row (specdec methods; HF rows get None): each sequence's tokens
     if shape is not None:
         documents = ["random"]
     total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + 2 * int(hf_baseline))
@@ -229,10 +254,12 @@ def run_bench(
             text = load_document(doc) if shape is None else None
             for ctx in contexts:
                 if shape is None:
-                    ids = context_ids(m.tokenizer, text, ctx, offset=max_new_tokens + 16)
+                    wins = context_windows(m.tokenizer, text, ctx, windows, max_new_tokens + 16, window_stride)
+                    ids = wins[0]
                 else:
                     g = torch.Generator().manual_seed(ctx)
                     ids = torch.randint(0, m.dims.vocab_size, (ctx,), generator=g).tolist()
+                    wins = [ids]
                 for bs in batch_sizes:
                     # the previous setting's engine, prefill and cache go before this one allocates (at the 8B
                     # shape, B 16 x 32k, a cache is 64 GiB: two do not fit next to the model on an H200)
@@ -255,16 +282,17 @@ def run_bench(
                         if name in replays:
                             eng.replay = replays[name]
                         if pre is None:  # one prefill shared by every method and sequence
-                            pre = _prefilled(eng, m, ids, bs, random_cache=shape is not None)
+                            pre = _prefilled(eng, m, wins[:bs], bs, random_cache=shape is not None)
                         if warmup:  # same length: every capture and compilation happens here
-                            eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
-                        runs = [eng.generate([ids] * bs, max_new_tokens=max_new_tokens, prefilled=pre)
+                            eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
+                        runs = [eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
                                 for _ in range(repeats)]
                         tps = _stats([r.stats.tokens_per_second for r in runs])
                         res = sorted(runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2]
                         s = res.stats
                         if name == "dense":
                             dense_tps = tps["median"]
+                        all_tokens.append(res.tokens)  # every sequence's, for the comparison with dense below
                         rows.append(
                             dict(
                                 document=doc,
@@ -294,6 +322,7 @@ def run_bench(
                         for label, impl in (("hf-generate", None), ("hf-generate-static", "static")):
                             progress.update(task, description=f"{doc} ctx={ctx} B={bs} {label}")
                             tps = hf_generate_tps(m, ids, bs, max_new_tokens, impl, repeats)
+                            all_tokens.append(None)
                             rows.append(dict(document=doc, context=ctx, batch=bs, method=label, tau=1.0,
                                              tokens_per_second=tps["median"], tokens_per_second_min=tps["min"],
                                              tokens_per_second_max=tps["max"], repeats=repeats,
@@ -302,11 +331,11 @@ def run_bench(
                             progress.advance(task)
                             save()
     # greedy losslessness check: lossless methods must reproduce dense tokens
-    for r in rows:
-        dense = next((x for x in rows if x["method"] == "dense" and x["document"] == r["document"]
-                      and x["context"] == r["context"] and x["batch"] == r["batch"]), None)
-        if dense is not None and "tokens" in r and not r.get("replayed"):
-            r["same_tokens_as_dense"] = r["tokens"] == dense["tokens"]
+    for r, toks in zip(rows, all_tokens):
+        d = next((i for i, x in enumerate(rows) if x["method"] == "dense" and x["document"] == r["document"]
+                  and x["context"] == r["context"] and x["batch"] == r["batch"]), None)
+        if d is not None and toks is not None and not r.get("replayed"):
+            r["same_tokens_as_dense"] = toks == all_tokens[d]  # every sequence of the batch
     save()
     print(markdown_table(meta, rows))
     return rows
@@ -320,6 +349,9 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"- machine: {json.dumps(meta.get('machine'))}",
         "",
         f"- tokens/s: median of {meta.get('repeats', 1)} timed runs (min–max); HF baselines warmed up at the same shape",
+        (f"- contexts: {meta['windows']} windows of each document, ends {meta['window_stride']} tokens apart "
+         "(sequence b continues window b mod K)" if (meta.get("windows") or 1) > 1 else
+         "- contexts: every sequence of a batch continues the same window"),
         *([f"- {meta['compile_skipped']}"] if meta.get("compile_skipped") else []),
         "",
         "| document | context | batch | method | τ | tokens/s (min–max) | speedup vs dense | select share "

@@ -237,6 +237,9 @@ def bench(
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive",
         help="adaptive γ and dense fall-back (default: specdec.adaptive.ADAPTIVE_DEFAULT; lossless)"),
+    windows: int = typer.Option(1, "--windows", help="different windows of each document in a batch (sequence b "
+                                "continues window b mod K; 1: every sequence the same window)"),
+    window_stride: int = typer.Option(1000, "--window-stride", help="tokens between the ends of consecutive windows"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench
@@ -279,6 +282,8 @@ def bench(
         shape=shape,
         acceptance_trace=_traces(acceptance_trace),
         adaptive=adaptive,
+        windows=windows,
+        window_stride=window_stride,
     )
     typer.echo(f"wrote {output_dir / f'{tag}.json'} and {output_dir / f'{tag}.md'}")
 

@@ -81,6 +81,21 @@ def _pydoc_part(name: str) -> str:
     return "\n\n".join(out)
 
 
+def context_windows(tokenizer, text: str, context_tokens: int, count: int, offset: int, stride: int,
+                    option: str = "--windows") -> list[list[int]]:
+    """``count`` windows of ``context_tokens`` tokens of ``text``, window ``k`` ending ``offset + k * stride`` tokens
+    before its end (window 0 is :func:`context_ids`' window); a document too short for them is a one-line error."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    need = context_tokens + offset + (count - 1) * stride
+    if len(ids) < need:
+        raise SpecdecError(
+            f"the document has {len(ids)} tokens, fewer than the {need} that {count} windows of {context_tokens} "
+            f"tokens {stride} apart need; use a longer document, fewer {option} or a smaller stride or context."
+        )
+    ends = [len(ids) - offset - k * stride for k in range(count)]
+    return [ids[e - context_tokens : e] for e in ends]
+
+
 def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0) -> list[int]:
     """Tokenize ``text`` and keep ``context_tokens`` tokens ending ``offset`` tokens before its end."""
     ids = tokenizer(text, add_special_tokens=False).input_ids

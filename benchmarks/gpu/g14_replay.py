@@ -62,9 +62,9 @@ def documents(a, out: Path) -> dict[str, str]:
 def windows(tokenizer, text: str, context: int, new: int, count: int, stride: int) -> list[list[int]]:
     """``count`` windows of ``context`` tokens of ``text`` whose ends lie ``stride`` tokens apart, the last ending
     ``new + 16`` tokens before the end (room for the continuation)."""
-    from specdec.data import context_ids
+    from specdec.data import context_windows
 
-    return [context_ids(tokenizer, text, context, offset=new + 16 + k * stride) for k in range(count)]
+    return context_windows(tokenizer, text, context, count, new + 16, stride)
 
 
 def record(a, res, out: Path) -> None:

@@ -1,0 +1,80 @@
+"""``specdec bench --windows K``: a batch cycles K different windows of each document (one prefill), and every
+sequence's tokens are compared with dense's; before, every sequence continued one window (τ of one window)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_tiny
+from specdec import PipelineConfig, build_engine
+from specdec.bench import _prefilled
+from specdec.data import context_windows
+from specdec.errors import SpecdecError
+
+
+class _Tok:
+    """A tokenizer whose ids are the characters' positions: ``"abc"`` -> ``[0, 1, 2]``."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return type("E", (), {"input_ids": list(range(len(text)))})()
+
+
+def test_context_windows_end_stride_apart_and_short_documents_fail():
+    w = context_windows(_Tok(), "x" * 100, 10, 3, offset=5, stride=20)
+    assert w == [list(range(85, 95)), list(range(65, 75)), list(range(45, 55))]
+    with pytest.raises(SpecdecError, match=r"fewer than the 106 that 3 windows of 10 tokens 46 apart need; .*--windows"):
+        context_windows(_Tok(), "x" * 100, 10, 3, offset=4, stride=46)
+
+
+def test_prefilled_windows_cycle_over_the_batch_and_decode_like_plain_prompts():
+    m = make_tiny("llama")
+    wins = [list(range(3, 43)), [5, 9, 17, 33, 2, 8] * 7 + [1], list(range(60, 20, -1))]
+    eng = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    pre = _prefilled(eng, m, wins, 5, random_cache=False)
+    assert pre.ids == [wins[0], wins[1], wins[2], wins[0], wins[1]] and pre.k.shape[1] == 5
+    one = eng.prefill([wins[1]])
+    torch.testing.assert_close(pre.k[:, 4], one.k[:, 0])  # sequence 4 continues window 1
+    want = eng.generate(pre.ids, max_new_tokens=6).tokens
+    assert eng.generate(pre.ids, max_new_tokens=6, prefilled=pre).tokens == want
+    spec = build_engine(m, PipelineConfig.make(method="magicdec", gamma=3, budget=12, sinks=2, recent=3,
+                                               adaptive=False), eos_token_id=-1)
+    assert spec.generate(pre.ids, max_new_tokens=6, prefilled=pre).tokens == want
+    single = _prefilled(eng, m, wins[:1], 3, random_cache=False)  # one window: views, no copy
+    assert single.ids == [wins[0]] * 3 and single.k.stride(1) == 0
+
+
+def test_bench_windows_on_the_embedded_model(tmp_path):
+    from specdec.bench import run_bench
+
+    rows = run_bench(["dense", "magicdec"], [96], [4], ["stdlib:textwrap"], 6, 24, None, 3, "smollm2-135m",
+                     "reference", "float32", "cpu", False, tmp_path, "w", repeats=1, windows=3, window_stride=40,
+                     adaptive=False)
+    assert [r["same_tokens_as_dense"] for r in rows] == [True, True]  # all four sequences of each row
+    data = json.loads((tmp_path / "w.json").read_text())
+    assert data["meta"]["windows"] == 3 and data["meta"]["window_stride"] == 40
+    assert "- contexts: 3 windows of each document, ends 40 tokens apart" in (tmp_path / "w.md").read_text()
+    with pytest.raises(SpecdecError, match="--windows and --window-stride must be >= 1"):
+        run_bench(["dense"], [48], [1], ["x"], 4, 16, None, 3, "x", "reference", "float32", "cpu", False, tmp_path,
+                  "s", windows=0)
+    with pytest.raises(SpecdecError, match="--windows takes windows of documents"):
+        run_bench(["dense"], [48], [1], ["x"], 4, 16, None, 3, "x", "reference", "float32", "cpu", False, tmp_path,
+                  "s", windows=2, shape="tiny")
+
+
+def test_prefilled_carries_the_sliding_window_rings():
+    """Gemma 3 (local + global layers): the bench's shared prefill dropped the rings, and generate refused it
+    ("the prefilled cache's sliding-window rings do not match this cache's"): every Gemma bench row failed."""
+    from test_sliding_window import tiny_windowed
+
+    from specdec.models import SpecdecModel
+
+    m = SpecdecModel(tiny_windowed("gemma3"))
+    ids = list(range(3, 60))
+    eng = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    for wins in ([ids], [ids, ids[::-1]]):
+        pre = _prefilled(eng, m, wins, 3, random_cache=False)
+        assert pre.ring_k is not None and pre.ring_k.shape[1] == 3
+        assert eng.generate(pre.ids, max_new_tokens=4, prefilled=pre).tokens == eng.generate(pre.ids, max_new_tokens=4).tokens
