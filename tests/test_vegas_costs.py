@@ -18,9 +18,12 @@ def _request(N, B, H, L, seed):
     return req
 
 
+@pytest.mark.parametrize("spread", [0, 8])
 @pytest.mark.parametrize("per_kv_head", [False, True])
-def test_scores_land_in_one_buffer_with_the_head_sum(per_kv_head):
-    sel = SELECTORS.build("collect2", budget=8, per_kv_head=per_kv_head)
+def test_scores_land_in_one_buffer_with_the_head_sum(per_kv_head, spread):
+    from specdec.selectors.verification_guided import spread_forward
+
+    sel = SELECTORS.build("collect2", budget=8, per_kv_head=per_kv_head, spread=spread)
     addr = None
     for seed in range(3):
         req = _request(3, 2, 2, 32, seed)
@@ -28,6 +31,8 @@ def test_scores_land_in_one_buffer_with_the_head_sum(per_kv_head):
         want = torch.stack([req.scores[i] for i in range(3)])  # (N, B, H, L)
         if not per_kv_head:
             want = want.sum(2, keepdim=True)
+        if spread:  # the head sums (or each KV head's scores), spread forward
+            want = spread_forward(want, spread)
         torch.testing.assert_close(sel._scores, want, rtol=0, atol=1e-6)
         assert has_stable_address(sel._scores)
         assert addr is None or sel._scores.data_ptr() == addr  # same memory every iteration
