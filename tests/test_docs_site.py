@@ -112,9 +112,24 @@ def test_site_check_finds_broken_links_and_external_loads(tmp_path, body, expect
 
 
 # -- benchmarks page ------------------------------------------------------------------------------
-def _bench(path: Path, machine: dict, rows: list[dict], command="specdec bench --output-dir /tmp/x/out --tag t"):
-    path.write_text(json.dumps({"meta": {"command": command, "machine": machine, "model": "m", "dtype": "bfloat16"},
+def _bench(path: Path, machine: dict, rows: list[dict], command="specdec bench --output-dir /tmp/x/out --tag t",
+           model="m"):
+    path.write_text(json.dumps({"meta": {"command": command, "machine": machine, "model": model, "dtype": "bfloat16"},
                                 "rows": rows}))
+
+
+def test_summary_names_the_model_where_one_device_ran_several(tmp_path):
+    """Two models' runs on one H200 were two columns both headed "H200" (and "H200 = ..." twice in the legend);
+    a model given as a GGUF path showed the path."""
+    gpu = {"date": "2026-12-02 04:33 UTC", "gpu": "NVIDIA H200", "threads": 16}
+    row = dict(document="d", context=8000, batch=64, tau=1.0, speedup_vs_dense=1.0, same_tokens_as_dense=True,
+               lossless=True, method="dense", tokens_per_second=100.0)
+    _bench(tmp_path / "a.json", gpu, [row], model="/tmp/m/smol.gguf")
+    _bench(tmp_path / "b.json", gpu, [row], model="smollm2-135m")
+    md = benchpage.summary_markdown(tmp_path)
+    head = md.splitlines()[0]
+    assert "H200<br>smol.gguf<br>8k" in head and "H200<br>smollm2-135m<br>8k" in head
+    assert "**H200 · smol.gguf** = NVIDIA H200 · smol.gguf bfloat16" in md and "/tmp/" not in md
 
 
 def test_summary_picks_the_best_valid_run_and_hides_machine_paths(tmp_path):

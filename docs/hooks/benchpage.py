@@ -136,8 +136,17 @@ def summary_parts(results: Path) -> tuple[str, str]:
             sources.append(run.source)
         return f"<sup>[{sources.index(run.source) + 1}]</sup>"
 
-    def short(machine: str) -> str:
+    def device(machine: str) -> str:
         return machine.split(" · ")[0].replace("NVIDIA ", "").split(" (")[0]
+
+    devices = [device(m) for m in dict.fromkeys(m for m, _, _ in shapes)]
+
+    def short(machine: str, sep: str = "<br>") -> str:
+        """The device, and the model too where runs of several models share that device (H200 · smol.gguf)."""
+        d = device(machine)
+        if devices.count(d) > 1 and " · " in machine:
+            return f"{d}{sep}{machine.split(' · ')[1].rsplit(' ', 1)[0]}"
+        return d
 
     def ctx_label(ctx) -> str:
         if isinstance(ctx, int) and ctx and ctx % 1024 == 0:
@@ -166,7 +175,7 @@ def summary_parts(results: Path) -> tuple[str, str]:
         out.append(f"| {LABEL.get(m, m)} | " + " | ".join(cells) + " |")
     out.append("")
     machines = list(dict.fromkeys(m for m, _, _ in shapes))
-    out.append("Machines: " + "; ".join(f"**{short(m)}** = {m}" for m in machines) + ".\n")
+    out.append("Machines: " + "; ".join(f"**{short(m, ' · ')}** = {m}" for m in machines) + ".\n")
     out.append("")
     out.append("Tokens per second for the whole batch (B sequences of the same context), under each the "
                "speed-up over **dense decoding in the same run** (compare within a column). Every lossless method produced exactly the dense tokens "
