@@ -174,8 +174,9 @@ def run_bench(
     - Every sequence of a batch gets the same context, prefilled once and shared (expanded views); with
       ``windows`` K > 1 the batch cycles K different windows of each document (window ``k`` ends
       ``max_new_tokens + 16 + k * window_stride`` tokens before its end; sequence ``b`` continues window ``b % K``),
-      prefilled once, so τ is read over K continuations instead of one. Every sequence's tokens are compared with
-      dense's (``same_tokens_as_dense``).
+      prefilled once, so τ is read over K continuations instead of one (the prefill is gathered to the batch: a copy
+      of B sequences' KV next to the cache, where one window shares views). Every sequence's tokens are compared
+      with dense's (``same_tokens_as_dense``).
     - ``adaptive``: the adaptive γ / dense fall-back of :mod:`specdec.adaptive` (off under replay).
     """
     from rich.progress import Progress
