@@ -81,17 +81,16 @@ def parse_variants(text: str) -> list[tuple[str, str, dict]]:
 
 
 def batch_for(tokenizer, docs: list[str], a) -> tuple[list[list[int]], list[str]]:
-    from specdec.data import context_ids
-
+    """Up to ``a.windows`` windows per document (the ones that fit; a short document gives fewer), ends ``a.stride``
+    apart, the last ``a.new + 16`` tokens before the end: :func:`specdec.data.context_windows`' windows, tokenized once."""
     seqs, labels = [], []
     for d in docs:
-        text = document_text(d)
-        ids = tokenizer(text, add_special_tokens=False).input_ids
+        ids = tokenizer(document_text(d), add_special_tokens=False).input_ids
         for k in range(a.windows):
-            off = a.new + 16 + k * a.stride
-            if len(ids) < a.context + off:
+            end = len(ids) - (a.new + 16 + k * a.stride)
+            if end < a.context:
                 break
-            seqs.append(context_ids(tokenizer, text, a.context, offset=off))
+            seqs.append(ids[end - a.context : end])
             labels.append(d)
     return seqs, labels
 
