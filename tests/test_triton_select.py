@@ -498,3 +498,60 @@ def test_auto_greedy_vegas_equals_dense(monkeypatch):
     cfg = PipelineConfig.make(method="vegas", gamma=3, budget=12, sinks=2, recent=3)
     assert build_engine(m, cfg, eos_token_id=-1).generate(prompts, max_new_tokens=8).tokens == want
     assert calls  # the plans went through radix16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [0, 1, 8])
+def test_spread_scores_equal_the_torch_spread(dtype, n):
+    """``spread_scores`` (Vegas' head sum + forward max in one launch) = ``spread_forward`` of the fp32 head sums,
+    exactly: rows longer than one program's block (1,100 positions), per layer and per KV head."""
+    from specdec.cuda.triton_select import spread_scores
+    from specdec.selectors.verification_guided import spread_forward
+
+    g = torch.Generator().manual_seed(11)
+    s = torch.randn(2, 3, 3, 1100, generator=g).to(dtype)
+    s[:, :, :, 1050:] = 0.0  # the kernel's zero tail past the length
+    want = spread_forward(s.sum(2, keepdim=True, dtype=torch.float32), n)
+    got = spread_scores(s.to(DEV), n, sum_heads=True)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    want_h = spread_forward(s.float(), n)
+    out = torch.full((2, 3, 3, 1100), 7.0, device=DEV)  # written in place, every element
+    assert spread_scores(s.to(DEV), n, sum_heads=False, out=out) is out
+    torch.testing.assert_close(out.cpu(), want_h, rtol=0, atol=0)
+
+
+def test_spread_scores_refuses_bad_buffers():
+    from specdec.cuda.triton_select import spread_scores
+
+    s = torch.rand(1, 2, 3, 40, device=DEV)
+    with pytest.raises(ValueError, match="out must be contiguous float32"):
+        spread_scores(s, 4, sum_heads=True, out=torch.empty(1, 2, 3, 40, device=DEV))
+    with pytest.raises(ValueError, match="n >= 0"):
+        spread_scores(s, -1, sum_heads=True)
+
+
+@pytest.mark.parametrize("per_kv_head", [False, True])
+def test_vegas_plan_with_the_spread_launch(monkeypatch, per_kv_head):
+    """``TRITON_SPREAD``: the selector's kept scores (and so its plan) are the same through the launch as through
+    PyTorch."""
+    from specdec.selectors import verification_guided as vg
+
+    N, B, H, L = 3, 4, 3, 300
+    cache = KVCache(N, B, H, L, 8, torch.float32, torch.device(DEV))
+    g = torch.Generator().manual_seed(12)
+    req = ScoreRequest(rows=[0, 4], kind="sink_softmax", heads="group")
+    req.scores = dict(enumerate(torch.rand(N, B, H, L, generator=g).to(DEV).unbind(0)))
+    lens = torch.tensor([300, 250, 120, 40], device=DEV)
+    kept, plans = {}, {}
+    for flag in (False, "always"):
+        monkeypatch.setattr(vg, "TRITON_SPREAD", flag)
+        sel = SELECTORS.build("collect2", budget_ratio=0.2, per_kv_head=per_kv_head, spread=8)
+        sel.reset(cache)
+        sel.on_verify(req, lens)
+        kept[flag] = sel.score(cache, lens).clone()
+        plans[flag] = sel.plan(cache, lens).indices
+    torch.testing.assert_close(kept["always"], kept[False], rtol=0, atol=0)
+    torch.testing.assert_close(plans["always"], plans[False], rtol=0, atol=0)
+    monkeypatch.setattr(vg, "TRITON_SPREAD", "sometimes")
+    with pytest.raises(ValueError, match="TRITON_SPREAD"):
+        vg._spread_launch(req.scores[0])

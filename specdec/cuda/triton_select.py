@@ -524,3 +524,57 @@ def select_plan16(scores: torch.Tensor, lengths: torch.Tensor, k_sel: int, *, si
                         KBLOCK=triton.next_power_of_2(max(k_sel, 16)), num_warps=4, **common)
     _r16_write[(n_rows, nc)](k16, meta, out, k_sel, lp, nc, F=F, BLOCK=blk, num_warps=w)
     return out, dense
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Vegas' ``spread``: the head sum and the forward max over positions in one pass (the plan then ranks its output).
+# ---------------------------------------------------------------------------------------------------------------
+
+#: positions per program of :func:`spread_scores`
+SPREAD_BLOCK = 1024
+
+
+@triton.jit
+def _spread_kernel(S, OUT, L, HIN, N_SPREAD: tl.constexpr, HSUM: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)  # output row: (layer, sequence) with HSUM, else (layer, sequence, head)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < L
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    for d in tl.static_range(N_SPREAD + 1):  # out[i] = max over j in [i - n, i] of (the head sum at) j
+        j = offs - d
+        ok = inb & (j >= 0)
+        if HSUM:
+            base = S + row.to(tl.int64) * HIN * L
+            v = tl.zeros([BLOCK], tl.float32)
+            for h in range(HIN):  # in head order, in fp32: torch.sum(s, 2, dtype=float32)'s values
+                v += tl.load(base + h * L + j, mask=ok, other=0.0).to(tl.float32)
+            v = tl.where(ok, v, float("-inf"))
+        else:
+            v = tl.load(S + row.to(tl.int64) * L + j, mask=ok, other=float("-inf")).to(tl.float32)
+        best = tl.maximum(best, v)
+    tl.store(OUT + row.to(tl.int64) * L + offs, best, mask=inb)
+
+
+def spread_scores(s: torch.Tensor, n: int, sum_heads: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Vegas' spread scores in one launch: ``out[..., i] = max(t[..., i - n : i + 1])`` with ``t`` the fp32 sum of
+    ``s`` ``(N, B, H, L)`` over its heads (``sum_heads``: out ``(N, B, 1, L)``) or ``s`` itself (out ``(N, B, H, L)``).
+
+    What ``spread_forward(s.sum(2, keepdim=True, dtype=torch.float32), n)`` computes (each head sum in head order,
+    in fp32), without the intermediate sums, the padded copy and max-pool's index buffer: one read of ``s``, one
+    write of ``out`` (the shifted reads hit the cache).
+    """
+    if s.dim() != 4 or s.dtype not in (torch.float32, torch.bfloat16, torch.float16) or n < 0:
+        raise ValueError(f"spread_scores: want (N, B, H, L) float scores and n >= 0, got {s.dtype} "
+                         f"{tuple(s.shape)}, n {n}")
+    s = s.contiguous()
+    N, B, H, L = s.shape
+    shape = (N, B, 1 if sum_heads else H, L)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32, device=s.device)
+    elif tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"spread_scores: out must be contiguous float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    rows = N * B * shape[2]
+    if rows and L:
+        _spread_kernel[(rows, triton.cdiv(L, SPREAD_BLOCK))](s, out, L, H, N_SPREAD=n, HSUM=sum_heads,
+                                                             BLOCK=SPREAD_BLOCK, num_warps=4)
+    return out

@@ -37,6 +37,30 @@ from specdec.selectors.sliding_window import recency
 
 RowMode = Literal["all", "collect2", "last"]
 
+#: How ``spread`` is computed: ``True`` (the default) one Triton launch on CUDA tensors (head sum + forward max,
+#: :func:`specdec.cuda.triton_select.spread_scores`), PyTorch elsewhere; ``"always"`` the launch wherever Triton runs
+#: (the CPU too under ``TRITON_INTERPRET=1``: tests); ``False`` PyTorch (sum, padded copy, max-pool, copy) everywhere.
+#: The same values either way (fp32 head sums in head order, then the max).
+TRITON_SPREAD: bool | str = True
+
+
+def _spread_launch(s: torch.Tensor):
+    """:func:`~specdec.cuda.triton_select.spread_scores` when :data:`TRITON_SPREAD` applies to ``s``, else ``None``."""
+    if TRITON_SPREAD not in (True, False, "always"):
+        raise ValueError(f"specdec.selectors.verification_guided.TRITON_SPREAD is {TRITON_SPREAD!r}; "
+                         f"use True, False or 'always'")
+    if TRITON_SPREAD is False or (TRITON_SPREAD is True and not s.is_cuda):
+        return None
+    from specdec.selectors.base import _triton_runs
+
+    if not _triton_runs(s.device):
+        return None
+    try:
+        from specdec.cuda.triton_select import spread_scores
+    except ImportError:  # triton is an optional extra
+        return None
+    return spread_scores
+
 
 def collected_rows(mode: str, gamma: int) -> list[int]:
     """Verify rows (0..γ) whose scores a mode collects; see the module docstring."""
@@ -190,8 +214,12 @@ class VerificationGuidedSelector(BudgetSelector):
                 buf = keep_address(torch.empty(shape, dtype=torch.float32, device=s.device))
                 self._own[:] = [buf]
         if self.config.spread:  # the head sums (or each KV head's scores), spread forward
-            buf.copy_(spread_forward(s if self.config.per_kv_head else s.sum(2, keepdim=True, dtype=torch.float32),
-                                     self.config.spread))
+            launch = _spread_launch(s)
+            if launch is not None:  # one pass: the sums and the max written straight into the buffer
+                launch(s, self.config.spread, not self.config.per_kv_head, out=buf)
+            else:
+                buf.copy_(spread_forward(s if self.config.per_kv_head else s.sum(2, keepdim=True, dtype=torch.float32),
+                                         self.config.spread))
         elif self.config.per_kv_head:
             buf.copy_(s)
         else:
