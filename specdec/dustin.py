@@ -52,6 +52,16 @@ LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST = 2, 4, 2
 LOOKUP_POLICY, LOOKUP_CANDIDATES, LOOKUP_VETO, LOOKUP_BY_HEAD = "replace", 1, 0.9, False
 
 
+def default_lookup(drafter):
+    """``drafter`` behind prompt lookup with Dustin's defaults (the constants above), as ``--method dustin`` builds it:
+    the veto applies to the ``"chain"`` policy only (for scripts that time a draft the way Dustin drafts)."""
+    from specdec.lookup import LookupDrafter
+
+    return LookupDrafter(drafter, LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST, policy=LOOKUP_POLICY,
+                         veto=LOOKUP_VETO if LOOKUP_POLICY == "chain" else None, candidates=LOOKUP_CANDIDATES,
+                         by_head=LOOKUP_BY_HEAD)
+
+
 class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
                                       include={"m", "m_ratio", "m_grid", "history_decay", "adaptive",
                                                "layer_share", "page_size", "page_kernels"})):

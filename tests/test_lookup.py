@@ -456,3 +456,16 @@ def test_chain_candidates_and_thresholds_per_sequence():
     look.prefill(state)
     inner.seen = None
     assert look.draft(state, 4)[0].tolist() == [[99] * 4] and inner.seen is None
+
+
+def test_default_lookup_builds_dustins_drafter(monkeypatch):
+    """``specdec.dustin.default_lookup`` (scripts that draft as Dustin does): Dustin's constants, the veto only with
+    the ``chain`` policy (with ``replace`` a veto is refused)."""
+    from specdec import dustin
+
+    look = dustin.default_lookup(None)
+    assert (look.min_n, look.max_n, look.trust_n) == (dustin.LOOKUP_MIN, dustin.LOOKUP_MAX, dustin.LOOKUP_TRUST)
+    assert look.policy == dustin.LOOKUP_POLICY
+    assert look.veto == (dustin.LOOKUP_VETO if dustin.LOOKUP_POLICY == "chain" else None)
+    monkeypatch.setattr(dustin, "LOOKUP_POLICY", "chain")
+    assert dustin.default_lookup(None).veto == dustin.LOOKUP_VETO

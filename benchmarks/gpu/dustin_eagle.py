@@ -84,8 +84,7 @@ def part_tau(a, res):
     outer, contexts inner, saved after each: a budget cut still leaves both kinds and both contexts."""
     from specdec import SpecdecModel
     from specdec.data import context_ids
-    from specdec.dustin import (LOOKUP_BY_HEAD, LOOKUP_CANDIDATES, LOOKUP_MAX, LOOKUP_MIN, LOOKUP_POLICY, LOOKUP_TRUST,
-                                LOOKUP_VETO)
+    from specdec.dustin import default_lookup
     from specdec.eagle import EagleDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.lookup import LookupDrafter
@@ -101,8 +100,7 @@ def part_tau(a, res):
     drafters = {}
     for k, d in heads.items():
         drafters[k] = d
-        drafters[f"{k}+lookup"] = LookupDrafter(d, LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST, policy=LOOKUP_POLICY,
-                                                veto=LOOKUP_VETO, candidates=LOOKUP_CANDIDATES, by_head=LOOKUP_BY_HEAD)
+        drafters[f"{k}+lookup"] = default_lookup(d)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
     docs = held_out_texts()
     prose, code = [d for d in docs if d[0].startswith("pydoc")], [d for d in docs if not d[0].startswith("pydoc")]
