@@ -222,17 +222,29 @@ def held_out_texts() -> list[tuple[str, str]]:
     return prose + [(f"stdlib:{m}", load_document(f"stdlib:{m}")) for m in HELD_OUT_MODULES]
 
 
-def _chunks(tok, texts, T: int, max_tokens: int) -> torch.Tensor:
+def _chunks(tok, texts, T: int, max_tokens: int, pack: bool = False) -> torch.Tensor:
     """``(R, T)`` token rows cut from ``texts`` in order, ``max_tokens`` at most (texts are tokenized 32 at a
-    time: a fast tokenizer spreads a batch over its threads)."""
-    rows, n = [], 0
+    time: a fast tokenizer spreads a batch over its threads).
+
+    ``pack=False``: each text gives its whole rows of ``T`` tokens (a text shorter than ``T`` none, the rest of a
+    longer one is dropped). ``pack=True``: the texts run on in one stream, separated by a blank line, cut every
+    ``T`` tokens (a row may span texts): short texts -- most docstrings and pydoc topics at ``T = 2048`` -- count."""
+    rows, n, stream = [], 0, []
+    sep = tok("\n\n", add_special_tokens=False).input_ids if pack else []
     for b in range(0, len(texts), 32):
         for ids in tok([text for _, text in texts[b : b + 32]], add_special_tokens=False).input_ids:
+            if pack:
+                stream.extend(ids)
+                stream.extend(sep)
+                ids, stream = stream, []
+            s = 0
             for s in range(0, len(ids) - T + 1, T):
                 rows.append(ids[s : s + T])
                 n += T
                 if n >= max_tokens:
                     return torch.tensor(rows)
+            if pack:  # the tail that did not fill a row starts the next one
+                stream = ids[s + T:] if len(ids) >= T else ids
     return torch.tensor(rows)
 
 

@@ -41,7 +41,8 @@ def register(app) -> None:
         batch: int = typer.Option(4, help="eagle only: sequences per optimizer step (--seq tokens each)"),
         recipe: str = typer.Option("v2", help="eagle only: training recipe (v2: 3 exactly unrolled steps, wide text, "
                                    "cosine schedule; on a GPU 2048-token sequences and the full-vocabulary KL; "
-                                   "v1: the first shipped head's)"),
+                                   "v3: v2 with the texts packed into one stream, so texts shorter than a sequence "
+                                   "count; v1: the first shipped head's)"),
         seq: Optional[int] = typer.Option(None, help="eagle only: tokens per training sequence (default: the recipe's; "
                                           "v2: 2048 on a GPU, 256 on the CPU)"),
     ) -> None:

@@ -20,7 +20,10 @@ Recipes (:data:`RECIPES`; ``specdec train-draft --kind eagle --recipe``):
 * ``v2`` — 3 exact steps, warm-up + cosine decay, the wide training text (every stdlib package, the test
   suite, docstrings and ``.txt`` documents, held-out modules excluded: :func:`~specdec.train_draft.training_texts`);
   on a GPU also 2048-token sequences (τ fell at 2048 with 256-token training) and the KL to the target's
-  **full** next-token distribution, recomputed from the stored features (``lm_head(f_{i+1})``).
+  **full** next-token distribution, recomputed from the stored features (``lm_head(f_{i+1})``);
+* ``v3`` — ``v2`` with the texts packed into one stream before it is cut into sequences
+  (:func:`~specdec.train_draft._chunks` ``pack=True``): ``v2`` drops every text shorter than a sequence (at 2048
+  tokens most docstrings and pydoc topics, the prose) and the tail of every longer one.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def features(hf, ids: torch.Tensor, C: int, half: bool = True):
 RECIPES = {
     "v1": dict(seq=256, steps=3, exact=False, teacher="top", schedule="linear", wide=False, reg_weight=1.0),
     "v2": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0),
+    "v3": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0, pack=True),
 }
 
 
@@ -186,7 +190,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     hf, tok = sm.hf, sm.tokenizer
     check_trainable(sm, model)
     hf.requires_grad_(False)
-    train_ids = _chunks(tok, training_texts(tokens * 6, wide=rc["wide"]), seq, tokens)
+    train_ids = _chunks(tok, training_texts(tokens * 6, wide=rc["wide"]), seq, tokens, pack=rc.get("pack", False))
     eval_ids = _chunks(tok, held_out_texts(), seq, max(eval_tokens, seq))
 
     def collect(ids, share):

@@ -200,7 +200,7 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
     r = CliRunner().invoke(app, ["train-draft", "--init", str(out)])
     assert r.exit_code == 2 and "--init is for --kind skip" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--recipe", "v9", "--out", str(tmp_path / "x.safetensors")])
-    assert r.exit_code == 2 and "--recipe must be one of v1, v2" in r.output
+    assert r.exit_code == 2 and "--recipe must be one of v1, v2, v3" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--kind", "skip", "--seq", "512", "--out", str(tmp_path / "x.safetensors")])
     assert r.exit_code == 2 and "--seq is for --kind eagle" in r.output
 
@@ -283,3 +283,22 @@ def test_shipped_eagle_head_is_default_and_accepted(smol):
         assert res.tokens == ref.tokens  # dense verification: lossless
         tau[name] = res.stats.mean_accepted_length
     assert tau["eagle"] > tau["skip"], tau
+
+
+def test_packed_chunks_keep_short_texts():
+    """``_chunks(pack=True)`` (recipe v3): texts shorter than a sequence run on into the next row instead of being
+    dropped, a blank line between texts; without it only whole rows of long texts count."""
+    from specdec.train_draft import _chunks
+
+    class Tok:  # one id per character
+        def __call__(self, texts, add_special_tokens=False):
+            one = isinstance(texts, str)
+            ids = [[ord(c) for c in t] for t in ([texts] if one else texts)]
+            return type("E", (), {"input_ids": ids[0] if one else ids})()
+
+    texts = [("a", "abc"), ("b", "defgh"), ("c", "ij"), ("d", "klmnopqrs")]
+    assert _chunks(Tok(), texts, 4, 100).tolist() == [[ord(c) for c in "defg"], [ord(c) for c in "klmn"],
+                                                      [ord(c) for c in "opqr"]]
+    packed = ["".join(chr(i) for i in row) for row in _chunks(Tok(), texts, 4, 100, pack=True).tolist()]
+    assert packed == ["abc\n", "\ndef", "gh\n\n", "ij\n\n", "klmn", "opqr"]  # "s\n\n" is short of a row
+    assert len(_chunks(Tok(), texts, 4, 8, pack=True)) == 2  # max_tokens
