@@ -23,7 +23,9 @@ Recipes (:data:`RECIPES`; ``specdec train-draft --kind eagle --recipe``):
   **full** next-token distribution, recomputed from the stored features (``lm_head(f_{i+1})``);
 * ``v3`` — ``v2`` with the texts packed into one stream before it is cut into sequences
   (:func:`~specdec.train_draft._chunks` ``pack=True``): ``v2`` drops every text shorter than a sequence (at 2048
-  tokens most docstrings and pydoc topics, the prose) and the tail of every longer one.
+  tokens most docstrings and pydoc topics, the prose) and the tail of every longer one. On the H200 (6.5 min, 3.3 M
+  tokens against ``v2``'s 2.6 M) it was no better off the standard library than the shipped ``v2`` head
+  (``benchmarks/results/gpu_eagle_v3_2026-12-02.md``).
 """
 
 from __future__ import annotations

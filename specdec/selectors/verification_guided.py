@@ -40,7 +40,10 @@ RowMode = Literal["all", "collect2", "last"]
 #: How ``spread`` is computed: ``True`` (the default) one Triton launch on CUDA tensors (head sum + forward max,
 #: :func:`specdec.cuda.triton_select.spread_scores`), PyTorch elsewhere; ``"always"`` the launch wherever Triton runs
 #: (the CPU too under ``TRITON_INTERPRET=1``: tests); ``False`` PyTorch (sum, padded copy, max-pool, copy) everywhere.
-#: The same values either way (fp32 head sums in head order, then the max).
+#: The same values up to the rounding of the fp32 head sum: the launch adds the heads in head order, PyTorch's reduction
+#: in an order of its own (bitwise equal at SmolLM2's 3 KV heads on the H200, not at 8; plans then differ only among
+#: near-equal scores). On the H200 (``benchmarks/results/gpu_spread_2026-12-02.md``) ``on_verify`` took 0.247 vs
+#: 0.467 ms at SmolLM2 B 64 x 8k, 0.507 vs 0.567 ms at the Llama-3.1-8B shape B 16 x 32k.
 TRITON_SPREAD: bool | str = True
 
 
