@@ -160,11 +160,17 @@ def e2e(a, dev, log) -> list[dict]:
                   adaptive=False, max_new_tokens=8 if smoke else 128, windows=2 if smoke else 4,
                   window_stride=20 if smoke else 1000, batch_sizes=[2 if smoke else 64])
     rows = []
-    settings = SMOKE_SETTINGS if smoke else SETTINGS
-    for doc in a.docs.split(","):
+    settings = [s for s in (SMOKE_SETTINGS if smoke else SETTINGS) if s[0] in a.arms.split(",")]
+    for spec in a.docs.split(","):
+        doc = spec
+        if spec.startswith("prose:"):  # a package's docstrings (vegas_sweep.document_text), written to a file
+            from vegas_sweep import document_text
+
+            doc = str(Path(a.out) / f"{spec.replace(':', '_')}.txt")
+            Path(doc).write_text(document_text(spec))
         for label, spread, select in settings:
             if elapsed() > a.budget_s:
-                rows.append(dict(document=doc, setting=label, skipped="budget"))
+                rows.append(dict(document=spec, setting=label, skipped="budget"))
                 continue
             methods = ["dense", "magicdec", "vegas", "vegas-all"]  # dense: each arm's tokens are checked
             try:
@@ -173,7 +179,7 @@ def e2e(a, dev, log) -> list[dict]:
                 for r in res:
                     ph = r.get("phase_seconds") or {}
                     it = r.get("iterations") or 1
-                    rows.append(dict(document=doc, setting=label, method=r.get("method"),
+                    rows.append(dict(document=spec, setting=label, method=r.get("method"),
                                      tok_s=r.get("tokens_per_second"), tok_s_min=r.get("tokens_per_second_min"),
                                      tok_s_max=r.get("tokens_per_second_max"), tau=r.get("tau"),
                                      same_tokens=r.get("same_tokens_as_dense"),
@@ -181,7 +187,7 @@ def e2e(a, dev, log) -> list[dict]:
                                      verify_ms_per_iter=1e3 * ph.get("verify", 0.0) / it, iterations=it))
                     log(f"e2e {rows[-1]}")
             except Exception:
-                rows.append(dict(document=doc, setting=label, error=traceback.format_exc()))
+                rows.append(dict(document=spec, setting=label, error=traceback.format_exc()))
                 log(rows[-1]["error"])
     return rows
 
@@ -232,7 +238,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=360)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--parts", default="micro,e2e")
-    ap.add_argument("--docs", default="stdlib:ssl,stdlib:inspect", help="documents of the e2e part")
+    ap.add_argument("--docs", default="stdlib:ssl,stdlib:inspect",
+                    help="documents of the e2e part: built-in names, paths, or prose:<package> (its docstrings)")
+    ap.add_argument("--arms", default="pytorch,launch,launch+auto", help="settings of the e2e part")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cpu" if a.smoke else "cuda")
@@ -240,7 +248,7 @@ def main() -> None:
         import os
 
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        a.reps, a.docs = 2, "stdlib:ssl"
+        a.reps, a.docs = 2, a.docs if a.docs.startswith("prose:") else "stdlib:ssl"
         torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
