@@ -22,7 +22,7 @@ def test_micro_smoke(tmp_path):
 
     a = argparse.Namespace(smoke=True, reps=1)
     row = mod.micro_shape("smoke B3 x 300", 3, 3, 3, 300, a, torch.device("cpu"), lambda m: None)
-    assert row["kept_scores_equal"] and row["plans_equal"] and row["spread"] == 8
+    assert row["kept_scores_equal"] and row["plans_equal"] and row["passes_equal"] and row["spread"] == 8
     assert {"pytorch", "launch", "launch+auto"} <= set(row)
     md = mod.markdown(dict(date="d", gpu="cpu", argv="x", micro=[row], e2e=[
         dict(document="d", setting="launch", method="magicdec", tok_s=10.0, tok_s_min=9.0, tok_s_max=11.0, tau=5.0,

@@ -555,15 +555,30 @@ def _spread_kernel(S, OUT, L, HIN, N_SPREAD: tl.constexpr, HSUM: tl.constexpr, B
     tl.store(OUT + row.to(tl.int64) * L + offs, best, mask=inb)
 
 
-def spread_scores(s: torch.Tensor, n: int, sum_heads: bool, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Vegas' spread scores in one launch: ``out[..., i] = max(t[..., i - n : i + 1])`` with ``t`` the fp32 sum of
+@triton.jit
+def _head_sum_kernel(S, OUT, L, HIN, BLOCK: tl.constexpr):
+    row = tl.program_id(0)  # (layer, sequence)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < L
+    base = S + row.to(tl.int64) * HIN * L
+    v = tl.zeros([BLOCK], tl.float32)
+    for h in range(HIN):  # in head order, in fp32
+        v += tl.load(base + h * L + offs, mask=inb, other=0.0).to(tl.float32)
+    tl.store(OUT + row.to(tl.int64) * L + offs, v, mask=inb)
+
+
+def spread_scores(s: torch.Tensor, n: int, sum_heads: bool, out: torch.Tensor | None = None,
+                  passes: int = 2) -> torch.Tensor:
+    """Vegas' spread scores in one or two launches: ``out[..., i] = max(t[..., i - n : i + 1])`` with ``t`` the fp32 sum of
     ``s`` ``(N, B, H, L)`` over its heads (``sum_heads``: out ``(N, B, 1, L)``) or ``s`` itself (out ``(N, B, H, L)``).
 
     What ``spread_forward(s.sum(2, keepdim=True, dtype=torch.float32), n)`` computes, up to the rounding of the head
     sum (here in head order, in fp32; PyTorch's reduction may add in another order), without the intermediate sums,
-    the padded copy and max-pool's index buffer: one read of ``s``, one write of ``out``; the ``n`` shifted re-reads
-    per position hit the cache but are not free (on the H200 0.18 ms at 30 x 64 x 3 x 8k, 3x its memory floor; a
-    head-sum pass then a max pass over the sums would come nearer).
+    the padded copy and max-pool's index buffer. ``passes=2`` (the default; with ``sum_heads`` and ``n > 0``): one
+    launch writes the head sums to a scratch buffer, a second the forward max of those sums (each position re-reads
+    the ``n + 1`` sums of its window, one row, from the cache). ``passes=1``: one launch that re-reads the
+    ``(n + 1) x H`` scores of each window (on the H200 0.18 ms at 30 x 64 x 3 x 8k and 0.44 ms at 32 x 16 x 8 x 32k,
+    3x the memory floor of one read of ``s`` and one write of ``out``).
     """
     if s.dim() != 4 or s.dtype not in (torch.float32, torch.bfloat16, torch.float16) or n < 0:
         raise ValueError(f"spread_scores: want (N, B, H, L) float scores and n >= 0, got {s.dtype} "
@@ -575,8 +590,16 @@ def spread_scores(s: torch.Tensor, n: int, sum_heads: bool, out: torch.Tensor | 
         out = torch.empty(shape, dtype=torch.float32, device=s.device)
     elif tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"spread_scores: out must be contiguous float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    if passes not in (1, 2):
+        raise ValueError(f"spread_scores: passes must be 1 or 2, got {passes}")
     rows = N * B * shape[2]
     if rows and L:
-        _spread_kernel[(rows, triton.cdiv(L, SPREAD_BLOCK))](s, out, L, H, N_SPREAD=n, HSUM=sum_heads,
-                                                             BLOCK=SPREAD_BLOCK, num_warps=4)
+        grid = (rows, triton.cdiv(L, SPREAD_BLOCK))
+        if sum_heads and passes == 2:
+            sums = out if n == 0 else torch.empty(shape, dtype=torch.float32, device=s.device)
+            _head_sum_kernel[grid](s, sums, L, H, BLOCK=SPREAD_BLOCK, num_warps=4)
+            if n:
+                _spread_kernel[grid](sums, out, L, 1, N_SPREAD=n, HSUM=False, BLOCK=SPREAD_BLOCK, num_warps=4)
+        else:
+            _spread_kernel[grid](s, out, L, H, N_SPREAD=n, HSUM=sum_heads, BLOCK=SPREAD_BLOCK, num_warps=4)
     return out
