@@ -512,7 +512,7 @@ def test_spread_scores_equal_the_torch_spread(dtype, n):
     s = torch.randn(2, 3, 3, 1100, generator=g).to(dtype)
     s[:, :, :, 1050:] = 0.0  # the kernel's zero tail past the length
     want = spread_forward(s.sum(2, keepdim=True, dtype=torch.float32), n)
-    for passes in (1, 2):
+    for passes in (1, 2, None):
         got = spread_scores(s.to(DEV), n, sum_heads=True, passes=passes)
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
     want_h = spread_forward(s.float(), n)
@@ -529,7 +529,7 @@ def test_spread_scores_refuses_bad_buffers():
         spread_scores(s, 4, sum_heads=True, out=torch.empty(1, 2, 3, 40, device=DEV))
     with pytest.raises(ValueError, match="n >= 0"):
         spread_scores(s, -1, sum_heads=True)
-    with pytest.raises(ValueError, match="passes must be 1 or 2"):
+    with pytest.raises(ValueError, match="passes must be 1, 2 or None"):
         spread_scores(s, 4, sum_heads=True, passes=3)
 
 

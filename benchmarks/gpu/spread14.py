@@ -10,8 +10,8 @@ Parts (each saved as it finishes to ``<out>/spread14.json`` + ``.md``; none star
 1. ``micro``: Collect-2-Query with its defaults (5 %, ``spread=8``), random fp32 scores as emitted (one buffer, per
    KV head), all lengths full, at SmolLM2 B 64 / 16 / 1 x 8k and Llama-3.1-8B B 16 x 32k. Per setting a cache (so
    a plan graph) of its own; ``on_verify`` + ``Planner.plan`` with a sync, the settings interleaved round-robin,
-   medians of ``--reps``; ``on_verify`` alone; the spread launches alone (CUDA events; ``passes=2``, the default:
-   head sums then their forward max; ``passes=1``: one launch) against their memory floor (one read of the scores,
+   medians of ``--reps``; ``on_verify`` alone; the spread launches alone (CUDA events; ``passes=2``: head sums then
+   their forward max; ``passes=1``: one launch) against their memory floor (one read of the scores,
    one write of the spread sums at 4.2 TB/s). Parity: the kept scores of the launch equal PyTorch's (bitwise at 3 KV
    heads; at 8 the fp32 head sums may round differently), the plans of the two (same top-k path) likewise; the two
    launch variants agree bitwise.
@@ -130,7 +130,7 @@ def micro_shape(name, N, B, H, L, a, dev, log) -> dict:
         for label, ts in times.items():
             row.setdefault(label, {})["ms" if fn is step else "on_verify_ms"] = statistics.median(ts)
     out, out1 = torch.empty(N, B, 1, cap, device=dev), torch.empty(N, B, 1, cap, device=dev)
-    row["passes_equal"] = bool(torch.equal(spread_scores(stacked, row["spread"], True, out=out),
+    row["passes_equal"] = bool(torch.equal(spread_scores(stacked, row["spread"], True, out=out, passes=2),
                                            spread_scores(stacked, row["spread"], True, out=out1, passes=1)))
     if dev.type == "cuda":
         for key, passes in (("launch_alone_ms", 2), ("launch1_alone_ms", 1)):

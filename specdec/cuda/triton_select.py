@@ -567,18 +567,25 @@ def _head_sum_kernel(S, OUT, L, HIN, BLOCK: tl.constexpr):
     tl.store(OUT + row.to(tl.int64) * L + offs, v, mask=inb)
 
 
+#: :func:`spread_scores` with ``passes=None`` takes two passes from this many (layer, sequence) x position elements
+#: of head sums on: on the H200 (benchmarks/results/gpu_spread_2026-12-02.md) two passes took 0.146 vs 0.182 ms at
+#: SmolLM2 B 64 x 8k (15.4M), 0.236 vs 0.441 ms at the 8B shape B 16 x 32k (16.8M), 0.060 vs 0.064 at B 16 x 8k
+#: (3.8M) and 0.075 vs 0.029 ms at B 1 x 8k (0.24M: the second launch and the scratch buffer cost more than they save)
+SPREAD_TWO_PASS_ELEMENTS = 4_000_000
+
+
 def spread_scores(s: torch.Tensor, n: int, sum_heads: bool, out: torch.Tensor | None = None,
-                  passes: int = 2) -> torch.Tensor:
+                  passes: int | None = None) -> torch.Tensor:
     """Vegas' spread scores in one or two launches: ``out[..., i] = max(t[..., i - n : i + 1])`` with ``t`` the fp32 sum of
     ``s`` ``(N, B, H, L)`` over its heads (``sum_heads``: out ``(N, B, 1, L)``) or ``s`` itself (out ``(N, B, H, L)``).
 
     What ``spread_forward(s.sum(2, keepdim=True, dtype=torch.float32), n)`` computes, up to the rounding of the head
     sum (here in head order, in fp32; PyTorch's reduction may add in another order), without the intermediate sums,
-    the padded copy and max-pool's index buffer. ``passes=2`` (the default; with ``sum_heads`` and ``n > 0``): one
-    launch writes the head sums to a scratch buffer, a second the forward max of those sums (each position re-reads
-    the ``n + 1`` sums of its window, one row, from the cache). ``passes=1``: one launch that re-reads the
-    ``(n + 1) x H`` scores of each window (on the H200 0.18 ms at 30 x 64 x 3 x 8k and 0.44 ms at 32 x 16 x 8 x 32k,
-    3x the memory floor of one read of ``s`` and one write of ``out``).
+    the padded copy and max-pool's index buffer. ``passes=2`` (with ``sum_heads`` and ``n > 0``): one launch writes
+    the head sums to a scratch buffer, a second the forward max of those sums (each position re-reads the ``n + 1``
+    sums of its window, one row, from the cache). ``passes=1``: one launch that re-reads the ``(n + 1) x H`` scores
+    of each window (3x the memory floor at the large shapes). ``None``: two passes from
+    :data:`SPREAD_TWO_PASS_ELEMENTS` head-sum elements on, else one. Both give the same values bitwise.
     """
     if s.dim() != 4 or s.dtype not in (torch.float32, torch.bfloat16, torch.float16) or n < 0:
         raise ValueError(f"spread_scores: want (N, B, H, L) float scores and n >= 0, got {s.dtype} "
@@ -590,8 +597,10 @@ def spread_scores(s: torch.Tensor, n: int, sum_heads: bool, out: torch.Tensor | 
         out = torch.empty(shape, dtype=torch.float32, device=s.device)
     elif tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"spread_scores: out must be contiguous float32 {shape}, got {out.dtype} {tuple(out.shape)}")
-    if passes not in (1, 2):
-        raise ValueError(f"spread_scores: passes must be 1 or 2, got {passes}")
+    if passes not in (None, 1, 2):
+        raise ValueError(f"spread_scores: passes must be 1, 2 or None, got {passes}")
+    if passes is None:
+        passes = 2 if N * B * L >= SPREAD_TWO_PASS_ELEMENTS else 1
     rows = N * B * shape[2]
     if rows and L:
         grid = (rows, triton.cdiv(L, SPREAD_BLOCK))

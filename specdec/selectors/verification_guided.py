@@ -43,7 +43,7 @@ RowMode = Literal["all", "collect2", "last"]
 #: The same values up to the rounding of the fp32 head sum: the launch adds the heads in head order, PyTorch's reduction
 #: in an order of its own (bitwise equal at SmolLM2's 3 KV heads on the H200, not at 8; plans then differ only among
 #: near-equal scores). On the H200 (``benchmarks/results/gpu_spread_2026-12-02.md``) ``on_verify`` took 0.247 vs
-#: 0.467 ms at SmolLM2 B 64 x 8k, 0.507 vs 0.567 ms at the Llama-3.1-8B shape B 16 x 32k.
+#: 0.467 ms at SmolLM2 B 64 x 8k, 0.310 vs 0.578 ms at the Llama-3.1-8B shape B 16 x 32k (two passes there).
 TRITON_SPREAD: bool | str = True
 
 
