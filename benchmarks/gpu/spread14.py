@@ -133,19 +133,10 @@ def micro_shape(name, N, B, H, L, a, dev, log) -> dict:
     row["passes_equal"] = bool(torch.equal(spread_scores(stacked, row["spread"], True, out=out, passes=2),
                                            spread_scores(stacked, row["spread"], True, out=out1, passes=1)))
     if dev.type == "cuda":
+        from r14_select import gpu_med  # median ms by CUDA events after 3 warm-ups
+
         for key, passes in (("launch_alone_ms", 2), ("launch1_alone_ms", 1)):
-            launch = lambda: spread_scores(stacked, row["spread"], True, out=out, passes=passes)  # noqa: E731
-            for _ in range(3):
-                launch()
-            ts = []
-            for _ in range(a.reps):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                launch()
-                e1.record()
-                e1.synchronize()
-                ts.append(e0.elapsed_time(e1))
-            row[key] = statistics.median(ts)
+            row[key] = gpu_med(lambda: spread_scores(stacked, row["spread"], True, out=out, passes=passes), a.reps, dev)
         row["launch_floor_ms"] = (stacked.numel() * 4 + out.numel() * 4) / BW * 1e3
     log(f"{name}: {row}")
     return row
