@@ -576,8 +576,8 @@ SPREAD_TWO_PASS_ELEMENTS = 4_000_000
 
 def spread_scores(s: torch.Tensor, n: int, sum_heads: bool, out: torch.Tensor | None = None,
                   passes: int | None = None) -> torch.Tensor:
-    """Vegas' spread scores in one or two launches: ``out[..., i] = max(t[..., i - n : i + 1])`` with ``t`` the fp32 sum of
-    ``s`` ``(N, B, H, L)`` over its heads (``sum_heads``: out ``(N, B, 1, L)``) or ``s`` itself (out ``(N, B, H, L)``).
+    """Vegas' spread scores in one or two launches: ``out[..., i] = max(t[..., i - n : i + 1])`` with ``t`` the fp32
+    sum of ``s`` ``(N, B, H, L)`` over its heads (``sum_heads``: out ``(N, B, 1, L)``) or ``s`` itself (out ``(N, B, H, L)``).
 
     What ``spread_forward(s.sum(2, keepdim=True, dtype=torch.float32), n)`` computes, up to the rounding of the head
     sum (here in head order, in fp32; PyTorch's reduction may add in another order), without the intermediate sums,

@@ -37,12 +37,12 @@ from specdec.selectors.sliding_window import recency
 
 RowMode = Literal["all", "collect2", "last"]
 
-#: How ``spread`` is computed: ``True`` (the default) one Triton launch on CUDA tensors (head sum + forward max,
-#: :func:`specdec.cuda.triton_select.spread_scores`), PyTorch elsewhere; ``"always"`` the launch wherever Triton runs
-#: (the CPU too under ``TRITON_INTERPRET=1``: tests); ``False`` PyTorch (sum, padded copy, max-pool, copy) everywhere.
-#: The same values up to the rounding of the fp32 head sum: the launch adds the heads in head order, PyTorch's reduction
-#: in an order of its own (bitwise equal at SmolLM2's 3 KV heads on the H200, not at 8; plans then differ only among
-#: near-equal scores). On the H200 (``benchmarks/results/gpu_spread_2026-12-02.md``) ``on_verify`` took 0.247 vs
+#: How ``spread`` is computed: ``True`` (the default) Triton on CUDA tensors (head sum + forward max in one launch,
+#: or two at large shapes: :func:`specdec.cuda.triton_select.spread_scores`), PyTorch elsewhere; ``"always"`` Triton
+#: wherever it runs (the CPU too under ``TRITON_INTERPRET=1``: tests); ``False`` PyTorch (sum, padded copy, max-pool,
+#: copy) everywhere. The same values up to the rounding of the fp32 head sum: the launch adds the heads in head order,
+#: PyTorch's reduction in an order of its own (bitwise equal at SmolLM2's 3 KV heads on the H200, not at 8; plans then
+#: differ only among near-equal scores). On the H200 (``benchmarks/results/gpu_spread_2026-12-02.md``) ``on_verify`` took 0.247 vs
 #: 0.467 ms at SmolLM2 B 64 x 8k, 0.310 vs 0.578 ms at the Llama-3.1-8B shape B 16 x 32k (two passes there).
 TRITON_SPREAD: bool | str = True
 
@@ -218,7 +218,7 @@ class VerificationGuidedSelector(BudgetSelector):
                 self._own[:] = [buf]
         if self.config.spread:  # the head sums (or each KV head's scores), spread forward
             launch = _spread_launch(s)
-            if launch is not None:  # one pass: the sums and the max written straight into the buffer
+            if launch is not None:  # one pass over the scores: the spread sums written straight into the buffer
                 launch(s, self.config.spread, not self.config.per_kv_head, out=buf)
             else:
                 buf.copy_(spread_forward(s if self.config.per_kv_head else s.sum(2, keepdim=True, dtype=torch.float32),
