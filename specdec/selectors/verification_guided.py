@@ -42,8 +42,8 @@ RowMode = Literal["all", "collect2", "last"]
 #: wherever it runs (the CPU too under ``TRITON_INTERPRET=1``: tests); ``False`` PyTorch (sum, padded copy, max-pool,
 #: copy) everywhere. The same values up to the rounding of the fp32 head sum: the launch adds the heads in head order,
 #: PyTorch's reduction in an order of its own (bitwise equal at SmolLM2's 3 KV heads on the H200, not at 8; plans then
-#: differ only among near-equal scores). On the H200 (``benchmarks/results/gpu_spread_2026-12-02.md``) ``on_verify`` took 0.247 vs
-#: 0.467 ms at SmolLM2 B 64 x 8k, 0.310 vs 0.578 ms at the Llama-3.1-8B shape B 16 x 32k (two passes there).
+#: differ only among near-equal scores). On the H200 (``benchmarks/results/gpu_spread_2026-12-02.md``) ``on_verify``
+#: took 0.247 vs 0.467 ms at SmolLM2 B 64 x 8k, 0.310 vs 0.578 ms at the Llama-3.1-8B shape B 16 x 32k (two passes).
 TRITON_SPREAD: bool | str = True
 
 
