@@ -354,10 +354,12 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
          "(sequence b continues window b mod K)" if (meta.get("windows") or 1) > 1 else
          "- contexts: every sequence of a batch continues the same window"),
         *([f"- {meta['compile_skipped']}"] if meta.get("compile_skipped") else []),
+        "- τ: tokens per round, the mean over the batch's sequences; iterations: the batch's rounds (decode steps for "
+        "dense), which its slowest sequence sets",
         "",
-        "| document | context | batch | method | τ | tokens/s (min–max) | speedup vs dense | select share "
+        "| document | context | batch | method | τ | iterations | tokens/s (min–max) | speedup vs dense | select share "
         "| dense steps | mean γ | same tokens as dense |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sp = r.get("speedup_vs_dense")
@@ -366,7 +368,7 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         method = r["method"] + (" (replayed)" if r.get("replayed") else "")
         gm = r.get("gamma_mean")
         lines.append(
-            f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | "
+            f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | {r.get('iterations', '')} | "
             f"{r['tokens_per_second']:.2f}{rng} | {'' if sp is None else f'{sp:.2f}×'} | "
             f"{r.get('selection_overhead_share', 0):.1%} | {r.get('dense_steps', '')} | "
             f"{'' if gm is None else f'{gm:.1f}'} | {r.get('same_tokens_as_dense', '')} |"

@@ -55,7 +55,13 @@ def test_bench_windows_on_the_embedded_model(tmp_path):
     assert [r["same_tokens_as_dense"] for r in rows] == [True, True]  # all four sequences of each row
     data = json.loads((tmp_path / "w.json").read_text())
     assert data["meta"]["windows"] == 3 and data["meta"]["window_stride"] == 40
-    assert "- contexts: 3 windows of each document, ends 40 tokens apart" in (tmp_path / "w.md").read_text()
+    md = (tmp_path / "w.md").read_text()
+    assert "- contexts: 3 windows of each document, ends 40 tokens apart" in md
+    # the batch's rounds, which its slowest sequence sets, next to the mean τ
+    assert "| method | τ | iterations |" in md
+    for r in rows:
+        assert f"| {r['method']} | {r['tau']:.2f} | {r['iterations']} |" in md
+    assert rows[0]["iterations"] == 5 and 1 <= rows[1]["iterations"] <= 5  # dense: a step per token after the first
     with pytest.raises(SpecdecError, match="--windows and --window-stride must be >= 1"):
         run_bench(["dense"], [48], [1], ["x"], 4, 16, None, 3, "x", "reference", "float32", "cpu", False, tmp_path,
                   "s", windows=0)
