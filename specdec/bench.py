@@ -342,6 +342,11 @@ def run_bench(
     return rows
 
 
+def _blank(x: Any) -> Any:
+    """A table cell: ``x``, or empty for ``None``."""
+    return "" if x is None else x
+
+
 def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [
         f"# {meta.get('model')} — γ={meta.get('gamma')}, budget={meta.get('budget') or meta.get('budget_ratio')}",
@@ -349,7 +354,8 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"- command: `{meta.get('command')}`",
         f"- machine: {json.dumps(meta.get('machine'))}",
         "",
-        f"- tokens/s: median of {meta.get('repeats', 1)} timed runs (min–max); HF baselines warmed up at the same shape",
+        f"- tokens/s: median of {meta.get('repeats', 1)} timed runs (min–max)"
+        + ("; HF baselines warmed up at the same shape" if any(r["method"].startswith("hf-") for r in rows) else ""),
         (f"- contexts: {meta['windows']} windows of each document, ends {meta['window_stride']} tokens apart "
          "(sequence b continues window b mod K)" if (meta.get("windows") or 1) > 1 else
          "- contexts: every sequence of a batch continues the same window"),
@@ -357,8 +363,8 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "- τ: tokens per round, the mean over the batch's sequences; iterations: the batch's rounds (decode steps for "
         "dense), which its slowest sequence sets",
         "",
-        "| document | context | batch | method | τ | iterations | tokens/s (min–max) | speedup vs dense | select share "
-        "| dense steps | mean γ | same tokens as dense |",
+        "| document | context | batch | method | τ | iterations | tokens/s (min–max) | speedup vs dense "
+        "| select share | dense steps | mean γ | same tokens as dense |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -368,8 +374,8 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         method = r["method"] + (" (replayed)" if r.get("replayed") else "")
         gm = r.get("gamma_mean")
         lines.append(
-            f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | {r.get('iterations', '')} | "
-            f"{r['tokens_per_second']:.2f}{rng} | {'' if sp is None else f'{sp:.2f}×'} | "
+            f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | "
+            f"{_blank(r.get('iterations'))} | {r['tokens_per_second']:.2f}{rng} | {'' if sp is None else f'{sp:.2f}×'} | "
             f"{r.get('selection_overhead_share', 0):.1%} | {r.get('dense_steps', '')} | "
             f"{'' if gm is None else f'{gm:.1f}'} | {r.get('same_tokens_as_dense', '')} |"
         )

@@ -59,6 +59,7 @@ def test_bench_windows_on_the_embedded_model(tmp_path):
     assert "- contexts: 3 windows of each document, ends 40 tokens apart" in md
     # the batch's rounds, which its slowest sequence sets, next to the mean τ
     assert "| method | τ | iterations |" in md
+    assert "- tokens/s: median of 1 timed runs (min–max)\n" in md  # no HF rows: no word of HF baselines
     for r in rows:
         assert f"| {r['method']} | {r['tau']:.2f} | {r['iterations']} |" in md
     assert rows[0]["iterations"] == 5 and 1 <= rows[1]["iterations"] <= 5  # dense: a step per token after the first
@@ -84,3 +85,15 @@ def test_prefilled_carries_the_sliding_window_rings():
         pre = _prefilled(eng, m, wins, 3, random_cache=False)
         assert pre.ring_k is not None and pre.ring_k.shape[1] == 3
         assert eng.generate(pre.ids, max_new_tokens=4, prefilled=pre).tokens == eng.generate(pre.ids, max_new_tokens=4).tokens
+
+
+def test_markdown_table_mentions_hf_warmup_only_with_hf_rows():
+    from specdec.bench import markdown_table
+
+    row = dict(document="d", context=8, batch=1, method="dense", tau=1.0, iterations=3, tokens_per_second=2.0)
+    hf = dict(row, method="hf-generate-static", iterations=None)
+    meta = dict(model="m", gamma=4, budget_ratio=0.05, repeats=3)
+    assert "HF baselines warmed up" not in markdown_table(meta, [row])
+    md = markdown_table(meta, [row, hf])
+    assert "- tokens/s: median of 3 timed runs (min–max); HF baselines warmed up at the same shape" in md
+    assert "| hf-generate-static | 1.00 | None |" not in md and "| hf-generate-static | 1.00 |  |" in md
