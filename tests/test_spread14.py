@@ -1,4 +1,4 @@
-"""``benchmarks/gpu/spread14.py`` (Vegas' spread through one Triton launch vs PyTorch): its micro part under the
+"""``benchmarks/gpu/spread14.py`` (Vegas' spread through Triton launches vs PyTorch): its micro part under the
 interpreter at a tiny shape checks what the GPU run checks (the launch keeps the same scores and plans) and reports."""
 
 import importlib.util

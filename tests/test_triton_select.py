@@ -503,8 +503,8 @@ def test_auto_greedy_vegas_equals_dense(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [0, 1, 8])
 def test_spread_scores_equal_the_torch_spread(dtype, n):
-    """``spread_scores`` (Vegas' head sum + forward max in one launch) = ``spread_forward`` of the fp32 head sums,
-    exactly: rows longer than one program's block (1,100 positions), per layer and per KV head."""
+    """``spread_scores`` (Vegas' head sum + forward max; one launch, two, or the size's pick) = ``spread_forward`` of
+    the fp32 head sums, exactly: rows longer than one program's block (1,100 positions), per layer and per KV head."""
     from specdec.cuda.triton_select import spread_scores
     from specdec.selectors.verification_guided import spread_forward
 
