@@ -68,6 +68,32 @@ GEMM_SPLITS = 2
 #: adapter), with ``output_hidden_states``, a forward (pre-)hook on a decoder layer, or a layer called alone.
 DOWN_SPLITS = 2
 _KERNELS_ATTR = "_specdec_kernels"
+#: The fused-GEMM switch (:mod:`specdec.cuda.triton_gemm`), opt-in: with the Triton kernels on, inside a specdec
+#: forward, a fused decoder layer runs its input norm + QKV GEMM + RoPE + KV write as ONE launch and its
+#: post-attention norm + gate/up GEMM + SiLU·mul as one more (6 launches -> 2 per layer), for inputs of at most
+#: :data:`FUSED_GEMM_MAX_ROWS` rows and models of hidden size at most :data:`FUSED_GEMM_MAX_HIDDEN`.
+#: ``True``: on CUDA tensors; ``"always"``: also on the CPU, under Triton's interpreter (tests); ``False``
+#: (default): never (the per-kernel layer). Layers it cannot take (Qwen3's q/k norms, a gate/up bias, hooks on the
+#: attention module, a sliding-window layer, mixed dtypes) run the per-kernel layer.
+#: Measured on an H200 (2026-12-02, SmolLM2-135M shape, random weights, CUDA graphs, the arms' replays
+#: interleaved; ``benchmarks/results/gpu_fused_gemm_2026-12-02.md``): a step with 1 or 16 rows per layer runs
+#: 3-7 % faster (B 1 x 8k dense 1.141 -> 1.084 ms, sparse draft 1.108 -> 1.050; B 16 sparse draft 1.396 -> 1.295),
+#: but each fused kernel takes ~6 us where the three it replaces took ~7 us with their gaps, so at 64 rows the
+#: pair is level and at 144 and 576 rows (verification) 1.5-3x slower than cuBLAS plus the small kernels; at the
+#: Llama-3.1-8B shape 1.4x slower (the GEMMs are weight-bound there). End to end at B 1 and B 16 (magicdec, vegas,
+#: dense over two documents) the arms differed by -18 % to +5 % with no consistent sign: not on by default.
+FUSED_GEMM: bool | str = False
+#: the most rows (``batch x tokens``) a fused-GEMM layer takes (a B 1 verification of γ 8 has 9)
+FUSED_GEMM_MAX_ROWS = 16
+#: the largest hidden size the fused GEMMs take (SmolLM2-135M: 576)
+FUSED_GEMM_MAX_HIDDEN = 1024
+
+
+def _triton_gemm():
+    """:mod:`specdec.cuda.triton_gemm` (the caller has checked that the Triton kernels run)."""
+    from specdec.cuda import triton_gemm
+
+    return triton_gemm
 
 
 def _triton_fused():
@@ -220,6 +246,63 @@ def _norm_forward(base, self, hidden_states):
     return base(self, _add_handoff(hidden_states, parts))
 
 
+def _gemm_path(layer: nn.Module, hidden_states: torch.Tensor, kwargs: dict):
+    """``(ctx, slot)`` when ``layer`` runs with the fused GEMMs (:data:`FUSED_GEMM`), else ``None``."""
+    if FUSED_GEMM not in (True, False, "always"):
+        raise SpecdecError(f"specdec.fusion.FUSED_GEMM is {FUSED_GEMM!r}; set True (CUDA), 'always' (also the "
+                           "Triton interpreter) or False.")
+    if FUSED_GEMM is False or (FUSED_GEMM is True and not hidden_states.is_cuda):
+        return None
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    ln1, ln2 = getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)
+    if (not isinstance(attn, FusedAttention) or not isinstance(mlp, FusedMLP) or attn.q_norm is not None
+            or not (getattr(type(ln1), "_specdec_fused", False) and getattr(type(ln2), "_specdec_fused", False))
+            or not mlp.gemm_ready()):  # (norms fuse_projections patched: Llama-family RMSNorms)
+        return None
+    K = hidden_states.shape[-1]
+    if hidden_states.dim() != 3 or hidden_states.shape[0] * hidden_states.shape[1] > FUSED_GEMM_MAX_ROWS \
+            or K > FUSED_GEMM_MAX_HIDDEN:
+        return None
+    qkv = attn.qkv_proj
+    if type(qkv) is not nn.Linear or not qkv.weight.is_contiguous() or _user_hooks(attn):
+        return None
+    dt = hidden_states.dtype
+    tensors = (ln1.weight, ln2.weight, qkv.weight, mlp.gate_up_proj.weight) + ((qkv.bias,) if qkv.bias is not None else ())
+    if any(t.dtype != dt for t in tensors):
+        return None
+    return attn.fused_rope_slot(hidden_states, kwargs)
+
+
+def _gemm_layer(self, hidden_states, parts, path, kwargs):
+    """The decoder layer with the fused GEMMs: 4 launches plus the attention's (:data:`FUSED_GEMM`)."""
+    tg = _triton_gemm()
+    ctx, slot = path
+    attn, mlp = self.self_attn, self.mlp
+    ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+    B, T = hidden_states.shape[:2]
+    if not ctx.static:
+        ctx.cache.check_capacity(ctx.lengths, T)
+    cos, sin = kwargs["position_embeddings"]
+    qkv = attn.qkv_proj
+    args = (ln1.weight, ln1.variance_epsilon, qkv.weight, qkv.bias, cos.expand(B, -1, -1), sin.expand(B, -1, -1),
+            slot[0], slot[1], ctx.lengths, attn.q_size // attn.head_dim)
+    if parts is not None:  # the previous layer's down GEMM partials + its residual, then the norm
+        q, hidden_states = tg.norm_qkv_rope_write(parts, *args, residual=hidden_states, splits=parts.shape[0])
+    else:
+        q, _ = tg.norm_qkv_rope_write(hidden_states, *args)
+    rest = {k: v for k, v in kwargs.items() if k not in ("position_embeddings", "attention_mask", "cache",
+                                                           "past_key_values")}
+    splits = attn.o_splits if attn.o_splittable() else 1
+    o, _ = attn.attend_written(q, (B, T), kwargs.get("attention_mask"), splits > 1, **rest)
+    act, residual = tg.norm_gate_up_silu(o, ln2.weight, ln2.variance_epsilon, mlp.gate_up_proj.weight,
+                                         residual=hidden_states, splits=splits)
+    hand = getattr(self, _HANDOFF_ATTR, None)
+    if hand is not None and _HANDOFF_ON.get() is hand and mlp.down_splittable(act, residual):
+        hand[0] = (residual, mlp.down_partials(act))  # the next layer's input kernel (or the final norm) adds them
+        return residual
+    return mlp.down_add(act, residual)
+
+
 def _layer_forward(base, self, hidden_states, *args, **kwargs):
     """The Llama-family decoder layer in 10 launches plus cuBLAS's split-K reduces (at most 2).
 
@@ -231,11 +314,16 @@ def _layer_forward(base, self, hidden_states, *args, **kwargs):
     With ``mlp.down_splits > 1``, inside a base-model forward that allows it (:func:`_handoff_allowed`), the
     down GEMM is split too and its partials plus the residual are added by the next layer's input norm (or
     the final norm): this layer returns the residual alone and leaves the partials in the model's handoff
-    slot (:func:`_take_handoff`).
+    slot (:func:`_take_handoff`). With the fused GEMMs (:data:`FUSED_GEMM`, small models at decode sizes) the
+    layer is ``norm + qkv GEMM + RoPE + KV write → attention (+ combine) → o_proj GEMM → residual add + norm +
+    gate/up GEMM + SiLU·mul → down GEMM``: 4 launches plus the attention's (:func:`_gemm_layer`).
     """
     parts = _take_handoff(self, hidden_states)
     if args or not _use_kernels(self, hidden_states):
         return base(self, _add_handoff(hidden_states, parts), *args, **kwargs)
+    path = _gemm_path(self, hidden_states, kwargs)
+    if path is not None:
+        return _gemm_layer(self, hidden_states, parts, path, kwargs)
     tf = _triton_fused()
     ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
     if parts is not None:  # the previous layer's down GEMM partials + its residual, then the norm
@@ -448,6 +536,26 @@ class FusedAttention(nn.Module):
             return _triton_fused().split_linear(out, self.o_proj.weight, self.o_splits)
         return self.o_proj(out)
 
+    def attend_written(self, q: torch.Tensor, input_shape, attention_mask, o_partials: bool, **kwargs):
+        """Attention of the rotated queries ``q`` ``(B, H, T, D)`` over the cache the keys and values of this
+        forward were already written to (a specdec forward), then ``o_proj``: ``(output, weights)``."""
+        attend = _attention_function(self.config._attn_implementation, self._eager)
+        out, weights = attend(self, q, None, None, attention_mask, dropout=0.0, scaling=self.scaling,
+                              kv_written=True, **kwargs)
+        out = out.reshape(*input_shape, -1).contiguous()
+        return self._out(out, o_partials), weights
+
+    def fused_rope_slot(self, hidden_states: torch.Tensor, kwargs: dict):
+        """``(ctx, slot)`` when this forward writes the KV cache itself (RoPE + write in one kernel): the Triton
+        kernels on, inside a specdec forward on its own cache layer (no sliding-window ring, no Hugging Face
+        cache); else ``None``."""
+        ctx = _specdec_context() if _use_kernels(self, hidden_states) else None
+        if (ctx is None or kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+                or self.config._attn_implementation != "specdec"):
+            return None
+        slot = ctx.cache.layer(self.layer_idx)  # (k, v, window, global index)
+        return (ctx, slot) if slot[2] is None else None
+
     def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
                 o_partials: bool = False, **kwargs):
         # ``o_partials`` (the fused decoder layer, with :meth:`o_splittable`): return o_proj's partial sums
@@ -459,10 +567,9 @@ class FusedAttention(nn.Module):
         hidden_shape = (*input_shape, -1, self.head_dim)
         cos, sin = position_embeddings
         attend = _attention_function(self.config._attn_implementation, self._eager)
-        ctx = _specdec_context() if _use_kernels(self, hidden_states) else None
-        slot = ctx.cache.layer(self.layer_idx) if ctx is not None else None  # (k, v, window, global index)
-        fused_rope = (ctx is not None and slot[2] is None and hf_cache is None and past is None
-                      and self.config._attn_implementation == "specdec")  # sliding-window rings: the route writes them
+        found = self.fused_rope_slot(hidden_states, {"cache": hf_cache, "past_key_values": past})
+        fused_rope = found is not None  # sliding-window rings: the route writes them
+        ctx, slot = found if fused_rope else (None, None)
         splits = self.qkv_splits if fused_rope and self._splittable(self.qkv_proj, self.qkv_splits) else 1
         if splits > 1:  # partial sums of the QKV GEMM: the RoPE + write kernel adds them
             qkv = _triton_fused().split_linear(hidden_states, self.qkv_proj.weight, splits)
@@ -481,10 +588,7 @@ class FusedAttention(nn.Module):
             q = _triton_fused().rope_qkv_write(q, k, v, cos.expand(B, -1, -1), sin.expand(B, -1, -1),
                                                slot[0], slot[1], ctx.lengths, *norms, splits=splits,
                                                split_stride=split_stride)
-            out, weights = attend(self, q, None, None, attention_mask, dropout=0.0, scaling=self.scaling,
-                                  kv_written=True, **kwargs)
-            out = out.reshape(*input_shape, -1).contiguous()
-            return self._out(out, o_partials), weights
+            return self.attend_written(q, input_shape, attention_mask, o_partials, **kwargs)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -526,7 +630,10 @@ class FusedMLP(nn.Module):
 
     def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
         """The down GEMM's :attr:`down_splits` partial sums ``(splits, ..., hidden)`` of ``forward(x)``."""
-        act = _triton_fused().silu_mul(self.gate_up_proj(x))
+        return self.down_partials(_triton_fused().silu_mul(self.gate_up_proj(x)))
+
+    def down_partials(self, act: torch.Tensor) -> torch.Tensor:
+        """The down GEMM's :attr:`down_splits` partial sums of ``down(act)`` (``act = silu(gate) * up``)."""
         return _triton_fused().split_linear(act, self.down_proj.weight, self.down_splits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -542,10 +649,20 @@ class FusedMLP(nn.Module):
                 or self.down_proj.bias is not None
                 or not residual.is_contiguous() or residual.shape[:-1] != x.shape[:-1]):
             return residual + self.forward(x)
-        act = _triton_fused().silu_mul(self.gate_up_proj(x))
+        return self.down_add(_triton_fused().silu_mul(self.gate_up_proj(x)), residual)
+
+    def down_add(self, act: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual += down(act)`` in the down GEMM (``addmm_``, β = 1; :meth:`forward_add`'s conditions)."""
         r2 = residual.view(-1, residual.shape[-1])
         r2.addmm_(act.view(-1, act.shape[-1]), self.down_proj.weight.t())
         return residual
+
+    def gemm_ready(self) -> bool:
+        """Whether the gate/up GEMM can run fused with the norm and SiLU·mul (:data:`FUSED_GEMM`): SiLU, plain
+        ``Linear`` projections without a bias, contiguous weights."""
+        gu, down = self.gate_up_proj, self.down_proj
+        return (self.silu and type(gu) is nn.Linear and gu.bias is None and gu.weight.is_contiguous()
+                and type(down) is nn.Linear and down.bias is None)
 
 
 def _decoder_layers(hf_model) -> list:
