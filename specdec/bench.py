@@ -41,9 +41,12 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
     return dict(median=med, min=v[0], max=v[-1])
 
 
-def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cache_implementation: str | None = None,
-                    repeats: int = 3) -> dict[str, float]:
+def hf_generate_tps(model, ids: list[int] | list[list[int]], batch: int, max_new_tokens: int,
+                    cache_implementation: str | None = None, repeats: int = 3) -> dict[str, float]:
     """Hugging Face ``generate`` tokens/s (greedy, its own cache, excluding the prefill): median, min, max.
+
+    ``ids``: one prompt, which every sequence of the batch continues, or several prompts of one length (``bench
+    --windows K``), where sequence ``b`` continues prompt ``b % K``, as specdec's methods do in the same run.
 
     Run on the model as loaded (fused projections included, with torch's element-wise code: the fused
     Triton kernels are specdec's, not Hugging Face's). A warm-up call at the same shape comes first
@@ -58,7 +61,11 @@ def hf_generate_tps(model, ids: list[int], batch: int, max_new_tokens: int, cach
     1.47k (H200, 2026-12-01). The result's ``attn_implementation`` says what ran.
     """
     hf = model.hf
-    x = torch.tensor([ids] * batch, device=model.device)
+    prompts = ids if ids and isinstance(ids[0], (list, tuple)) else [ids]
+    if len({len(p) for p in prompts}) != 1:
+        raise SpecdecError(f"hf_generate_tps: the prompts have different lengths ({sorted({len(p) for p in prompts})}); "
+                           "pass windows of one length (specdec.data.context_windows).")
+    x = torch.tensor([list(prompts[b % len(prompts)]) for b in range(batch)], device=model.device)
     kw = dict(do_sample=False, min_new_tokens=max_new_tokens, max_new_tokens=max_new_tokens, pad_token_id=0)
     if cache_implementation is not None:
         kw["cache_implementation"] = cache_implementation
@@ -322,7 +329,7 @@ def run_bench(
                     if hf_baseline:
                         for label, impl in (("hf-generate", None), ("hf-generate-static", "static")):
                             progress.update(task, description=f"{doc} ctx={ctx} B={bs} {label}")
-                            tps = hf_generate_tps(m, ids, bs, max_new_tokens, impl, repeats)
+                            tps = hf_generate_tps(m, wins[:bs], bs, max_new_tokens, impl, repeats)
                             all_tokens.append(None)
                             rows.append(dict(document=doc, context=ctx, batch=bs, method=label, tau=1.0,
                                              tokens_per_second=tps["median"], tokens_per_second_min=tps["min"],
