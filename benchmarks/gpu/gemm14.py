@@ -28,6 +28,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -249,7 +250,7 @@ def e2e(a, dev, log) -> list[dict]:
                    "reference" if smoke else "triton", not smoke, False, True)
     common = dict(contexts=[160 if smoke else 8000], budget=None, budget_ratio=0.05 if not smoke else 0.3,
                   gamma=8, model=m, backend="reference" if smoke else "triton",
-                  dtype="float32" if smoke else "bfloat16", device=dev.type, output_dir=Path(a.out),
+                  dtype="float32" if smoke else "bfloat16", device=dev.type, output_dir=Path(tempfile.mkdtemp()),
                   cuda_graphs=not smoke, fuse=True, warmup=True, repeats=1 if smoke else 3, hf_baseline=False,
                   adaptive=False, max_new_tokens=8 if smoke else 128, windows=2 if smoke else min(4, a.e2e_batch),
                   window_stride=20 if smoke else 1000, batch_sizes=[2 if smoke else a.e2e_batch])
@@ -261,9 +262,10 @@ def e2e(a, dev, log) -> list[dict]:
 
             doc = str(Path(a.out) / f"{spec.replace(':', '_')}.txt")
             Path(doc).write_text(document_text(spec))
-        for arm in a.arms.split(","):
+        arms = a.arms.split(",")
+        for rnd, arm in [(r, x) for r in range(a.e2e_rounds) for x in (arms if r % 2 == 0 else arms[::-1])]:
             if elapsed() > a.budget_s:
-                rows.append(dict(document=spec, arm=arm, skipped="budget"))
+                rows.append(dict(document=spec, arm=arm, round=rnd, skipped="budget"))
                 continue
             try:
                 with _Gemm(False if arm == "off" else ("always" if smoke else True)):
@@ -272,7 +274,7 @@ def e2e(a, dev, log) -> list[dict]:
                 for r in res:
                     ph = r.get("phase_seconds") or {}
                     it = r.get("iterations") or 1
-                    rows.append(dict(document=spec, arm=arm, method=r.get("method"),
+                    rows.append(dict(document=spec, arm=arm, round=rnd, method=r.get("method"),
                                      tok_s=r.get("tokens_per_second"), tok_s_min=r.get("tokens_per_second_min"),
                                      tok_s_max=r.get("tokens_per_second_max"), tau=r.get("tau"), iterations=it,
                                      same_tokens=r.get("same_tokens_as_dense"),
@@ -280,7 +282,7 @@ def e2e(a, dev, log) -> list[dict]:
                                      verify_ms_per_iter=1e3 * ph.get("verify", 0.0) / it))
                     log(f"e2e {rows[-1]}")
             except Exception:
-                rows.append(dict(document=spec, arm=arm, error=traceback.format_exc()))
+                rows.append(dict(document=spec, arm=arm, round=rnd, error=traceback.format_exc()))
                 log(rows[-1]["error"])
     return rows
 
@@ -314,17 +316,30 @@ def markdown(res) -> str:
         L += ["## End to end, B × 8k, 4 windows, γ 8, 5 %", "",
               "| document | arm | method | τ | iterations | tok/s (min–max) | × dense (same arm) | on / off | "
               "draft ms/iter | verify ms/iter | same tokens |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        tok = {(r["document"], r["arm"], r["method"]): r["tok_s"] for r in res["e2e"] if "method" in r}
+        tok = {(r["document"], r.get("round", 0), r["arm"], r["method"]): r["tok_s"] for r in res["e2e"]
+               if "method" in r}
         for r in res["e2e"]:
             if "method" not in r:
                 L.append(f"| {r['document']} | {r['arm']} | {r.get('skipped') or 'error'} | | | | | | | | |")
                 continue
-            d = tok.get((r["document"], r["arm"], "dense"))
-            o = tok.get((r["document"], "off", r["method"]))
+            d = tok.get((r["document"], r.get("round", 0), r["arm"], "dense"))
+            o = tok.get((r["document"], r.get("round", 0), "off", r["method"]))
             L.append(f"| {r['document']} | {r['arm']} | {r['method']} | {r['tau']:.2f} | {r['iterations']} | "
                      f"{r['tok_s']:.0f} ({r['tok_s_min']:.0f}–{r['tok_s_max']:.0f}) | "
-                     f"{r['tok_s'] / d:.3f} | {r['tok_s'] / o:.3f} | {r['draft_ms_per_iter']:.3f} | "
+                     f"{r['tok_s'] / d:.3f} | {r['tok_s'] / o if o else float('nan'):.3f} | {r['draft_ms_per_iter']:.3f} | "
                      f"{r['verify_ms_per_iter']:.3f} | {r['same_tokens']} |")
+        paired = {}
+        for r in res["e2e"]:
+            if "method" in r and r["arm"] == "on":
+                off = [x for x in res["e2e"] if x.get("method") == r["method"] and x["document"] == r["document"]
+                       and x.get("round") == r.get("round") and x["arm"] == "off"]
+                if off:
+                    paired.setdefault((r["document"], r["method"]), []).append(r["tok_s"] / off[0]["tok_s"])
+        if paired:
+            L += ["", "Paired on / off per round (the arms alternate their order round by round):", "",
+                  "| document | method | on / off per round | median |", "|---|---|---|---|"]
+            for (doc, meth), v in paired.items():
+                L.append(f"| {doc} | {meth} | {', '.join(f'{x:.3f}' for x in v)} | {statistics.median(v):.3f} |")
     return "\n".join(L) + "\n"
 
 
@@ -342,6 +357,7 @@ def main() -> None:
                     help="documents of the e2e part: built-in names, paths, or prose:<package> (its docstrings)")
     ap.add_argument("--arms", default="off,on", help="arms of the e2e part")
     ap.add_argument("--e2e-batch", type=int, default=64)
+    ap.add_argument("--e2e-rounds", type=int, default=1, help="rounds of the e2e arms, their order alternating")
     ap.add_argument("--max-rows", type=int, default=None, help="fusion.FUSED_GEMM_MAX_ROWS for the on arms")
     ap.add_argument("--apply-best", action="store_true",
                     help="run the steps and e2e parts with the kernels part's fastest configuration at 64 rows")

@@ -172,6 +172,16 @@ def _block_m(rows: int) -> int:
     return TUNE["block_m"] if rows <= 64 else 64
 
 
+def _block_k(bm: int, bn: int, dtype: torch.dtype) -> int:
+    """``TUNE["block_k"]``, halved (down to 64) while one pipeline stage of the row and weight tiles would pass
+    80 KB (3 stages must fit the SM's 227 KB of shared memory: float32 tiles of 256 columns do not)."""
+    bk = TUNE["block_k"]
+    size = torch.finfo(dtype).bits // 8
+    while bk > 64 and (bm * bk + 2 * bk * bn) * size > 80 * 1024:
+        bk //= 2
+    return bk
+
+
 def _launch_opts(device) -> dict:
     opts = dict(num_warps=TUNE["num_warps"], **pdl_args(device))
     if TUNE["num_stages"] is not None:
@@ -286,7 +296,8 @@ def norm_qkv_rope_write(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, 
             v_cache.stride(2),
             M, T, K, num_heads, Hkv, L, float(eps),
             HAS_RES=residual is not None, SPLITS=splits, HAS_BIAS=bias is not None, HALF=half,
-            BLOCK_H=max(16, triton.next_power_of_2(half)), BLOCK_M=bm, BLOCK_K=TUNE["block_k"],
+            BLOCK_H=max(16, triton.next_power_of_2(half)), BLOCK_M=bm,
+            BLOCK_K=_block_k(bm, max(16, triton.next_power_of_2(half)), x.dtype),
             IEEE=x.dtype == torch.float32 or x.device.type != "cuda", **_launch_opts(x.device),
         )
     return qo, ro
@@ -366,7 +377,7 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, we
             x2, r2, ro2, norm_weight, weight, y.view(-1, I),
             x2.stride(0), split_stride, r2.stride(0), ro2.stride(0), I,
             M, K, I, float(eps),
-            HAS_RES=residual is not None, SPLITS=splits, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=TUNE["block_k"],
+            HAS_RES=residual is not None, SPLITS=splits, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=_block_k(bm, bn, x.dtype),
             IEEE=x.dtype == torch.float32 or x.device.type != "cuda", **_launch_opts(x.device),
         )
     return y, ro
