@@ -400,7 +400,9 @@ def test_down_split_runs_only_where_no_one_reads_hidden_states():
     c = fused.new_cache(2, 16)
     fused.forward(ids[:, :5], c, torch.tensor([0, 0], device=DEV))
     ops = _launches(lambda: fused.forward(ids[:, 5:], c, torch.tensor([5, 5], device=DEV)))
-    assert ops["addmm_.default"] == 0 and ops["triton:_rms_kernel"] == 2 * n + 1, dict(ops)
+    assert ops["addmm_.default"] == 0, dict(ops)
+    if INTERPRETED:  # (Triton launches are counted through the interpreter)
+        assert ops["triton:_rms_kernel"] == 2 * n + 1, dict(ops)
     # output_hidden_states: every layer's output complete
     want = plain.hf(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states
     got = fused.hf(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states
