@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(os.environ.get("SPECDEC_TEST_DEVICE", "cpu") != "cpu", reason="the CPU smoke of a GPU script")
-def test_gemm14_smoke_runs_kernels_and_steps(tmp_path):
+def test_gemm14_smoke_runs_its_three_parts(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/gemm14.py"), "--out", str(tmp_path), "--smoke",
-                        "--parts", "kernels,steps", "--apply-best"], env=env, capture_output=True, text=True,
+                        "--parts", "kernels,steps,e2e", "--apply-best"], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "gemm14.json").read_text())
@@ -32,4 +32,8 @@ def test_gemm14_smoke_runs_kernels_and_steps(tmp_path):
     assert set(steps) == {"dense_T1", "sparse5%_T1", "verify_T9"}
     for row in steps.values():  # both arms ran; float32 logits agree to rounding
         assert row["off"]["ms"] > 0 and row["on"]["ms"] > 0 and row["max_abs_logit_diff"] < 1e-4, row
-    assert "## Steps" in (tmp_path / "gemm14.md").read_text()
+    e2e = [r for r in res["e2e"] if "method" in r]  # the embedded model, both arms, each arm's tokens = dense's
+    assert {(r["arm"], r["method"]) for r in e2e} == {(a, m) for a in ("off", "on") for m in ("dense", "magicdec", "vegas")}
+    assert all(r["same_tokens"] for r in e2e), e2e
+    md = (tmp_path / "gemm14.md").read_text()
+    assert "## Steps" in md and "Paired on / off per round" in md

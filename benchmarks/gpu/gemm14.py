@@ -28,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import script_io  # noqa: E402
 import torch  # noqa: E402
 
 T0 = time.perf_counter()
@@ -243,25 +243,12 @@ def steps_shape(shape, B, ctx, a, dev, bw, log) -> list[dict]:
 
 def e2e(a, dev, log) -> list[dict]:
     from specdec.bench import run_bench
-    from specdec.loading import load_model
 
     smoke = a.smoke
-    m = load_model("smollm2-135m" if smoke else a.gguf, "float32" if smoke else "bfloat16", dev.type,
-                   "reference" if smoke else "triton", not smoke, False, True)
-    common = dict(contexts=[160 if smoke else 8000], budget=None, budget_ratio=0.05 if not smoke else 0.3,
-                  gamma=8, model=m, backend="reference" if smoke else "triton",
-                  dtype="float32" if smoke else "bfloat16", device=dev.type, output_dir=Path(tempfile.mkdtemp()),
-                  cuda_graphs=not smoke, fuse=True, warmup=True, repeats=1 if smoke else 3, hf_baseline=False,
-                  adaptive=False, max_new_tokens=8 if smoke else 128, windows=2 if smoke else min(4, a.e2e_batch),
-                  window_stride=20 if smoke else 1000, batch_sizes=[2 if smoke else a.e2e_batch])
+    _, common = script_io.e2e_settings(a.gguf, dev, smoke, batch=a.e2e_batch)
     rows = []
     for spec in a.docs.split(","):
-        doc = spec
-        if spec.startswith("prose:"):  # a package's docstrings (vegas_sweep.document_text), written to a file
-            from vegas_sweep import document_text
-
-            doc = str(Path(a.out) / f"{spec.replace(':', '_')}.txt")
-            Path(doc).write_text(document_text(spec))
+        doc = script_io.document(spec, Path(a.out))
         arms = a.arms.split(",")
         for rnd, arm in [(r, x) for r in range(a.e2e_rounds) for x in (arms if r % 2 == 0 else arms[::-1])]:
             if elapsed() > a.budget_s:
@@ -371,21 +358,7 @@ def main() -> None:
         a.rounds, a.per_round, a.docs = 2, 1, "stdlib:ssl"
         torch.set_num_threads(1)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    import datetime as dt
-
-    res = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), argv=" ".join(sys.argv),
-               gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", args=vars(a))
-    logf = open(out / "log.txt", "a")
-
-    def log(msg):
-        print(f"[{elapsed():6.1f}s] {msg}", flush=True)
-        logf.write(f"[{elapsed():6.1f}s] {msg}\n")
-        logf.flush()
-
-    def save():
-        (out / "gemm14.json").write_text(json.dumps(res, indent=1, default=str))
-        (out / "gemm14.md").write_text(markdown(res))
+    res, log, save = script_io.record(out, "gemm14", a, dev, markdown, T0)
 
     parts = a.parts.split(",")
     if a.max_rows is not None:

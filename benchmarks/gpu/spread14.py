@@ -24,7 +24,6 @@ Parts (each saved as it finishes to ``<out>/spread14.json`` + ``.md``; none star
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import script_io  # noqa: E402
 import torch  # noqa: E402
 
 T0 = time.perf_counter()
@@ -144,26 +144,13 @@ def micro_shape(name, N, B, H, L, a, dev, log) -> dict:
 
 def e2e(a, dev, log) -> list[dict]:
     from specdec.bench import run_bench
-    from specdec.loading import load_model
 
     smoke = a.smoke
-    m = load_model("smollm2-135m" if smoke else a.gguf, "float32" if smoke else "bfloat16", dev.type,
-                   "reference" if smoke else "triton", not smoke, False, True)
-    common = dict(contexts=[160 if smoke else 8000], budget=None, budget_ratio=0.05 if not smoke else 0.3,
-                  gamma=8, model=m, backend="reference" if smoke else "triton",
-                  dtype="float32" if smoke else "bfloat16", device=dev.type, output_dir=Path(a.out),
-                  cuda_graphs=not smoke, fuse=True, warmup=True, repeats=1 if smoke else 3, hf_baseline=False,
-                  adaptive=False, max_new_tokens=8 if smoke else 128, windows=2 if smoke else 4,
-                  window_stride=20 if smoke else 1000, batch_sizes=[2 if smoke else 64])
+    _, common = script_io.e2e_settings(a.gguf, dev, smoke, output_dir=Path(a.out))
     rows = []
     settings = [s for s in (SMOKE_SETTINGS if smoke else SETTINGS) if s[0] in a.arms.split(",")]
     for spec in a.docs.split(","):
-        doc = spec
-        if spec.startswith("prose:"):  # a package's docstrings (vegas_sweep.document_text), written to a file
-            from vegas_sweep import document_text
-
-            doc = str(Path(a.out) / f"{spec.replace(':', '_')}.txt")
-            Path(doc).write_text(document_text(spec))
+        doc = script_io.document(spec, Path(a.out))
         for label, spread, select in settings:
             if elapsed() > a.budget_s:
                 rows.append(dict(document=spec, setting=label, skipped="budget"))
@@ -248,21 +235,7 @@ def main() -> None:
         a.reps, a.docs = 2, a.docs if a.docs.startswith("prose:") else "stdlib:ssl"
         torch.set_num_threads(1)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    import datetime as dt
-
-    res = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), argv=" ".join(sys.argv),
-               gpu=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", args=vars(a))
-    logf = open(out / "log.txt", "a")
-
-    def log(msg):
-        print(f"[{elapsed():6.1f}s] {msg}", flush=True)
-        logf.write(f"[{elapsed():6.1f}s] {msg}\n")
-        logf.flush()
-
-    def save():
-        (out / "spread14.json").write_text(json.dumps(res, indent=1, default=str))
-        (out / "spread14.md").write_text(markdown(res))
+    res, log, save = script_io.record(out, "spread14", a, dev, markdown, T0)
 
     parts = a.parts.split(",")
     if "micro" in parts:
