@@ -81,7 +81,8 @@ _KERNELS_ATTR = "_specdec_kernels"
 #: but each fused kernel takes ~6 us where the three it replaces took ~7 us with their gaps, so at 64 rows the
 #: pair is level and at 144 and 576 rows (verification) 1.5-3x slower than cuBLAS plus the small kernels; at the
 #: Llama-3.1-8B shape 1.4x slower (the GEMMs are weight-bound there). End to end at B 1 and B 16 (magicdec, vegas,
-#: dense over two documents) the arms differed by -18 % to +5 % with no consistent sign: not on by default.
+#: dense over two documents) the arms differed by -18 % to +5 % with no consistent sign, and an interleaved B 1 re-run
+#: read paired medians of 0.994-1.036, inside its rounds' spread: not on by default.
 FUSED_GEMM: bool | str = False
 #: the most rows (``batch x tokens``) a fused-GEMM layer takes (a B 1 verification of γ 8 has 9)
 FUSED_GEMM_MAX_ROWS = 16
