@@ -247,11 +247,16 @@ def _norm_forward(base, self, hidden_states):
     return base(self, _add_handoff(hidden_states, parts))
 
 
-def _gemm_path(layer: nn.Module, hidden_states: torch.Tensor, kwargs: dict):
-    """``(ctx, slot)`` when ``layer`` runs with the fused GEMMs (:data:`FUSED_GEMM`), else ``None``."""
+def _check_fused_gemm() -> None:
+    """Refuse a :data:`FUSED_GEMM` value other than ``True``, ``False`` or ``"always"`` (one line)."""
     if FUSED_GEMM not in (True, False, "always"):
         raise SpecdecError(f"specdec.fusion.FUSED_GEMM is {FUSED_GEMM!r}; set True (CUDA), 'always' (also the "
                            "Triton interpreter) or False.")
+
+
+def _gemm_path(layer: nn.Module, hidden_states: torch.Tensor, kwargs: dict):
+    """``(ctx, slot)`` when ``layer`` runs with the fused GEMMs (:data:`FUSED_GEMM`), else ``None``."""
+    _check_fused_gemm()
     if FUSED_GEMM is False or (FUSED_GEMM is True and not hidden_states.is_cuda):
         return None
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -678,10 +683,11 @@ def fuse_projections(hf_model, kernels: str = "auto") -> int:
     ``kernels`` (``"auto" | "triton" | "torch"``) says where the fused Triton kernels run (module
     doc); calling again with another setting switches it. Returns the number of layers fused now
     (0 when already fused). Raises :class:`SpecdecError` (before changing anything) for an
-    architecture other than Llama, Qwen2, Qwen3 or Mistral, or an unknown ``kernels``.
+    architecture other than Llama, Qwen2, Qwen3 or Mistral, an unknown ``kernels`` or a bad :data:`FUSED_GEMM`.
     """
     if kernels not in KERNELS:
         raise SpecdecError(f"unknown fused-kernel setting {kernels!r}; choose one of {', '.join(KERNELS)}.")
+    _check_fused_gemm()
     kind = getattr(hf_model.config, "model_type", type(hf_model).__name__)
     if kind not in FAMILIES:
         raise SpecdecError(f"fuse_projections cannot fuse model type {kind!r}; {_SUPPORTED}: run this model unfused.")

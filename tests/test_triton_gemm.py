@@ -233,3 +233,8 @@ def test_fused_gemm_switch_refuses_a_bad_value(monkeypatch):
     monkeypatch.setattr(fusion, "FUSED_GEMM", "yes")
     with pytest.raises(SpecdecError, match="FUSED_GEMM is 'yes'; set True"):
         _step_launches(m)
+    # set before fusing: the fuse says so itself (not as a routing failure of the model)
+    m2 = make_tiny("llama")
+    m2.hf.to(DEV)
+    with pytest.raises(SpecdecError, match=r"^specdec.fusion.FUSED_GEMM is 'yes'; set True"):
+        m2.fuse_projections(kernels="triton")
