@@ -344,9 +344,30 @@ def run_bench(
                   and x["context"] == r["context"] and x["batch"] == r["batch"]), None)
         if d is not None and toks is not None and not r.get("replayed"):
             r["same_tokens_as_dense"] = toks == all_tokens[d]  # every sequence of the batch
+            if not r["same_tokens_as_dense"]:
+                r["divergence"] = divergence(toks, all_tokens[d])
     save()
     print(markdown_table(meta, rows))
     return rows
+
+
+def divergence(tokens: list[list[int]], dense: list[list[int]]) -> dict[str, int]:
+    """Where a batch's tokens leave dense's: ``{"sequences": how many differ, "of": the batch, "first": the earliest
+    token index at which one differs}`` (a length difference counts at the shorter length)."""
+    firsts = []
+    for a, b in zip(tokens, dense):
+        if a != b:
+            firsts.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+    return dict(sequences=len(firsts), of=len(dense), first=min(firsts) if firsts else -1)
+
+
+def _same(r: dict[str, Any]) -> str:
+    """The "same tokens as dense" cell: True / False, with where a False batch first differs."""
+    same = r.get("same_tokens_as_dense", "")
+    dv = r.get("divergence")
+    if same is False and dv:
+        return f"False ({dv['sequences']}/{dv['of']} sequences, from token {dv['first']})"
+    return str(same)
 
 
 def _blank(x: Any) -> Any:
@@ -384,6 +405,6 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | "
             f"{_blank(r.get('iterations'))} | {r['tokens_per_second']:.2f}{rng} | {'' if sp is None else f'{sp:.2f}×'} | "
             f"{r.get('selection_overhead_share', 0):.1%} | {r.get('dense_steps', '')} | "
-            f"{'' if gm is None else f'{gm:.1f}'} | {r.get('same_tokens_as_dense', '')} |"
+            f"{'' if gm is None else f'{gm:.1f}'} | {_same(r)} |"
         )
     return "\n".join(lines) + "\n"

@@ -97,3 +97,19 @@ def test_markdown_table_mentions_hf_warmup_only_with_hf_rows():
     md = markdown_table(meta, [row, hf])
     assert "- tokens/s: median of 3 timed runs (min–max); HF baselines warmed up at the same shape" in md
     assert "| hf-generate-static | 1.00 | None |" not in md and "| hf-generate-static | 1.00 |  |" in md
+
+
+def test_a_differing_batch_says_where_it_leaves_dense():
+    """A lossless row whose tokens differ from dense's (bf16 near-ties) reports how many sequences differ and from
+    which token, in the row and in the table."""
+    from specdec.bench import divergence, markdown_table
+
+    dense = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
+    got = [[1, 2, 3, 4], [5, 6, 0, 8], [9, 9, 9]]
+    assert divergence(got, dense) == dict(sequences=2, of=3, first=2)
+    assert divergence(dense, dense) == dict(sequences=0, of=3, first=-1)
+    row = dict(document="d", context=8, batch=3, method="vegas", tau=4.0, iterations=3, tokens_per_second=2.0,
+               same_tokens_as_dense=False, divergence=divergence(got, dense))
+    md = markdown_table(dict(model="m", gamma=4, budget_ratio=0.05, repeats=3), [row, dict(row, method="dense",
+                                                                                      same_tokens_as_dense=True)])
+    assert "| False (2/3 sequences, from token 2) |" in md and md.rstrip().endswith("| True |")
