@@ -183,7 +183,7 @@ def run_bench(
       ``max_new_tokens + 16 + k * window_stride`` tokens before its end; sequence ``b`` continues window ``b % K``),
       prefilled once, so τ is read over K continuations instead of one (the prefill is gathered to the batch: a copy
       of B sequences' KV next to the cache, where one window shares views). Every sequence's tokens are compared
-      with dense's (``same_tokens_as_dense``).
+      with dense's (``same_tokens_as_dense``; where they differ, ``divergence``: :func:`divergence`).
     - ``adaptive``: the adaptive γ / dense fall-back of :mod:`specdec.adaptive` (off under replay).
     """
     from rich.progress import Progress
