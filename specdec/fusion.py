@@ -189,14 +189,18 @@ def _handoff_allowed(base_model: nn.Module, kwargs: dict):
 
 def _register_outputs(base_model: nn.Module) -> None:
     """Give the patched base model's class what its Hugging Face class records with ``output_hidden_states``:
-    transformers >= 5.2x keys that registry on the class name (``str(cls)``), so a subclass would record nothing."""
+    transformers 5.x keys that registry on the class name (``str(cls)``), so a subclass would record nothing.
+    The registry is a dict keyed on that string: a plain ``dict`` up to 5.1x (indexed with the string), a
+    ``dict`` subclass that takes the model since 5.2x; the string is written with ``dict``'s own methods, which
+    both read."""
     try:
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:  # older transformers read the class attribute, which the subclass inherits
         return
     can = getattr(base_model, "_can_record_outputs", None)
-    if can is not None and not _CAN_RECORD_REGISTRY.get(base_model):
-        _CAN_RECORD_REGISTRY[base_model] = can
+    key = str(type(base_model))
+    if can is not None and isinstance(_CAN_RECORD_REGISTRY, dict) and not dict.get(_CAN_RECORD_REGISTRY, key):
+        dict.__setitem__(_CAN_RECORD_REGISTRY, key, can)
 
 
 def _base_forward(base, self, *args, **kwargs):

@@ -479,3 +479,22 @@ def test_split_gemms_leave_tensor_parallel_projections_alone():
     got = m.forward(ids, m.new_cache(2, 16), lens)
     assert OneRank.calls == 2 * len(m.hf.model.layers)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+def test_fused_model_registers_its_outputs_in_either_registry(monkeypatch):
+    """transformers keys the outputs a model records (``output_hidden_states``) on ``str(model.__class__)``: a plain
+    dict indexed with that string up to 5.1x (the H200 machine's 5.17), a dict subclass indexed with the model since
+    5.2x. The fused base model's class (a subclass) must be registered under its own name in both, or 5.17 returns
+    ``hidden_states=None`` for a fused model (found on the H200)."""
+    from transformers.utils import output_capturing
+
+    from specdec.fusion import _register_outputs
+
+    m = make_tiny("llama")
+    can = m.hf.model._can_record_outputs
+    plain = {}  # transformers 5.1x
+    monkeypatch.setattr(output_capturing, "_CAN_RECORD_REGISTRY", plain)
+    _register_outputs(m.hf.model)
+    assert plain == {str(type(m.hf.model)): can}
+    _register_outputs(m.hf.model)  # idempotent
+    assert len(plain) == 1
