@@ -50,6 +50,10 @@ TP_METHODS = ("dense", "magicdec", "vegas", "vegas-all", "vegas-last", "quest")
 
 #: sharding styles of ``base_model_tp_plan`` that need no change here (whole module on every rank)
 _REPLICATED = ("replicated_with_grad_allreduce", "replicate", "replicated")
+#: vocab-parallel embedding styles (transformers 5.1x adds ``"embed_tokens": "embedding_rowwise"`` to the plan of
+#: every model with tied embeddings, e.g. SmolLM2): specdec keeps the embedding (and the tied LM head) whole on every
+#: rank, as before that entry existed; only the attention heads and the MLP are sharded
+_EMBEDDING_STYLES = ("embedding_rowwise", "embedding_colwise", "vocab_parallel")
 
 
 @dataclass
@@ -177,7 +181,7 @@ def shard_model(model, tp: TensorParallel) -> None:
     done = 0
     for name, mod in list(named.items()):
         style = next((s for pat, s in plan.items() if fnmatch.fnmatchcase(name, pat)), None)
-        if style is None or style in _REPLICATED:
+        if style is None or style in _REPLICATED or (style in _EMBEDDING_STYLES and isinstance(mod, nn.Embedding)):
             continue
         if not isinstance(mod, nn.Linear):
             raise SpecdecError(f"tensor-parallel plan names {name} ({type(mod).__name__}), which is not a Linear; "

@@ -67,6 +67,23 @@ def test_sharded_rank_sees_its_heads_and_a_smaller_cache():
         shard_model(m, TensorParallel(rank=1, world=2))
 
 
+def test_a_vocab_parallel_embedding_in_the_plan_stays_whole():
+    """transformers 5.1x (the H200 machine's 5.17) puts ``"embed_tokens": "embedding_rowwise"`` into the plan of every
+    model with tied embeddings; specdec keeps the embedding whole on each rank (found: the embedded model's ``--tp 2``
+    failed there with "not a Linear"). Any other non-Linear module the plan names is still refused."""
+    from conftest import make_tiny
+
+    m = make_tiny("llama")
+    m.hf.config.base_model_tp_plan = {**m.hf.config.base_model_tp_plan, "embed_tokens": "embedding_rowwise"}
+    emb = m.hf.model.embed_tokens
+    shard_model(m, TensorParallel(rank=0, world=2))
+    assert m.hf.model.embed_tokens is emb and m.dims.n_kv_heads == 1
+    m2 = make_tiny("llama")
+    m2.hf.config.base_model_tp_plan = {**m2.hf.config.base_model_tp_plan, "norm": "colwise"}
+    with pytest.raises(SpecdecError, match="plan names norm .*which is not a Linear"):
+        shard_model(m2, TensorParallel(rank=0, world=2))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,kv_heads_rank0", [("tiny-llama", 1), ("tiny-qwen3", 1), ("tiny-llama-kv3", 2)])
 def test_two_ranks_equal_one_process_tiny(tmp_path, name, kv_heads_rank0):
