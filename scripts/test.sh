@@ -5,6 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=1 SPECDEC_CI_SMALL=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
 .venv/bin/python -m pytest -q -ra "$@"
+# the tests of the code that reaches into transformers' internals (fusion, tensor parallelism) against the GPU
+# machine's transformers 5.17 too (scripts/setup.sh --test installs it in .compat/): a full run only
+if [ $# -eq 0 ]; then
+  if [ ! -d .compat/transformers-5.17/transformers ]; then
+    echo "test.sh: .compat/transformers-5.17 is missing; run bash scripts/setup.sh --test first." >&2
+    exit 1
+  fi
+  echo "[test] the fusion, fused-kernel and tensor-parallel tests against transformers 5.17"
+  PYTHONPATH=.compat/transformers-5.17 .venv/bin/python -m pytest -q -ra -p no:cacheprovider \
+    tests/test_fusion.py tests/test_fused_kernels.py tests/test_triton_gemm.py tests/test_parallel.py
+fi
 # strict docs build WITHOUT -q: -q hides the warnings that --strict turns into a failure
 if [ -f mkdocs.yml ]; then .venv/bin/mkdocs build --strict; fi
 if [ -x scripts/run_tutorials.sh ]; then bash scripts/run_tutorials.sh; fi
