@@ -53,7 +53,7 @@ _REPLICATED = ("replicated_with_grad_allreduce", "replicate", "replicated")
 #: vocab-parallel embedding styles (transformers 5.1x adds ``"embed_tokens": "embedding_rowwise"`` to the plan of
 #: every model with tied embeddings, e.g. SmolLM2): specdec keeps the embedding (and the tied LM head) whole on every
 #: rank, as before that entry existed; only the attention heads and the MLP are sharded
-_EMBEDDING_STYLES = ("embedding_rowwise", "embedding_colwise", "vocab_parallel")
+_EMBEDDING_STYLES = ("embedding_rowwise", "embedding_colwise")
 
 
 @dataclass

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import script_io  # noqa: E402
+from issue14 import _replay_times  # noqa: E402
 import torch  # noqa: E402
 
 T0 = time.perf_counter()
@@ -76,12 +77,6 @@ class _Gemm:
         fusion.FUSED_GEMM, fusion.FUSED_GEMM_MAX_HIDDEN = self.saved
 
 
-def _times(fn, dev, n):
-    from issue14 import _replay_times
-
-    return _replay_times(fn, dev, n)
-
-
 #: launch configurations the ``kernels`` part tries: (block_m, block_k, num_warps, num_stages, block_n)
 CONFIGS = [(16, 64, 4, None, 64), (16, 128, 4, None, 64), (32, 64, 4, None, 64), (64, 64, 4, None, 64),
            (16, 64, 2, None, 64), (16, 128, 2, None, 64), (16, 64, 4, 2, 64), (16, 64, 4, 4, 64),
@@ -104,7 +99,7 @@ def _graph_time(fn, dev, calls=20, reps=15) -> float:
             fn()
     g.replay()
     torch.cuda.synchronize()
-    return statistics.median(_times(g.replay, dev, reps)) * 1e3 / calls
+    return statistics.median(_replay_times(g.replay, dev, reps)) * 1e3 / calls
 
 
 def kernels_part(a, dev, log) -> dict:
@@ -166,7 +161,8 @@ def kernels_part(a, dev, log) -> dict:
             bt = min(ok, key=lambda c: ok[c]["qkv_us"] + ok[c]["gu_us"])
             row.update(best_qkv=[bq, ok[bq]["qkv_us"]], best_gu=[bg, ok[bg]["gu_us"]], best_total=[bt, ok[bt]["qkv_us"] + ok[bt]["gu_us"]])
             if M == 64:
-                best = dict(zip(("block_m", "block_k", "num_warps", "num_stages", "block_n"), eval(bt)))
+                chosen = next(c for c in CONFIGS if str(c) == bt)
+                best = dict(zip(("block_m", "block_k", "num_warps", "num_stages", "block_n"), chosen))
             row["fused_pair_faster"] = ok[bt]["qkv_us"] + ok[bt]["gu_us"] < row["ref_qkv_us"] + row["ref_gu_us"]
         out["rows"].append(row)
         log(json.dumps({k: v for k, v in row.items() if k != "fused"}))
@@ -219,7 +215,7 @@ def steps_shape(shape, B, ctx, a, dev, bw, log) -> list[dict]:
             with arms[arm]:
                 for name, (fn, _) in steps.items():
                     fn()
-                    samples[arm, name] += _times(fn, dev, a.per_round)
+                    samples[arm, name] += _replay_times(fn, dev, a.per_round)
     rows = []
     for name, (fn, nbytes) in steps.items():
         row = dict(shape=shape, B=B, context=ctx, step=name, roofline_ms=nbytes / bw * 1e3,
