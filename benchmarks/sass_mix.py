@@ -13,7 +13,11 @@ Use the GPU's Triton version for numbers that match it (the H200 machine runs tr
 
 Variants: ``plain`` (no scores), ``tile`` (``sink_softmax`` scores, today's default), ``direct``
 (``score_store="direct"``), ``lean`` (``score_store="lean"``), ``pre`` (``sink_anchors="pre"``), ``loop``
-(``sink_anchors="loop"``) and ``+`` combinations. A static count is a prediction aid, not a timing.
+(``sink_anchors="loop"``), ``fast`` (``LaunchConfig.fast_loop``: ``fold``, the running max in log2 units, and
+``split``, the dense tiles every row sees run unmasked before the masked rest) and ``+`` combinations
+(``plain+fast``: no scores, the fast loop). With ``split`` the kernel has two tile loops: the hot loop is the first
+of those with the most ``HMMA`` (the unmasked one), the other's count is the column "other loop". A static count is
+a prediction aid, not a timing.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from specdec.cuda import triton_attention as ta  # noqa: E402
 
-FLAGS = {"direct": "DIRECT_STORE", "pre": "ANCHOR_IN", "loop": "ANCHOR_LOOP"}
+FLAGS = {"direct": "DIRECT_STORE", "pre": "ANCHOR_IN", "loop": "ANCHOR_LOOP", "fold": "LOG2_FOLD",
+         "split": "SPLIT_TILES"}
+#: the tile loop of ``LaunchConfig.fast_loop`` (the default since 2026-12-02): both switches
+GROUPS = {"fast": ("LOG2_FOLD", "SPLIT_TILES")}
 #: score_store "lean" (direct stores + the folded sink factor)
 STORES = {"lean": ("DIRECT_STORE", "SINK_FOLD")}
 POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lens": "*i64", "Idx": "*i64", "DenseFrom": "*i64"}
@@ -45,19 +52,21 @@ NO_DIV = {"NUM_SPLITS", "KPLAN", "NSLOT", "sm_scale", "stride_ib", "stride_ih"}
 
 def compile_variant(variant: str, block_n: int, stages: int, warps: int, D: int, T: int, G: int, hkv: int):
     fn = ta._splitk_attn_kernel
-    scores = variant != "plain"
+    scores = variant.split("+")[0] != "plain"
     const = dict(HKV=hkv, T=T, G=G, D=D, BLOCK_M=max(16, triton.next_power_of_2(T * G)), BLOCK_N=block_n,
                  SPARSE=False, SCORE_MODE=4 if scores else 0, DOT_PREC="tf32", UPCAST=False, NOUT=1, DIRECT_OUT=False,
                  ZERO_TAIL=scores, V_EARLY=False, FUSED_COMBINE=False, FUSED_SOFTMAX=False, SCORE_EXP=scores,
                  SINK_CLAMP=60.0, NA=ta.SINK_ANCHORS, ANCHOR_IN=False, DIRECT_STORE=False, ANCHOR_LOOP=False,
-                 SINK_FOLD=False, PDL=False)
+                 SINK_FOLD=False, PDL=False, LOG2_FOLD=False, SPLIT_TILES=False)
     for part in variant.split("+"):
         if part in FLAGS:
             const[FLAGS[part]] = True
         elif part in STORES:
             const.update(dict.fromkeys(STORES[part], True))
+        elif part in GROUPS:
+            const.update(dict.fromkeys(GROUPS[part], True))
         elif part not in ("plain", "tile"):
-            raise SystemExit(f"unknown variant part {part!r}; use plain, tile, direct, lean, pre, loop "
+            raise SystemExit(f"unknown variant part {part!r}; use plain, tile, direct, lean, pre, loop, fold, split, fast "
                              "(joined by +)")
     sig = {}
     for n in fn.arg_names:
@@ -84,20 +93,22 @@ def inspect(kernel) -> dict:
                            capture_output=True, text=True).stdout
     os.unlink(f.name)
     ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
-    best = None
+    loops = []
     for a, txt in ins:
         m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", txt)
         if m and int(m.group(1), 16) < a:
-            body = [t for b, t in ins if int(m.group(1), 16) <= b <= a]
-            if best is None or sum("HMMA" in t for t in body) > sum("HMMA" in t for t in best):
-                best = body
+            loops.append([t for b, t in ins if int(m.group(1), 16) <= b <= a])
+    top = max((sum("HMMA" in t for t in body) for body in loops), default=0)
+    hot = [body for body in loops if top and sum("HMMA" in t for t in body) == top]
+    best = hot[0] if hot else None
+    other = len(hot[1]) if len(hot) > 1 else 0
     mix = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in best or [])
     regs = re.search(r"REG:(\d+)", usage)
     smem = kernel.metadata.shared
     return dict(regs=int(regs.group(1)) if regs else -1, smem_kb=smem / 1024,
                 per_sm=min(228 * 1024 // max(smem + 1024, 1), 65536 // max(1, (int(regs.group(1)) if regs else 1)
                                                                              * 32 * kernel.metadata.num_warps)),
-                kernel=len(ins), barriers=sass.count("BAR.SYNC"), loop=len(best or []), mix=mix)
+                kernel=len(ins), barriers=sass.count("BAR.SYNC"), loop=len(best or []), other=other, mix=mix)
 
 
 def main() -> int:
@@ -109,15 +120,15 @@ def main() -> int:
     D, T, G, hkv = map(int, a.shape.split(","))
     keys = ["HMMA", "BAR", "SHFL", "MUFU", "STS", "LDS", "STG"]
     print(f"triton {triton.__version__}, sm_90, D {D}, T {T}, G {G}, H_kv {hkv}\n")
-    print("| launch | variant | regs | smem KB | programs/SM | kernel instr | kernel BAR | hot-loop instr | "
+    print("| launch | variant | regs | smem KB | programs/SM | kernel instr | kernel BAR | hot-loop instr | other loop | "
           + " | ".join(f"loop {k}" for k in keys) + " |")
-    print("|---|---|---|---|---|---|---|---|" + "---|" * len(keys))
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(keys))
     for launch in a.launch:
         bn, st, w = map(int, launch.split(","))
         for v in a.variants.split(","):
             r = inspect(compile_variant(v, bn, st, w, D, T, G, hkv))
             print(f"| bn{bn} s{st} w{w} | {v} | {r['regs']} | {r['smem_kb']:.0f} | {r['per_sm']} | {r['kernel']} | "
-                  f"{r['barriers']} | {r['loop']} | " + " | ".join(str(r["mix"].get(k, 0)) for k in keys) + " |",
+                  f"{r['barriers']} | {r['loop']} | {r['other']} | " + " | ".join(str(r["mix"].get(k, 0)) for k in keys) + " |",
                   flush=True)
     return 0
 

@@ -1087,3 +1087,48 @@ def test_sparse_long_row_two_per_sm_and_fused_combine_by_default():
     meta_s = AttentionMetadata(short[3], 128 ** -0.5, plan_indices=idx_s, dense_from=df_s)
     ops = count_launches(lambda: be.attend(short[0], short[1], short[2], meta_s))
     assert ops["triton:_combine_kernel"] == 1, dict(ops)  # a short cache keeps the combine launch
+
+
+# the tile loop of ``fast_loop`` (log2-unit running max; dense tiles every row sees run without masks): cache
+# lengths around the tile size (0, below one tile, exactly 1 and 2 tiles, one past) so that a split holds no whole
+# tile, whole tiles only, or whole tiles and a masked rest; every score path the split kernel has
+FAST_SCORES = [dict(), dict(score_rows=[0, 2], score_kind="logits"), dict(score_rows=[0, 2], score_kind="softmax"),
+               dict(score_rows=[1], score_kind="sink_softmax"), dict(score_rows=[0, 2], score_per_row=True)]
+
+
+@pytest.mark.parametrize("score,splits,dtype", [(s, n, torch.float32) for s in range(len(FAST_SCORES)) for n in (1, 3)]
+                         + [(3, 3, torch.bfloat16), (0, 2, torch.bfloat16)])
+def test_fast_loop_matches_masked_loop_and_reference(score, splits, dtype):
+    """``fast_loop=True`` (the default) and ``False`` (one masked loop in natural units) both give the reference's
+    outputs and scores, and the same as each other up to rounding (fp32: 2e-6), in one split and several."""
+    kw = FAST_SCORES[score]
+    bn = 16 if not ON_GPU else 64
+    lengths = [0, bn - 3, bn, 2 * bn + 1, 3 * bn + 7]
+    q, k, v, lens = make_case(len(lengths), 2, 3, 3, 32, max(lengths) + 3 + 2, dtype, lengths, seed=81 + score)
+    res = {}
+    for fast in (True, False):
+        cfg = TritonConfig(block_n=bn, num_splits=splits, fast_loop=fast)
+        check(cfg, q, k, v, lens, **kw)
+        res[fast] = TritonBackend(cfg).attend(q, k, v, AttentionMetadata(lens, 32 ** -0.5, **kw))
+    if dtype == torch.float32:
+        torch.testing.assert_close(res[True][0], res[False][0], atol=2e-6, rtol=2e-6)
+        if kw:
+            torch.testing.assert_close(res[True][1], res[False][1], atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_loop_sparse_and_lse(fast):
+    """A sparse plan keeps the masked loop (``fast_loop`` changes only its units there), and the log-sum-exp the
+    kernel returns is in natural units with either loop (the splits' combine and the fused combine read it)."""
+    lengths = [60, 21]
+    q, k, v, lens = make_case(2, 2, 3, 5, 16, 70, torch.float32, lengths, seed=12)
+    idx, df = make_plan(2, 2, 12, lengths, 5)
+    cfg = TritonConfig(block_n=16, num_splits=3, fast_loop=fast)
+    check(cfg, q, k, v, lens, plan_indices=idx, dense_from=df, score_rows=[0, 4], score_kind="sink_softmax")
+    meta = AttentionMetadata(lens, 16 ** -0.5)
+    _, lse, _, _ = splitk_attention(q, k, v, meta, cfg=LaunchConfig(block_n=16, num_splits=2, fast_loop=fast))
+    for b, n in enumerate(lengths):
+        logits = torch.einsum("htd,hld->htl", q[b].float(), k[b].float().repeat_interleave(3, 0)[:, :n + 5]) / 4
+        causal = torch.arange(n + 5)[None, :] <= (n + torch.arange(5))[:, None]
+        want = logits.masked_fill(~causal.to(DEV), float("-inf")).logsumexp(-1)
+        torch.testing.assert_close(lse[b], want, atol=1e-5, rtol=1e-5)

@@ -8,20 +8,20 @@ enough KV copies to leave the L2, median of ``--reps`` replays, % of the copy ba
 the start of this run, max |Δ| of the output (and the scores' relative error) against the fp32
 reference on the first two sequences). Per shape (8B first: the targets):
 
-* ``verify`` (5 rows, no scores): ours at the table's launch (``triton``), FlashInfer eager
-  (``flashinfer``) and its CUDA-graph wrapper (``flashinfer_graph``) (FA4 and SDPA left out: ``DROP``);
+* ``verify`` (5 rows, no scores): ours at the table's launch with the tile loop of ``fast_loop`` (``triton``, the
+  default since 2026-12-02) and with the masked loop before it (``triton_masked``, ``fast_loop=False``),
+  FlashInfer eager (``flashinfer``) and its CUDA-graph wrapper (``flashinfer_graph``) (FA4 and SDPA left out:
+  ``DROP``);
 * ``verify_sink`` (the same with ``sink_softmax`` scores of rows {0, 4}, Vegas' default), ours at the
-  table's launch: the table's pick (``sink_table``: since the 23:12 UTC run ``tile`` + ``direct`` for the
-  ``SINK_FEW_LONG`` class, i.e. 8B B 1 x 128k, ``tile`` + ``shared`` elsewhere), the tile path
-  (``sink_tile``: anchors per split program, ``tl.store``) and the variants (``TritonConfig`` fields):
-  ``sink_direct`` (``score_store="direct"``: PTX stores from the reduction's registers), ``sink_lean``
-  (``score_store="lean"``: direct, with the per-row factor folded) and ``sink_pre_direct``
-  (``sink_anchors="pre"``: the anchors once per (sequence, KV head) in a pre-kernel, + ``direct``: the
-  ``SINK_FEW_LONG`` pick before the 23:12 UTC run);
+  table's launch: the table's pick (``sink_table``: ``tile`` + ``direct`` for the ``SINK_FEW_LONG`` class,
+  i.e. 8B B 1 x 128k, ``tile`` + ``shared`` elsewhere), the same with the masked loop (``sink_table_masked``)
+  and the store variants (``TritonConfig`` fields): ``sink_direct`` (``score_store="direct"``: PTX stores from
+  the reduction's registers) and ``sink_lean`` (``score_store="lean"``: direct, with the per-row factor folded);
 * then the ``INTERLEAVE`` variants of the shape once more, round-robin (``peers.interleaved``: one graph
   each, every round replays each once, the start rotating): the rows the ratios should be read from;
-* then the launch variants (ours only, plain and with scores at the same launch: ``@...``);
-* then, unless ``--skip decode``, ``decode`` at the two 8B shapes (their capturable forms).
+* then, unless ``--skip launch``, the launch variants (ours only, plain and with scores at the same launch:
+  ``@...``);
+* then, unless ``--skip decode``, ``decode`` (1 row) at every shape, ours with either loop, in the time left.
 
 Writes ``results.json`` after every row, ``results.md`` (all rows, ``peers.write_md``) and ``s18.md``
 (the target table: FlashInfer µs / ours µs and ours / FlashInfer, ours-with-scores >= FlashInfer-without
@@ -49,32 +49,29 @@ import torch  # noqa: E402
 import peers as pb  # noqa: E402  (benchmarks/gpu/peers.py)
 
 ORDER = [4, 3, 2, 1, 0]  # peers.CASES: 8B 1 x 128k, 8B 16 x 32k, SmolLM2 B 64 / 16 / 1 x 8k
-#: the score-path variants (TritonConfig fields) timed at every shape, next to the tile path ``sink_tile``
-#: (each names both fields: since the 2026-12-01 20:42 UTC run the table picks the path per shape class,
+#: the score-path variants (TritonConfig fields) timed at every shape (the table picks the path per shape class,
 #: ``triton_attention.SCORE_PATHS``; ``sink_table`` is that pick, at the table's launch)
-TILE = dict(sink_anchors="tile", score_store="shared")
 #: (sink_pre, sink_loop_direct and the bf16 buffer of the 20:42 UTC run are left out: known, and every variant is
 #: one more compile in a 4-minute call; sink_table at 8B 1 x 128k is tile + direct = sink_direct there)
-SINK_VARIANTS = {"sink_table": {}, "sink_direct": dict(sink_anchors="tile", score_store="direct"),
+SINK_VARIANTS = {"sink_table": {}, "sink_table_masked": dict(fast_loop=False),
+                 "sink_direct": dict(sink_anchors="tile", score_store="direct"),
                  # score_store "lean" (the sink factor folded, w and log2 e out of the loop; the dense store mask
-                 # one compare shorter); "pair" (two-column vector stores) was removed after the 23:12 UTC run
-                 # (misaligned address on the GPU, gain within noise)
-                 "sink_lean": dict(sink_anchors="tile", score_store="lean"),
-                 "sink_pre_direct": dict(sink_anchors="pre", score_store="direct")}
+                 # one compare shorter)
+                 "sink_lean": dict(sink_anchors="tile", score_store="lean")}
+#: ours without scores: the tile loop of ``fast_loop`` (the default since 2026-12-02) and the masked loop before it
+PLAIN_VARIANTS = {"triton": {}, "triton_masked": dict(fast_loop=False)}
 #: timed once more, round-robin after the others at each shape (``peers.interleaved``): what the ratios use
-INTERLEAVE = [("verify", "triton"), ("verify", "flashinfer"), ("verify", "flashinfer_graph"),
-              ("verify_sink", "sink_table"), ("verify_sink", "sink_tile"), ("verify_sink", "sink_direct"),
-              ("verify_sink", "sink_lean"), ("verify_sink", "sink_pre_direct")]
+INTERLEAVE = [("verify", "triton"), ("verify", "triton_masked"), ("verify", "flashinfer"),
+              ("verify", "flashinfer_graph"), ("verify_sink", "sink_table"), ("verify_sink", "sink_table_masked"),
+              ("verify_sink", "sink_direct"), ("verify_sink", "sink_lean")]
 #: peers left out (FA4's JIT and SDPA's masked verify cost time and are not this run's question; FA4 at these
 #: shapes: gpu_scores_2026-12-01e.md)
 DROP = ("fa4", "sdpa")
 #: launch variants per case index (TritonConfig fields), each timed plain and with scores (best guesses)
 LAUNCH = {
-    # 8B 1 x 128k: the table's SINK_FEW_LONG / VERIFY_FEW_LONG is now bn64 s3 c2 (264 programs, one wave; 168
-    # registers and 76 KB shared memory: 2 per SM). bn64 s2 c3: 44 KB, 3 per SM (register-bound), 12 warps per SM
-    # to hide the score path's latency, one stage less of prefetch; bn64 s4 c2: one stage more, 2 per SM
-    4: {"bn64s2c3": dict(block_n=64, num_stages=2, ctas_per_sm=3),
-        "bn64s4c2": dict(block_n=64, num_stages=4, ctas_per_sm=2)},
+    # 8B 16 x 32k: the table's SINK_LONG / VERIFY_LONG is bn128 s3 (144 KB of shared memory: 1 program per SM, 384
+    # programs, ~2.9 waves); with the shorter tile loop, bn64 s3 (76 KB, 2 per SM, 264 programs: one wave) may win
+    3: {"bn64s3c2": dict(block_n=64, num_stages=3, ctas_per_sm=2)},
 }
 LAUNCH_SINK = {"sink_direct": dict(sink_anchors="tile", score_store="direct")}
 #: the cost model behind the predictions (2026-12-01 ~23:00 UTC, sc18b), from the sm_90 SASS of the kernel
@@ -91,22 +88,22 @@ LAUNCH_SINK = {"sink_direct": dict(sink_anchors="tile", score_store="direct")}
 #: tile+direct 148.2 = +21 instr + prologue, tile+shared 149.5 = +26 instr + 2 BAR + prologue, pre+direct 150.1 =
 #: +86 instr + the pre launch): 0.05-0.1 us per hot-loop instruction, the tile anchor prologue 4.6-5.7 us per wave
 #: (the larger part of the score cost there), a barrier ~0.5 us.
-#: Predictions for the next run (written 2026-12-01 ~23:40 UTC, pair18), from the 23:12 UTC run
-#: (gpu_scores_2026-12-01i.md, interleaved medians): 8B 1 x 128k plain 139.6, tile+direct 146.2, tile+shared 146.3,
-#: lean 146.4, pre+direct 148.4, FI 149.4; 16 x 32k plain 488.4, tile 531.6, lean 534.8, direct 537.2, FI 520.3.
+#: Predictions for this run (written 2026-12-02 ~12:40 UTC, before it), from the 23:12 UTC run of 2026-12-01
+#: (gpu_scores_2026-12-01i.md, interleaved medians) and the sm_90 SASS of the new tile loop (benchmarks/sass_mix.py,
+#: triton 3.9 on the CPU): hot-loop instructions per tile plain 1050 -> 596 and sink (tile) 1155 -> 698 at 8B bn128;
+#: bn64 plain 613 -> 391, tile 639 -> 441; SmolLM2 d64 bn128 plain 486 -> 278, tile 552 -> 365. The old sink
+#: overhead tracked the instruction ratio (8B 16x32k +8.6 % measured vs +10 % instructions; SmolLM2 +11.5 % vs
+#: +13.6 %), i.e. the loop is issue-bound at one program (4 warps) per SM; with fewer instructions than today's
+#: plain loop, the sink path should fall to the memory floor that the plain loop already sits near.
 PREDICTED = {
-    4: "8B 1x128k (table launch bn64 s3 c2, one wave; 23:12 interleaved: plain 139.6, sink_direct 146.2, "
-       "sink_tile 146.3, pre+direct 148.4, FI 149.4): sink_table = sink_direct 145.5-147.5 (+4.5..5 % over plain, "
-       "FI/ours 1.01-1.03); sink_pre_direct ~1.5 % slower than sink_table (both earlier runs); sink_lean within "
-       "+-0.5 % of sink_direct; @bn64s4c2 +2..3 us, @bn64s2c3 ~+50 %",
-    3: "8B 16x32k (bn128 s3; 23:12 interleaved: plain 488.4, sink_tile 531.6, FI 520.3): sink_table = sink_tile "
-       "528-535 (FI/ours 0.97-0.99, target not expected); sink_lean / sink_direct +0.5..+2.5 % over sink_tile; "
-       "sink_pre_direct 530-545",
-    2: "SmolLM2 64x8k (one split: pre = tile): sink_table = sink_tile 114-118 (FI/ours 0.99-1.01); lean / direct / "
-       "pre_direct +5..+7 %",
-    1: "SmolLM2 16x8k: every path within +-1 us of sink_tile (~41.5); <= 3 % overhead over plain not expected "
-       "(~+12 %)",
-    0: "SmolLM2 1x8k (launch-bound): every path within +-0.3 us of sink_tile (11.1); sink_pre_direct +1.3..1.6 us",
+    4: "8B 1x128k (bn64 s3 c2; plain 139.6, sink_direct 146.2, FI 149.4 on 12-01): triton 134-140, "
+       "triton_masked 138-142; sink_table (= tile + direct) 137-142 (FI/ours 1.05-1.09), sink_table_masked 145-148",
+    3: "8B 16x32k (bn128 s3; plain 488.4, sink_tile 531.6, FI 520.3 on 12-01): triton 478-492, triton_masked "
+       "485-495; sink_table 488-505 (FI/ours 1.03-1.07, target met), sink_table_masked 527-540",
+    2: "SmolLM2 64x8k (plain 105.1, sink 117.1, FI 116.5): triton 94-101, sink_table 97-105 (FI/ours 1.11-1.2), "
+       "masked rows as before",
+    1: "SmolLM2 16x8k (plain 36.9, sink 41.4, FI 46.1): triton 31-35, sink_table 33-37",
+    0: "SmolLM2 1x8k (launch-bound; plain 9.7, sink 11.0): triton 9.0-9.7, sink_table 10.0-10.9",
 }
 
 
@@ -120,9 +117,8 @@ def ours_for(idx: int, smoke: bool, launch_pass: bool = False) -> dict[str, dict
             plain[f"triton@{lab}"] = dict(base, **f)
             sink.update({f"{k}@{lab}": dict(base, **f, **v) for k, v in LAUNCH_SINK.items()})
         return {"verify": plain, "verify_sink": sink}
-    sink = {"sink_tile": dict(base, **TILE)}
-    sink.update({k: dict(base, **f) for k, f in SINK_VARIANTS.items()})
-    return {"verify": {"triton": dict(base)}, "verify_sink": sink}
+    sink = {k: dict(base, **f) for k, f in SINK_VARIANTS.items()}
+    return {"verify": {k: dict(base, **f) for k, f in PLAIN_VARIANTS.items()}, "verify_sink": sink}
 
 
 def kl(L: int) -> str:
@@ -147,7 +143,8 @@ def target_table(rows) -> list[str]:
             if kind not in ("verify", "verify_sink") or not var.startswith(("triton", "sink_")):
                 continue
             launch = var.split("@")[1] if "@" in var else None
-            plain = d.get(("verify", "triton" + (f"@{launch}" if launch else "")), {}).get("us")
+            plain = d.get(("verify", "triton" + ("_masked" if var.endswith("_masked") else "")
+                           + (f"@{launch}" if launch else "")), {}).get("us")
             over = f"{100 * (r['us'] / plain - 1):+.1f} %" if plain and kind == "verify_sink" else ""
             f = lambda x: f"{x / r['us']:.3f}" if x else "–"  # noqa: E731
             inv = f"{r['us'] / fi:.3f}" if fi else "–"
@@ -155,8 +152,8 @@ def target_table(rows) -> list[str]:
                          f"{f(fi)} | {inv} | {f(fig)} | {f(fa4)} | {r.get('max_rel_err_scores', float('nan')):.1e} | "
                          f"{r['max_abs_err']:.1e} |")
             if kind == "verify_sink" and fi and (best.get((case, B, L)) is None or r["us"] < best[(case, B, L)][1]):
-                best[(case, B, L)] = (var, r["us"], fi / r["us"], d.get(("verify_sink", "sink_tile"), {}).get("us"))
-    cols = ["triton", "sink_table", "sink_tile", "sink_direct", "sink_lean", "sink_pre_direct"]
+                best[(case, B, L)] = (var, r["us"], fi / r["us"], d.get(("verify_sink", "sink_table_masked"), {}).get("us"))
+    cols = ["triton", "triton_masked", "sink_table", "sink_table_masked", "sink_direct", "sink_lean"]
     lines += ["", "FlashInfer eager (verify, no scores) µs / ours µs at the table's launch (>= 1.0 meets the target; "
               "`triton` = ours without scores):", "", "| shape | FI µs | " + " | ".join(cols) + " |",
               "|---|---|" + "---|" * len(cols)]
@@ -165,7 +162,7 @@ def target_table(rows) -> list[str]:
         cell = lambda kind, v: (f"{fi / d[(kind, v)]['us']:.3f} ({d[(kind, v)]['us']:.1f})"  # noqa: E731
                                 if fi and "us" in d.get((kind, v), {}) else "–")
         lines.append(f"| {case} {B}×{kl(L)} | {fi:.1f} | " if fi else f"| {case} {B}×{kl(L)} | – | ")
-        lines[-1] += " | ".join(cell("verify" if c == "triton" else "verify_sink", c) for c in cols) + " |"
+        lines[-1] += " | ".join(cell("verify" if c.startswith("triton") else "verify_sink", c) for c in cols) + " |"
     lines += ["", "Interleaved (every graph replayed once per round, the start rotating; medians of the rounds): "
               "FI eager / this (>= 1.0 meets the target), FI graph / this, + % over ours plain (<= 3 % meets "
               "the score-overhead target):", "", "| shape | variant | µs | FI eager / this | FI graph / this | "
@@ -173,15 +170,15 @@ def target_table(rows) -> list[str]:
     for (case, B, L), d in iby.items():
         fi = d.get(("verify", "flashinfer"), {}).get("us")
         fig = d.get(("verify", "flashinfer_graph"), {}).get("us")
-        plain = d.get(("verify", "triton"), {}).get("us")
         for (kind, var), r in sorted(d.items(), key=lambda kv: kv[1]["us"]):
+            plain = d.get(("verify", "triton_masked" if var.endswith("_masked") else "triton"), {}).get("us")
             f = lambda x: f"{x / r['us']:.3f}" if x else "–"  # noqa: E731
             over = f"{100 * (r['us'] / plain - 1):+.1f} %" if plain and kind == "verify_sink" else ""
             lines.append(f"| {case} {B}×{kl(L)} | {var} | {r['us']:.1f} | {f(fi)} | {f(fig)} | {over} |")
     lines += ["", "Best score-emitting variant per shape (target FI eager / this >= 1.0):", ""]
     for (case, B, L), (var, us, ratio, tile) in best.items():
         lines.append(f"- {case} {B}×{kl(L)}: **{var}** {us:.1f} µs, FI / this **{ratio:.3f}** "
-                     f"({'met' if ratio >= 1.0 else 'missed'}); the tile path sink_tile "
+                     f"({'met' if ratio >= 1.0 else 'missed'}); the masked loop sink_table_masked "
                      f"{tile:.1f} µs" if tile else f"- {case} {B}×{kl(L)}: {var} {us:.1f} µs, {ratio:.3f}")
     return lines
 
@@ -267,11 +264,12 @@ def main() -> int:
                 record(dict(case=case[0], B=case[4], L=case[5], error=f"{type(exc).__name__}: {exc}",
                             traceback=traceback.format_exc()))
                 log(f"case {case}: FAILED {exc}")
-    if cuda and "decode" not in skip:  # the 8B shapes' capturable decode forms, in the time left
-        for idx in (3, 4):
+    if cuda and "decode" not in skip:  # decode (1 row), the new tile loop vs the masked one, in the time left
+        for idx in order:
             if budget_left() > 15:
                 try:
-                    pb.run_case(cases[idx], ["decode"], cuda, 256 << 20, reps, bw, log, record, budget_left)
+                    pb.run_case(cases[idx], ["decode"], cuda, 256 << 20, reps, bw, log, record, budget_left,
+                                ours={"decode": dict(PLAIN_VARIANTS)}, only_ours=True)
                 except Exception as exc:
                     record(dict(case=cases[idx][0], B=cases[idx][4], L=cases[idx][5], kind="decode",
                                 error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()))

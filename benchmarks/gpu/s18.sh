@@ -59,7 +59,7 @@ if ! skipped kernel_tests; then
     L=$(( $(left) - 10 )); skipped peer_tests || L=$(( L - 60 ))
     if [ "$L" -gt 20 ]; then
         SPECDEC_TEST_DEVICE=cuda timeout "$L" python3 -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
-            -k "lean_stores_match or lean_stores_reach or lean_store_with or (sink_score_variants_match and tile-direct and dtype1) or table_score_path" \
+            -k "fast_loop or lean_stores_reach or (sink_score_variants_match and tile-direct and dtype1) or table_score_path" \
             > "$OUT/s18/pytest_kernels.log" 2>&1
         krc=$?
         [ $krc -eq 124 ] && echo "pytest: stopped at the ${L} s limit" >> "$OUT/s18/pytest_kernels.log"

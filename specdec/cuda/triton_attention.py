@@ -134,6 +134,7 @@ def _splitk_attn_kernel(
     FUSED_SOFTMAX: tl.constexpr = False, SCORE_EXP: tl.constexpr = False, SINK_CLAMP: tl.constexpr = 60.0, NA: tl.constexpr = 16,
     SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
     ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False, SINK_FOLD: tl.constexpr = False,
+    LOG2_FOLD: tl.constexpr = False, SPLIT_TILES: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
         tl.extra.cuda.gdc_wait()
@@ -189,102 +190,177 @@ def _splitk_attn_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-
-    for j0 in range(start, end, BLOCK_N):
-        offs_n = j0 + tl.arange(0, BLOCK_N)
-        in_rng = offs_n < end
-        if SPARSE:
-            is_plan = offs_n < KPLAN
-            ip = tl.load(Idx + b64 * stride_ib + h * stride_ih + offs_n, mask=in_rng & is_plan, other=-1)
-            ok_plan = (ip >= 0) & (ip < df) & (ip < L)
-            pos = tl.where(is_plan, ip, (df + offs_n - KPLAN).to(tl.int64))
-            valid = in_rng & (ok_plan | (~is_plan))
-            pos = tl.where(valid, pos, 0)
-        else:
-            pos = offs_n
-            valid = in_rng
-        kt = tl.load(k_base + pos[None, :] * stride_kl + offs_d[:, None], mask=valid[None, :], other=0.0)
-        if V_EARLY:
-            # the V rows of the same positions are gathered right after the K rows: both requests are in
-            # flight together instead of the V gather waiting for the softmax of the tile
-            vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=DOT_PREC) * sm_scale
-        vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
-        s = tl.where(vis, s, float("-inf"))
-        if SCORE_MODE == 1:
-            sc2 = tl.dot(qs, kt, input_precision=DOT_PREC) * sm_scale  # row j: qs_j . k
-            jpos = tl.maximum(pos - length, 0)
-            sc = tl.sum(tl.where(offs16[:, None] == jpos[None, :], sc2, 0.0), axis=0)  # 16 rows: in-warp
-            tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc, mask=valid & (pos < n_ctx))
-        if SCORE_MODE == 3:
-            sc2 = tl.dot(qs, kt, input_precision=DOT_PREC) * sm_scale
-            for r in tl.static_range(NOUT):  # one row at a time: a 2-D pointer tile costs ~70 registers
-                sc_r = tl.sum(tl.where(offs16[:, None] == r, sc2, 0.0), axis=0)
-                t_r = tl.load(RowSlot + r)
-                # positions row r cannot see get an explicit 0 (the buffer is not zero-filled)
-                tl.store(Scores + (pid_bh.to(tl.int64) * NOUT + r) * L + pos,
-                         tl.where(pos <= length + t_r, sc_r, 0.0), mask=valid & (pos < n_ctx))
-        if SCORE_MODE == 2:
-            r_ptrs = RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos[None, :]
-            tl.store(r_ptrs, s.to(RawLogits.dtype.element_ty), mask=(slot >= 0)[:, None] & valid[None, :])
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
-        p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
+    if LOG2_FOLD:
+        # the running max m_i is kept in log2 units of the scaled logits (m_i = max(q.k) sm_scale log2 e): a
+        # tile's weights are then one FFMA and an exp2 per element, exp2(q.k c - m_i), instead of a scale, a
+        # subtract and a second scale; the max is taken over the raw products (c > 0)
+        qk_scale = sm_scale * 1.4426950408889634
         if SCORE_MODE == 4:
             if SCORE_EXP:
-                if ANCHOR_LOOP:
-                    if j0 == start:
-                        ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA, DOT_PREC,
-                                               UPCAST)
-                        if SINK_FOLD:
-                            ref2 = ref * 1.4426950408889634
-                # exp(s - ref) = p * exp(m - ref): the tile's p times one factor per row (16 exps, not 16 x N)
-                if SINK_FOLD:
-                    # w exp(min(m - ref, C)) = exp2(min(m log2e - ref log2e, C log2e) + log2 w): per row one
-                    # FFMA, one min, one add and the exp2 (no multiply by log2e after the min, none by w)
-                    cw = tl.math.exp2(tl.minimum(m_safe * 1.4426950408889634 - ref2,
-                                                 SINK_CLAMP * 1.4426950408889634) + lw2)
+                if not SINK_FOLD:  # ("lean" made ref2 above)
+                    ref2 = ref * 1.4426950408889634
+    if SPLIT_TILES:
+        # dense: positions below the cache length are seen by every row and lie inside [start, end) up to
+        # min(end, length): those whole tiles run without any mask (loads, visibility, store masks, the -inf
+        # guard of the max); the rest (the causal diagonal, the split's ragged end) runs masked afterwards
+        full_end = start + tl.maximum(tl.minimum(end, length) - start, 0) // BLOCK_N * BLOCK_N
+    else:
+        full_end = start
+
+    for phase in tl.static_range(2 if SPLIT_TILES else 1):
+        # masked tiles: `not SPLIT_TILES or phase == 1` (spelled out in each test: a static_range body cannot
+        # name a constexpr, and a plain local would be a runtime value)
+        if SPLIT_TILES and phase == 0:
+            lo = start
+            hi = full_end
+        else:
+            lo = full_end
+            hi = end
+        for j0 in range(lo, hi, BLOCK_N):
+            offs_n = j0 + tl.arange(0, BLOCK_N)
+            if SPARSE:
+                in_rng = offs_n < end
+                is_plan = offs_n < KPLAN
+                ip = tl.load(Idx + b64 * stride_ib + h * stride_ih + offs_n, mask=in_rng & is_plan, other=-1)
+                ok_plan = (ip >= 0) & (ip < df) & (ip < L)
+                pos = tl.where(is_plan, ip, (df + offs_n - KPLAN).to(tl.int64))
+                valid = in_rng & (ok_plan | (~is_plan))
+                pos = tl.where(valid, pos, 0)
+            else:
+                pos = offs_n
+                valid = offs_n < end
+            k_ptrs = k_base + pos[None, :] * stride_kl + offs_d[:, None]
+            v_ptrs = v_base + pos[:, None] * stride_vl + offs_d[None, :]
+            if not SPLIT_TILES or phase == 1:
+                kt = tl.load(k_ptrs, mask=valid[None, :], other=0.0)
+            else:
+                kt = tl.load(k_ptrs)
+            if V_EARLY:
+                # the V rows of the same positions are gathered right after the K rows: both requests are in
+                # flight together instead of the V gather waiting for the softmax of the tile
+                if not SPLIT_TILES or phase == 1:
+                    vt = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
                 else:
-                    cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
-                sc = tl.sum(p * cw[:, None], axis=0)
-            else:
-                sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
-            s_ptr = Scores + pid_bh.to(tl.int64) * L + pos
-            if SINK_FOLD and not SPARSE:
-                s_ok = valid  # dense: pos = offs_n < end <= n_ctx already ("lean": one compare less)
-            else:
-                s_ok = valid & (pos < n_ctx)
-            if DIRECT_STORE:
-                # score_store="direct" / "lean": each thread stores the sums the row reduction left in its registers
-                # (lanes holding the same column store the same value) -- tl.store would first move the
-                # vector into a coalesced layout through shared memory, two barriers per tile (sm_90 SASS)
-                if Scores.dtype.element_ty == tl.bfloat16:
-                    _ = tl.inline_asm_elementwise(
-                        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b16 [$1], $2; mov.u32 $0, 0; }",
-                        "=r,l,h,r", [s_ptr.to(tl.int64), sc.to(tl.bfloat16), s_ok.to(tl.int32)],
-                        dtype=tl.int32, is_pure=False, pack=1)
+                    vt = tl.load(v_ptrs)
+            if UPCAST:
+                kt = kt.to(tl.float32)
+            s = tl.dot(q, kt, input_precision=DOT_PREC)
+            if not LOG2_FOLD:
+                s = s * sm_scale
+            if not SPLIT_TILES or phase == 1:
+                vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
+                s = tl.where(vis, s, float("-inf"))
+                s_ok = valid & (pos < n_ctx)  # where a position's score is stored
+            if SCORE_MODE == 1:
+                sc2 = tl.dot(qs, kt, input_precision=DOT_PREC) * sm_scale  # row j: qs_j . k
+                jpos = tl.maximum(pos - length, 0)
+                sc = tl.sum(tl.where(offs16[:, None] == jpos[None, :], sc2, 0.0), axis=0)  # 16 rows: in-warp
+                if not SPLIT_TILES or phase == 1:
+                    tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc, mask=s_ok)
                 else:
-                    _ = tl.inline_asm_elementwise(
-                        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
-                        "=r,l,r,r", [s_ptr.to(tl.int64), sc, s_ok.to(tl.int32)],
-                        dtype=tl.int32, is_pure=False, pack=1)
+                    tl.store(Scores + pid_bh.to(tl.int64) * L + pos, sc)
+            if SCORE_MODE == 3:
+                sc2 = tl.dot(qs, kt, input_precision=DOT_PREC) * sm_scale
+                for r in tl.static_range(NOUT):  # one row at a time: a 2-D pointer tile costs ~70 registers
+                    sc_r = tl.sum(tl.where(offs16[:, None] == r, sc2, 0.0), axis=0)
+                    r_ptr = Scores + (pid_bh.to(tl.int64) * NOUT + r) * L + pos
+                    if not SPLIT_TILES or phase == 1:
+                        t_r = tl.load(RowSlot + r)
+                        # positions row r cannot see get an explicit 0 (the buffer is not zero-filled)
+                        tl.store(r_ptr, tl.where(pos <= length + t_r, sc_r, 0.0), mask=s_ok)
+                    else:  # every row sees every position of the tile
+                        tl.store(r_ptr, sc_r)
+            if SCORE_MODE == 2:
+                r_ptrs = RawLogits + (pid_bh.to(tl.int64) * NSLOT + slot[:, None]) * L + pos[None, :]
+                s_nat = s * sm_scale if LOG2_FOLD else s  # the raw logits, natural units
+                if not SPLIT_TILES or phase == 1:
+                    tl.store(r_ptrs, s_nat.to(RawLogits.dtype.element_ty), mask=(slot >= 0)[:, None] & valid[None, :])
+                else:
+                    tl.store(r_ptrs, s_nat.to(RawLogits.dtype.element_ty), mask=(slot >= 0)[:, None])
+            if LOG2_FOLD:
+                m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
             else:
-                tl.store(s_ptr, sc.to(Scores.dtype.element_ty), mask=s_ok)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if not V_EARLY:
-            vt = tl.load(v_base + pos[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
-        pv = p.to(vt.dtype)
-        if UPCAST:
-            pv = pv.to(tl.float32)
-            vt = vt.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(pv, vt, input_precision=DOT_PREC)
-        m_i = m_new
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            if not SPLIT_TILES or phase == 1:  # a row that sees nothing yet keeps m = -inf: exponents against 0 instead
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_safe = m_new
+            if LOG2_FOLD:
+                alpha = tl.math.exp2(m_i - m_safe)
+                p = tl.math.exp2(s * qk_scale - m_safe[:, None])
+            else:
+                alpha = tl.math.exp2((m_i - m_safe) * 1.4426950408889634)
+                p = tl.math.exp2((s - m_safe[:, None]) * 1.4426950408889634)
+            if SCORE_MODE == 4:
+                if SCORE_EXP:
+                    if ANCHOR_LOOP:
+                        if j0 == start:
+                            ref = _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA,
+                                                   DOT_PREC, UPCAST)
+                            if SINK_FOLD or LOG2_FOLD:
+                                ref2 = ref * 1.4426950408889634
+                    # exp(s - ref) = p * exp(m - ref): the tile's p times one factor per row (16 exps, not 16 x N)
+                    if SINK_FOLD:
+                        # w exp(min(m - ref, C)) = exp2(min(m log2e - ref log2e, C log2e) + log2 w): per row one
+                        # FFMA, one min, one add and the exp2 (no multiply by log2e after the min, none by w)
+                        m2 = m_safe if LOG2_FOLD else m_safe * 1.4426950408889634
+                        cw = tl.math.exp2(tl.minimum(m2 - ref2, SINK_CLAMP * 1.4426950408889634) + lw2)
+                    elif LOG2_FOLD:
+                        cw = w * tl.math.exp2(tl.minimum(m_safe - ref2, SINK_CLAMP * 1.4426950408889634))
+                    else:
+                        cw = w * tl.math.exp2(tl.minimum(m_safe - ref, SINK_CLAMP) * 1.4426950408889634)
+                    sc = tl.sum(p * cw[:, None], axis=0)
+                else:
+                    if not SPLIT_TILES or phase == 1:
+                        sc = tl.sum(tl.where(vis, s, 0.0) * w[:, None], axis=0)
+                    else:
+                        sc = tl.sum(s * w[:, None], axis=0)
+                    if LOG2_FOLD:
+                        sc = sc * sm_scale
+                s_ptr = Scores + pid_bh.to(tl.int64) * L + pos
+                if not SPLIT_TILES or phase == 1:
+                    if SINK_FOLD and not SPARSE:
+                        st_ok = valid  # dense: pos = offs_n < end <= n_ctx already ("lean": one compare less)
+                    else:
+                        st_ok = s_ok
+                else:
+                    st_ok = tl.full([BLOCK_N], 1, tl.int1)
+                if DIRECT_STORE:
+                    # score_store="direct" / "lean": each thread stores the sums the row reduction left in its
+                    # registers (lanes holding the same column store the same value) -- tl.store would first move
+                    # the vector into a coalesced layout through shared memory, two barriers per tile (sm_90 SASS)
+                    if Scores.dtype.element_ty == tl.bfloat16:
+                        _ = tl.inline_asm_elementwise(
+                            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b16 [$1], $2; mov.u32 $0, 0; }",
+                            "=r,l,h,r", [s_ptr.to(tl.int64), sc.to(tl.bfloat16), st_ok.to(tl.int32)],
+                            dtype=tl.int32, is_pure=False, pack=1)
+                    else:
+                        _ = tl.inline_asm_elementwise(
+                            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
+                            "=r,l,r,r", [s_ptr.to(tl.int64), sc, st_ok.to(tl.int32)],
+                            dtype=tl.int32, is_pure=False, pack=1)
+                elif not SPLIT_TILES or phase == 1:
+                    tl.store(s_ptr, sc.to(Scores.dtype.element_ty), mask=st_ok)
+                else:
+                    tl.store(s_ptr, sc.to(Scores.dtype.element_ty))
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if not V_EARLY:
+                if not SPLIT_TILES or phase == 1:
+                    vt = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+                else:
+                    vt = tl.load(v_ptrs)
+            pv = p.to(vt.dtype)
+            if UPCAST:
+                pv = pv.to(tl.float32)
+                vt = vt.to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(pv, vt, input_precision=DOT_PREC)
+            m_i = m_new
 
     has = l_i > 0.0
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    if LOG2_FOLD:  # back to natural units: lse = m ln 2 + log l
+        lse = tl.where(has, m_i * 0.6931471805599453 + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    else:
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     if DIRECT_OUT:  # one split: this program owns the rows, no partials and no combine launch
         o_ptrs = Out + b64 * stride_ob + (h * G + g)[:, None] * stride_oh + t[:, None] * stride_ot + offs_d[None, :]
@@ -619,6 +695,11 @@ class LaunchConfig:
     # table row's ``SCORE_PATHS`` entry
     sink_anchors: str | None = None
     score_store: str | None = None
+    # the split kernel's tile loop: True (the default) keeps the running max in log2 units (a tile's
+    # weights are one FFMA + exp2 per element) and, for dense calls, runs the tiles that every row sees
+    # whole without masks, the causal diagonal and a split's ragged end masked after them; False: one
+    # masked loop in natural units (the kernel before 2026-12-02, kept for side-by-side timing)
+    fast_loop: bool | None = None
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
                 length: int = 0, sink_scores: bool = False, rows: int | None = None) -> "LaunchConfig":
@@ -635,7 +716,8 @@ class LaunchConfig:
                             self.combine_warps, self.sparse_single_split_at, self.out_bthd, dense_one,
                             pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]),
                             pick(self.fused_combine, sparse and auto in FUSED_COMBINE_ROWS),
-                            pick(self.sink_anchors, anchors), pick(self.score_store, store))  # explicit wins
+                            pick(self.sink_anchors, anchors), pick(self.score_store, store),
+                            pick(self.fast_loop, True))  # explicit wins
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -869,6 +951,7 @@ def splitk_attention(
         V_EARLY=bool(cfg.v_early), Sem=sem, FUSED_COMBINE=fused, FUSED_SOFTMAX=fused_softmax,
         SinkRef=sink_ref if sink_ref is not None else lse, ANCHOR_IN=anchor_in, DIRECT_STORE=direct_store,
         ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold,
+        LOG2_FOLD=bool(cfg.fast_loop), SPLIT_TILES=bool(cfg.fast_loop) and not sparse,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:

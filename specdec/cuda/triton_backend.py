@@ -102,6 +102,12 @@ class TritonConfig(ComponentConfig):
             pick, ``"direct"`` for dense head dim 128 ``sink_softmax`` calls of at most 8 (sequence, KV head)
             pairs over >= 64k positions (``SINK_FEW_LONG``, e.g. an 8B model at B 1 x 128k), ``"shared"``
             everywhere else.
+        fast_loop: the split kernel's tile loop keeps its running max in log2 units (a tile's softmax weights
+            are one FFMA and an exp2 per element) and, for dense calls, runs the tiles every row sees whole,
+            without masks, before the masked rest (the causal diagonal, a split's ragged end): 40-45 % fewer
+            instructions per tile in the sm_90 SASS (``benchmarks/sass_mix.py``). ``True`` (the default);
+            ``False`` runs the single masked loop of before 2026-12-02 (the same results up to rounding; kept
+            for side-by-side timing).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -132,6 +138,7 @@ class TritonConfig(ComponentConfig):
     score_dtype: Literal["float32", "bfloat16"] = "float32"
     sink_anchors: Literal["tile", "pre", "loop"] | None = None
     score_store: Literal["shared", "direct", "lean"] | None = None
+    fast_loop: bool = True
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -213,7 +220,7 @@ class TritonBackend(AttentionBackend):
                          sparse_single_split_at=c.sparse_single_split_at,
                          dense_single_split_at=c.dense_single_split_at, v_early=c.v_early,
                          min_tiles=c.min_tiles, fused_combine=c.fused_combine,
-                         sink_anchors=c.sink_anchors, score_store=c.score_store)
+                         sink_anchors=c.sink_anchors, score_store=c.score_store, fast_loop=c.fast_loop)
             if LaunchConfig is not None
             else None
         )
