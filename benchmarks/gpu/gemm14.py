@@ -17,6 +17,10 @@ Parts (each saved as it finishes to ``<out>/gemm14.json`` + ``.md``; none starts
    replays interleaved over ``--rounds`` rounds; medians with min-max, each against its roofline (weights + the KV
    the step reads at 4.2 TB/s... measured copy bandwidth), the kernels per step (torch.profiler), and parity: the
    largest |logit difference| on vs off and whether the argmax tokens agree.
+``--switch loop`` makes the arms ``specdec.cuda.triton_attention.FAST_LOOP`` off / on instead (the split-K attention
+kernel's tile loop: the masked loop in natural units vs the log2-unit loop with unmasked whole tiles) for the
+``steps`` and ``e2e`` parts.
+
 2. ``e2e``: the embedded model (bf16, triton, graphs, fused, no compile, adaptive off) through
    ``specdec.bench.run_bench`` at B 64 x 8k over 4 windows of each document, γ 8, 5 %, 128 new tokens, warm-up +
    median of 3: dense, magicdec, vegas per arm (``off`` / ``on``); each arm's tokens are checked against its dense.
@@ -75,6 +79,30 @@ class _Gemm:
         from specdec import fusion
 
         fusion.FUSED_GEMM, fusion.FUSED_GEMM_MAX_HIDDEN = self.saved
+
+
+class _Loop:
+    """``triton_attention.FAST_LOOP`` (the split-K kernel's tile loop, ``--switch loop``) for a block, restored
+    after; the ``max_hidden`` argument is ignored (the arms' signature of :class:`_Gemm`)."""
+
+    def __init__(self, on, max_hidden=None):
+        self.on = bool(on)
+
+    def __enter__(self):
+        from specdec.cuda import triton_attention
+
+        self.saved = triton_attention.FAST_LOOP
+        triton_attention.FAST_LOOP = self.on
+
+    def __exit__(self, *exc):
+        from specdec.cuda import triton_attention
+
+        triton_attention.FAST_LOOP = self.saved
+
+
+#: what the arms switch (``--switch``): the fused-GEMM layer, or the attention kernel's tile loop
+SWITCHES = {"gemm": _Gemm, "loop": _Loop}
+SWITCH = _Gemm
 
 
 #: launch configurations the ``kernels`` part tries: (block_m, block_k, num_warps, num_stages, block_n)
@@ -192,7 +220,7 @@ def steps_shape(shape, B, ctx, a, dev, bw, log) -> list[dict]:
     model = SpecdecModel(hf, None, BACKENDS.build("reference" if a.smoke else "triton"))
     model.fuse_projections(kernels="triton" if a.smoke else "auto")
     cache, L, budget, kvt, steps = _step_inputs(model, B, ctx, a.gamma, dev)
-    arms = {"off": _Gemm(False), "on": _Gemm("always" if a.smoke else True, max_hidden=1 << 16)}
+    arms = {"off": SWITCH(False), "on": SWITCH("always" if a.smoke else True, max_hidden=1 << 16)}
     graphs, logits, kernels = {}, {}, {}
     for arm, flag in arms.items():
         with flag:
@@ -251,7 +279,7 @@ def e2e(a, dev, log) -> list[dict]:
                 rows.append(dict(document=spec, arm=arm, round=rnd, skipped="budget"))
                 continue
             try:
-                with _Gemm(False if arm == "off" else ("always" if smoke else True)):
+                with SWITCH(False if arm == "off" else ("always" if smoke else True)):
                     res = run_bench(["dense", "magicdec", "vegas"], documents=[doc], tag=f"gemm14_{len(rows)}",
                                     **common)
                 for r in res:
@@ -271,7 +299,9 @@ def e2e(a, dev, log) -> list[dict]:
 
 
 def markdown(res) -> str:
-    L = [f"# The fused-GEMM decoder layer: off vs on ({res['date']}, {res['gpu']})", "", f"Command: `{res['argv']}`", ""]
+    what = {"gemm": "The fused-GEMM decoder layer", "loop": "The split-K attention kernel's fast tile loop"}
+    L = [f"# {what[res.get('switch', 'gemm')]}: off vs on ({res['date']}, {res['gpu']})", "",
+         f"Command: `{res['argv']}`", ""]
     if res.get("kernels"):
         L += ["## The fused kernels alone (µs per call, 20 calls in one CUDA graph) vs the chains they replace", "",
               "| rows | chain norm+qkv+rope | best fused qkv (config) | chain norm+gate/up+silu | best fused gate/up "
@@ -344,8 +374,13 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=None, help="fusion.FUSED_GEMM_MAX_ROWS for the on arms")
     ap.add_argument("--apply-best", action="store_true",
                     help="run the steps and e2e parts with the kernels part's fastest configuration at 64 rows")
+    ap.add_argument("--switch", choices=sorted(SWITCHES), default="gemm",
+                    help="what the off / on arms switch: gemm (specdec.fusion.FUSED_GEMM) or loop "
+                         "(specdec.cuda.triton_attention.FAST_LOOP, the attention kernel's tile loop)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
+    global SWITCH
+    SWITCH = SWITCHES[a.switch]
     dev = torch.device("cpu" if a.smoke else "cuda")
     if a.smoke:
         import os
@@ -355,6 +390,7 @@ def main() -> None:
         torch.set_num_threads(1)
     out = Path(a.out)
     res, log, save = script_io.record(out, "gemm14", a, dev, markdown, T0)
+    res["switch"] = a.switch
 
     parts = a.parts.split(",")
     if a.max_rows is not None:

@@ -19,6 +19,8 @@
 # (benchmarks/gpu/peers_e2e.py: embedded model /tmp/m/smol.gguf, 8k, B = 64, 16, 1, dense and vegas,
 # peers auto vs off, the benchmark's fresh picks) in the time left.
 #   smoke (this CPU, no install, ~2 min): bash benchmarks/gpu/peers.sh smoke
+#   FlashInfer alone, one call, carry [".whlfi"] (<= 58 MiB: fi.tar.xz, MANIFEST.txt says what is in it):
+#   bash benchmarks/gpu/peers.sh install_fi   (unpacks into $SITE, then checks `import flashinfer`; FI: the folder)
 # Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 60),
 #      KINDS (benchmark call kinds, decode,verify: what the captured path can hand a peer), CASES
 #      (benchmark cases, 0,1,2: the embedded model at B = 1, 16, 64 × 8k; 3,4 are the 8B shapes),
@@ -44,6 +46,56 @@ case "${1:-run}" in
 install1)
     mkdir -p "$(dirname "$IR")" && unxz .whl18/part1/cutlass_ir.cu13.so.xz "$IR" && chmod 755 "$IR" && ls -la "$IR"
     exit $? ;;
+install_fi)
+    # fi.tar.xz: site/ always into $SITE; opt/<module>/ (pure Python) only where <module> does not import here
+    # already (the machine's own copy is not shadowed); bin/ninja into $SITE/bin. Python's lzma/tarfile only.
+    PY=${PY:-python3}
+    export PYTHONPATH=$PWD:$SITE:${PYTHONPATH:-}
+    t0=$(date +%s)
+    $PY - "${FI:-.whlfi}/fi.tar.xz" "$SITE" <<'PYEOF' 2>&1 | tee "$OUT/fi_install.txt"
+import importlib.util, re, shutil, sys, tarfile, time
+src, site = sys.argv[1], sys.argv[2]
+t = time.time()
+def missing(mod):
+    if mod == "typing_extensions":  # apache-tvm-ffi needs get_annotations (typing-extensions >= 4.13)
+        try:
+            import typing_extensions
+            return not hasattr(typing_extensions, "get_annotations")
+        except ImportError:
+            return True
+    return importlib.util.find_spec(mod) is None
+tf = tarfile.open(src)
+members, opt, vers = [], {}, {}
+for m in tf.getmembers():
+    p = m.name.split("/")
+    key = p[0] if p[0] != "opt" else p[1]
+    d = re.match(r"(.+?)-([^-]+)\.dist-info$", p[-2]) if len(p) > 2 else None
+    if d and p[-1] == "METADATA":
+        vers.setdefault(key, []).append(f"{d[1]} {d[2]}")
+    if p[0] == "opt":
+        if key not in opt:
+            opt[key] = missing(key)
+        if not opt[key]:
+            continue
+        m.name = "/".join(p[2:])
+    elif p[0] == "site":
+        m.name = "/".join(p[1:])
+    members.append(m)
+tf.extractall(site, members=members, filter="fully_trusted")
+print(f"fi.tar.xz: {len(members)} files into {site} in {time.time() - t:.1f} s")
+print("  installed:", ", ".join(vers.get("site", [])))
+print("  added (missing here):", ", ".join(v for k in sorted(opt) if opt[k] for v in vers.get(k, [k])) or "none")
+print("  already here, kept:", ", ".join(k for k in sorted(opt) if not opt[k]) or "none")
+print("  ninja:", shutil.which("ninja") or f"none on PATH; the JIT needs: export PATH=$PATH:{site}/bin")
+PYEOF
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "install_fi: unpacking ${FI:-.whlfi}/fi.tar.xz failed" >&2; exit 4; }
+    $PY -c "import flashinfer; print('import flashinfer:', flashinfer.__version__, 'from', flashinfer.__file__)" \
+        2>&1 | tee -a "$OUT/fi_install.txt"
+    if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+        echo "install_fi: import flashinfer FAILED" | tee -a "$OUT/fi_install.txt"; exit 5
+    fi
+    echo "install_fi: done in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/fi_install.txt"
+    exit 0 ;;
 run) ;;
 smoke)
     export PYTHONPATH=$PWD:${PYTHONPATH:-} TRITON_INTERPRET=1
@@ -51,7 +103,7 @@ smoke)
     $PY benchmarks/gpu/peers.py --smoke --out "$OUT/peers_smoke" --kinds "$KINDS" || exit 1
     $PY benchmarks/gpu/peers_e2e.py --smoke --out "$OUT/e2e_smoke" --picks "$OUT/peers_smoke/results.json" || exit 1
     exit 0 ;;
-*) echo "usage: bash benchmarks/gpu/peers.sh install1|run|smoke" >&2; exit 2 ;;
+*) echo "usage: bash benchmarks/gpu/peers.sh install1|run|smoke|install_fi" >&2; exit 2 ;;
 esac
 
 t0=$(date +%s)

@@ -6,6 +6,8 @@
 #
 #   call 1, carry [".whl18/part1"]:  bash benchmarks/gpu/peers.sh install1
 #   call 2, carry [".whl18/part2"]:  bash benchmarks/gpu/s18.sh          (same warm machine)
+#   or FlashInfer alone, one call, carry [".whlfi"]:
+#     bash benchmarks/gpu/peers.sh install_fi && S18_SKIP=install,peer_tests bash benchmarks/gpu/s18.sh
 #   CPU check (no peers, interpreter, ~30 s):  bash benchmarks/gpu/s18.sh --smoke
 #
 # S18_SKIP (comma-separated, default none) leaves parts out: install (part2 already unpacked into $SITE this
@@ -50,7 +52,8 @@ for p in launch decode; do skipped $p && PYSKIP="$PYSKIP,$p"; done
 RESERVE=15
 skipped kernel_tests || RESERVE=$(( RESERVE + 50 ))
 skipped peer_tests || RESERVE=$(( RESERVE + 60 ))
-B=$(( $(left) - RESERVE - 20 )); [ "$B" -gt 230 ] && B=230
+CAP=${S18_CAP:-230}  # the most seconds s18.py may take (a fresh FlashInfer JIT-compiles its kernels inside it)
+B=$(( $(left) - RESERVE - 20 )); [ "$B" -gt "$CAP" ] && B=$CAP
 timeout $(( B + 30 )) python3 benchmarks/gpu/s18.py --out "$OUT/s18" --budget-s "$B" --skip "${PYSKIP#,}" \
     > "$OUT/s18/run.log" 2>&1
 echo "s18.py rc=$? after $(( $(date +%s) - t0 )) s (budget $B s)"

@@ -660,6 +660,11 @@ def score_path(sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int
     return SCORE_PATHS.get(key, DEFAULT_SCORE_PATH)
 
 
+#: ``LaunchConfig.fast_loop`` where a config leaves it at ``None`` (read at each launch, so a CUDA graph keeps the
+#: loop it was captured with)
+FAST_LOOP = True
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Tunables of the split-K launch; ``None`` picks the row of ``LAUNCH_TABLE`` for the call."""
@@ -695,10 +700,10 @@ class LaunchConfig:
     # table row's ``SCORE_PATHS`` entry
     sink_anchors: str | None = None
     score_store: str | None = None
-    # the split kernel's tile loop: True (the default) keeps the running max in log2 units (a tile's
-    # weights are one FFMA + exp2 per element) and, for dense calls, runs the tiles that every row sees
-    # whole without masks, the causal diagonal and a split's ragged end masked after them; False: one
-    # masked loop in natural units (the kernel before 2026-12-02, kept for side-by-side timing)
+    # the split kernel's tile loop: True keeps the running max in log2 units (a tile's weights are one
+    # FFMA + exp2 per element) and, for dense calls, runs the tiles that every row sees whole without
+    # masks, the causal diagonal and a split's ragged end masked after them; False: one masked loop in
+    # natural units (the kernel before 2026-12-02, kept for side-by-side timing); None: ``FAST_LOOP``
     fast_loop: bool | None = None
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
@@ -717,7 +722,7 @@ class LaunchConfig:
                             pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]),
                             pick(self.fused_combine, sparse and auto in FUSED_COMBINE_ROWS),
                             pick(self.sink_anchors, anchors), pick(self.score_store, store),
-                            pick(self.fast_loop, True))  # explicit wins
+                            pick(self.fast_loop, FAST_LOOP))  # explicit wins
 
 
 _SM_COUNT: dict[int, int] = {}

@@ -105,9 +105,9 @@ class TritonConfig(ComponentConfig):
         fast_loop: the split kernel's tile loop keeps its running max in log2 units (a tile's softmax weights
             are one FFMA and an exp2 per element) and, for dense calls, runs the tiles every row sees whole,
             without masks, before the masked rest (the causal diagonal, a split's ragged end): 40-45 % fewer
-            instructions per tile in the sm_90 SASS (``benchmarks/sass_mix.py``). ``True`` (the default);
-            ``False`` runs the single masked loop of before 2026-12-02 (the same results up to rounding; kept
-            for side-by-side timing).
+            instructions per tile in the sm_90 SASS (``benchmarks/sass_mix.py``). ``None`` (the default):
+            ``triton_attention.FAST_LOOP`` (``True``); ``False`` runs the single masked loop of before 2026-12-02
+            (the same results up to rounding; kept for side-by-side timing).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -138,7 +138,7 @@ class TritonConfig(ComponentConfig):
     score_dtype: Literal["float32", "bfloat16"] = "float32"
     sink_anchors: Literal["tile", "pre", "loop"] | None = None
     score_store: Literal["shared", "direct", "lean"] | None = None
-    fast_loop: bool = True
+    fast_loop: bool | None = None
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
