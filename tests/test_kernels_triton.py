@@ -1098,9 +1098,13 @@ FAST_SCORES = [dict(), dict(score_rows=[0, 2], score_kind="logits"), dict(score_
 
 @pytest.mark.parametrize("score,splits,dtype", [(s, n, torch.float32) for s in range(len(FAST_SCORES)) for n in (1, 3)]
                          + [(3, 3, torch.bfloat16), (0, 2, torch.bfloat16)])
-def test_fast_loop_matches_masked_loop_and_reference(score, splits, dtype):
+def test_fast_loop_matches_masked_loop_and_reference(score, splits, dtype, monkeypatch):
     """``fast_loop=True`` (the default) and ``False`` (one masked loop in natural units) both give the reference's
-    outputs and scores, and the same as each other up to rounding (fp32: 2e-6), in one split and several."""
+    outputs and scores, and the same as each other up to rounding (fp32: 2e-6), in one split and several; the
+    unmasked pass runs at every split size here (``FAST_LOOP_MIN_TILES`` 1)."""
+    import specdec.cuda.triton_attention as ta
+
+    monkeypatch.setattr(ta, "FAST_LOOP_MIN_TILES", 1)
     kw = FAST_SCORES[score]
     bn = 16 if not ON_GPU else 64
     lengths = [0, bn - 3, bn, 2 * bn + 1, 3 * bn + 7]

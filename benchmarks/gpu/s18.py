@@ -73,7 +73,7 @@ LAUNCH = {
     # programs, ~2.9 waves); with the shorter tile loop, bn64 s3 (76 KB, 2 per SM, 264 programs: one wave) may win
     3: {"bn64s3c2": dict(block_n=64, num_stages=3, ctas_per_sm=2)},
 }
-LAUNCH_SINK = {"sink_direct": dict(sink_anchors="tile", score_store="direct")}
+LAUNCH_SINK = {"sink_table": {}}
 #: the cost model behind the predictions (2026-12-01 ~23:00 UTC, sc18b), from the sm_90 SASS of the kernel
 #: compiled on the CPU (benchmarks/sass_mix.py, triton 3.9 here, 3.6 on the GPU) and the 20:42 UTC run
 #: (gpu_scores_2026-12-01e.md). Hot-loop instructions per 64-position tile at 8B bn64 s3 w4: plain 613; tile

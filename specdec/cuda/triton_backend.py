@@ -103,9 +103,10 @@ class TritonConfig(ComponentConfig):
             pairs over >= 64k positions (``SINK_FEW_LONG``, e.g. an 8B model at B 1 x 128k), ``"shared"``
             everywhere else.
         fast_loop: the split kernel's tile loop keeps its running max in log2 units (a tile's softmax weights
-            are one FFMA and an exp2 per element) and, for dense calls, runs the tiles every row sees whole,
-            without masks, before the masked rest (the causal diagonal, a split's ragged end): 40-45 % fewer
-            instructions per tile in the sm_90 SASS (``benchmarks/sass_mix.py``). ``None`` (the default):
+            are one FFMA and an exp2 per element) and, for dense calls whose splits span at least
+            ``triton_attention.FAST_LOOP_MIN_TILES`` tiles, runs the tiles every row sees whole, without masks,
+            before the masked rest (the causal diagonal, a split's ragged end): 40-45 % fewer instructions per tile
+            in the sm_90 SASS (``benchmarks/sass_mix.py``). ``None`` (the default):
             ``triton_attention.FAST_LOOP`` (``True``); ``False`` runs the single masked loop of before 2026-12-02
             (the same results up to rounding; kept for side-by-side timing).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
