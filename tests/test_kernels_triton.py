@@ -533,7 +533,7 @@ def test_splitk_attention_keys_sink_softmax_to_the_table(monkeypatch):
 
     monkeypatch.setattr(ta, "table_entry", spy)
     q, k, v, lens = make_case(1, 2, 3, 5, 128, 40, torch.float32, [30], seed=4)
-    w = torch.zeros(6, 5)
+    w = torch.zeros(6, 5, device=DEV)
     w[:, [0, 4]] = 1.0
     ta.splitk_attention(q, k, v, AttentionMetadata(lens, 128 ** -0.5), row_weights=w, sink_softmax=True,
                         cfg=LaunchConfig(block_n=16, num_splits=2))
