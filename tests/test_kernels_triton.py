@@ -1136,3 +1136,17 @@ def test_fast_loop_sparse_and_lse(fast):
         causal = torch.arange(n + 5)[None, :] <= (n + torch.arange(5))[:, None]
         want = logits.masked_fill(~causal.to(DEV), float("-inf")).logsumexp(-1)
         torch.testing.assert_close(lse[b], want, atol=1e-5, rtol=1e-5)
+
+
+def test_fit_shared_keeps_bf16_rows_and_shrinks_float32():
+    """The table's bf16 launches stand; a float32 cache at head dim 128 drops a stage (128 x 3 stages asked for
+    280 KB of shared memory on an H200), wider heads then halve the tiles; a launch never goes below 2 stages."""
+    from specdec.cuda.triton_attention import SHARED_TILE_BYTES, fit_shared
+
+    assert fit_shared(128, 3, 128, 2) == (128, 3)
+    assert fit_shared(64, 3, 128, 2) == (64, 3)
+    assert fit_shared(128, 3, 128, 4) == (128, 2)
+    assert fit_shared(128, 3, 512, 4) == (32, 2)
+    for bn, st, d, e in [(128, 4, 128, 4), (128, 3, 256, 2), (64, 2, 64, 4)]:
+        b2, s2 = fit_shared(bn, st, d, e)
+        assert s2 >= 2 and (s2 - 1) * 2 * b2 * d * e <= SHARED_TILE_BYTES

@@ -40,6 +40,7 @@ This module imports nothing from specdec (the GPU benchmarks import it alone).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -759,6 +760,24 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+#: shared memory the split kernel's pipelined K/V tiles may take (an H200 / H100 program gets at most 227 KB; the
+#: rest is the kernel's other buffers)
+SHARED_TILE_BYTES = 200 * 1024
+
+
+def fit_shared(block_n: int, num_stages: int, head_dim: int, elem_bytes: int) -> tuple[int, int]:
+    """``(block_n, num_stages)`` whose pipelined K and V tiles, ``(num_stages - 1) x 2 x block_n x head_dim`` elements
+    (what Triton's pipeliner buffers), fit ``SHARED_TILE_BYTES``: fewer stages first (not below 2), then smaller
+    tiles. The launch table's rows are measured in bf16; a float32 cache at head dim 128 doubles their tiles (128
+    positions x 3 stages asked for 280 KB on an H200 and failed to launch)."""
+    need = lambda bn, st: (st - 1) * 2 * bn * head_dim * elem_bytes  # noqa: E731
+    while num_stages > 2 and need(block_n, num_stages) > SHARED_TILE_BYTES:
+        num_stages -= 1
+    while block_n > 16 and need(block_n, num_stages) > SHARED_TILE_BYTES:
+        block_n //= 2
+    return block_n, num_stages
+
+
 def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchConfig, sparse: bool = False) -> int:
     """Chunks per (sequence, KV head): fill ``ctas_per_sm`` programs per SM, ``min_tiles`` tiles each.
 
@@ -858,6 +877,9 @@ def splitk_attention(
     dev = q.device
     cfg = cfg.resolve(plan_indices is not None, D, raw_scores=row_slots is not None, pairs=B * Hkv,
                       length=k_cache.shape[2], sink_scores=bool(sink_softmax), rows=T)
+    bn, st = fit_shared(cfg.block_n, cfg.num_stages, D, k_cache.element_size())
+    if (bn, st) != (cfg.block_n, cfg.num_stages):
+        cfg = dataclasses.replace(cfg, block_n=bn, num_stages=st)
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
