@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gemm14_smoke_runs_its_three_parts(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/gemm14.py"), "--out", str(tmp_path), "--smoke",
-                        "--parts", "kernels,steps,e2e", "--apply-best"], env=env, capture_output=True, text=True,
-                       timeout=600)
+                        "--parts", "kernels,steps,e2e", "--apply-best", "--budget-s", "3000"], env=env,
+                       capture_output=True, text=True, timeout=1200)  # the script's own 450 s budget skips the
+    # parts that would start after it: on a loaded 2-core box the e2e part did not start
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "gemm14.json").read_text())
     assert [row["M"] for row in res["kernels"]["rows"]] == [1, 18]
