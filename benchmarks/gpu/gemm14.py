@@ -279,10 +279,7 @@ def e2e(a, dev, log) -> list[dict]:
                 rows.append(dict(document=spec, arm=arm, round=rnd, skipped="budget"))
                 continue
             try:
-                if common["cuda_graphs"]:
-                    # one model serves every arm: drop the graphs an earlier arm captured (their kernels and the
-                    # switch's value are baked in; same shapes would replay them), so each arm captures its own
-                    common["model"].enable_cuda_graphs()
+                script_io.fresh_graphs(common)
                 with SWITCH(False if arm == "off" else ("always" if smoke else True)):
                     res = run_bench(["dense", "magicdec", "vegas"], documents=[doc], tag=f"gemm14_{len(rows)}",
                                     **common)

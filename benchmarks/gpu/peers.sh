@@ -21,6 +21,7 @@
 #   smoke (this CPU, no install, ~2 min): bash benchmarks/gpu/peers.sh smoke
 #   FlashInfer alone, one call, carry [".whlfi"] (<= 58 MiB: fi.tar.xz, MANIFEST.txt says what is in it):
 #   bash benchmarks/gpu/peers.sh install_fi   (unpacks into $SITE, then checks `import flashinfer`; FI: the folder)
+#   (the bundle: python benchmarks/gpu/build_fi.py, from wheels pip-downloaded as its docstring says)
 # Env: SITE (default /tmp/site, must be on PYTHONPATH), OUT (results), BUDGET (benchmark seconds, 60),
 #      KINDS (benchmark call kinds, decode,verify: what the captured path can hand a peer), CASES
 #      (benchmark cases, 0,1,2: the embedded model at B = 1, 16, 64 × 8k; 3,4 are the 8B shapes),

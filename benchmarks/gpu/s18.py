@@ -70,7 +70,8 @@ DROP = ("fa4", "sdpa")
 #: launch variants per case index (TritonConfig fields), each timed plain and with scores (best guesses)
 LAUNCH = {
     # 8B 16 x 32k: the table's SINK_LONG / VERIFY_LONG is bn128 s3 (144 KB of shared memory: 1 program per SM, 384
-    # programs, ~2.9 waves); with the shorter tile loop, bn64 s3 (76 KB, 2 per SM, 264 programs: one wave) may win
+    # programs, ~2.9 waves); with the shorter tile loop, bn64 s3 (76 KB, 2 per SM, 264 programs: one wave) might win
+    # (it did not: 602 / 653 us plain / with scores vs ~497 / ~529 us, 2026-12-02 12:11 UTC)
     3: {"bn64s3c2": dict(block_n=64, num_stages=3, ctas_per_sm=2)},
 }
 LAUNCH_SINK = {"sink_table": {}}

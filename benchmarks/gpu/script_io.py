@@ -65,3 +65,11 @@ def e2e_settings(gguf: str, dev: torch.device, smoke: bool, batch: int = 64, out
                   adaptive=False, max_new_tokens=8 if smoke else 128, windows=2 if smoke else min(4, batch),
                   window_stride=20 if smoke else 1000, batch_sizes=[2 if smoke else batch])
     return m, common
+
+
+def fresh_graphs(common: dict) -> None:
+    """Before each arm of an e2e comparison: one model (``e2e_settings``) serves every arm, so drop the CUDA graphs an
+    earlier arm captured (its kernels and switches are baked into them; same shapes would replay them) and let this
+    arm capture its own. No-op without graphs (``--smoke``)."""
+    if common["cuda_graphs"]:
+        common["model"].enable_cuda_graphs()

@@ -157,6 +157,7 @@ def e2e(a, dev, log) -> list[dict]:
                 continue
             methods = ["dense", "magicdec", "vegas", "vegas-all"]  # dense: each arm's tokens are checked
             try:
+                script_io.fresh_graphs(common)
                 with _Flags(spread, select):
                     res = run_bench(methods, documents=[doc], tag=f"spread14_{len(rows)}", **common)
                 for r in res:
