@@ -38,7 +38,20 @@ def main() -> None:
                     help="also (or, with --documents none, only) this text file as a document; KIND is prose or code "
                          "(for text from outside the training set: licenses, third-party package sources)")
     ap.add_argument("--early-exit", type=int, default=0, help="also run the untrained early exit at this depth")
+    ap.add_argument("--eagle", action="append", default=[], metavar="LABEL=PATH",
+                    help="another EAGLE head to compare (rows LABEL and, with an eagle+lookup drafter, LABEL+lookup; "
+                         "the dense reference is shared)")
+    ap.add_argument("--windows", type=int, default=1,
+                    help="windows per document, their ends spread evenly over it (1: the window ending near its end)")
     a = ap.parse_args()
+    if a.windows < 1:
+        raise SystemExit(f"--windows must be at least 1 (got {a.windows})")
+    extra = []
+    for spec in a.eagle:
+        label, _, path = spec.partition("=")
+        if not label or not Path(path).is_file():
+            raise SystemExit(f"--eagle {spec!r}: expected LABEL=PATH with an existing head file")
+        extra.append((label, path))
     files = []  # checked before the model loads
     for spec in a.file:
         name, _, rest = spec.partition("=")
@@ -90,6 +103,15 @@ def main() -> None:
             label = k if len(looks) == 1 else f"{k}({lk[0]}-{lk[1]},t{lk[2]}{extra})"
             drafters[label] = LookupDrafter(base[k.split("+")[0]], *lk[:3], policy=lk[3], veto=lk[4], periodic=lk[5],
                                             candidates=lk[6], by_head=lk[7])
+    for label, path in extra:
+        head = EagleDrafter(m, path)
+        for k in a.drafters.split(","):
+            if k == "eagle":
+                drafters[label] = head
+            elif k == "eagle+lookup":
+                for lk in looks:
+                    drafters[f"{label}+lookup" + ("" if len(looks) == 1 else str(lk))] = LookupDrafter(
+                        head, *lk[:3], policy=lk[3], veto=lk[4], periodic=lk[5], candidates=lk[6], by_head=lk[7])
     if a.early_exit:
         drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
@@ -97,8 +119,14 @@ def main() -> None:
     docs = [(n, t, "prose" if n.startswith("pydoc") else "code") for n, t in held_out_texts()
             if a.documents is None or n in a.documents.split(",")]
     docs += files
+    windows = []
     for context, (name, text, kind) in [(int(c), doc) for c in a.contexts.split(",") for doc in docs]:
-        ids = context_ids(m.tokenizer, text, context, offset=a.new + 16)
+        n = len(m.tokenizer(text, add_special_tokens=False).input_ids)
+        room = max(0, n - context - a.new - 16)
+        for w in range(a.windows):  # window 0 ends a.new + 16 tokens before the end, as with one window
+            windows.append((context, name, text, kind, w, a.new + 16 + room * w // a.windows))
+    for context, name, text, kind, w, offset in windows:
+        ids = context_ids(m.tokenizer, text, context, offset=offset)
         pre = dense.prefill([ids])
         ref = dense.generate([ids], a.new, prefilled=pre)
         for label, d in drafters.items():
@@ -106,7 +134,7 @@ def main() -> None:
                                     eos_token_id=-1)
             t0 = time.perf_counter()
             res = eng.generate([ids], a.new, prefilled=pre)
-            row = dict(document=name, context=context, kind=kind, drafter=label,
+            row = dict(document=name, context=context, kind=kind, drafter=label, window=w, offset=offset,
                        tau=res.stats.mean_accepted_length, acceptance_per_position=res.stats.acceptance_per_position,
                        equals_dense=res.tokens[0] == ref.tokens[0], seconds=time.perf_counter() - t0)
             if isinstance(d, LookupDrafter):
@@ -114,18 +142,19 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), contexts=a.contexts,
-                new_tokens=a.new, gamma=a.gamma, lookup=looks, files=a.file, drafts={k: str(p) for k, p in paths.items()},
+                new_tokens=a.new, gamma=a.gamma, lookup=looks, files=a.file, windows=a.windows,
+                drafts={**{k: str(p) for k, p in paths.items()}, **dict(extra)},
                 machine="2-core shared CPU, float32, 1 thread")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     lines = [f"# Trained draft, dense verification — {meta['date']}", "",
              f"contexts {a.contexts}, {a.new} new tokens, γ = {a.gamma}, greedy; {meta['machine']}", "",
-             "| document | context | kind | drafter | τ | acceptance per draft position | equals dense |",
-             "|---|---|---|---|---|---|---|"]
+             "| document | context | window | kind | drafter | τ | acceptance per draft position | equals dense |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = " / ".join(f"{x:.2f}" for x in r["acceptance_per_position"])
-        lines.append(f"| {r['document']} | {r['context']} | {r['kind']} | {r['drafter']} | {r['tau']:.2f} | {acc} "
+        lines.append(f"| {r['document']} | {r['context']} | {r['window']} | {r['kind']} | {r['drafter']} | {r['tau']:.2f} | {acc} "
                      f"| {r['equals_dense']} |")
     for label in sorted({r["drafter"] for r in rows}):
         for context in sorted({r["context"] for r in rows}):
@@ -133,7 +162,10 @@ def main() -> None:
                 ts = [r["tau"] for r in rows if r["drafter"] == label and r["kind"] == kind and r["context"] == context]
                 if ts:
                     lines.append(f"\nmean τ {label} {kind} at {context}: {sum(ts) / len(ts):.2f} "
-                                 f"(min {min(ts):.2f}) over {len(ts)} document(s)")
+                                 f"(min {min(ts):.2f}) over {len(ts)} window(s)")
+            ts = [r["tau"] for r in rows if r["drafter"] == label and r["context"] == context]
+            if ts:
+                lines.append(f"\nmean τ {label} all at {context}: {sum(ts) / len(ts):.3f} over {len(ts)} window(s)")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -42,7 +42,8 @@ def register(app) -> None:
         recipe: str = typer.Option("v2", help="eagle only: training recipe (v2: 3 exactly unrolled steps, wide text, "
                                    "cosine schedule; on a GPU 2048-token sequences and the full-vocabulary KL; "
                                    "v3: v2 with the texts packed into one stream, so texts shorter than a sequence "
-                                   "count; v1: the first shipped head's)"),
+                                   "count; v4: v3 with every 512 tokens ending in 64 of the target's own greedy "
+                                   "continuation; v1: the first shipped head's)"),
         seq: Optional[int] = typer.Option(None, help="eagle only: tokens per training sequence (default: the recipe's; "
                                           "v2: 2048 on a GPU, 256 on the CPU)"),
     ) -> None:

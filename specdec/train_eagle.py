@@ -25,7 +25,11 @@ Recipes (:data:`RECIPES`; ``specdec train-draft --kind eagle --recipe``):
   (:func:`~specdec.train_draft._chunks` ``pack=True``): ``v2`` drops every text shorter than a sequence (at 2048
   tokens most docstrings and pydoc topics, the prose) and the tail of every longer one. On the H200 (6.5 min, 3.3 M
   tokens against ``v2``'s 2.6 M) it was no better off the standard library than the shipped ``v2`` head
-  (``benchmarks/results/gpu_eagle_v3_2026-12-02.md``).
+  (``benchmarks/results/gpu_eagle_v3_2026-12-02.md``);
+* ``v4`` — ``v3`` on rows where every 512 tokens end in 64 of the **target's own greedy continuation** of what
+  precedes them (:func:`self_generate`, up to half the collection budget): drafting runs inside the target's
+  output, whose statistics the document text does not have (at 512-token segments the draft sees a document,
+  then what the target wrote after it, as when it is used).
 """
 
 from __future__ import annotations
@@ -62,7 +66,68 @@ RECIPES = {
     "v1": dict(seq=256, steps=3, exact=False, teacher="top", schedule="linear", wide=False, reg_weight=1.0),
     "v2": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0),
     "v3": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0, pack=True),
+    "v4": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0, pack=True,
+               selfgen=(512, 64)),
 }
+
+
+@torch.no_grad()
+def self_generate(hf, ids: torch.Tensor, seg: int, gen: int, batch: int, device, stop=lambda: False):
+    """Rows of the same length as ``ids (R, T)`` cut in segments of ``seg`` tokens (``T`` and ``gen`` scaled to it
+    when the rows are shorter): the row's own text, then ``gen`` tokens of the target's **greedy continuation** of everything before them — what the draft sees when
+    it runs: a document, then the target's own output. Rows are done ``batch`` at a time until ``stop()``; the
+    rest are returned unchanged. Returns ``(rows, n_done)``."""
+    R, T = ids.shape
+    if seg > T:
+        seg, gen = T, max(1, gen * T // seg)
+    real = seg - gen
+    if real < 1 or gen < 1 or T % seg:
+        raise SpecdecError(f"selfgen: segments of {seg} tokens with {gen} generated must tile the sequence length {T}.")
+    out, done = ids.clone(), 0
+    for s in range(0, R, batch):
+        if stop():
+            break
+        src = ids[s : s + batch].to(device)
+        kv = [None] * len(hf.model.layers)  # per layer: K/V buffers of the whole row, filled as it runs
+        parts, t, last = [], 0, None
+        for c in range(T // seg):
+            x = src[:, c * real : (c + 1) * real]
+            parts.append(x)
+            if last is not None:  # the previous segment's last generated token has not been run yet
+                x = torch.cat([last, x], 1)
+            logits = _cached_step(hf, x, kv, t, T)
+            t += x.shape[1]
+            for g in range(gen):
+                last = logits.argmax(-1, keepdim=True)
+                parts.append(last)
+                if g + 1 < gen:
+                    logits = _cached_step(hf, last, kv, t, T)
+                    t += 1
+        out[s : s + batch] = torch.cat(parts, 1).cpu()
+        done += src.shape[0]
+    return out, done
+
+
+@torch.no_grad()
+def _cached_step(hf, x, kv, t: int, T: int = 2048):
+    """The target on tokens ``x (B, n)`` at positions ``t..t+n-1``, its K/V written into ``kv`` (per layer, buffers
+    of ``T`` positions, made on first use); the last position's logits."""
+    m = hf.model
+    h = m.embed_tokens(x)
+    pos = torch.arange(t, t + x.shape[1], device=x.device).view(1, -1).expand(x.shape[0], -1)
+    cos, sin = m.rotary_emb(h, pos)
+    n = x.shape[1]
+    for i, layer in enumerate(m.layers):
+        q, k, v = _qkv(layer, h, cos, sin)
+        if kv[i] is None:
+            kv[i] = tuple(k.new_empty(k.shape[0], k.shape[1], max(T, t + n), k.shape[3]) for _ in range(2))
+        kv[i][0][:, :, t : t + n] = k
+        kv[i][1][:, :, t : t + n] = v
+        K, V = kv[i][0][:, :, : t + n], kv[i][1][:, :, : t + n]  # query i (position t+i) sees keys 0..t+i (SDPA's is_causal aligns top-left)
+        mask = torch.arange(t + n, device=x.device).view(1, -1) <= torch.arange(t, t + n, device=x.device).view(-1, 1)
+        att = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)
+        h = _finish(layer, h, att)
+    return hf.lm_head(m.norm(h[:, -1]))
 
 
 def _own_plus_earlier(layer, x, k1, v1, cos, sin):
@@ -152,12 +217,14 @@ def heldout_agreement(hf, head, data, steps: int, exact: bool = True) -> list[fl
 def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int = 1024, seq: int | None = None,
           batch: int = 4, candidates: int = 64, minutes: float = 8.0, collect_share: float = 0.4, lr: float = 1e-3,
           steps: int | None = None, kl_weight: float = 1.0, out: str | Path | None = None, seed: int = 0, log=print,
-          device: str = "cpu", recipe: str = "v2", teacher: str | None = None) -> dict:
+          device: str = "cpu", recipe: str = "v2", teacher: str | None = None,
+          selfgen: tuple[int, int] | None = None) -> dict:
     """Collect the target's features on ``tokens`` training tokens (at most ``collect_share`` of the budget),
     then train the head until ``minutes`` have passed: this process's CPU time on the CPU (one thread: the
     wall time of an idle core, however busy the machine is), wall time on a GPU (``device="cuda"``).
     ``recipe``: :data:`RECIPES` (``seq`` / ``steps`` / ``teacher`` given here override it; ``teacher``:
-    ``"top"``, the KL over the target's stored top-``candidates`` logits, or ``"full"``).
+    ``"top"``, the KL over the target's stored top-``candidates`` logits, or ``"full"``; ``selfgen``: ``(segment,
+    generated)`` tokens of :func:`self_generate`, overriding the recipe's).
     Writes ``out`` (after every epoch too, so a stopped run leaves a usable head)."""
     if recipe not in RECIPES:
         raise SpecdecError(f"unknown EAGLE training recipe {recipe!r}; known: {', '.join(RECIPES)}.")
@@ -166,6 +233,8 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
     rc["seq"] = seq or rc["seq"] or (2048 if gpu else 256)
     rc["steps"] = steps if steps is not None else rc["steps"]
     rc["teacher"] = teacher or rc["teacher"] or ("full" if gpu else "top")
+    if selfgen is not None:
+        rc["selfgen"] = tuple(selfgen)
     if rc["teacher"] not in ("top", "full"):
         raise SpecdecError(f"teacher must be top or full (got {rc['teacher']!r}).")
     clock = time.process_time if device == "cpu" else time.perf_counter
@@ -194,6 +263,16 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     hf.requires_grad_(False)
     train_ids = _chunks(tok, training_texts(tokens * 6, wide=rc["wide"]), seq, tokens, pack=rc.get("pack", False))
     eval_ids = _chunks(tok, held_out_texts(), seq, max(eval_tokens, seq))
+    n_gen = 0
+    if rc.get("selfgen"):  # at most half the collection budget: the features of every row are collected after it
+        seg, gen = rc["selfgen"]
+        c1 = clock()
+        until = c1 + 0.5 * max(0.0, collect_share * budget - (c1 - c0))
+        rows = 64 if device != "cpu" else 8 * batch
+        train_ids, n_gen = self_generate(hf, train_ids, seg, gen, rows, device, stop=lambda: clock() > until)
+        eval_gen, _ = self_generate(hf, eval_ids, seg, gen, rows, device)
+        log(f"selfgen: {n_gen} of {len(train_ids)} rows hold the target's greedy continuations "
+            f"(segments of {min(seg, seq)} tokens ending in generated ones) ({clock() - c0:.0f} s)")
 
     def collect(ids, share):
         data = []
@@ -206,8 +285,12 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
         return data
 
     eval_data = collect(eval_ids, 1.0)
+    eval_gen_data = collect(eval_gen, 1.0) if n_gen else []
     train_data = collect(train_ids, collect_share)
     n_train = sum(x[0].numel() for x in train_data)
+    if not train_data:
+        raise SpecdecError(f"no training tokens were collected within the budget ({budget / 60:.1f} min, "
+                           f"{collect_share:.0%} for collection); give more minutes or a larger collection share.")
     t_collect = clock() - c0
     log(f"recipe {recipe} ({rc}): collected target features on {n_train} training / "
         f"{sum(x[0].numel() for x in eval_data)} held-out tokens in {t_collect:.0f} s "
@@ -260,8 +343,12 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
         e_est = clock() - e0
         ev = heldout_agreement(hf, head, eval_data, steps, exact)
         history.append(dict(epoch=epoch, loss=tot / max(n_b, 1), train_top1=acc / max(n_b, 1), heldout_top1=ev))
+        msg = ""
+        if eval_gen_data:  # the same held-out rows with the target's own continuations in them
+            history[-1]["heldout_selfgen_top1"] = eg = heldout_agreement(hf, head, eval_gen_data, steps, exact)
+            msg = f", with its continuations {', '.join(f'{x:.3f}' for x in eg)}"
         log(f"epoch {epoch}: loss {tot / max(n_b, 1):.3f} train top-1 {acc / max(n_b, 1):.3f} held-out top-1 "
-            f"per step {', '.join(f'{x:.3f}' for x in ev)} ({e_est:.0f} s)")
+            f"per step {', '.join(f'{x:.3f}' for x in ev)}{msg} ({e_est:.0f} s)")
         if out is not None:  # a checkpoint per epoch: a stopped run still leaves a usable head
             save_eagle(out, head, _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step,
                                         history, c0, t0, clock, device, recipe, rc))
@@ -272,7 +359,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     if out is not None:
         save_eagle(out, head, meta)
         log(f"wrote {out}")
-    return dict(meta, history=history, collect_cpu_seconds=round(t_collect, 1))
+    return dict(meta, history=history, collect_cpu_seconds=round(t_collect, 1), selfgen_rows=n_gen)
 
 
 def _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0, clock,

@@ -194,16 +194,19 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
     assert res["epochs"] >= 1 and res["tokens"] == 512 and len(res["heldout_top1"]) == 3 and res["recipe"] == "v2"
     assert res["history"][-1]["loss"] < res["history"][0]["loss"] + 1e-6
     assert read_meta(out)["kind"] == "eagle"
-    full = train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.05, teacher="full", steps=2,
-                 log=lambda s: None)  # the full-vocabulary KL (the GPU's default) runs too
+    full = train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.1, collect_share=0.9, teacher="full",
+                 steps=2, recipe="v4", log=lambda s: None)  # the full-vocabulary KL (the GPU's default) and v4 run too
     assert full["recipe_settings"]["teacher"] == "full" and len(full["heldout_top1"]) == 2
+    assert full["tokens"] > 0 and full["selfgen_rows"] > 0 and "heldout_selfgen_top1" in full["history"][-1]
+    with pytest.raises(SpecdecError, match="no training tokens were collected"):
+        train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.05, collect_share=0.0, log=lambda s: None)
     EagleDrafter(SpecdecModel.from_pretrained(str(d)), out)
     r = CliRunner().invoke(app, ["train-draft", "--kind", "medusa"])
     assert r.exit_code == 2 and "--kind must be eagle or skip" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--init", str(out)])
     assert r.exit_code == 2 and "--init is for --kind skip" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--recipe", "v9", "--out", str(tmp_path / "x.safetensors")])
-    assert r.exit_code == 2 and "--recipe must be one of v1, v2, v3" in r.output
+    assert r.exit_code == 2 and "--recipe must be one of v1, v2, v3, v4" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--kind", "skip", "--seq", "512", "--out", str(tmp_path / "x.safetensors")])
     assert r.exit_code == 2 and "--seq is for --kind eagle" in r.output
 
@@ -305,3 +308,26 @@ def test_packed_chunks_keep_short_texts():
     packed = ["".join(chr(i) for i in row) for row in _chunks(Tok(), texts, 4, 100, pack=True).tolist()]
     assert packed == ["abc\n", "\ndef", "gh\n\n", "ij\n\n", "klmn", "opqr"]  # "s\n\n" is short of a row
     assert len(_chunks(Tok(), texts, 4, 8, pack=True)) == 2  # max_tokens
+
+
+def test_self_generated_rows_continue_greedily(target):
+    """Recipe v4's rows (:func:`specdec.train_eagle.self_generate`): each segment is the row's own text, then the
+    target's greedy continuation of everything before it in the row — the engine's dense greedy tokens."""
+    from specdec.engine import SpeculativeEngine
+    from specdec.train_eagle import self_generate
+
+    torch.manual_seed(1)
+    ids = torch.randint(0, target.hf.config.vocab_size, (3, 48))
+    out, done = self_generate(target.hf, ids, 16, 5, 2, "cpu")
+    assert done == 3 and out.shape == ids.shape
+    dense = SpeculativeEngine(target, method="dense", eos_token_id=-1)
+    for r in range(3):
+        for c in range(3):
+            real = out[r, c * 16 : c * 16 + 11].tolist()
+            assert real == ids[r, c * 11 : (c + 1) * 11].tolist()  # the text runs on where it was cut
+            ref = dense.generate([out[r, : c * 16 + 11].tolist()], 5).tokens[0]
+            assert out[r, c * 16 + 11 : (c + 1) * 16].tolist() == ref, (r, c)
+    rows, n = self_generate(target.hf, ids, 16, 5, 2, "cpu", stop=lambda: True)
+    assert n == 0 and torch.equal(rows, ids)
+    with pytest.raises(SpecdecError, match="tile the sequence length 48"):
+        self_generate(target.hf, ids, 20, 5, 2, "cpu")
