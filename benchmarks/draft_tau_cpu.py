@@ -46,12 +46,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.windows < 1:
         raise SystemExit(f"--windows must be at least 1 (got {a.windows})")
-    extra = []
+    more_heads = []
     for spec in a.eagle:
         label, _, path = spec.partition("=")
         if not label or not Path(path).is_file():
             raise SystemExit(f"--eagle {spec!r}: expected LABEL=PATH with an existing head file")
-        extra.append((label, path))
+        more_heads.append((label, path))
     files = []  # checked before the model loads
     for spec in a.file:
         name, _, rest = spec.partition("=")
@@ -103,7 +103,7 @@ def main() -> None:
             label = k if len(looks) == 1 else f"{k}({lk[0]}-{lk[1]},t{lk[2]}{extra})"
             drafters[label] = LookupDrafter(base[k.split("+")[0]], *lk[:3], policy=lk[3], veto=lk[4], periodic=lk[5],
                                             candidates=lk[6], by_head=lk[7])
-    for label, path in extra:
+    for label, path in more_heads:
         head = EagleDrafter(m, path)
         for k in a.drafters.split(","):
             if k == "eagle":
@@ -143,7 +143,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), contexts=a.contexts,
                 new_tokens=a.new, gamma=a.gamma, lookup=looks, files=a.file, windows=a.windows,
-                drafts={**{k: str(p) for k, p in paths.items()}, **dict(extra)},
+                drafts={**{k: str(p) for k, p in paths.items()}, **dict(more_heads)},
                 machine="2-core shared CPU, float32, 1 thread")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,8 @@ if [ $# -eq 0 ]; then
     echo "test.sh: .compat/transformers-5.17 is missing; run bash scripts/setup.sh --test first." >&2
     exit 1
   fi
-  echo "[test] the fusion, fused-kernel and tensor-parallel tests against transformers 5.17"
-  PYTHONPATH=.compat/transformers-5.17 .venv/bin/python -m pytest -q -ra -p no:cacheprovider \
+  echo "[test] the fusion, fused-kernel and tensor-parallel tests against transformers 5.17 (not the slow ones)"
+  PYTHONPATH=.compat/transformers-5.17 .venv/bin/python -m pytest -q -ra -p no:cacheprovider -m "not slow" \
     tests/test_fusion.py tests/test_fused_kernels.py tests/test_triton_gemm.py tests/test_parallel.py
 fi
 # strict docs build WITHOUT -q: -q hides the warnings that --strict turns into a failure

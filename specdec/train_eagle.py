@@ -268,7 +268,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
         seg, gen = rc["selfgen"]
         c1 = clock()
         until = c1 + 0.5 * max(0.0, collect_share * budget - (c1 - c0))
-        rows = 64 if device != "cpu" else 8 * batch
+        rows = 128 if device != "cpu" else 8 * batch
         train_ids, n_gen = self_generate(hf, train_ids, seg, gen, rows, device, stop=lambda: clock() > until)
         eval_gen, _ = self_generate(hf, eval_ids, seg, gen, rows, device)
         log(f"selfgen: {n_gen} of {len(train_ids)} rows hold the target's greedy continuations "

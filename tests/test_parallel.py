@@ -84,8 +84,10 @@ def test_a_vocab_parallel_embedding_in_the_plan_stays_whole():
         shard_model(m2, TensorParallel(rank=0, world=2))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name,kv_heads_rank0", [("tiny-llama", 1), ("tiny-qwen3", 1), ("tiny-llama-kv3", 2)])
+# "slow" leaves the transformers-5.17 pass of scripts/test.sh, which keeps one two-rank run (the uneven split)
+@pytest.mark.parametrize("name,kv_heads_rank0", [pytest.param("tiny-llama", 1, marks=pytest.mark.slow),
+                                                 pytest.param("tiny-qwen3", 1, marks=pytest.mark.slow),
+                                                 ("tiny-llama-kv3", 2)])
 def test_two_ranks_equal_one_process_tiny(tmp_path, name, kv_heads_rank0):
     """Llama and Qwen3 (q/k norms replicated); 3 KV heads split unevenly (2 + 1)."""
     from tp_worker import build, run
