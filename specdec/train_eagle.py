@@ -75,8 +75,8 @@ RECIPES = {
 def self_generate(hf, ids: torch.Tensor, seg: int, gen: int, batch: int, device, stop=lambda: False):
     """Rows of the same length as ``ids (R, T)`` cut in segments of ``seg`` tokens (``T`` and ``gen`` scaled to it
     when the rows are shorter): the row's own text, then ``gen`` tokens of the target's **greedy continuation** of everything before them — what the draft sees when
-    it runs: a document, then the target's own output. Rows are done ``batch`` at a time until ``stop()``; the
-    rest are returned unchanged. Returns ``(rows, n_done)``."""
+    it runs: a document, then the target's own output. Rows are done ``batch`` at a time, the first batch always,
+    then until ``stop()``; the rest are returned unchanged. Returns ``(rows, n_done)``."""
     R, T = ids.shape
     if seg > T:
         seg, gen = T, max(1, gen * T // seg)
@@ -85,7 +85,7 @@ def self_generate(hf, ids: torch.Tensor, seg: int, gen: int, batch: int, device,
         raise SpecdecError(f"selfgen: segments of {seg} tokens with {gen} generated must tile the sequence length {T}.")
     out, done = ids.clone(), 0
     for s in range(0, R, batch):
-        if stop():
+        if s and stop():  # at least one batch
             break
         src = ids[s : s + batch].to(device)
         kv = [None] * len(hf.model.layers)  # per layer: K/V buffers of the whole row, filled as it runs
@@ -277,7 +277,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     def collect(ids, share):
         data = []
         for s in range(0, len(ids), batch):
-            if clock() - c0 > share * budget:
+            if s and clock() - c0 > share * budget:  # at least one batch: a tight budget still trains on something
                 break
             x = ids[s : s + batch]
             x = x.to(device)
@@ -288,9 +288,6 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     eval_gen_data = collect(eval_gen, 1.0) if n_gen else []
     train_data = collect(train_ids, collect_share)
     n_train = sum(x[0].numel() for x in train_data)
-    if not train_data:
-        raise SpecdecError(f"no training tokens were collected within the budget ({budget / 60:.1f} min, "
-                           f"{collect_share:.0%} for collection); give more minutes or a larger collection share.")
     t_collect = clock() - c0
     log(f"recipe {recipe} ({rc}): collected target features on {n_train} training / "
         f"{sum(x[0].numel() for x in eval_data)} held-out tokens in {t_collect:.0f} s "

@@ -198,8 +198,8 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
                  steps=2, recipe="v4", log=lambda s: None)  # the full-vocabulary KL (the GPU's default) and v4 run too
     assert full["recipe_settings"]["teacher"] == "full" and len(full["heldout_top1"]) == 2
     assert full["tokens"] > 0 and full["selfgen_rows"] > 0 and "heldout_selfgen_top1" in full["history"][-1]
-    with pytest.raises(SpecdecError, match="no training tokens were collected"):
-        train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.05, collect_share=0.0, log=lambda s: None)
+    none = train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.05, collect_share=0.0, log=lambda s: None)
+    assert none["tokens"] == 4 * 32  # no collection budget: still one batch, not a head trained on nothing
     EagleDrafter(SpecdecModel.from_pretrained(str(d)), out)
     r = CliRunner().invoke(app, ["train-draft", "--kind", "medusa"])
     assert r.exit_code == 2 and "--kind must be eagle or skip" in r.output
@@ -328,6 +328,6 @@ def test_self_generated_rows_continue_greedily(target):
             ref = dense.generate([out[r, : c * 16 + 11].tolist()], 5).tokens[0]
             assert out[r, c * 16 + 11 : (c + 1) * 16].tolist() == ref, (r, c)
     rows, n = self_generate(target.hf, ids, 16, 5, 2, "cpu", stop=lambda: True)
-    assert n == 0 and torch.equal(rows, ids)
+    assert n == 2 and torch.equal(rows[:2], out[:2]) and torch.equal(rows[2:], ids[2:])  # the first batch, then stop
     with pytest.raises(SpecdecError, match="tile the sequence length 48"):
         self_generate(target.hf, ids, 20, 5, 2, "cpu")
