@@ -74,9 +74,10 @@ RECIPES = {
 @torch.no_grad()
 def self_generate(hf, ids: torch.Tensor, seg: int, gen: int, batch: int, device, stop=lambda: False):
     """Rows of the same length as ``ids (R, T)`` cut in segments of ``seg`` tokens (``T`` and ``gen`` scaled to it
-    when the rows are shorter): the row's own text, then ``gen`` tokens of the target's **greedy continuation** of everything before them — what the draft sees when
-    it runs: a document, then the target's own output. Rows are done ``batch`` at a time, the first batch always,
-    then until ``stop()``; the rest are returned unchanged. Returns ``(rows, n_done)``."""
+    when the rows are shorter): the row's own text, then ``gen`` tokens of the target's **greedy continuation** of
+    everything before them — what the draft sees when it runs: a document, then the target's own output. Rows are
+    done ``batch`` at a time, the first batch always, then until ``stop()``; the rest are returned unchanged.
+    Returns ``(rows, n_done)``."""
     R, T = ids.shape
     if seg > T:
         seg, gen = T, max(1, gen * T // seg)
@@ -123,7 +124,8 @@ def _cached_step(hf, x, kv, t: int, T: int = 2048):
             kv[i] = tuple(k.new_empty(k.shape[0], k.shape[1], max(T, t + n), k.shape[3]) for _ in range(2))
         kv[i][0][:, :, t : t + n] = k
         kv[i][1][:, :, t : t + n] = v
-        K, V = kv[i][0][:, :, : t + n], kv[i][1][:, :, : t + n]  # query i (position t+i) sees keys 0..t+i (SDPA's is_causal aligns top-left)
+        K, V = kv[i][0][:, :, : t + n], kv[i][1][:, :, : t + n]
+        # query i (position t+i) sees keys 0..t+i (SDPA's is_causal would align the mask top-left: wrong after a past)
         mask = torch.arange(t + n, device=x.device).view(1, -1) <= torch.arange(t, t + n, device=x.device).view(-1, 1)
         att = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)
         h = _finish(layer, h, att)
