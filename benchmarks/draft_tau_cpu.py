@@ -92,26 +92,19 @@ def main() -> None:
         paths[kind] = p
     # built before the prefill: an EAGLE drafter makes the target record the prompt's hidden states
     base = {k: (EagleDrafter(m, p) if k == "eagle" else SkipLayerDrafter(m, p)) for k, p in paths.items()}
+    heads = [(k, k, d) for k, d in base.items()] + [(label, "eagle", EagleDrafter(m, p)) for label, p in more_heads]
     drafters = {}
-    for k in a.drafters.split(","):
-        if not k.endswith("+lookup"):
-            drafters[k] = base[k]
-            continue
-        for lk in looks:
-            extra = "" if lk[3:] == ("replace", None, True, 1, False) else (
-                f",{lk[3]},v{lk[4]},p{int(lk[5])},k{lk[6]}" + (",h" if lk[7] else ""))
-            label = k if len(looks) == 1 else f"{k}({lk[0]}-{lk[1]},t{lk[2]}{extra})"
-            drafters[label] = LookupDrafter(base[k.split("+")[0]], *lk[:3], policy=lk[3], veto=lk[4], periodic=lk[5],
-                                            candidates=lk[6], by_head=lk[7])
-    for label, path in more_heads:
-        head = EagleDrafter(m, path)
+    for name, kind, head in heads:  # (row label, draft kind, drafter)
         for k in a.drafters.split(","):
-            if k == "eagle":
-                drafters[label] = head
-            elif k == "eagle+lookup":
+            if k == kind:
+                drafters[name] = head
+            elif k == kind + "+lookup":
                 for lk in looks:
-                    drafters[f"{label}+lookup" + ("" if len(looks) == 1 else str(lk))] = LookupDrafter(
-                        head, *lk[:3], policy=lk[3], veto=lk[4], periodic=lk[5], candidates=lk[6], by_head=lk[7])
+                    extra = "" if lk[3:] == ("replace", None, True, 1, False) else (
+                        f",{lk[3]},v{lk[4]},p{int(lk[5])},k{lk[6]}" + (",h" if lk[7] else ""))
+                    label = f"{name}+lookup" + ("" if len(looks) == 1 else f"({lk[0]}-{lk[1]},t{lk[2]}{extra})")
+                    drafters[label] = LookupDrafter(head, *lk[:3], policy=lk[3], veto=lk[4], periodic=lk[5],
+                                                    candidates=lk[6], by_head=lk[7])
     if a.early_exit:
         drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)

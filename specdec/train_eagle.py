@@ -115,9 +115,11 @@ def _cached_step(hf, x, kv, t: int, T: int = 2048):
     of ``T`` positions, made on first use); the last position's logits."""
     m = hf.model
     h = m.embed_tokens(x)
-    pos = torch.arange(t, t + x.shape[1], device=x.device).view(1, -1).expand(x.shape[0], -1)
-    cos, sin = m.rotary_emb(h, pos)
     n = x.shape[1]
+    pos = torch.arange(t, t + n, device=x.device).view(1, -1).expand(x.shape[0], -1)
+    cos, sin = m.rotary_emb(h, pos)
+    # query i (position t+i) sees keys 0..t+i (SDPA's is_causal would align the mask top-left: wrong after a past)
+    mask = torch.arange(t + n, device=x.device).view(1, -1) <= torch.arange(t, t + n, device=x.device).view(-1, 1)
     for i, layer in enumerate(m.layers):
         q, k, v = _qkv(layer, h, cos, sin)
         if kv[i] is None:
@@ -125,8 +127,6 @@ def _cached_step(hf, x, kv, t: int, T: int = 2048):
         kv[i][0][:, :, t : t + n] = k
         kv[i][1][:, :, t : t + n] = v
         K, V = kv[i][0][:, :, : t + n], kv[i][1][:, :, : t + n]
-        # query i (position t+i) sees keys 0..t+i (SDPA's is_causal would align the mask top-left: wrong after a past)
-        mask = torch.arange(t + n, device=x.device).view(1, -1) <= torch.arange(t, t + n, device=x.device).view(-1, 1)
         att = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)
         h = _finish(layer, h, att)
     return hf.lm_head(m.norm(h[:, -1]))
