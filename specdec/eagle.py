@@ -77,16 +77,37 @@ def _plain_copy(layer: nn.Module) -> nn.Module:
     return out
 
 
+def feature_norm(h: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """A decoder layer's output scaled to unit root-mean-square over the width (no weight): how a fused-feature
+    head (:class:`EagleHead` ``feature_layers``) sees the target's intermediate layers, in training and drafting."""
+    return (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+
+
+def default_feature_layers(n_layers: int) -> list[int]:
+    """EAGLE-3's low and middle layers for an ``n_layers`` target (the final normed hidden is the high one)."""
+    return sorted({min(2, n_layers - 1), n_layers // 2})
+
+
 class EagleHead(nn.Module):
     """``fc`` (2d → d, with bias) + one decoder layer shaped like the target's layers.
+
+    With ``feature_layers`` (EAGLE-3's fused features), a target feature is the final normed hidden ``f`` followed
+    by the outputs of those decoder layers (each :func:`feature_norm`'d), ``(…, (1 + n) d)``, and the head reads
+    ``f + proj([h_a; h_b; …])`` (``proj`` without bias, zero at initialisation: a new head starts as the plain
+    one); the head's own predictions (draft steps ``>= 2``) are ``d`` wide and used as they are.
 
     Args:
         target_layer: a decoder layer of the target (copied: class, config and initial weights).
         hidden: model width ``d``.
+        feature_layers: the target's decoder layers fused into its feature (``None``: the final hidden only).
     """
 
-    def __init__(self, target_layer: nn.Module, hidden: int) -> None:
+    def __init__(self, target_layer: nn.Module, hidden: int, feature_layers: list[int] | None = None) -> None:
         super().__init__()
+        self.hidden = hidden
+        self.feature_layers = [int(i) for i in feature_layers or []]
+        self.proj = (nn.Linear(len(self.feature_layers) * hidden, hidden, bias=False)
+                     if self.feature_layers else None)
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layer = _plain_copy(target_layer)
         self.layer.requires_grad_(True)
@@ -95,10 +116,26 @@ class EagleHead(nn.Module):
             self.fc.weight[:, hidden:].copy_(torch.eye(hidden))
             nn.init.normal_(self.fc.weight[:, :hidden], std=0.02)
             self.fc.bias.zero_()
+            if self.proj is not None:
+                self.proj.weight.zero_()
+
+    @property
+    def feature_width(self) -> int:
+        """The width of a target feature this head reads: ``d``, or ``(1 + n) d`` with ``n`` fused layers."""
+        return self.hidden * (1 + len(self.feature_layers))
+
+    def fuse(self, feat: torch.Tensor) -> torch.Tensor:
+        """A target feature ``(…, feature_width)`` → ``(…, d)`` (the identity for a plain head); a ``d``-wide
+        input (the head's own prediction) is returned as it is."""
+        if self.proj is None or feat.shape[-1] == self.hidden:
+            return feat
+        f = feat[..., : self.hidden]
+        return f + self.proj(feat[..., self.hidden :].to(self.proj.weight.dtype)).to(f.dtype)
 
     def inputs(self, emb: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
-        """``fc([embed(t_{p+1}); f_p])``: ``(B, T, d)`` each → ``(B, T, d)``."""
-        return self.fc(torch.cat([emb, feat.to(emb.dtype)], dim=-1))
+        """``fc([embed(t_{p+1}); fuse(f_p)])``: ``(B, T, d)`` and a target feature or a ``d``-wide prediction →
+        ``(B, T, d)``."""
+        return self.fc(torch.cat([emb, self.fuse(feat).to(emb.dtype)], dim=-1))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -148,7 +185,12 @@ def build_head(model, path: str | Path) -> tuple[dict, EagleHead]:
         raise SpecdecError(f"draft artifact {path} was trained for {_describe(meta['target'])}, not this target "
                            f"({_describe(ident)}); train one with `specdec train-draft --kind eagle`.")
     layers = getattr(model.hf, model.hf.base_model_prefix).layers
-    head = EagleHead(layers[int(meta["layer_from"])], model.hf.config.hidden_size)
+    fl = meta.get("feature_layers") or None
+    if fl is not None and (not isinstance(fl, list) or any(not isinstance(i, int) or not 0 <= i < len(layers)
+                                                            for i in fl)):
+        raise SpecdecError(f"{path}: feature_layers {fl!r} is not a list of this target's {len(layers)} layers; "
+                           "retrain it with `specdec train-draft --kind eagle`.")
+    head = EagleHead(layers[int(meta["layer_from"])], model.hf.config.hidden_size, fl)
     head.load_state_dict({k: v.float() for k, v in tensors.items()})
     return meta, head.to(device=model.device, dtype=model.dtype).eval().requires_grad_(False)
 
@@ -263,6 +305,9 @@ class EagleDrafter(Drafter):
         self.lookahead: torch.Tensor | None = None  # (B, capacity) float32, one buffer per cache shape
         self.embed, self.norm, self.lm_head = head_components(target)
         target.keep_hidden = True  # the verify passes record what the head needs
+        # and the layers a fused-feature head reads: the model records the union of what its drafters read (several
+        # drafters may share one target), each drafter takes its own columns (:meth:`_own`)
+        target.hidden_layers = tuple(sorted(set(getattr(target, "hidden_layers", ())) | set(head.feature_layers)))
         self.k_cache = self.v_cache = None  # (B, H_kv, C, D), one buffer per cache shape (kept across generations)
         self._feat_last = None  # (B, d) true feature at the last verified position
         self._drafted_len = None  # (B,) verified length when the last draft started
@@ -280,6 +325,25 @@ class EagleDrafter(Drafter):
     @property
     def n_layers(self) -> int:
         return 1
+
+    def _recorded_width(self) -> int:
+        return self.head.hidden * (1 + len(getattr(self.target, "hidden_layers", ())))
+
+    def _own(self, h: torch.Tensor) -> torch.Tensor:
+        """This head's feature columns of ``h (…, (1 + n) d)``, recorded with the target's current
+        :attr:`~specdec.models.SpecdecModel.hidden_layers` (the union of its drafters' layers): the final hidden, then
+        the head's own layers in its order (``h`` itself when they are all of them, a view for a plain head)."""
+        d, have = self.head.hidden, tuple(getattr(self.target, "hidden_layers", ()))
+        want = tuple(self.head.feature_layers)
+        if h.shape[-1] != d * (1 + len(have)):
+            raise SpecdecError(f"the target recorded hidden states {h.shape[-1]} wide; the EAGLE drafter expected "
+                               f"{d * (1 + len(have))} (layers {list(have)}): was model.hidden_layers changed by hand?")
+        if want == have:
+            return h
+        if not want:
+            return h[..., :d]
+        blocks = [0] + [1 + have.index(i) for i in want]
+        return torch.cat([h[..., b * d : (b + 1) * d] for b in blocks], dim=-1)
 
     def set_heads(self, heads: dict[int, list[int]] | None) -> None:
         for layer, hs in (heads or {}).items():
@@ -349,7 +413,8 @@ class EagleDrafter(Drafter):
         """The first draft forward, which also rewrites the verified positions with the target's true features.
 
         Args:
-            feat_last: ``(B, d)`` true feature at position ``L_old - 1`` (the last draft's start).
+            feat_last: ``(B, d)`` true feature at position ``L_old - 1`` (the last draft's start); ``d`` here is
+                the head's :attr:`~EagleHead.feature_width` (wider for a fused-feature head).
             hidden: ``(B, R, d)`` the target's features ``f_{L_old} .. f_{L_old+R-1}`` of the last verify rows.
             rows: ``(B, R)`` those rows' tokens (the pending token and the drafts).
             drafted_len: ``(B,)`` ``L_old``; ``lengths``: ``(B,)`` ``L`` now (``a = L - L_old - 1`` drafts
@@ -377,7 +442,7 @@ class EagleDrafter(Drafter):
         toks = toks.scatter(1, qn.view(B, 1), pending.view(B, 1))
         pos = (lengths - 1 - qn).view(B, 1) + torch.arange(R + 1, device=rows.device)
         pred = self._run(feats, toks, pos.clamp(0, C - 1))  # (B, R+1, d)
-        return pred.gather(1, qn.view(B, 1, 1).expand(B, 1, d))[:, 0], new_last
+        return pred.gather(1, qn.view(B, 1, 1).expand(B, 1, pred.shape[-1]))[:, 0], new_last
 
     def _step(self, pred: torch.Tensor, tok: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         """Draft steps ``2..γ``: the head fed its own feature ``pred (B, d)`` and token ``tok (B,)`` at
@@ -491,6 +556,9 @@ class EagleDrafter(Drafter):
         self._buffers(B, C, dev)
         self._flags = None
         hidden = getattr(state, "prompt_hidden", None)
+        if hidden is not None:
+            # recorded before this drafter widened what the model records (a Prefilled made earlier): rerun
+            hidden = self._own(hidden) if hidden.shape[-1] == self._recorded_width() else None
         lens = [len(t) - 1 for t in state.tokens]  # verified prompt length (the pending token is emitted)
         feats, memo = [], {}
         for b in range(B):
@@ -538,7 +606,7 @@ class EagleDrafter(Drafter):
         for s in range(0, len(ids), 1024):
             x = torch.tensor([ids[s : s + 1024]], device=m.device)
             m.forward(x, cache, torch.tensor([s], device=m.device), logits_to_keep=1)
-            out.append(m.last_hidden[0])
+            out.append(self._own(m.last_hidden)[0])
         return torch.cat(out)
 
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -596,6 +664,8 @@ class EagleDrafter(Drafter):
             flags, self._flags = self._flags, None
             raise_nonfinite(flags, "drafter")
         hidden = self.target.last_hidden  # (B, γ+1, d): f_L .. f_{L+γ} of the verify rows
+        if hidden is not None:
+            hidden = self._own(hidden)
         if hidden is None or hidden.shape[:2] != self._rows.shape:
             raise SpecdecError("the target recorded no hidden states for the verify rows; the EAGLE drafter needs "
                                "model.keep_hidden (set when the drafter is built) and one target pass per verification.")

@@ -77,6 +77,7 @@ class Step:
     logits_to_keep: int
     backend: tuple  # the backend's kind and options
     hidden: bool = False  # the final hidden states are recorded too (``model.keep_hidden``, EAGLE drafters)
+    hidden_layers: tuple = ()  # and these decoder layers' outputs (``model.hidden_layers``, fused features)
 
 
 def plan_description(plan: SparsePlan | None) -> tuple | None:
@@ -106,7 +107,8 @@ def describe_step(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePl
     return Step(rows=int(input_ids.shape[1]), batch=int(input_ids.shape[0]), cache=memory,
                 plan=plan_description(plan), scores=tuple(_score_key(r) for r in scores),
                 logits_to_keep=int(logits_to_keep), backend=backend_description(model.backend),
-                hidden=bool(getattr(model, "keep_hidden", False)))
+                hidden=bool(getattr(model, "keep_hidden", False)),
+                hidden_layers=tuple(getattr(model, "hidden_layers", ())) if getattr(model, "keep_hidden", False) else ())
 
 
 def _ring_memory(cache: KVCache) -> tuple | None:

@@ -456,8 +456,12 @@ class SpecdecModel:
         self.keep_hidden = False
         #: ``(B, T, d)`` the last forward's final normed hidden states (all rows), when :attr:`keep_hidden`
         self.last_hidden: torch.Tensor | None = None
-        self._hidden_hook = None  # (norm module, hook handle)
+        #: decoder layers whose outputs are recorded too (EAGLE-3-style fused features, :attr:`last_hidden`
+        #: then ``(B, T, (1 + n) d)``: the final normed hidden, then each layer's output RMS-normalized without a weight)
+        self.hidden_layers: tuple[int, ...] = ()
+        self._hidden_hook = None  # (norm module, hook handle, layer hook handles, hidden_layers)
         self._hidden_on = False
+        self._layer_out: dict[int, torch.Tensor] = {}
         self.attach()
         if fuse:
             self.fuse_projections()
@@ -688,25 +692,48 @@ class SpecdecModel:
         finally:
             _CONTEXT.reset(token)
             self._hidden_on = False
+            if getattr(self, "_layer_out", None):  # (a truncated view has none)
+                self._layer_out.clear()
         return out.logits.float()
 
     def _hook_final_norm(self) -> None:
-        """A forward hook on the final norm storing its output in :attr:`last_hidden` while this model's
-        own forward runs (views sharing the norm leave it alone); re-registered if the norm was replaced."""
-        norm = getattr(getattr(self.hf, self.hf.base_model_prefix), "norm", None)
+        """Forward hooks on the final norm (and the decoder layers of :attr:`hidden_layers`) storing their output in
+        :attr:`last_hidden` while this model's own forward runs (views sharing the norm leave it alone);
+        re-registered if the norm or the layers asked for changed."""
+        base = getattr(self.hf, self.hf.base_model_prefix)
+        norm = getattr(base, "norm", None)
         if norm is None:
             raise SpecdecError(f"{type(self.hf).__name__} has no final norm at {self.hf.base_model_prefix}.norm; "
                                "an EAGLE draft cannot read its hidden states (use another draft).")
-        if self._hidden_hook is not None and self._hidden_hook[0] is norm:
+        want = tuple(int(i) for i in self.hidden_layers)
+        if self._hidden_hook is not None and self._hidden_hook[0] is norm and self._hidden_hook[3] == want:
             return
         if self._hidden_hook is not None:
-            self._hidden_hook[1].remove()
+            for h in [self._hidden_hook[1], *self._hidden_hook[2]]:
+                h.remove()
+        layers = list(getattr(base, "layers", []))
+        bad = [i for i in want if not 0 <= i < len(layers)]
+        if bad:
+            raise SpecdecError(f"hidden_layers {list(want)} name layers outside the model's {len(layers)}; the EAGLE "
+                               "draft was trained for another target.")
 
         def record(module, args, output, model=self):
             if model._hidden_on:
+                if want:
+                    from specdec.eagle import feature_norm
+
+                    output = torch.cat([output] + [feature_norm(model._layer_out[i]) for i in want], dim=-1)
                 model.last_hidden = output
 
-        self._hidden_hook = (norm, norm.register_forward_hook(record))
+        def keep_layer(i):
+            def hook(module, args, output, model=self):
+                if model._hidden_on:
+                    model._layer_out[i] = output[0] if isinstance(output, tuple) else output
+            hook.__name__ = "specdec_feature_layer_hook"
+            return hook
+
+        self._hidden_hook = (norm, norm.register_forward_hook(record),
+                             [layers[i].register_forward_hook(keep_layer(i)) for i in want], want)
 
     def enable_cuda_graphs(self, plan_bucket: int = 128, max_graphs: int = 32) -> None:
         """Capture every forward shape as a CUDA graph and replay it (see :mod:`specdec.graphs`).

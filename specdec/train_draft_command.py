@@ -35,7 +35,9 @@ def register(app) -> None:
         minutes: Optional[float] = typer.Option(None, help="CPU-time budget of this process (one thread), collection "
                                                 "included (default 8 for eagle, 4 for skip)"),
         full_vocab: float = typer.Option(0.0, "--full-vocab", help="weight of the full-vocabulary CE on the target's argmax"),
-        init: Optional[Path] = typer.Option(None, "--init", help="warm start from an artifact of the same k/t/rank"),
+        init: Optional[Path] = typer.Option(None, "--init", help="warm start: skip, from an artifact of the same "
+                                            "k/t/rank; eagle, from an EAGLE head of this target ('shipped': the "
+                                            "packaged one)"),
         seed: int = typer.Option(0, help="seed of the adapter's initialisation and the batch order"),
         device: str = typer.Option("cpu", help="eagle only: cpu (--minutes of CPU time) or cuda (--minutes of wall time)"),
         batch: int = typer.Option(4, help="eagle only: sequences per optimizer step (--seq tokens each)"),
@@ -43,7 +45,8 @@ def register(app) -> None:
                                    "cosine schedule; on a GPU 2048-token sequences and the full-vocabulary KL; "
                                    "v3: v2 with the texts packed into one stream, so texts shorter than a sequence "
                                    "count; v4: v3 with every 512 tokens ending in 64 of the target's own greedy "
-                                   "continuation; v1: the first shipped head's)"),
+                                   "continuation; v5: v3 with EAGLE-3's fused features (a low and a middle layer "
+                                   "besides the last); v1: the first shipped head's)"),
         seq: Optional[int] = typer.Option(None, help="eagle only: tokens per training sequence (default: the recipe's; "
                                           "v2: 2048 on a GPU, 256 on the CPU)"),
     ) -> None:
@@ -65,9 +68,8 @@ def register(app) -> None:
         if kind == "eagle":
             from specdec.train_eagle import train as train_eagle
 
-            for name, given in (("--init", init is not None), ("--full-vocab", full_vocab != 0.0)):
-                if given:
-                    raise SpecdecError(f"{name} is for --kind skip; leave it out for an EAGLE head.")
+            if full_vocab != 0.0:
+                raise SpecdecError("--full-vocab is for --kind skip; leave it out for an EAGLE head.")
             if batch < 1:
                 raise SpecdecError(f"--batch must be >= 1 (got {batch}).")
             if seq is not None and seq < 2:
@@ -79,7 +81,7 @@ def register(app) -> None:
             from specdec.loading import resolve_device
 
             res = train_eagle(model, tokens=tokens, minutes=minutes, out=out, seed=seed, device=str(resolve_device(device)),
-                              batch=batch, recipe=recipe, seq=seq, log=lambda s: typer.echo(s, err=True))
+                              batch=batch, recipe=recipe, seq=seq, init=init, log=lambda s: typer.echo(s, err=True))
             typer.echo(json.dumps({k_: v for k_, v in res.items() if k_ != "target"}, indent=1))
             return
         for name, given in (("--recipe", recipe != "v2"), ("--seq", seq is not None)):

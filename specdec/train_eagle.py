@@ -41,23 +41,30 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec.eagle import EagleHead, _finish, _qkv, save_eagle
+from specdec.eagle import EagleHead, _finish, _qkv, default_feature_layers, feature_norm, save_eagle
 from specdec.errors import SpecdecError
 from specdec.train_draft import HELD_OUT_MODULES, _chunks, _draft_layer, _target_layer, check_trainable, held_out_texts, training_texts
 
 
 @torch.no_grad()
-def features(hf, ids: torch.Tensor, C: int, half: bool = True):
+def features(hf, ids: torch.Tensor, C: int, half: bool = True, layers: list[int] | None = None):
     """Target pass over ``ids (B, T)``: normed final hidden ``f (B, T, d)`` and top-``C`` logits (values, ids),
-    stored in float16 unless ``half`` is false."""
+    stored in float16 unless ``half`` is false. With ``layers`` (a fused-feature head), ``f`` is followed by those
+    decoder layers' outputs, :func:`~specdec.eagle.feature_norm`'d: ``(B, T, (1 + n) d)``, what the engine records
+    for such a head (:attr:`specdec.models.SpecdecModel.hidden_layers`)."""
     m = hf.model
     pos = torch.arange(ids.shape[1], device=ids.device).view(1, -1).expand(ids.shape[0], -1)
     x = m.embed_tokens(ids)
     cos, sin = m.rotary_emb(x, pos)
-    for layer in m.layers:
+    kept = {}
+    for i, layer in enumerate(m.layers):
         x, _, _ = _target_layer(layer, x, cos, sin)
+        if layers and i in layers:
+            kept[i] = feature_norm(x)
     f = m.norm(x)
     top, idx = hf.lm_head(f).float().topk(C, dim=-1)
+    if layers:
+        f = torch.cat([f] + [kept[i] for i in layers], dim=-1)
     return (f.half(), top.half(), idx.int()) if half else (f, top, idx)
 
 
@@ -68,6 +75,8 @@ RECIPES = {
     "v3": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0, pack=True),
     "v4": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0, pack=True,
                selfgen=(512, 64)),
+    "v5": dict(seq=None, steps=3, exact=True, teacher=None, schedule="cosine", wide=True, reg_weight=1.0, pack=True,
+               fused=True),
 }
 
 
@@ -153,7 +162,7 @@ def head_forward(hf, head: EagleHead, ids, f, steps: int = 1, exact: bool = True
     emb = m.embed_tokens(ids[:, 1:])  # (B, T-1, d): token t_{i+1} for row i
     pos = torch.arange(T - 1, device=ids.device).view(1, -1).expand(B, -1)
     cos, sin = m.rotary_emb(emb, pos)
-    f = f.float()
+    f = head.fuse(f.float())  # (B, T, d): a fused-feature head's reading of the target's features
     x = head.inputs(emb, f[:, :-1])
     q, k1, v1 = _qkv(head.layer, x, cos, sin)
     att = nn.functional.scaled_dot_product_attention(q, k1, v1, is_causal=True, enable_gqa=True)
@@ -181,7 +190,7 @@ def loss_terms(hf, pred, f, top, idx, kl_weight: float, full_rows: int = 32, reg
     """Smooth-L1 to ``f_{i+1}`` + ``kl_weight`` · KL(teacher top-C ‖ draft) + the full-vocabulary cross-entropy
     to the teacher's argmax on ``full_rows`` random rows (the candidates' KL leaves the other tokens free),
     and the top-1 agreement within the candidates."""
-    tgt = f[:, 1:].float()
+    tgt = f[:, 1:, : pred.shape[-1]].float()  # the final hidden (a fused feature's first d)
     reg = nn.functional.smooth_l1_loss(pred, tgt)
     flat = pred.flatten(0, 1)
     pick = torch.randperm(flat.shape[0], device=flat.device)[:full_rows]
@@ -220,13 +229,15 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
           batch: int = 4, candidates: int = 64, minutes: float = 8.0, collect_share: float = 0.4, lr: float = 1e-3,
           steps: int | None = None, kl_weight: float = 1.0, out: str | Path | None = None, seed: int = 0, log=print,
           device: str = "cpu", recipe: str = "v2", teacher: str | None = None,
-          selfgen: tuple[int, int] | None = None) -> dict:
+          selfgen: tuple[int, int] | None = None, init: str | Path | None = None) -> dict:
     """Collect the target's features on ``tokens`` training tokens (at most ``collect_share`` of the budget),
     then train the head until ``minutes`` have passed: this process's CPU time on the CPU (one thread: the
     wall time of an idle core, however busy the machine is), wall time on a GPU (``device="cuda"``).
     ``recipe``: :data:`RECIPES` (``seq`` / ``steps`` / ``teacher`` given here override it; ``teacher``:
     ``"top"``, the KL over the target's stored top-``candidates`` logits, or ``"full"``; ``selfgen``: ``(segment,
-    generated)`` tokens of :func:`self_generate`, overriding the recipe's).
+    generated)`` tokens of :func:`self_generate`, overriding the recipe's). ``init``: an EAGLE artifact for this
+    target (``"shipped"``: the packaged one) whose weights start the head (a fused-feature head's ``proj`` starts at
+    zero when the artifact has none: the training starts from that head's drafts exactly).
     Writes ``out`` (after every epoch too, so a stopped run leaves a usable head)."""
     if recipe not in RECIPES:
         raise SpecdecError(f"unknown EAGLE training recipe {recipe!r}; known: {', '.join(RECIPES)}.")
@@ -247,13 +258,13 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
         torch.backends.cuda.matmul.allow_tf32 = True
     try:
         return _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_weight, out, log, device,
-                      recipe, rc, clock, t0, c0, budget=minutes * 60)
+                      recipe, rc, clock, t0, c0, budget=minutes * 60, init=init)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_weight, out, log, device, recipe, rc,
-           clock, t0, c0, budget) -> dict:
+           clock, t0, c0, budget, init=None) -> dict:
     from specdec.models import SpecdecModel
 
     seq, steps, exact = rc["seq"], rc["steps"], rc["exact"]
@@ -263,6 +274,10 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     hf, tok = sm.hf, sm.tokenizer
     check_trainable(sm, model)
     hf.requires_grad_(False)
+    n_layers = len(hf.model.layers)
+    fl = default_feature_layers(n_layers) if rc.get("fused") else None
+    rc["feature_layers"] = fl
+    start = _init_weights(sm, init, fl) if init is not None else None  # checked before the collection's minutes
     train_ids = _chunks(tok, training_texts(tokens * 6, wide=rc["wide"]), seq, tokens, pack=rc.get("pack", False))
     eval_ids = _chunks(tok, held_out_texts(), seq, max(eval_tokens, seq))
     n_gen = 0
@@ -283,7 +298,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
                 break
             x = ids[s : s + batch]
             x = x.to(device)
-            data.append((x, *features(hf, x, candidates)))
+            data.append((x, *features(hf, x, candidates, layers=fl)))
         return data
 
     eval_data = collect(eval_ids, 1.0)
@@ -294,8 +309,13 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     log(f"recipe {recipe} ({rc}): collected target features on {n_train} training / "
         f"{sum(x[0].numel() for x in eval_data)} held-out tokens in {t_collect:.0f} s "
         f"({time.perf_counter() - t0:.0f} s wall)")
-    layer_from = len(hf.model.layers) - 1
-    head = EagleHead(hf.model.layers[layer_from], hf.config.hidden_size).to(device)
+    layer_from = n_layers - 1
+    head = EagleHead(hf.model.layers[layer_from], hf.config.hidden_size, fl).to(device)
+    if start is not None:
+        res = head.load_state_dict(start, strict=False)
+        if res.unexpected_keys or set(res.missing_keys) - {"proj.weight"}:
+            raise SpecdecError(f"init={str(init)!r} does not fit this head (missing {res.missing_keys}, unexpected "
+                               f"{res.unexpected_keys}); pass an EAGLE head of this target.")
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
     left = budget - (clock() - c0)
     history, step, epoch = [], 0, 0
@@ -321,7 +341,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
             preds = head_forward(hf, head, ids, f, steps, exact)
             if rc["teacher"] == "full":
                 with torch.no_grad():
-                    tgt = f[:, 1:].float()
+                    tgt = f[:, 1:, : hf.config.hidden_size].float()  # the final hidden (a fused feature's first d)
                     p_t = torch.softmax(hf.lm_head(tgt).float(), -1)
                 losses = [loss_full(hf, p, p_t, idx[:, 1:, 0].long(), tgt, rc["reg_weight"]) for p in preds]
                 del p_t
@@ -361,11 +381,36 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     return dict(meta, history=history, collect_cpu_seconds=round(t_collect, 1), selfgen_rows=n_gen)
 
 
+def _init_weights(sm, init, fl) -> dict:
+    """The weights of the EAGLE artifact ``init`` (``"shipped"``: the packaged one) for a head with fused layers ``fl``:
+    the target must be ``sm``'s and the artifact's fused layers ``fl`` or none (then ``proj`` keeps its zeros)."""
+    from specdec.artifacts import _describe, model_identity, read_draft_artifact
+    from specdec.train_draft import shipped_draft
+
+    path = shipped_draft(sm, "eagle") if str(init) == "shipped" else Path(init)
+    if path is None:
+        raise SpecdecError("no EAGLE head ships for this target; "
+                           "pass init=<path of an EAGLE artifact> or none.")
+    meta, tensors = read_draft_artifact(path, "specdec train-draft --kind eagle")
+    if not isinstance(meta, dict) or meta.get("kind") != "eagle":
+        raise SpecdecError(f"init={str(init)!r}: {path} is not an EAGLE head artifact; pass one written by "
+                           "`specdec train-draft --kind eagle`.")
+    if meta.get("target") != model_identity(sm):
+        raise SpecdecError(f"init={str(init)!r} was trained for {_describe(meta['target'])}, not this target; "
+                           "pass a head trained for it.")
+    have = meta.get("feature_layers") or None
+    if have is not None and have != fl:
+        raise SpecdecError(f"init={str(init)!r} fuses layers {have}, this recipe {fl}; start from a head with the "
+                           "same layers or none.")
+    return {k: v.float() for k, v in tensors.items()}
+
+
 def _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0, clock,
           device, recipe, rc) -> dict:
     from specdec.artifacts import model_identity
 
     return dict(target=model_identity(sm), model=model, layer_from=layer_from, tokens=int(n_train), seq=seq,
+                feature_layers=rc.get("feature_layers"),
                 recipe=recipe, recipe_settings=rc,
                 candidates=candidates, steps=steps, kl_weight=kl_weight, epochs=epoch, optimizer_steps=step,
                 heldout_top1=history[-1]["heldout_top1"] if history else None,

@@ -31,19 +31,39 @@ def artifact(target, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def fused_artifact(target, tmp_path_factory):
+    """A head reading EAGLE-3-style fused features (layers 0 and 1 of the 3 besides the final hidden), every weight
+    (``proj`` too) moved off its initial value."""
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleHead, save_eagle
+
+    torch.manual_seed(1)
+    head = EagleHead(target.hf.model.layers[-1], target.hf.config.hidden_size, [0, 1])
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("eagle") / "tiny-eagle-fused.safetensors"
+    save_eagle(path, head, dict(target=model_identity(target), layer_from=2, feature_layers=[0, 1]))
+    return path
+
+
 def _fp16_roundtrip_head(target, artifact):
     from specdec.eagle import build_head
 
     return build_head(target, artifact)[1]
 
 
-def test_engine_draft_equals_training_forward(target, artifact):
+@pytest.mark.parametrize("kind", ["plain", "fused"])
+def test_engine_draft_equals_training_forward(target, kind, request):
     """Draft steps 1, 2 and 3 of the engine equal rows L-1, L, L+1 of the training forward's unrolled steps
-    1, 2, 3 (recipe v2's exact training-time test; v1's approximation differs from step 3 on)."""
+    1, 2, 3 (recipe v2's exact training-time test; v1's approximation differs from step 3 on). ``fused``: a head
+    reading several target layers, whose features the engine records with hooks and the training computes itself."""
     from specdec.eagle import EagleDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.train_eagle import features, head_forward
 
+    artifact = request.getfixturevalue("artifact" if kind == "plain" else "fused_artifact")
     L = 17
     ids = torch.randint(0, 96, (1, L + 2), generator=torch.Generator().manual_seed(1))
     drafter = EagleDrafter(target, artifact)
@@ -60,7 +80,8 @@ def test_engine_draft_equals_training_forward(target, artifact):
         drafts, _ = drafter.draft(state, 3)
     assert len(seen) == 3
     full = torch.tensor([ids[0, :L].tolist() + [first, int(drafts[0, 0]), int(drafts[0, 1])]])
-    f, _, _ = features(target.hf, full, 4, half=False)
+    f, _, _ = features(target.hf, full, 4, half=False, layers=drafter.head.feature_layers)
+    assert f.shape[-1] == drafter.head.feature_width == target.hf.config.hidden_size * (3 if kind == "fused" else 1)
     with torch.no_grad():
         s1, s2, s3 = head_forward(target.hf, drafter.head, full, f, steps=3)
         v1 = head_forward(target.hf, drafter.head, full, f, steps=3, exact=False)
@@ -71,11 +92,13 @@ def test_engine_draft_equals_training_forward(target, artifact):
     assert torch.allclose(v1[1], s2, atol=1e-5) and not torch.allclose(v1[2][0, L + 1], s3[0, L + 1], atol=1e-3)
 
 
-def test_dense_verification_and_full_budget_dustin_equal_dense(target, artifact):
+@pytest.mark.parametrize("kind", ["plain", "fused"])
+def test_dense_verification_and_full_budget_dustin_equal_dense(target, kind, request):
     from specdec.eagle import EagleDrafter
     from specdec.engine import SpeculativeEngine
     from specdec.verifiers import FullVerifier
 
+    artifact = request.getfixturevalue("artifact" if kind == "plain" else "fused_artifact")
     prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
     dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
     want = dense.generate(prompts, 24).tokens
@@ -83,7 +106,7 @@ def test_dense_verification_and_full_budget_dustin_equal_dense(target, artifact)
     assert eng.generate(prompts, 24).tokens == want
     assert eng.generate(prompts[1:], 24).tokens == want[1:]  # a batch gives what each sequence gives alone
     pre = dense.prefill(prompts)  # made on a model that records hidden states: reused, no extra pass
-    assert pre.hidden is not None and pre.hidden.shape[:2] == (2, 37)
+    assert pre.hidden is not None and pre.hidden.shape == (2, 37, eng.drafter._recorded_width())
     assert eng.generate(prompts, 24, prefilled=pre).tokens == want
     cfg = PipelineConfig.make(method="dustin", gamma=3, budget=10_000, sinks=2, recent=4, options={"draft": str(artifact)})
     eng = build_engine(target, cfg, eos_token_id=-1)
@@ -113,6 +136,72 @@ def test_prompt_features_recomputed_without_recorded_hidden(target, artifact):
     assert a.stats.mean_accepted_length == b.stats.mean_accepted_length  # same drafts: same features
 
 
+def test_fused_head_started_from_a_plain_one_drafts_the_same(target, artifact, fused_artifact):
+    """A fused-feature head whose weights come from a plain head (``train(init=...)``: ``proj`` at zero) predicts
+    exactly what the plain head predicts, at every unrolled step; the artifact's layers are checked on load."""
+    from specdec.eagle import EagleHead, build_head
+    from specdec.train_eagle import _init_weights, features, head_forward
+
+    _, plain = build_head(target, artifact)
+    fused = EagleHead(target.hf.model.layers[-1], target.hf.config.hidden_size, [0, 1])
+    fused.load_state_dict(_init_weights(target, artifact, [0, 1]), strict=False)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    f, _, _ = features(target.hf, ids, 4, half=False)
+    F, _, _ = features(target.hf, ids, 4, half=False, layers=[0, 1])
+    assert torch.equal(F[..., : f.shape[-1]], f)
+    with torch.no_grad():
+        for a, b in zip(head_forward(target.hf, plain, ids, f, steps=3), head_forward(target.hf, fused, ids, F, steps=3)):
+            assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(SpecdecError, match="fuses layers"):
+        _init_weights(target, fused_artifact, [1])
+
+
+def test_plain_and_fused_heads_share_one_target(artifact, fused_artifact, tmp_path):
+    """Two EAGLE drafters on one model, one reading fused features: the model records the union of their layers and
+    each takes its own columns, so each drafts exactly as it does alone (same τ), a `Prefilled` made before the
+    fused head existed included."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.verifiers import FullVerifier
+
+    prompts = [list(range(3, 30)), [5, 9, 17, 33, 2, 8] * 5]
+
+    def run(model, d, **kw):  # tokens, τ and every draft logit row the head computed
+        seen, orig = [], type(d)._logits
+        d._logits = lambda f: seen.append(orig(d, f)) or seen[-1]
+        eng = SpeculativeEngine(model, d, FullVerifier(model), gamma=3, eos_token_id=-1, adaptive=False)
+        try:
+            r = eng.generate(prompts, 16, **kw)
+        finally:
+            del d._logits
+        return r.tokens, r.stats.mean_accepted_length, torch.cat(seen).round(decimals=4).tolist()
+
+    alone = {}
+    for name, art in (("plain", artifact), ("fused", fused_artifact)):
+        m = make_tiny("llama", seed=3, num_hidden_layers=3)
+        alone[name] = run(m, EagleDrafter(m, art))
+    shared = make_tiny("llama", seed=3, num_hidden_layers=3)
+    plain = EagleDrafter(shared, artifact)
+    pre = build_engine(shared, PipelineConfig.make(method="dense"), eos_token_id=-1).prefill(prompts)
+    fused = EagleDrafter(shared, fused_artifact)
+    assert shared.hidden_layers == (0, 1)
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleHead, save_eagle
+
+    third = EagleHead(shared.hf.model.layers[-1], shared.hf.config.hidden_size, [2])  # widens the union: (0, 1, 2)
+    save_eagle(tmp_path / "third.safetensors", third, dict(target=model_identity(shared), layer_from=2,
+                                                           feature_layers=[2]))
+    EagleDrafter(shared, tmp_path / "third.safetensors")
+    assert shared.hidden_layers == (0, 1, 2)
+    assert run(shared, plain) == alone["plain"] and run(shared, fused) == alone["fused"]
+    assert run(shared, fused, prefilled=pre) == alone["fused"]  # recorded before the layers were added: recomputed
+    pre = build_engine(shared, PipelineConfig.make(method="dense"), eos_token_id=-1).prefill(prompts)
+    assert pre.hidden.shape[-1] == 4 * shared.hf.config.hidden_size  # recorded with all three layers: used
+    assert run(shared, fused, prefilled=pre) == alone["fused"]
+    assert run(shared, plain, prefilled=pre) == alone["plain"]
+    assert alone["plain"][0] == alone["fused"][0]  # dense verification: both emit dense greedy's tokens
+
+
 def test_artifact_checks(target, artifact, tmp_path):
     from specdec.eagle import is_eagle
 
@@ -132,7 +221,7 @@ def test_graph_step_key_includes_hidden(target):
 
     cache = target.new_cache(1, 8)
     x = torch.tensor([[1, 2]])
-    target.keep_hidden = False
+    target.keep_hidden, target.hidden_layers = False, ()  # (a fused head built earlier on this model set them)
     a = describe_step(target, x, cache, None, (), 0)
     target.keep_hidden = True
     try:
@@ -140,6 +229,12 @@ def test_graph_step_key_includes_hidden(target):
     finally:
         target.keep_hidden = False
     assert a != b and b.hidden
+    target.keep_hidden, target.hidden_layers = True, (0, 1)
+    try:  # a fused-feature head's forwards record more: other graphs
+        c = describe_step(target, x, cache, None, (), 0)
+    finally:
+        target.keep_hidden, target.hidden_layers = False, ()
+    assert c != b and c.hidden_layers == (0, 1)
 
 
 def test_shipped_eagle_head_is_the_default_draft(target, artifact, tmp_path, monkeypatch):
@@ -203,10 +298,17 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
     EagleDrafter(SpecdecModel.from_pretrained(str(d)), out)
     r = CliRunner().invoke(app, ["train-draft", "--kind", "medusa"])
     assert r.exit_code == 2 and "--kind must be eagle or skip" in r.output
-    r = CliRunner().invoke(app, ["train-draft", "--init", str(out)])
-    assert r.exit_code == 2 and "--init is for --kind skip" in r.output
+    # v5 (fused features) warm-started from the plain head just written
+    warm = train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.05, collect_share=0.9, recipe="v5",
+                 init=out, out=tmp_path / "w.safetensors", log=lambda s: None)
+    assert warm["feature_layers"] == [1] and read_meta(tmp_path / "w.safetensors")["feature_layers"] == [1]
+    assert EagleDrafter(SpecdecModel.from_pretrained(str(d)), tmp_path / "w.safetensors").head.feature_width == 2 * 64
+    with pytest.raises(SpecdecError, match="fuses layers"):  # a fused head cannot start a plain one
+        train(str(d), tokens=256, minutes=0.05, init=tmp_path / "w.safetensors", log=lambda s: None)
+    r = CliRunner().invoke(app, ["train-draft", "--full-vocab", "0.5"])
+    assert r.exit_code == 2 and "--full-vocab is for --kind skip" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--recipe", "v9", "--out", str(tmp_path / "x.safetensors")])
-    assert r.exit_code == 2 and "--recipe must be one of v1, v2, v3, v4" in r.output
+    assert r.exit_code == 2 and "--recipe must be one of v1, v2, v3, v4, v5" in r.output
     r = CliRunner().invoke(app, ["train-draft", "--kind", "skip", "--seq", "512", "--out", str(tmp_path / "x.safetensors")])
     assert r.exit_code == 2 and "--seq is for --kind eagle" in r.output
 

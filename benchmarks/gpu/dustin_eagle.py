@@ -75,7 +75,7 @@ def part_train(a, res):
     out = Path(a.out) / "smollm2-135m-eagle-gpu.safetensors"
     r = train(a.gguf, tokens=a.train_tokens, minutes=a.train_minutes, device=a.device, batch=a.train_batch,
               recipe=a.recipe, seq=a.train_seq, eval_tokens=a.eval_tokens, out=out, log=lambda s: print(s, flush=True),
-              selfgen=tuple(int(x) for x in a.selfgen.split(",")) if a.selfgen else None)
+              selfgen=tuple(int(x) for x in a.selfgen.split(",")) if a.selfgen else None, init=a.init)
     res["train"] = {k: v for k, v in r.items() if k != "target"}
 
 
@@ -236,6 +236,7 @@ def main() -> None:
     ap.add_argument("--train-batch", type=int, default=4)
     ap.add_argument("--train-seq", type=int, default=None, help="default: the recipe's (v2 on the GPU: 2048)")
     ap.add_argument("--recipe", default="v2")
+    ap.add_argument("--init", default=None, help="an EAGLE artifact (or 'shipped') whose weights start the head")
     ap.add_argument("--selfgen", default=None, metavar="SEG,GEN", help="recipe v4: every SEG tokens end in GEN of the "
                     "target's greedy continuation (default: the recipe's)")
     ap.add_argument("--eval-tokens", type=int, default=16384)

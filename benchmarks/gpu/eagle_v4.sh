@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# EAGLE recipe v4 (the target's own greedy continuations in the training rows) against a v3 control, trained side
-# by side on one GPU (each run is launch-bound, not compute-bound: three share an H200 without slowing much).
+# EAGLE training recipes on the GPU (v4: the target's own greedy continuations in the training rows; v5: fused
+# features of several target layers), one head per variant.
 #   GGUF=/tmp/m/smol.gguf MINUTES=8 bash benchmarks/gpu/eagle_v4.sh      # heads + logs under $OUT
-# Variants: "NAME RECIPE SELFGEN" (SELFGEN "-": the recipe's own).
+# Variants: "NAME:RECIPE:SELFGEN[:INIT]" (SELFGEN "-": the recipe's own; INIT: an EAGLE artifact or "shipped" to
+# start from, e.g. "w:v5:-:shipped"). Run one variant per call on one GPU: side by side each runs ~3.4x slower.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${GGUF:?path of the embedded model GGUF file}" "${OUT:?an output folder}"
@@ -10,9 +11,10 @@ MINUTES=${MINUTES:-8}
 VARIANTS=${VARIANTS:-"a:v4:512,64 b:v4:256,64 c:v3:-"}
 pids=()
 for v in $VARIANTS; do
-  IFS=: read -r name recipe sg <<<"$v"
+  IFS=: read -r name recipe sg init <<<"$v"
   extra=()
   [ "$sg" != "-" ] && extra=(--selfgen "$sg")
+  [ -n "${init:-}" ] && extra+=(--init "$init")
   mkdir -p "/tmp/eagle_v4/$name"
   python3 benchmarks/gpu/dustin_eagle.py --gguf "$GGUF" --out "/tmp/eagle_v4/$name" --budget-s $(( ${MINUTES%.*} * 60 + 60 )) \
     --train-minutes "$MINUTES" --train-tokens 8000000 --recipe "$recipe" "${extra[@]}" --parts train \
