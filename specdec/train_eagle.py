@@ -277,7 +277,9 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     n_layers = len(hf.model.layers)
     fl = default_feature_layers(n_layers) if rc.get("fused") else None
     rc["feature_layers"] = fl
-    start = _init_weights(sm, init, fl) if init is not None else None  # checked before the collection's minutes
+    start = None
+    if init is not None:  # checked before the collection's minutes
+        start, rc["init"] = _init_weights(sm, init, fl)
     train_ids = _chunks(tok, training_texts(tokens * 6, wide=rc["wide"]), seq, tokens, pack=rc.get("pack", False))
     eval_ids = _chunks(tok, held_out_texts(), seq, max(eval_tokens, seq))
     n_gen = 0
@@ -381,9 +383,10 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     return dict(meta, history=history, collect_cpu_seconds=round(t_collect, 1), selfgen_rows=n_gen)
 
 
-def _init_weights(sm, init, fl) -> dict:
+def _init_weights(sm, init, fl) -> tuple[dict, dict]:
     """The weights of the EAGLE artifact ``init`` (``"shipped"``: the packaged one) for a head with fused layers ``fl``:
-    the target must be ``sm``'s and the artifact's fused layers ``fl`` or none (then ``proj`` keeps its zeros)."""
+    the target must be ``sm``'s and the artifact's fused layers ``fl`` or none (then ``proj`` keeps its zeros). Also
+    what the new head's metadata records of it (file name, recipe, held-out top-1)."""
     from specdec.artifacts import _describe, model_identity, read_draft_artifact
     from specdec.train_draft import shipped_draft
 
@@ -402,7 +405,8 @@ def _init_weights(sm, init, fl) -> dict:
     if have is not None and have != fl:
         raise SpecdecError(f"init={str(init)!r} fuses layers {have}, this recipe {fl}; start from a head with the "
                            "same layers or none.")
-    return {k: v.float() for k, v in tensors.items()}
+    info = dict(file=path.name, recipe=meta.get("recipe"), heldout_top1=meta.get("heldout_top1"))
+    return {k: v.float() for k, v in tensors.items()}, info
 
 
 def _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0, clock,

@@ -144,7 +144,9 @@ def test_fused_head_started_from_a_plain_one_drafts_the_same(target, artifact, f
 
     _, plain = build_head(target, artifact)
     fused = EagleHead(target.hf.model.layers[-1], target.hf.config.hidden_size, [0, 1])
-    fused.load_state_dict(_init_weights(target, artifact, [0, 1]), strict=False)
+    weights, info = _init_weights(target, artifact, [0, 1])
+    assert info["file"] == artifact.name
+    fused.load_state_dict(weights, strict=False)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
     f, _, _ = features(target.hf, ids, 4, half=False)
     F, _, _ = features(target.hf, ids, 4, half=False, layers=[0, 1])
@@ -302,6 +304,7 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
     warm = train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.05, collect_share=0.9, recipe="v5",
                  init=out, out=tmp_path / "w.safetensors", log=lambda s: None)
     assert warm["feature_layers"] == [1] and read_meta(tmp_path / "w.safetensors")["feature_layers"] == [1]
+    assert warm["recipe_settings"]["init"]["file"] == out.name  # where the weights started is recorded
     assert EagleDrafter(SpecdecModel.from_pretrained(str(d)), tmp_path / "w.safetensors").head.feature_width == 2 * 64
     with pytest.raises(SpecdecError, match="fuses layers"):  # a fused head cannot start a plain one
         train(str(d), tokens=256, minutes=0.05, init=tmp_path / "w.safetensors", log=lambda s: None)
@@ -356,8 +359,9 @@ def test_sampling_with_the_eagle_head_follows_the_target(setting, tmp_path):
 @pytest.mark.slow
 def test_shipped_eagle_head_is_default_and_accepted(smol):
     """The EAGLE head shipped for the embedded model (trained on the H200, float16) is Dustin's default draft and
-    `draft=eagle`; it fits the 10 MB package budget; it is the recipe-v2 head of the 5.5-minute H200 run
-    (its metadata: 2,646,016 tokens, 3,553 steps; docs/dustin.md has the provenance); in float32 on the CPU,
+    `draft=eagle`; it fits the 10 MB package budget; it is the recipe-v5 head (fused features of layers 2 and 15)
+    of the 8.1-minute H200 run started from the earlier recipe-v2 head (its metadata: 3,305,472 tokens, 5,656 steps;
+    docs/dustin.md has the provenance); in float32 on the CPU,
     with dense verification on a held-out module, it is lossless and accepted more often than the shipped
     layer-skipping draft."""
     from specdec.data import context_ids, load_document
@@ -372,7 +376,9 @@ def test_shipped_eagle_head_is_default_and_accepted(smol):
     assert path == DRAFTS_DIR / "smollm2-135m-eagle.safetensors" and shipped_draft(smol) == path
     meta = read_meta(path)
     assert path.stat().st_size < 10 * 2**20 and meta["kind"] == "eagle"
-    assert (meta.get("recipe"), meta["tokens"], meta["optimizer_steps"]) == ("v2", 2_646_016, 3553), meta
+    assert (meta.get("recipe"), meta["tokens"], meta["optimizer_steps"], meta["feature_layers"]) == (
+        "v5", 3_305_472, 5656, [2, 15]), meta
+    assert meta["recipe_settings"]["init"]["recipe"] == "v2"
     for options in ({}, {"draft": "eagle"}):
         eng = build_engine(smol, PipelineConfig.make(method="dustin", gamma=4, budget=64, options=options))
         from specdec.lookup import base_drafter
