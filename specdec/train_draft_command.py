@@ -46,7 +46,8 @@ def register(app) -> None:
                                    "v3: v2 with the texts packed into one stream, so texts shorter than a sequence "
                                    "count; v4: v3 with every 512 tokens ending in 64 of the target's own greedy "
                                    "continuation; v5: v3 with EAGLE-3's fused features (a low and a middle layer "
-                                   "besides the last); v1: the first shipped head's)"),
+                                   "besides the last); v6: v5 with every third row prose ending in the target's "
+                                   "sampled continuations; v1: the first shipped head's)"),
         seq: Optional[int] = typer.Option(None, help="eagle only: tokens per training sequence (default: the recipe's; "
                                           "v2: 2048 on a GPU, 256 on the CPU)"),
     ) -> None:

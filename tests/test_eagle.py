@@ -295,6 +295,9 @@ def test_train_eagle_smoke_and_cli_errors(tmp_path):
                  steps=2, recipe="v4", log=lambda s: None)  # the full-vocabulary KL (the GPU's default) and v4 run too
     assert full["recipe_settings"]["teacher"] == "full" and len(full["heldout_top1"]) == 2
     assert full["tokens"] > 0 and full["selfgen_rows"] > 0 and "heldout_selfgen_top1" in full["history"][-1]
+    six = train(str(d), tokens=2048, eval_tokens=64, seq=32, batch=4, minutes=0.1, collect_share=0.9, recipe="v6",
+                log=lambda s: None)  # v6: prose rows with sampled continuations in every third slot
+    assert six["genprose_rows"] > 0 and list(six["recipe_settings"]["genprose"]) == [256, 192, 0.8, 3]
     none = train(str(d), tokens=256, eval_tokens=64, seq=32, batch=4, minutes=0.05, collect_share=0.0, log=lambda s: None)
     assert none["tokens"] == 4 * 32  # no collection budget: still one batch, not a head trained on nothing
     EagleDrafter(SpecdecModel.from_pretrained(str(d)), out)
@@ -439,3 +442,32 @@ def test_self_generated_rows_continue_greedily(target):
     assert n == 2 and torch.equal(rows[:2], out[:2]) and torch.equal(rows[2:], ids[2:])  # the first batch, then stop
     with pytest.raises(SpecdecError, match="tile the sequence length 48"):
         self_generate(target.hf, ids, 20, 5, 2, "cpu")
+
+
+def test_self_generated_rows_sample_at_temperature(target):
+    """Recipe v6's sampled continuations: with ``temperature`` the generated token follows the target's tempered
+    next-token distribution (400 draws of one context against ``softmax(logits / t)``: each of the likeliest tokens
+    within 4.5 standard errors, and the total variation small), the text part is kept, and a tiny temperature is
+    greedy."""
+    from specdec.train_eagle import self_generate
+
+    torch.manual_seed(2)
+    ctx = torch.randint(0, target.hf.config.vocab_size, (1, 16))
+    ids = ctx.expand(400, -1).clone()
+    with torch.no_grad():
+        logits = target.hf(ctx[:, :15]).logits[0, -1].float()
+    t = 0.7
+    p = torch.softmax(logits / t, -1)
+    torch.manual_seed(3)
+    out, done = self_generate(target.hf, ids, 16, 1, 400, "cpu", temperature=t)
+    assert done == 400 and torch.equal(out[:, :15], ids[:, :15])
+    freq = torch.bincount(out[:, 15], minlength=p.numel()).float() / 400
+    top = torch.topk(p, 8).indices
+    se = (p[top] * (1 - p[top]) / 400).sqrt()
+    assert ((freq[top] - p[top]).abs() <= 4.5 * se + 1e-3).all(), (freq[top], p[top])
+    assert 0.5 * (freq - p).abs().sum() < 0.35  # 400 draws of a spread distribution: TV far below 1
+    greedy, _ = self_generate(target.hf, ids[:3], 16, 1, 3, "cpu")
+    cold, _ = self_generate(target.hf, ids[:3], 16, 1, 3, "cpu", temperature=1e-4)
+    assert torch.equal(cold, greedy)
+    with pytest.raises(SpecdecError, match="temperature must be >= 0"):
+        self_generate(target.hf, ids[:1], 16, 1, 1, "cpu", temperature=-1.0)

@@ -6,6 +6,8 @@
 # there first: the six licenses from /usr/share/common-licenses as NAME.txt, the six package sources as
 # jinja2_compiler.py, click_core.py, numpy_function_base_impl.py, attr_make.py, hypothesis_core.py,
 # ipython_interactiveshell.py). HEADS: space-separated LABEL=PATH heads compared with the shipped one.
+# SPECS: other documents instead, space-separated NAME=KIND:FILE (FILE in DOCS); LOOKUP: draft_tau_cpu.py's --lookup
+# (several settings separated by ';' give one row each); WINDOWS: windows per document (2).
 # Writes $OUT/tau.tgz (one JSON per document) and prints the rows' mean τ per drafter and kind.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,6 +28,9 @@ specs=(
   "numpy/lib/_function_base_impl.py=code:numpy_function_base_impl.py" "attr/_make.py=code:attr_make.py"
   "hypothesis/core.py=code:hypothesis_core.py" "IPython/core/interactiveshell.py=code:ipython_interactiveshell.py"
 )
+if [ -n "${SPECS:-}" ]; then read -r -a specs <<<"$SPECS"; fi
+lookup=()
+[ -n "${LOOKUP:-}" ] && lookup=(--lookup "$LOOKUP")
 # the conversion cache is written by the first process to load the model: load it once before the others start
 python3 -c "from specdec import SpecdecModel; SpecdecModel.from_pretrained('smollm2-135m')"
 dir=/tmp/tau_out
@@ -35,7 +40,7 @@ i=0
 for s in "${specs[@]}"; do
   name=${s%%=*}; rest=${s#*=}; kind=${rest%%:*}; file=${rest#*:}
   python3 benchmarks/draft_tau_cpu.py --out "$dir/doc$i" --contexts 512 --new 64 --gamma 4 \
-    --drafters eagle,eagle+lookup --documents none --windows "$WINDOWS" "${heads[@]}" \
+    --drafters eagle,eagle+lookup --documents none --windows "$WINDOWS" "${heads[@]}" "${lookup[@]}" \
     --file "$name=$kind:$DOCS/$file" >"$dir/doc$i.log" 2>&1 &
   pids+=($!)
   i=$((i + 1))
