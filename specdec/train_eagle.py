@@ -319,6 +319,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
         train_ids, n_prose_gen = _with_generated_prose(hf, tok, texts, train_ids, rc["genprose"], seq, tokens, device,
                                                        batch, stop_at=clock() + (collect_share * budget
                                                                                  - (clock() - c0)) / 3, clock=clock)
+        rc["genprose_rows"] = n_prose_gen  # recorded in the artifact (how much of the recipe the budget allowed)
         log(f"genprose: {n_prose_gen} of {len(train_ids)} rows are prose with sampled continuations "
             f"({clock() - c0:.0f} s)")
 

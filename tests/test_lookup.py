@@ -127,7 +127,7 @@ def test_dustin_options_wrap_the_draft(target, eagle_path):
         return build_engine(target, cfg).drafter
 
     d = drafter()
-    assert isinstance(d, LookupDrafter) and (d.min_n, d.max_n, d.trust_n) == (2, 4, 2)
+    assert isinstance(d, LookupDrafter) and (d.min_n, d.max_n, d.trust_n) == (2, 4, 4)
     assert isinstance(d.inner, EagleDrafter) and d.n_layers == 1  # forwarded
     assert isinstance(drafter(lookup_min=0), EagleDrafter)
     d = drafter(lookup_min=3, lookup_max=5, lookup_trust=4)
