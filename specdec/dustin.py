@@ -25,7 +25,7 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 * ``lookup_min`` / ``lookup_max``: prompt lookup (:mod:`specdec.lookup`): where the context holds an earlier
   occurrence of the last ``n`` tokens (``n = lookup_max .. lookup_min``), its continuation is the draft, else
   the draft model's; ``lookup_min=0`` turns it off. ``lookup_trust``: a match shorter than this is used only
-  where its first token equals the draft model's first draft. ``lookup_policy`` (``replace`` | ``chain``),
+  where its first token equals the draft model's first draft (default 4 behind an EAGLE head, else 2). ``lookup_policy`` (``replace`` | ``chain``),
   ``lookup_candidates``, ``lookup_veto``, ``lookup_by_head``: how a match and the EAGLE head's draft combine
   (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup policies").
 """
@@ -42,11 +42,13 @@ from specdec.selectors.hybrid_srh import HybridSRHConfig
 
 
 #: prompt lookup combined with the draft (:mod:`specdec.lookup`) by default: on held-out prose and code it raised
-#: τ with dense verification over the EAGLE head alone (docs page *Dustin*, "Prompt lookup"). Trust 4: a 2- or
-#: 3-token match is used only where its first token is the head's own first draft (chosen on documents apart from
-#: the evaluation ones with the recipe-v6 head: 2.84 against every match's 2.77; the weaker v1 head drafted
-#: better with every match, trust 2)
-LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST = 2, 4, 4
+#: τ with dense verification over the EAGLE head alone (docs page *Dustin*, "Prompt lookup")
+LOOKUP_MIN, LOOKUP_MAX = 2, 4
+#: ``lookup_trust`` unless given (:func:`default_trust`): behind an EAGLE head 4 — a 2- or 3-token match is used only
+#: where its first token is the head's own first draft (chosen on documents apart from the evaluation ones with the
+#: recipe-v6 head: τ 2.84 against every match's 2.77) —; behind any other drafter 2, every match (the weaker v1
+#: head drafted better so, and an early exit, accepted ~3 % of the time, would veto the matches that carry it)
+LOOKUP_TRUST_EAGLE, LOOKUP_TRUST = 4, 2
 #: how a match combines with the EAGLE head's draft (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup
 #: policies"): "replace" (a match's continuation replaces the head's tokens). The opt-in "chain" (the head follows the
 #: match and continues from it, vetoing a token at >= 0.9 confidence) was >= "replace" on each of 22 (document,
@@ -55,12 +57,20 @@ LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST = 2, 4, 4
 LOOKUP_POLICY, LOOKUP_CANDIDATES, LOOKUP_VETO, LOOKUP_BY_HEAD = "replace", 1, 0.9, False
 
 
+def default_trust(drafter) -> int:
+    """Dustin's ``lookup_trust`` behind ``drafter``: :data:`LOOKUP_TRUST_EAGLE` for an EAGLE head, else
+    :data:`LOOKUP_TRUST`."""
+    from specdec.eagle import EagleDrafter
+
+    return LOOKUP_TRUST_EAGLE if isinstance(drafter, EagleDrafter) else LOOKUP_TRUST
+
+
 def default_lookup(drafter):
     """``drafter`` behind prompt lookup with Dustin's defaults (the constants above), as ``--method dustin`` builds it:
     the veto applies to the ``"chain"`` policy only (for scripts that time a draft the way Dustin drafts)."""
     from specdec.lookup import LookupDrafter
 
-    return LookupDrafter(drafter, LOOKUP_MIN, LOOKUP_MAX, LOOKUP_TRUST, policy=LOOKUP_POLICY,
+    return LookupDrafter(drafter, LOOKUP_MIN, LOOKUP_MAX, default_trust(drafter), policy=LOOKUP_POLICY,
                          veto=LOOKUP_VETO if LOOKUP_POLICY == "chain" else None, candidates=LOOKUP_CANDIDATES,
                          by_head=LOOKUP_BY_HEAD)
 
@@ -87,8 +97,9 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
     lookup_min: int = Field(default=LOOKUP_MIN, ge=0, description="prompt lookup: shortest context n-gram whose "
                             "continuation replaces the draft's tokens (0 = off, draft only)")
     lookup_max: int = Field(default=LOOKUP_MAX, ge=1, description="prompt lookup: longest n-gram tried (first)")
-    lookup_trust: int = Field(default=LOOKUP_TRUST, ge=1, description="prompt lookup: a shorter match is used only "
-                              "where its first token equals the draft model's first draft")
+    lookup_trust: Optional[int] = Field(default=None, ge=1, description="prompt lookup: a shorter match is used only "
+                                        "where its first token equals the draft model's first draft (default: 4 "
+                                        "behind an EAGLE head, else 2: every match)")
     lookup_policy: str = Field(default=LOOKUP_POLICY, description="prompt lookup: 'replace' (a match's continuation "
                                "replaces the draft's tokens) or 'chain' (the EAGLE head follows the context's candidates "
                                "and continues from the tokens it took; greedy only, else replace)")
@@ -188,7 +199,8 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
 
         # the veto default (0.9) applies to "chain" only: `lookup_policy=replace` (the default) has none
         veto = o.lookup_veto if o.lookup_policy == "chain" or "lookup_veto" in o.model_fields_set else None
-        drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max, o.lookup_trust, policy=o.lookup_policy,
+        trust = default_trust(drafter) if o.lookup_trust is None else o.lookup_trust
+        drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max, trust, policy=o.lookup_policy,
                                 veto=veto, candidates=o.lookup_candidates, by_head=o.lookup_by_head)
     verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
                               dense_first=o.dense_first, margin=o.margin)

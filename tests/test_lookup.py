@@ -127,8 +127,11 @@ def test_dustin_options_wrap_the_draft(target, eagle_path):
         return build_engine(target, cfg).drafter
 
     d = drafter()
-    assert isinstance(d, LookupDrafter) and (d.min_n, d.max_n, d.trust_n) == (2, 4, 4)
+    assert isinstance(d, LookupDrafter) and (d.min_n, d.max_n, d.trust_n) == (2, 4, 4)  # behind an EAGLE head: 4
     assert isinstance(d.inner, EagleDrafter) and d.n_layers == 1  # forwarded
+    early = PipelineConfig.make(method="dustin", gamma=3, budget=64, options=dict(draft="early-exit"))
+    assert build_engine(target, early).drafter.trust_n == 2  # behind any other drafter: every match
+    assert drafter(lookup_trust=2).trust_n == 2
     assert isinstance(drafter(lookup_min=0), EagleDrafter)
     d = drafter(lookup_min=3, lookup_max=5, lookup_trust=4)
     assert (d.min_n, d.max_n, d.trust_n) == (3, 5, 4)
@@ -463,8 +466,11 @@ def test_default_lookup_builds_dustins_drafter(monkeypatch):
     the ``chain`` policy (with ``replace`` a veto is refused)."""
     from specdec import dustin
 
+    from specdec.eagle import EagleDrafter
+
     look = dustin.default_lookup(None)
     assert (look.min_n, look.max_n, look.trust_n) == (dustin.LOOKUP_MIN, dustin.LOOKUP_MAX, dustin.LOOKUP_TRUST)
+    assert dustin.default_trust(object.__new__(EagleDrafter)) == dustin.LOOKUP_TRUST_EAGLE != dustin.LOOKUP_TRUST
     assert look.policy == dustin.LOOKUP_POLICY
     assert look.veto == (dustin.LOOKUP_VETO if dustin.LOOKUP_POLICY == "chain" else None)
     monkeypatch.setattr(dustin, "LOOKUP_POLICY", "chain")
