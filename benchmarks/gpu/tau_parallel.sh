@@ -7,7 +7,8 @@
 # jinja2_compiler.py, click_core.py, numpy_function_base_impl.py, attr_make.py, hypothesis_core.py,
 # ipython_interactiveshell.py). HEADS: space-separated LABEL=PATH heads compared with the shipped one.
 # SPECS: other documents instead, space-separated NAME=KIND:FILE (FILE in DOCS); LOOKUP: draft_tau_cpu.py's --lookup
-# (several settings separated by ';' give one row each); WINDOWS: windows per document (2).
+# (several settings separated by ';' give one row each); WINDOWS: windows per document (2); TAU_DIR: the working
+# folder (/tmp/tau_out; give each of two runs at once its own).
 # Writes $OUT/tau.tgz (one JSON per document) and prints the rows' mean τ per drafter and kind.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +34,7 @@ lookup=()
 [ -n "${LOOKUP:-}" ] && lookup=(--lookup "$LOOKUP")
 # the conversion cache is written by the first process to load the model: load it once before the others start
 python3 -c "from specdec import SpecdecModel; SpecdecModel.from_pretrained('smollm2-135m')"
-dir=/tmp/tau_out
+dir=${TAU_DIR:-/tmp/tau_out}
 rm -rf "$dir" && mkdir -p "$dir"
 pids=()
 i=0
