@@ -25,8 +25,8 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 * ``lookup_min`` / ``lookup_max``: prompt lookup (:mod:`specdec.lookup`): where the context holds an earlier
   occurrence of the last ``n`` tokens (``n = lookup_max .. lookup_min``), its continuation is the draft, else
   the draft model's; ``lookup_min=0`` turns it off. ``lookup_trust``: a match shorter than this is used only
-  where its first token equals the draft model's first draft (default 4 behind an EAGLE head, else 2). ``lookup_policy`` (``replace`` | ``chain``),
-  ``lookup_candidates``, ``lookup_veto``, ``lookup_by_head``: how a match and the EAGLE head's draft combine
+  where its first token equals the draft model's first draft (default 4 behind an EAGLE head, else 2).
+  ``lookup_policy`` (``replace`` | ``chain``), ``lookup_candidates``, ``lookup_veto``, ``lookup_by_head``: how a match and the EAGLE head's draft combine
   (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup policies").
 """
 
@@ -44,10 +44,10 @@ from specdec.selectors.hybrid_srh import HybridSRHConfig
 #: prompt lookup combined with the draft (:mod:`specdec.lookup`) by default: on held-out prose and code it raised
 #: τ with dense verification over the EAGLE head alone (docs page *Dustin*, "Prompt lookup")
 LOOKUP_MIN, LOOKUP_MAX = 2, 4
-#: ``lookup_trust`` unless given (:func:`default_trust`): behind an EAGLE head 4 — a 2- or 3-token match is used only
+#: ``lookup_trust`` unless given (:func:`default_trust`). Behind an EAGLE head 4: a 2- or 3-token match is used only
 #: where its first token is the head's own first draft (chosen on documents apart from the evaluation ones with the
-#: recipe-v6 head: τ 2.84 against every match's 2.77) —; behind any other drafter 2, every match (the weaker v1
-#: head drafted better so, and an early exit, accepted ~3 % of the time, would veto the matches that carry it)
+#: recipe-v6 head: τ 2.84 against every match's 2.77). Behind any other drafter 2, every match: the weaker v1 head
+#: drafted better so, and an early exit, accepted ~3 % of the time, would veto the matches that carry it.
 LOOKUP_TRUST_EAGLE, LOOKUP_TRUST = 4, 2
 #: how a match combines with the EAGLE head's draft (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup
 #: policies"): "replace" (a match's continuation replaces the head's tokens). The opt-in "chain" (the head follows the
