@@ -26,8 +26,9 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
   occurrence of the last ``n`` tokens (``n = lookup_max .. lookup_min``), its continuation is the draft, else
   the draft model's; ``lookup_min=0`` turns it off. ``lookup_trust``: a match shorter than this is used only
   where its first token equals the draft model's first draft (default 4 behind an EAGLE head, else 2).
-  ``lookup_policy`` (``replace`` | ``chain``), ``lookup_candidates``, ``lookup_veto``, ``lookup_by_head``: how a match and the EAGLE head's draft combine
-  (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup policies").
+  ``lookup_policy`` (``replace`` | ``chain``), ``lookup_candidates``, ``lookup_veto``, ``lookup_by_head``: how a
+  match and the EAGLE head's draft combine (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup
+  policies").
 """
 
 from __future__ import annotations
