@@ -15,7 +15,7 @@ testdeps=""
 dry=0
 for arg in "$@"; do
   case "$arg" in
-    --test) wanted+=(test docs); testdeps=", pytest, triton, numba, mkdocs" ;;
+    --test) wanted+=(test docs); testdeps=", pytest, pytest-xdist, triton, numba, mkdocs" ;;
     --gemma) wanted+=(gemma) ;;
     --dry-run) dry=1 ;;
     *) echo "setup.sh: unknown argument '$arg'; use --test, --gemma and/or --dry-run." >&2; exit 2 ;;

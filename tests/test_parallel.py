@@ -24,12 +24,13 @@ WORKER = HERE / "helpers" / "tp_worker.py"
 sys.path.insert(0, str(HERE / "helpers"))
 
 
-def _torchrun(out: Path, model: str, *extra: str, methods: str | None = None, port: int = 29650, timeout: int = 420):
+def _torchrun(out: Path, model: str, *extra: str, methods: str | None = None, timeout: int = 420):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     if methods:
         env["TP_METHODS"] = methods
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(WORKER), str(out), model, *extra]
+    # --standalone: a rendezvous on a free port of this machine (parallel test workers run several at once)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER), str(out),
+           model, *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -95,7 +96,7 @@ def test_two_ranks_equal_one_process_tiny(tmp_path, name, kv_heads_rank0):
     model, prompts = build(name)
     ref = run(model, prompts)
     out = tmp_path / "tp.json"
-    proc = _torchrun(out, name, port=29650 + len(name))
+    proc = _torchrun(out, name)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["world"] == 2 and got["kv_heads"] == kv_heads_rank0
@@ -117,8 +118,8 @@ def test_torchrun_cli_on_the_embedded_model_equals_one_process(tmp_path, smol):
         [ids], max_new_tokens=16)
     out = tmp_path / "out.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", "29655", "-m", "specdec", "generate", "--prompt-file", str(prompt), "--context-tokens", "192",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "specdec",
+           "generate", "--prompt-file", str(prompt), "--context-tokens", "192",
            "--max-new-tokens", "16", "--method", "vegas", "--gamma", "3", "--budget", "24", "--device", "cpu",
            "--backend", "reference", "--dtype", "float32", "--output-json", str(out), "--tp", "2"]
     config = tmp_path / "cfg.json"
@@ -151,7 +152,7 @@ def test_cli_tp_without_torchrun_and_unsupported_methods_are_one_line_errors(tmp
 @pytest.mark.slow
 def test_a_rank_failing_mid_generation_ends_every_rank(tmp_path):
     out = tmp_path / "tp.json"
-    proc = _torchrun(out, "tiny-llama", "5", methods="magicdec", port=29657, timeout=240)
+    proc = _torchrun(out, "tiny-llama", "5", methods="magicdec", timeout=240)
     assert proc.returncode != 0
     assert "planted failure on rank 1" in proc.stderr
     assert not out.exists()  # rank 0 never finished
@@ -180,8 +181,9 @@ def test_the_process_group_is_destroyed_at_exit():
         "tp = init_tensor_parallel('cpu', timeout_s=30)\n"
         "print('world', tp.world, 'initialized:', dist.is_initialized())\n"
     )
+    # one rank: its store listens on any free port (MASTER_PORT=0), so parallel test workers never collide
     env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT="29691", PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+               MASTER_PORT="0", PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "world 1 initialized: True" in proc.stdout and "at exit initialized: False" in proc.stdout, proc.stdout

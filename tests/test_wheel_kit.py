@@ -44,8 +44,10 @@ def test_installed_wheel_runs_the_kit_on_a_plugin(tmp_path):
     else:  # not a git checkout (an exported tree): copy it without environments and build outputs
         shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
             ".venv", ".git", "site", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
+    plugin = tmp_path / "plugin"  # pip builds in place (build/, *.egg-info): never in the shared source tree
+    shutil.copytree(PLUGIN, plugin, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     wheels = tmp_path / "wheels"
-    for project in (src, PLUGIN):
+    for project in (src, plugin):
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
              str(project)], cwd=tmp_path)
     names = sorted(p.name for p in wheels.glob("*.whl"))
