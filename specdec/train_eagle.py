@@ -316,9 +316,10 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
 
     n_prose_gen = 0
     if rc.get("genprose"):
+        c1 = clock()
+        until = c1 + max(0.0, collect_share * budget - (c1 - c0)) / 3  # a third of what is left to collect in
         train_ids, n_prose_gen = _with_generated_prose(hf, tok, texts, train_ids, rc["genprose"], seq, tokens, device,
-                                                       batch, stop_at=clock() + (collect_share * budget
-                                                                                 - (clock() - c0)) / 3, clock=clock)
+                                                       batch, stop_at=until, clock=clock)
         rc["genprose_rows"] = n_prose_gen  # recorded in the artifact (how much of the recipe the budget allowed)
         log(f"genprose: {n_prose_gen} of {len(train_ids)} rows are prose with sampled continuations "
             f"({clock() - c0:.0f} s)")
@@ -422,18 +423,17 @@ def _with_generated_prose(hf, tok, texts, train_ids, setting, seq, tokens, devic
     prose = _chunks(tok, [t for t in texts if is_prose(t[0])], seq, tokens, pack=True)
     if not len(prose):
         return train_ids, 0
-    want = len(train_ids) // every
+    slots = torch.arange(every - 1, len(train_ids), every)
     rows = 128 if device != "cpu" else 8 * batch
-    made = []
-    while sum(len(m) for m in made) < want and (not made or clock() <= stop_at):
-        part, n = self_generate(hf, prose[: want - sum(len(m) for m in made)], seg, gen, rows, device,
+    made, have = [], 0
+    while have < len(slots) and (not made or clock() <= stop_at):
+        part, n = self_generate(hf, prose[: len(slots) - have], seg, gen, rows, device,
                                 stop=lambda: clock() > stop_at, temperature=temperature)
         made.append(part[:n])
-    made = torch.cat(made)
+        have += n
     out = train_ids.clone()
-    slots = torch.arange(every - 1, len(out), every)[: len(made)]
-    out[slots] = made[: len(slots)]
-    return out, len(slots)
+    out[slots[:have]] = torch.cat(made)
+    return out, have
 
 
 def _init_weights(sm, init, fl) -> tuple[dict, dict]:
