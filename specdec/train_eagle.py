@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -94,14 +95,15 @@ def is_prose(name: str) -> bool:
 
 
 @torch.no_grad()
-def self_generate(hf, ids: torch.Tensor, seg: int, gen: int, batch: int, device, stop=lambda: False,
+def self_generate(sm, ids: torch.Tensor, seg: int, gen: int, batch: int, stop=lambda: False,
                   temperature: float = 0.0):
     """Rows of the same length as ``ids (R, T)`` cut in segments of ``seg`` tokens (``T`` and ``gen`` scaled to it
     when the rows are shorter): the row's own text, then ``gen`` tokens of the target's **greedy continuation** of
     everything before them — what the draft sees when it runs: a document, then the target's own output
     (``temperature > 0``: tokens sampled from the target's distribution at that temperature instead, from torch's
-    global generator). Rows are done ``batch`` at a time, the first batch always, then until ``stop()``; the rest
-    are returned unchanged. Returns ``(rows, n_done)``."""
+    global generator). ``sm``: the target as a :class:`~specdec.models.SpecdecModel`; its KV-cached forward makes
+    the tokens (CUDA graphs on a GPU: :func:`_generation_mode`). Rows are done ``batch`` at a time, the first batch
+    always, then until ``stop()``; the rest are returned unchanged. Returns ``(rows, n_done)``."""
     if temperature < 0 or not math.isfinite(temperature):
         raise SpecdecError(f"selfgen temperature must be >= 0 (0: greedy), got {temperature!r}.")
     R, T = ids.shape
@@ -111,54 +113,55 @@ def self_generate(hf, ids: torch.Tensor, seg: int, gen: int, batch: int, device,
     if real < 1 or gen < 1 or T % seg:
         raise SpecdecError(f"selfgen: segments of {seg} tokens with {gen} generated must tile the sequence length {T}.")
     out, done = ids.clone(), 0
-    for s in range(0, R, batch):
-        if s and stop():  # at least one batch
-            break
-        src = ids[s : s + batch].to(device)
-        kv = [None] * len(hf.model.layers)  # per layer: K/V buffers of the whole row, filled as it runs
-        parts, t, last = [], 0, None
-        for c in range(T // seg):
-            x = src[:, c * real : (c + 1) * real]
-            parts.append(x)
-            if last is not None:  # the previous segment's last generated token has not been run yet
-                x = torch.cat([last, x], 1)
-            logits = _cached_step(hf, x, kv, t, T)
-            t += x.shape[1]
-            for g in range(gen):
-                if temperature > 0:
-                    last = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1)
-                else:
-                    last = logits.argmax(-1, keepdim=True)
-                parts.append(last)
-                if g + 1 < gen:
-                    logits = _cached_step(hf, last, kv, t, T)
-                    t += 1
-        out[s : s + batch] = torch.cat(parts, 1).cpu()
-        done += src.shape[0]
+    with _generation_mode(sm):
+        for s in range(0, R, batch):
+            if s and stop():  # at least one batch
+                break
+            src = ids[s : s + batch].to(sm.device)
+            cache = sm.new_cache(src.shape[0], T, reuse=True)  # reused by the next batch of the same size (and graphs)
+            lengths = torch.zeros(src.shape[0], dtype=torch.long, device=sm.device)
+            parts, last = [], None
+            for c in range(T // seg):
+                x = src[:, c * real : (c + 1) * real]
+                parts.append(x)
+                if last is not None:  # the previous segment's last generated token has not been run yet
+                    x = torch.cat([last, x], 1)
+                for g in range(gen):
+                    logits = sm.forward(x, cache, lengths, logits_to_keep=1)[:, -1]
+                    lengths = lengths + x.shape[1]
+                    if temperature > 0:
+                        last = torch.multinomial(torch.softmax(logits / temperature, -1), 1)
+                    else:
+                        last = logits.argmax(-1, keepdim=True)
+                    parts.append(last)
+                    x = last  # run next (the segment's last token: with the next segment's text)
+            out[s : s + batch] = torch.cat(parts, 1).cpu()
+            done += src.shape[0]
+    sm.release_cache()
     return out, done
 
 
-@torch.no_grad()
-def _cached_step(hf, x, kv, t: int, T: int = 2048):
-    """The target on tokens ``x (B, n)`` at positions ``t..t+n-1``, its K/V written into ``kv`` (per layer, buffers
-    of ``T`` positions, made on first use); the last position's logits."""
-    m = hf.model
-    h = m.embed_tokens(x)
-    n = x.shape[1]
-    pos = torch.arange(t, t + n, device=x.device).view(1, -1).expand(x.shape[0], -1)
-    cos, sin = m.rotary_emb(h, pos)
-    # query i (position t+i) sees keys 0..t+i (SDPA's is_causal would align the mask top-left: wrong after a past)
-    mask = torch.arange(t + n, device=x.device).view(1, -1) <= torch.arange(t, t + n, device=x.device).view(-1, 1)
-    for i, layer in enumerate(m.layers):
-        q, k, v = _qkv(layer, h, cos, sin)
-        if kv[i] is None:
-            kv[i] = tuple(k.new_empty(k.shape[0], k.shape[1], max(T, t + n), k.shape[3]) for _ in range(2))
-        kv[i][0][:, :, t : t + n] = k
-        kv[i][1][:, :, t : t + n] = v
-        K, V = kv[i][0][:, :, : t + n], kv[i][1][:, :, : t + n]
-        att = nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)
-        h = _finish(layer, h, att)
-    return hf.lm_head(m.norm(h[:, -1]))
+#: rows generated at once on a GPU (float32 K/V of 2,048 positions: ~45 KB a position at the embedded model's
+#: shape, 24 GB for 256 rows)
+GENERATION_ROWS = 256
+
+
+@contextmanager
+def _generation_mode(sm):
+    """On a GPU, :func:`self_generate`'s forwards run on the Triton backend as CUDA graphs (a decode step of the
+    embedded model is launch-bound; the torch backend's GQA attention over the whole cache copied K/V per layer and
+    made 198 rows in minutes); on the CPU, as they are."""
+    if sm.device.type != "cuda":
+        yield
+        return
+    from specdec.registry import BACKENDS
+
+    with sm.using_backend(BACKENDS.build("triton")):
+        sm.enable_cuda_graphs()
+        try:
+            yield
+        finally:
+            sm.disable_cuda_graphs()
 
 
 def _own_plus_earlier(layer, x, k1, v1, cos, sin):
@@ -308,9 +311,9 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
         seg, gen = rc["selfgen"]
         c1 = clock()
         until = c1 + 0.5 * max(0.0, collect_share * budget - (c1 - c0))
-        rows = 128 if device != "cpu" else 8 * batch
-        train_ids, n_gen = self_generate(hf, train_ids, seg, gen, rows, device, stop=lambda: clock() > until)
-        eval_gen, _ = self_generate(hf, eval_ids, seg, gen, rows, device)
+        rows = GENERATION_ROWS if device != "cpu" else 8 * batch
+        train_ids, n_gen = self_generate(sm, train_ids, seg, gen, rows, stop=lambda: clock() > until)
+        eval_gen, _ = self_generate(sm, eval_ids, seg, gen, rows)
         log(f"selfgen: {n_gen} of {len(train_ids)} rows hold the target's greedy continuations "
             f"(segments of {min(seg, seq)} tokens ending in generated ones) ({clock() - c0:.0f} s)")
 
@@ -318,11 +321,11 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     if rc.get("genprose"):
         c1 = clock()
         until = c1 + max(0.0, collect_share * budget - (c1 - c0)) / 3  # a third of what is left to collect in
-        train_ids, n_prose_gen = _with_generated_prose(hf, tok, texts, train_ids, rc["genprose"], seq, tokens, device,
+        train_ids, n_prose_gen = _with_generated_prose(sm, tok, texts, train_ids, rc["genprose"], seq, tokens, device,
                                                        batch, stop_at=until, clock=clock)
         rc["genprose_rows"] = n_prose_gen  # recorded in the artifact (how much of the recipe the budget allowed)
-        log(f"genprose: {n_prose_gen} of {len(train_ids)} rows are prose with sampled continuations "
-            f"({clock() - c0:.0f} s)")
+        log(f"genprose: {n_prose_gen} of {len(train_ids)} rows are prose with sampled continuations, made in "
+            f"{clock() - c1:.0f} s of {until - c1:.0f} ({clock() - c0:.0f} s)")
 
     def collect(ids, share):
         data = []
@@ -415,7 +418,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
                 genprose_rows=n_prose_gen)
 
 
-def _with_generated_prose(hf, tok, texts, train_ids, setting, seq, tokens, device, batch, stop_at, clock):
+def _with_generated_prose(sm, tok, texts, train_ids, setting, seq, tokens, device, batch, stop_at, clock):
     """Recipe ``v6``: ``train_ids`` with every ``every``-th row replaced by a prose row whose segments end in tokens
     sampled from the target (:func:`self_generate`), made until ``clock() > stop_at`` (one batch at least), the
     prose used again with new samples while time is left. Returns ``(rows, n_generated_rows)``."""
@@ -424,10 +427,10 @@ def _with_generated_prose(hf, tok, texts, train_ids, setting, seq, tokens, devic
     if not len(prose):
         return train_ids, 0
     slots = torch.arange(every - 1, len(train_ids), every)
-    rows = 128 if device != "cpu" else 8 * batch
+    rows = GENERATION_ROWS if device != "cpu" else 8 * batch
     made, have = [], 0
     while have < len(slots) and (not made or clock() <= stop_at):
-        part, n = self_generate(hf, prose[: len(slots) - have], seg, gen, rows, device,
+        part, n = self_generate(sm, prose[: len(slots) - have], seg, gen, rows,
                                 stop=lambda: clock() > stop_at, temperature=temperature)
         made.append(part[:n])
         have += n

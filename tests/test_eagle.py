@@ -429,7 +429,7 @@ def test_self_generated_rows_continue_greedily(target):
 
     torch.manual_seed(1)
     ids = torch.randint(0, target.hf.config.vocab_size, (3, 48))
-    out, done = self_generate(target.hf, ids, 16, 5, 2, "cpu")
+    out, done = self_generate(target, ids, 16, 5, 2)
     assert done == 3 and out.shape == ids.shape
     dense = SpeculativeEngine(target, method="dense", eos_token_id=-1)
     for r in range(3):
@@ -438,10 +438,10 @@ def test_self_generated_rows_continue_greedily(target):
             assert real == ids[r, c * 11 : (c + 1) * 11].tolist()  # the text runs on where it was cut
             ref = dense.generate([out[r, : c * 16 + 11].tolist()], 5).tokens[0]
             assert out[r, c * 16 + 11 : (c + 1) * 16].tolist() == ref, (r, c)
-    rows, n = self_generate(target.hf, ids, 16, 5, 2, "cpu", stop=lambda: True)
+    rows, n = self_generate(target, ids, 16, 5, 2, stop=lambda: True)
     assert n == 2 and torch.equal(rows[:2], out[:2]) and torch.equal(rows[2:], ids[2:])  # the first batch, then stop
     with pytest.raises(SpecdecError, match="tile the sequence length 48"):
-        self_generate(target.hf, ids, 20, 5, 2, "cpu")
+        self_generate(target, ids, 20, 5, 2)
 
 
 def test_self_generated_rows_sample_at_temperature(target):
@@ -459,15 +459,15 @@ def test_self_generated_rows_sample_at_temperature(target):
     t = 0.7
     p = torch.softmax(logits / t, -1)
     torch.manual_seed(3)
-    out, done = self_generate(target.hf, ids, 16, 1, 400, "cpu", temperature=t)
+    out, done = self_generate(target, ids, 16, 1, 400, temperature=t)
     assert done == 400 and torch.equal(out[:, :15], ids[:, :15])
     freq = torch.bincount(out[:, 15], minlength=p.numel()).float() / 400
     top = torch.topk(p, 8).indices
     se = (p[top] * (1 - p[top]) / 400).sqrt()
     assert ((freq[top] - p[top]).abs() <= 4.5 * se + 1e-3).all(), (freq[top], p[top])
     assert 0.5 * (freq - p).abs().sum() < 0.35  # 400 draws of a spread distribution: TV far below 1
-    greedy, _ = self_generate(target.hf, ids[:3], 16, 1, 3, "cpu")
-    cold, _ = self_generate(target.hf, ids[:3], 16, 1, 3, "cpu", temperature=1e-4)
+    greedy, _ = self_generate(target, ids[:3], 16, 1, 3)
+    cold, _ = self_generate(target, ids[:3], 16, 1, 3, temperature=1e-4)
     assert torch.equal(cold, greedy)
     with pytest.raises(SpecdecError, match="temperature must be >= 0"):
-        self_generate(target.hf, ids[:1], 16, 1, 1, "cpu", temperature=-1.0)
+        self_generate(target, ids[:1], 16, 1, 1, temperature=-1.0)
