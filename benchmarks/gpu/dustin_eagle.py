@@ -240,11 +240,13 @@ def main() -> None:
     ap.add_argument("--selfgen", default=None, metavar="SEG,GEN", help="recipe v4: every SEG tokens end in GEN of the "
                     "target's greedy continuation (default: the recipe's)")
     ap.add_argument("--eval-tokens", type=int, default=16384)
+    ap.add_argument("--document", default="stdlib:tarfile", help="e2e/lossless document: built-in name or a text file "
+                    "(default stdlib:tarfile, held out of training)")
     ap.add_argument("--tau-old", action="store_true", help="also τ of the shipped head (alone and with lookup)")
     a = ap.parse_args()
     if a.smoke:
         a.gguf, a.device, a.dtype, a.backend, a.graphs, a.fuse = "smollm2-135m", "cpu", "float32", "reference", False, False
-        a.context, a.batch, a.new, a.repeats, a.document = 128, 2, 8, 1, "stdlib:tarfile"
+        a.context, a.batch, a.new, a.repeats = 128, 2, 8, 1
         a.train_minutes, a.train_tokens, a.train_batch = min(a.train_minutes, 0.3), min(a.train_tokens, 1024), 4
         a.train_seq, a.eval_tokens = a.train_seq or 64, min(a.eval_tokens, 128)
         a.tau_contexts, a.tau_docs, a.tau_new = (128,), 2, 8
@@ -252,7 +254,7 @@ def main() -> None:
     else:
         a.tau_contexts, a.tau_docs, a.tau_new = (512, 2048), 8, 64
         a.device, a.dtype, a.backend, a.graphs, a.fuse = "cuda", "bfloat16", "triton", True, True
-        a.context, a.batch, a.new, a.repeats, a.document = 8000, 64, 96, 3, "stdlib:tarfile"  # held out of training
+        a.context, a.batch, a.new, a.repeats = 8000, 64, 96, 3
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     import datetime as dt

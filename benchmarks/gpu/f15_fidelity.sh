@@ -17,7 +17,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} SPECDEC_CACHE=${SPECDEC_CACHE:
 M=/tmp/m/smol.gguf; [ -f "$M" ] || M=smollm2-135m
 DEV=cuda; EXTRA="--backend auto"; PY=${PY:-python3}; HARD=200
 if [ "${1:-}" = "--smoke" ]; then DEV=cpu; EXTRA="--smoke"; HARD=110; fi
-DOCS=stdlib:dataclasses,stdlib:calendar,stdlib:textwrap,pydoc:1/4,pydoc:3/4
+DOCS=${DOCS:-stdlib:dataclasses,stdlib:calendar,stdlib:textwrap,pydoc:1/4,pydoc:3/4}  # or files (comma-separated)
 MARGINS=${MARGINS:-0.25,0.5,1,1.5,2,3}
 VARIANTS=${VARIANTS:-'{"dustin": {}, "valve1": {"margin": 1.0}}'}
 TASKS=passkey,niah_single,niah_multikey,niah_multivalue,variable_tracking,common_words

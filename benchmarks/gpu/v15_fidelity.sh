@@ -16,7 +16,7 @@ export PYTHONPATH=$PWD SPECDEC_CACHE=${SPECDEC_CACHE:-/tmp/specdec_cache}
 M=/tmp/m/smol.gguf; [ -f "$M" ] || M=smollm2-135m
 DEV=cuda; EXTRA=""
 if [ "${1:-}" = "--smoke" ]; then DEV=cpu; EXTRA="--smoke"; fi
-DOCS=stdlib:dataclasses,stdlib:calendar,stdlib:textwrap,pydoc:1/4,pydoc:3/4
+DOCS=${DOCS:-stdlib:dataclasses,stdlib:calendar,stdlib:textwrap,pydoc:1/4,pydoc:3/4}  # or files (comma-separated)
 OPTS=${OPTS:-'{"draft": "skip"}'}  # the skip-layer draft of the CPU numbers; OPTS='{}' for the default (EAGLE) draft
 PARTS=${PARTS:-1234}  # e.g. PARTS=12 runs only parts 1 and 2
 [[ $PARTS == *1* ]] && { timeout 150 python3 benchmarks/dustin_fidelity.py $EXTRA --device $DEV --model "$M" --context 8000 --budgets 0.25 \
