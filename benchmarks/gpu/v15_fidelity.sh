@@ -12,7 +12,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/v15_out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD SPECDEC_CACHE=${SPECDEC_CACHE:-/tmp/specdec_cache}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} SPECDEC_CACHE=${SPECDEC_CACHE:-/tmp/specdec_cache}
 M=/tmp/m/smol.gguf; [ -f "$M" ] || M=smollm2-135m
 DEV=cuda; EXTRA=""
 if [ "${1:-}" = "--smoke" ]; then DEV=cpu; EXTRA="--smoke"; fi
