@@ -42,6 +42,10 @@ def check_lookup(min_n: int, max_n: int) -> None:
                            f"lookup_max={max_n}); set lookup_min=0 to turn it off.")
 
 
+#: what :meth:`LookupDrafter.keep_copied` adds to the lookahead signal at a match's context: the signal is a sum of
+#: softmax weights over draft heads and steps (at most heads × γ), so these positions rank first
+KEPT_MASS = 1e6
+
 #: how a match and the inner drafter's draft combine (:class:`LookupDrafter` ``policy``)
 POLICIES = ("replace", "chain")
 
@@ -111,10 +115,9 @@ class NgramIndex:
                 out.append((cont, n))
         return out
 
-    def propose(self, toks: list[int], gamma: int, periodic: bool = True) -> tuple[list[int], int]:
-        """Up to ``gamma`` tokens after the latest earlier occurrence of the longest matching suffix, and
-        that suffix's length ``n`` (``([], 0)``: no match). ``periodic``: a continuation that runs into the end
-        of the list goes on periodically (always ``gamma`` tokens); else it stops there."""
+    def locate(self, toks: list[int]) -> tuple[int, int]:
+        """``(e, n)``: the end index of the latest earlier occurrence of the longest matching suffix (``n <= max_n``,
+        ``>= min_n``) and ``n``; ``(-1, 0)``: no match."""
         self.update(toks)
         L = len(toks)
         for n in self.ns:
@@ -122,14 +125,23 @@ class NgramIndex:
                 continue
             e = self.maps[n].get(tuple(toks[L - n :]))
             if e is not None:
-                out = []
-                for i in range(gamma):  # periodic extension past the end: toks[L + m] = toks[e + 1 + m]
-                    j = e + 1 + i
-                    if j >= L and not periodic:
-                        break
-                    out.append(toks[j] if j < L else out[j - L])
-                return out, n
-        return [], 0
+                return e, n
+        return -1, 0
+
+    def propose(self, toks: list[int], gamma: int, periodic: bool = True) -> tuple[list[int], int]:
+        """Up to ``gamma`` tokens after the latest earlier occurrence of the longest matching suffix, and
+        that suffix's length ``n`` (``([], 0)``: no match). ``periodic``: a continuation that runs into the end
+        of the list goes on periodically (always ``gamma`` tokens); else it stops there."""
+        e, n = self.locate(toks)
+        if not n:
+            return [], 0
+        L, out = len(toks), []
+        for i in range(gamma):  # periodic extension past the end: toks[L + m] = toks[e + 1 + m]
+            j = e + 1 + i
+            if j >= L and not periodic:
+                break
+            out.append(toks[j] if j < L else out[j - L])
+        return out, n
 
     def copy(self) -> "NgramIndex":
         c = NgramIndex.__new__(NgramIndex)
@@ -160,12 +172,19 @@ class LookupDrafter(Drafter):
             followed shorter suffixes (down to the last token), each taken only where the head's token agrees.
         by_head: ``chain``: of the allowed candidates take the one the head finds most probable (else the first:
             longest match, latest).
+        keep: sparse verification (Dustin): the context of each sequence's match — the matched n-gram, the ``γ``
+            tokens that followed it and ``keep`` tokens either side — goes first into the inner drafter's lookahead
+            signal (:meth:`keep_copied`), so the verification set holds what a copied draft copies (``None``: not).
     """
 
     def __init__(self, inner: Drafter, min_n: int = 2, max_n: int = 4, trust_n: int | None = None,
                  policy: str = "replace", veto: float | None = None, periodic: bool = True, candidates: int = 1,
-                 by_head: bool = False) -> None:
+                 by_head: bool = False, keep: int | None = None) -> None:
         check_lookup(min_n, max_n)
+        if keep is not None and (not isinstance(keep, int) or keep < 0):
+            raise SpecdecError(f"lookup_keep={keep!r} needs an integer >= 0 (tokens kept either side of a match) or "
+                               "None (off).")
+        self.keep = keep
         check_policy(policy, veto, candidates)
         self.candidates, self.by_head = candidates, by_head
         self.inner, self.min_n, self.max_n = inner, min_n, max_n
@@ -215,6 +234,7 @@ class LookupDrafter(Drafter):
             mask_l.append([True] * len(prop) + [False] * (gamma - len(prop)))
             trusted_l.append([bool(prop) and n >= self.trust_n])
         self.rounds += B
+        self.keep_copied(state, gamma)
         if not any(row[0] for row in mask_l):
             return drafts, q
         dev = drafts.device
@@ -250,7 +270,9 @@ class LookupDrafter(Drafter):
             conf_l.append([[never if n >= self.trust_n else 0.0] + [never] * (gamma - 1) for _, n in cs[:K]])
         self.rounds += B
         if not any(row[0][0] for row in mask_l):
-            return self.inner.draft(state, gamma)
+            out = self.inner.draft(state, gamma)
+            self.keep_copied(state, gamma)
+            return out
         dev = state.lengths.device
         pin = dev.type == "cuda"
         cand, cmask, conf = (torch.tensor(x, dtype=dt, pin_memory=pin).to(dev, non_blocking=True)
@@ -258,7 +280,34 @@ class LookupDrafter(Drafter):
         drafts = self.inner.draft_chain(state, gamma, cand, cmask, conf, by_head=self.by_head)
         taken = (cmask[:, :, 0] & (cand[:, :, 0] == drafts[:, :1])).any(dim=1)  # (B,) first token from the context
         self._matched = taken.sum() + (self._matched if self._matched is not None else 0)  # device: no read
+        self.keep_copied(state, gamma)
         return drafts, None
+
+    def keep_copied(self, state, gamma: int) -> None:
+        """Puts each sequence's match context first in the inner drafter's lookahead signal (``keep``; after the
+        inner drafter has recorded it this round): the positions of the matched n-gram, of the ``γ`` tokens after
+        it and ``keep`` on either side gain :data:`KEPT_MASS`, more than any attention sum, so Dustin's draft part
+        of the verification set takes them first. A copied answer (a key, a number, an identifier from the
+        context) otherwise depends on the draft's attention having found it; at 4,096 tokens and a 25 % budget
+        the EAGLE head's did not once in five needle samples, and the verification dropped a digit."""
+        la = getattr(self.inner, "lookahead", None)
+        if self.keep is None or la is None:
+            return
+        rows: list[int] = []
+        cols: list[int] = []
+        for b, idx in enumerate(self._index):
+            toks = state.tokens[b]
+            e, n = idx.locate(toks)
+            if n:
+                lo, hi = max(0, e - n + 1 - self.keep), min(len(toks), la.shape[1], e + 1 + gamma + self.keep)
+                rows += [b] * (hi - lo)
+                cols += range(lo, hi)
+        if rows:
+            pin = la.device.type == "cuda"
+            r, c = (torch.tensor(x, dtype=torch.long, pin_memory=pin).to(la.device, non_blocking=True)
+                    for x in (rows, cols))
+            la.index_put_((r, c), torch.full((len(rows),), KEPT_MASS, dtype=la.dtype, device=la.device),
+                          accumulate=True)
 
     def score_request(self, gamma: int) -> ScoreRequest | None:
         return self.inner.score_request(gamma)

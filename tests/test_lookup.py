@@ -215,6 +215,56 @@ def test_lookup_merge_respects_trust_and_the_inner_first_draft():
     assert torch.equal(inner.seen[0], drafts)
 
 
+def test_keep_copied_puts_the_match_context_first_in_the_lookahead():
+    """``keep``: each sequence's match (the n-gram's earlier occurrence, the γ tokens after it, ``keep`` either side,
+    clipped to the sequence) gains :data:`KEPT_MASS` in the inner drafter's lookahead signal in place, after the inner
+    drafter recorded it; no match, ``keep=None`` or no signal: unchanged. The hybrid selection then takes them."""
+    from types import SimpleNamespace
+
+    from specdec.interfaces import Drafter
+    from specdec.lookup import KEPT_MASS, LookupDrafter
+    from specdec.selectors.hybrid_srh import hybrid_select
+
+    class Inner(Drafter):
+        def prefill(self, state):
+            pass
+
+        def draft(self, state, gamma):
+            self.lookahead.zero_()
+            self.lookahead[:, -3:] = 1.0  # the draft's own attention: on the last positions only
+            return torch.full((len(state.tokens), gamma), 99), None
+
+        def drafts_replaced(self, state, drafts, mask):
+            pass
+
+    seq0 = list(range(100, 140)) + [7, 8, 9, 5, 6] + list(range(200, 240)) + [7, 8, 9]  # (7 8 9) matched at 40-42
+    seq1 = list(range(300, 390))  # no match
+    inner = Inner()
+    inner.lookahead = torch.zeros(2, 96)
+    state = SimpleNamespace(tokens=[seq0, seq1])
+    look = LookupDrafter(inner, min_n=2, max_n=3, trust_n=2, keep=2)
+    look.prefill(state)
+    drafts, _ = look.draft(state, 4)
+    assert drafts[0].tolist() == [5, 6, 200, 201] and drafts[1].tolist() == [99] * 4
+    kept = (inner.lookahead >= KEPT_MASS).nonzero().tolist()
+    assert kept == [[0, p] for p in range(38, 49)]  # 40-2 .. 42+4+2
+    assert inner.lookahead[1].sum() == 3.0  # no match: the draft's signal as recorded
+    # the draft part of a 24-entry set (2 sinks, 4 recent, m = 11) is exactly the kept context
+    L = torch.tensor([len(seq0), len(seq1)])
+    idx = hybrid_select(L, torch.tensor([24, 24]), 2, 4, inner.lookahead, None, torch.tensor([11, 11]))
+    assert sorted(p for p in idx[0, 6:17].tolist()) == list(range(38, 49))
+    # off, or no signal to write to: nothing happens
+    inner.lookahead.zero_()
+    off = LookupDrafter(inner, min_n=2, max_n=3, trust_n=2)
+    off.prefill(state)
+    off.draft(state, 4)
+    assert inner.lookahead.max() == 1.0
+    inner.lookahead = None
+    look.keep_copied(state, 4)  # no error
+    with pytest.raises(SpecdecError, match="lookup_keep=-1 needs an integer >= 0"):
+        LookupDrafter(inner, keep=-1)
+
+
 # -- policy "chain": the EAGLE head follows the context's candidates and continues from the tokens it took ----------
 
 
@@ -404,6 +454,7 @@ def test_dustin_lookup_policy_options(target, eagle_path):
 
     d = drafter()  # the default: replace (chain drafted 2x slower on the H200 at B 64: docs page Dustin)
     assert (d.policy, d.candidates, d.veto, d.by_head, d.periodic) == ("replace", 1, None, False, True)
+    assert d.keep == 16 and drafter(lookup_keep=None).keep is None and drafter(lookup_keep=0).keep == 0
     d = drafter(lookup_policy="chain")  # chain's defaults: one candidate, the head vetoes at 0.9
     assert (d.policy, d.candidates, d.veto, d.by_head) == ("chain", 1, 0.9, False)
     d = drafter(lookup_policy="chain", lookup_candidates=4, lookup_veto=0.5, lookup_by_head=True)
