@@ -19,7 +19,9 @@ signal then follow the tokens actually drafted (no ``drafts_replaced``).
 
 Lossless either way: a lookup draft is a deterministic proposal, ``q = one-hot`` in rejection sampling
 (:func:`specdec.sampling.accept` then accepts with probability ``p(x)`` and resamples from ``p`` without ``x``).
-With sparse verification (Dustin), the lookahead signal still comes from the inner drafter's attention.
+With sparse verification (Dustin), the lookahead signal comes from the inner drafter's attention, and with ``keep``
+the context of each match (the matched n-gram, what followed it, ``keep`` tokens either side) is put first in it
+(:meth:`LookupDrafter.keep_copied`): a copied draft is then verified against the tokens it was copied from.
 
 Host cost: per sequence one dict per ``n`` mapping an n-gram to the end of its latest occurrence, built at
 prefill and extended with the tokens emitted since the last draft (the engine reads them anyway).
