@@ -32,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     from specdec.bench import run_bench
+    from specdec.fidelity import sequence_match
     from specdec.loading import load_model
 
-    settings = json.loads(a.settings)
+    settings = _settings(a.settings)
     gpu = not a.smoke
     model = load_model("smollm2-135m" if a.smoke else a.gguf, "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu",
                        "triton" if gpu else "reference", gpu, False, gpu)  # loaded once for every call
@@ -57,11 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     out = []
     for r in rows:
         d = dense[r["document"]]
+        match = sequence_match(r["tokens"], d["tokens"])
         row = dict(document=r["document"], setting=r["setting"], tau=r["tau"], tokens_per_second=r["tokens_per_second"],
                    speedup_vs_dense=r["tokens_per_second"] / d["tokens_per_second"],
                    tps_min_max=[r["tokens_per_second_min"], r["tokens_per_second_max"]],
-                   same_tokens_as_dense=r["tokens"] == d["tokens"],  # the first sequence's (rows keep one)
-                   token_agreement=_agreement(r["tokens"], d["tokens"]))
+                   same_tokens_as_dense=match["identical"],  # the first sequence's (rows keep one)
+                   token_agreement=match["first_divergence"] / max(len(d["tokens"]), 1))  # free-running
         out.append(row)
         lo, hi = row["tps_min_max"]
         lines.append(f"| {row['document']} | {row['setting']} | {row['tau']:.2f} | {row['tokens_per_second']:.0f} "
@@ -73,10 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _agreement(x: list[int], y: list[int]) -> float:
-    """Free-running agreement of the first sequence: the share of dense's tokens before the first difference."""
-    n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-    return n / max(len(y), 1)
+def _settings(text: str) -> dict:
+    """``--settings`` as ``{label: (budget_ratio, options)}``, or one line naming what is wrong."""
+    try:
+        settings = json.loads(text)
+        ok = isinstance(settings, dict) and settings and all(
+            isinstance(v, list) and len(v) == 2 and isinstance(v[0], (int, float)) and 0 < v[0] <= 1
+            and isinstance(v[1], dict) for v in settings.values())
+    except json.JSONDecodeError:
+        ok = False
+    if not ok:
+        raise SystemExit(f"--settings {text!r}: give JSON {{label: [budget ratio in (0, 1], {{dustin options}}]}}, "
+                         'e.g. \'{"25%": [0.25, {}]}\'.')
+    return settings
 
 
 if __name__ == "__main__":

@@ -9,24 +9,12 @@
 # Writes $OUT/hc/<run>/{fidelity.json,fidelity.md} and $OUT/hc/<run>.log, then $OUT/hc.tgz.
 # Smoke (CPU, tiny random model): PY=.venv/bin/python DOCS4=pydoc DOCS8=pydoc OUT=/tmp/hc bash benchmarks/gpu/heldout_curve.sh --smoke
 set -uo pipefail
-OUT=${OUT:-/tmp/hc_out}
-mkdir -p "$OUT/hc"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} SPECDEC_CACHE=${SPECDEC_CACHE:-/tmp/specdec_cache}
-M=/tmp/m/smol.gguf; [ -f "$M" ] || M=smollm2-135m
-DEV=cuda; EXTRA="--backend torch"; PY=${PY:-python3}; HARD=${HARD:-280}; C4=4096; C8=8000; B4=1024; B4b=2048
-if [ "${1:-}" = "--smoke" ]; then DEV=cpu; EXTRA="--smoke"; HARD=120; fi
+TF_DIR=hc; source "$(dirname "$0")/tf_runs.sh" "$@"
+C4=4096; C8=8000; B4=1024; B4b=2048
 : "${DOCS4:?DOCS4=comma-separated files (4k runs)}" "${DOCS8:?DOCS8=comma-separated files (8k runs)}"
-run() {  # name, context, budgets, documents, options, margins
-  timeout -k 5 $HARD $PY benchmarks/dustin_fidelity.py $EXTRA --device $DEV --model "$M" --context "$2" --budgets "$3" \
-    --documents "$4" --new-tokens 128 --tf-only --options "$5" ${6:+--margins $6} --budget-s $((HARD - 20)) \
-    --out "$OUT/hc/$1" > "$OUT/hc/$1.log" 2>&1 || echo "$1: rc $?" | tee -a "$OUT/hc/failures.txt"
-}
-start=$(date +%s)
 run curve4k $C4 "$B4,$B4b" "$DOCS4" '{}' 0.25,0.5,1,1.5 &
 run valve4k $C4 $B4 "$DOCS4" '{"margin": 1.0}' &
 run layers4k $C4 $B4 "$DOCS4" '{"layer_share": 0.5}' 0.5,1 &
 run curve8k $C8 0.25 "$DOCS8" '{}' 0.25,0.5,1 &
 wait
-echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/hc/wall.txt"
-for f in "$OUT"/hc/*/fidelity.md; do echo "== $f"; grep -E "^\| (0\.25|$B4|$B4b|[0-9.]+ \|)" "$f" | head -12; done
-tar -czf "$OUT/hc.tgz" -C "$OUT" hc
+tf_finish "^\\| (0\\.25|$B4|$B4b|[0-9.]+ \\|)"

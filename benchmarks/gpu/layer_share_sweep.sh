@@ -8,19 +8,8 @@
 # Writes $OUT/ls/<run>/{fidelity.json,fidelity.md} and $OUT/ls/<run>.log, then $OUT/ls.tgz.
 # Smoke (CPU): PY=.venv/bin/python DEV4=pydoc DOCS4=pydoc DOCS8=pydoc OUT=/tmp/ls bash benchmarks/gpu/layer_share_sweep.sh --smoke
 set -uo pipefail
-OUT=${OUT:-/tmp/ls_out}
-mkdir -p "$OUT/ls"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} SPECDEC_CACHE=${SPECDEC_CACHE:-/tmp/specdec_cache}
-M=/tmp/m/smol.gguf; [ -f "$M" ] || M=smollm2-135m
-DEV=cuda; EXTRA="--backend torch"; PY=${PY:-python3}; HARD=${HARD:-280}
-if [ "${1:-}" = "--smoke" ]; then DEV=cpu; EXTRA="--smoke"; HARD=120; fi
+TF_DIR=ls; source "$(dirname "$0")/tf_runs.sh" "$@"
 : "${DEV4:?}" "${DOCS4:?}" "${DOCS8:?}"
-run() {  # name, context, budgets, documents, options, margins
-  timeout -k 5 $HARD $PY benchmarks/dustin_fidelity.py $EXTRA --device $DEV --model "$M" --context "$2" --budgets "$3" \
-    --documents "$4" --new-tokens 128 --tf-only --options "$5" ${6:+--margins $6} --budget-s $((HARD - 20)) \
-    --out "$OUT/ls/$1" > "$OUT/ls/$1.log" 2>&1 || echo "$1: rc $?" | tee -a "$OUT/ls/failures.txt"
-}
-start=$(date +%s)
 run dev_shared 4096 1024 "$DEV4" '{}' 0.5,1 &
 run dev_half 4096 1024 "$DEV4" '{"layer_share": 0.5}' 0.5,1 &
 run dev_all 4096 1024 "$DEV4" '{"layer_share": 1.0}' 0.5,1 &
@@ -28,6 +17,4 @@ run eval_all4k 4096 1024 "$DOCS4" '{"layer_share": 1.0}' 0.5,1 &
 run eval_half_valve4k 4096 1024 "$DOCS4" '{"layer_share": 0.5, "margin": 0.5}' &
 run eval_half8k 8000 0.25 "$DOCS8" '{"layer_share": 0.5}' 0.5,1 &
 wait
-echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/ls/wall.txt"
-for f in "$OUT"/ls/*/fidelity.md; do echo "== $f"; grep -E "^\| (0\.25|1024) \|" "$f" | head -6; done
-tar -czf "$OUT/ls.tgz" -C "$OUT" ls
+tf_finish "^\\| (0\\.25|1024) \\|"
