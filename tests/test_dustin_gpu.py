@@ -25,9 +25,11 @@ from conftest import make_tiny  # noqa: E402
 PROMPTS = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
 
 
-def test_dustin_plan_replays_as_one_graph_and_equals_eager():
-    """The hybrid plan (static split) is built by the planner's plan graph on a GPU: the same tokens as eager plan
-    construction, the plan graph captured and replayed, no plan refused (a host read would be)."""
+@pytest.mark.parametrize("layer_share", [0.0, 0.5])
+def test_dustin_plan_replays_as_one_graph_and_equals_eager(layer_share):
+    """The hybrid plan (static split; with ``layer_share`` its per-layer part and the page bounds' update too) is
+    built by the planner's plan graph on a GPU: the same tokens as eager plan construction, the plan graph captured
+    and replayed, no plan refused (a host read would be)."""
     from specdec.graphs import PlanGraphs
     from specdec.planner import planner_for
 
@@ -35,9 +37,27 @@ def test_dustin_plan_replays_as_one_graph_and_equals_eager():
     m.hf.cuda()
     m.backend = BACKENDS.build("triton")
     cfg = PipelineConfig.make(method="dustin", gamma=3, budget_ratio=0.25, sinks=2, recent=4,
-                              options={"draft_layers": 2, "lookup_min": 0})
+                              options={"draft_layers": 2, "lookup_min": 0, "layer_share": layer_share, "page_size": 4})
     eng = build_engine(m, cfg, eos_token_id=-1)
+    pairs = []  # (replayed, eager) plan contents at every sparse pass: tokens alone can hide a wrong plan
+    orig = eng.verifier.verify
+
+    def verify(state, tokens, scores):
+        out = orig(state, tokens, scores)
+        p = eng.verifier.last_plan
+        if p is not None:
+            direct = eng.verifier.selector.plan(state.cache, state.lengths)
+            pairs.append((p.indices.clone(), direct.indices))
+            if hasattr(p, "rank"):
+                q = torch.randn(state.lengths.shape[0], m.dims.n_heads, 4, m.dims.head_dim, device="cuda")
+                pairs.extend((getattr(p, n).clone(), getattr(direct, n)) for n in ("room", "rank", "counts"))
+                pairs.extend((p.indices_for(layer, q), direct.indices_for(layer, q)) for layer in range(4))
+        return out
+
+    eng.verifier.verify = verify
     captured = eng.generate(PROMPTS, 16).tokens
+    assert len(pairs) >= 2 and all(torch.equal(a, b) for a, b in pairs), [i for i, (a, b) in enumerate(pairs)
+                                                                          if not torch.equal(a, b)]
     pg = planner_for(eng.verifier._state.cache).plan_graphs
     assert pg is not None and pg.captures >= 1 and pg.replays >= 1 and not pg.uncapturable, pg and pg.uncapturable
     real = PlanGraphs.__dict__["applies"]  # the staticmethod itself
@@ -212,3 +232,30 @@ def test_group_scores_kernel_bf16_at_a_real_shape():
         want = group_attention(q, k, lengths, heads, 0.125, full=True)
         got = group_scores(q, k, lengths, heads, 0.125)
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("P,ps,levels", [(520, 16, None), (520, 16, 3), (37, 5, None)])
+def test_select_pages_compiled_equals_the_reference(P, ps, levels):
+    """The per-layer part's kernel compiled for the GPU picks the PyTorch reference's indices (B 8 × 3 KV heads,
+    up to 8k positions, random and heavily tied page scores, room up to all the new tokens)."""
+    from specdec.cuda.triton_select import select_pages
+    from specdec.selectors.quest import blocked_positions, page_ranks, select_pages_torch
+
+    g = torch.Generator(device="cuda").manual_seed(P + ps)
+    B, Hkv, W = 8, 3, P * ps
+    page = torch.randn(B, Hkv, P, device="cuda", generator=g)
+    if levels:
+        page = torch.randint(0, levels, (B, Hkv, P), device="cuda", generator=g).float()
+    lengths = torch.randint(W // 2, W, (B,), device="cuda", generator=g)
+    new = ~blocked_positions(lengths, W, 4, 16)
+    shared = torch.randint(0, W, (B, 300), device="cuda", generator=g)
+    new[torch.arange(B, device="cuda").view(-1, 1), shared] = False
+    rank, counts = page_ranks(new, ps)
+    k_sel = W // 4
+    room = torch.randint(0, k_sel + 1, (B,), device="cuda", generator=g)
+    room[0] = k_sel
+    fixed = torch.cat([torch.arange(4, device="cuda").expand(B, 4), shared[:, :20]], 1)
+    want = select_pages_torch(page, rank, room, fixed, k_sel, ps)
+    for warps in (1, 4, 8):
+        got = select_pages(page, counts, rank, room, fixed, k_sel, ps, warps)
+        assert torch.equal(got, want), (warps, int((got != want).sum()))

@@ -2,6 +2,7 @@
 compiled module and follows its compile/graph state, the draft cache view is stable, the SRH score
 request gives the per-pass signal, and the graph key includes the active backend."""
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -284,18 +285,28 @@ class _FrozenPlanCalls:
         for s, t in zip(statics, inputs):
             s.copy_(t)
         new = self._no_host_reads(frozen, *statics)
-        for name in ("indices", "dense_from"):
-            getattr(outs, name).copy_(getattr(new, name))
+        from specdec.interfaces import plan_tensors
+
+        for name, t in plan_tensors(new).items():  # every tensor field (a per-layer plan has more)
+            if getattr(outs, name) is not t:
+                getattr(outs, name).copy_(t)
         self.replays += 1
         return outs
 
 
 @pytest.mark.parametrize("budget,split", [(dict(budget_ratio=0.25), {}), (dict(budget_ratio=1.0), {}),
-                                          (dict(budget=12), dict(m=3))])
+                                          (dict(budget=12), dict(m=3)),
+                                          (dict(budget_ratio=0.4), dict(layer_share=0.5, page_size=4,
+                                                                        page_kernels="triton"))])
 def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
     """The hybrid plan replayed as a graph (stand-in above: no host read, frozen build) gives the eager plan
     at every iteration of a greedy Dustin generation, and the tokens are the eager run's; at budget = the whole
-    context both equal dense greedy decoding."""
+    context both equal dense greedy decoding. Per-layer sets too (their page bounds updated by the Triton kernel,
+    the interpreter on the CPU): their shared part and per-layer fields replay, and so do each layer's picks."""
+    if split.get("page_kernels") == "triton":
+        pytest.importorskip("triton", reason="the page-bound kernels need the optional 'triton' package")
+        if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):  # read when the kernels are defined
+            pytest.skip("the tiny model runs on the CPU: the Triton kernels need TRITON_INTERPRET=1 (the test command's)")
     from specdec.graphs import PlanGraphs
     from specdec.planner import planner_for
 
@@ -322,7 +333,13 @@ def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
             out = orig(state, tokens, scores)
             p = eng.verifier.last_plan
             if p is not None:
-                plans.append((p.indices.clone(), eng.verifier.selector.plan(state.cache, state.lengths).indices))
+                direct = eng.verifier.selector.plan(state.cache, state.lengths)
+                plans.append((p.indices.clone(), direct.indices))
+                if hasattr(p, "counts"):  # a per-layer plan: its fields and one layer's picks for the same queries
+                    q = torch.randn(state.lengths.shape[0], target.dims.n_heads, 2, target.dims.head_dim)
+                    for name in ("room", "rank", "counts"):
+                        plans.append((getattr(p, name).clone(), getattr(direct, name)))
+                    plans.append((p.indices_for(1, q), direct.indices_for(1, q)))
             return out
 
         eng.verifier.verify = verify

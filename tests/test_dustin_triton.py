@@ -45,3 +45,69 @@ def test_layer_sets_triton_attention_and_page_kernels_match_reference():
         tri_tokens, tri_m = run("triton")
     assert tri_tokens == ref_tokens
     torch.testing.assert_close(tri_m, ref_m, atol=1e-3, rtol=1e-4)  # the sparse logits themselves agree
+
+
+def _brute_pages(page, new, room, fixed, k_sel, ps):
+    """The definition: per (sequence, KV head) the room[b] new tokens ranked by their page's score, ties by position."""
+    B, Hkv, P = page.shape
+    W = new.shape[1]
+    out = torch.full((B, Hkv, fixed.shape[1] + k_sel), -1, dtype=torch.long)
+    for b in range(B):
+        for h in range(Hkv):
+            toks = [p for p in range(W) if new[b, p]]
+            toks.sort(key=lambda p: (-(float(page[b, h, p // ps]) + 0.0), p))
+            picked = sorted(toks[: int(room[b])])
+            out[b, h, : fixed.shape[1]] = fixed[b]
+            out[b, h, fixed.shape[1]: fixed.shape[1] + len(picked)] = torch.tensor(picked, dtype=torch.long)
+    return out
+
+
+def _page_case(seed, B=3, Hkv=2, P=70, ps=4, levels=None, k_sel=40, F=6, rooms=None):
+    g = torch.Generator().manual_seed(seed)
+    W = P * ps - 3  # a partial last page
+    page = torch.randn(B, Hkv, P, generator=g)
+    if levels:  # few distinct scores: many ties across pages; and both zeros
+        page = torch.randint(0, levels, (B, Hkv, P), generator=g).float() - 1
+        page[page == 0] = torch.tensor([0.0, -0.0])[torch.randint(0, 2, (int((page == 0).sum()),), generator=g)]
+    new = (torch.rand(B, W, generator=g) < 0.7).to(torch.uint8)
+    new[0, : 2 * ps] = 0  # whole pages without a new token
+    fixed = torch.randint(0, W, (B, F), generator=g)
+    fixed[:, -1] = -1  # the shared part's padding is copied as it is
+    room = torch.tensor(rooms or [k_sel, k_sel // 2, 0][:B])
+    counts = torch.stack([torch.tensor([int(new[b, p * ps:(p + 1) * ps].sum()) for p in range(P)]) for b in range(B)])
+    rank = torch.full((B, W), -1, dtype=torch.int16)
+    for b in range(B):
+        for pos in range(W):
+            if new[b, pos]:
+                rank[b, pos] = int(new[b, pos - pos % ps: pos].sum())
+    return page, counts.int(), new, rank, room, fixed, k_sel, ps
+
+
+@pytest.mark.parametrize("case", [
+    dict(seed=0), dict(seed=1, levels=3), dict(seed=2, ps=3, levels=4), dict(seed=3, ps=5, P=9, k_sel=40),
+    dict(seed=4, P=150, ps=2, levels=2, k_sel=64, rooms=[64, 1, 63]),
+])
+def test_select_pages_kernel_equals_the_reference_and_the_definition(case):
+    """One layer's per-layer part: the Triton kernel (interpreter), the PyTorch reference and a brute-force ranking
+    give the same indices — with ties across pages, -0.0 vs 0.0, pages without new tokens, room 0, a room larger than
+    the row's new tokens (case 3: 9 pages of 5), a page size that is no power of two and several tiles of pages."""
+    from specdec.cuda.triton_select import select_pages
+    from specdec.selectors.quest import select_pages_torch
+
+    page, counts, new, rank, room, fixed, k_sel, ps = _page_case(**case)
+    want = _brute_pages(page, new, room, fixed, k_sel, ps)
+    assert torch.equal(select_pages_torch(page, rank, room, fixed, k_sel, ps), want)
+    for warps in (1, 4):
+        assert torch.equal(select_pages(page.contiguous(), counts, rank, room, fixed, k_sel, ps, warps), want)
+
+
+def test_select_pages_refuses_bad_inputs_in_one_line():
+    from specdec.cuda.triton_select import select_pages
+
+    page, counts, new, rank, room, fixed, k_sel, ps = _page_case(0)
+    with pytest.raises(ValueError, match="counts"):
+        select_pages(page, counts.long(), rank, room, fixed, k_sel, ps)
+    with pytest.raises(ValueError, match="int16"):
+        select_pages(page, counts, rank.int(), room, fixed, k_sel, ps)
+    with pytest.raises(ValueError, match="float32"):
+        select_pages(page.double(), counts, rank, room, fixed, k_sel, ps)

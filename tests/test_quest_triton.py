@@ -95,10 +95,13 @@ def test_page_scores_strided_inputs():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ps", [4, 16, 5])
 def test_update_minmax_equals_torch_after_random_append_rollback(dtype, ps):
-    """The kernel keeps the bounds bit-identical to the torch path (and so to a recomputation)."""
+    """The kernel keeps the bounds bit-identical to the torch path (and so to a recomputation), in the keys' dtype.
+    Each path has a cache of its own: the page bounds are buffers of the cache's planner, so two selectors on one
+    cache would compare a tensor with itself."""
     rng = random.Random(ps)
     N, B, H, L, D = 2, 3, 2, 70, 8
     cache = KVCache(N, B, H, L, D, dtype=dtype, device=DEV)
+    twin = KVCache(N, B, H, L, D, dtype=dtype, device=DEV)
     cache.k.normal_()
     sel_t = Quest(QuestConfig(budget=12, sinks=1, recent=2, page_size=ps, kernels="torch"))
     sel_k = Quest(QuestConfig(budget=12, sinks=1, recent=2, page_size=ps, kernels="triton"))
@@ -115,8 +118,15 @@ def test_update_minmax_equals_torch_after_random_append_rollback(dtype, ps):
             if rng.random() < 0.2:
                 acc = -torch.tensor([rng.randint(0, 2 * ps) for _ in range(B)], device=DEV)
             lengths = (lengths + acc).clamp(min=0)
-        sel_t.update(cache, lengths)
+        twin.k.copy_(cache.k)
+        sel_t.update(twin, lengths)
         sel_k.update(cache, lengths)
+        assert sel_k.kmin is not sel_t.kmin and sel_k.kmin.dtype == dtype
+        ks = cache.k.float()
+        for b, n in enumerate(lengths.tolist()):  # a min of keys is a key: exact in their dtype
+            for pg in range(-(-n // ps)):
+                want = ks[:, b, :, pg * ps: min((pg + 1) * ps, n)].amin(dim=2)
+                assert torch.equal(sel_k.kmin[:, b, :, pg].float(), want), (step, b, pg)
         torch.testing.assert_close(sel_k.kmin, sel_t.kmin, rtol=0, atol=0, msg=f"kmin at step {step}")
         torch.testing.assert_close(sel_k.kmax, sel_t.kmax, rtol=0, atol=0, msg=f"kmax at step {step}")
 

@@ -42,8 +42,8 @@ def _page_bounds(Q, Kmin, Kmax, b, h, offs_p, stride_qb, stride_qh, stride_qt, s
     pmask = offs_p < P
     base = b * stride_mb + h * stride_mh + offs_p[:, None].to(tl.int64) * stride_mp + offs_d[None, :]
     m = pmask[:, None] & dmask[None, :]
-    kmax = tl.load(Kmax + base, mask=m, other=0.0)
-    kmin = tl.load(Kmin + base, mask=m, other=0.0)
+    kmax = tl.load(Kmax + base, mask=m, other=0.0).to(tl.float32)  # bounds in the keys' dtype (exact), fp32 math
+    kmin = tl.load(Kmin + base, mask=m, other=0.0).to(tl.float32)
     return tl.sum(kmax * qp[None, :] + kmin * qn[None, :], axis=1)
 
 
@@ -71,8 +71,8 @@ def quest_page_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -
 
     Args:
         q: ``(B, H, T, D)`` queries (any float dtype, last dim contiguous or not).
-        kmin: ``(B, H_kv, P, D)`` float32 per-page minimum of the keys (last dim contiguous).
-        kmax: ``(B, H_kv, P, D)`` float32 per-page maximum, same layout.
+        kmin: ``(B, H_kv, P, D)`` per-page minimum of the keys (float32 or the keys' dtype; last dim contiguous).
+        kmax: ``(B, H_kv, P, D)`` per-page maximum, same layout and dtype.
 
     Returns:
         ``(B, H_kv, P)`` float32: ``sum_{g, t} sum_d max(q_d kmax_d, q_d kmin_d)``.
@@ -216,7 +216,8 @@ def quest_update_minmax(k: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
 
     Args:
         k: ``(N, B, H_kv, L, D)`` keys (last dim contiguous).
-        kmin: ``(N, B, H_kv, P, D)`` float32 per-page key minimum, ``P * page_size >= L``.
+        kmin: ``(N, B, H_kv, P, D)`` per-page key minimum (float32 or ``k``'s dtype: a min or max of keys is
+            exact in it), ``P * page_size >= L``.
         kmax: the per-page maximum, same shape and strides as ``kmin``.
         valid: ``(B,)`` integer lengths the bounds currently describe.
         lengths: ``(B,)`` integer new lengths.

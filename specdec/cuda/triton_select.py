@@ -612,3 +612,106 @@ def spread_scores(s: torch.Tensor, n: int, sum_heads: bool, out: torch.Tensor | 
         else:
             _spread_kernel[grid](s, out, L, H, N_SPREAD=n, HSUM=sum_heads, BLOCK=SPREAD_BLOCK, num_warps=4)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Dustin's per-layer part (``HybridSRHConfig.layer_share``): the best pages of one layer, counted in new tokens.
+# ---------------------------------------------------------------------------------------------------------------
+
+#: most pages per row :func:`select_pages` holds in registers (131,072 positions at 16 per page)
+PAGES_MAX = 8192
+#: pages per tile of the token pass
+PAGES_TILE = 64
+
+
+@triton.jit
+def _page_keys(S, CNT, row, b, offs, P):
+    """Order-preserving int64 keys of the page scores at ``offs`` (INT32_MIN: no new token / padding) and their
+    new-token counts."""
+    inp = offs < P
+    x = tl.load(S + row.to(tl.int64) * P + offs, mask=inp, other=0.0) + 0.0  # -0.0 → +0.0: equal zeros, one key
+    c = tl.load(CNT + b.to(tl.int64) * P + offs, mask=inp, other=0)
+    bits = x.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed order == float order (no NaN)
+    key = tl.where(inp & (c > 0), key, -2147483647 - 1)
+    return key.to(tl.int64), tl.where(inp, c, 0)
+
+
+@triton.jit
+def _select_pages_kernel(S, CNT, RANK, ROOM, FIXED, OUT, P, W, F, k_sel, Hkv, PS: tl.constexpr, PSB: tl.constexpr,
+                         PBLOCK: tl.constexpr, PTILE: tl.constexpr, FBLOCK: tl.constexpr, KBLOCK: tl.constexpr):
+    row = tl.program_id(0)  # over (B, H_kv) rows
+    b = row // Hkv
+    room = tl.minimum(tl.load(ROOM + b), k_sel).to(tl.int32)
+    obase = OUT + row.to(tl.int64) * (F + k_sel)
+    fo = tl.arange(0, FBLOCK)  # the shared part first, as it is
+    tl.store(obase + fo, tl.load(FIXED + b.to(tl.int64) * F + fo, mask=fo < F, other=-1), mask=fo < F)
+    key, c = _page_keys(S, CNT, row, b, tl.arange(0, PBLOCK), P)
+    lo = tl.full((), -2147483647 - 1, tl.int64)
+    hi = tl.full((), 2147483647, tl.int64)
+    for _ in range(32):  # largest t with (new tokens of the pages with key >= t) >= room
+        mid = (lo + hi + 1) // 2
+        cnt = tl.sum(tl.where(key >= mid, c, 0), axis=0)
+        ok = cnt >= room
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    need = room - tl.sum(tl.where(key > lo, c, 0), axis=0)  # left for the pages at the threshold, lowest first
+    done = tl.zeros((), tl.int32)  # slots written by the earlier tiles
+    tied = tl.zeros((), tl.int32)  # new tokens of earlier tiles' pages at the threshold
+    for p0 in range(0, P, PTILE):  # the token pass, tile by tile of pages in position order
+        offs = p0 + tl.arange(0, PTILE)
+        k, cc = _page_keys(S, CNT, row, b, offs, P)
+        eq = tl.where((k == lo) & (cc > 0), cc, 0)
+        before = tied + tl.cumsum(eq, axis=0) - eq
+        take = tl.where(k > lo, cc, tl.minimum(tl.maximum(need - before, 0), eq))
+        take = tl.where(room > 0, take, 0)
+        off = done + tl.cumsum(take, axis=0) - take
+        j = tl.arange(0, PSB)
+        pos = offs[:, None] * PS + j[None, :]
+        inb = (offs[:, None] < P) & (j[None, :] < PS) & (pos < W)
+        rank = tl.load(RANK + b.to(tl.int64) * W + pos, mask=inb, other=-1).to(tl.int32)  # -1: not new
+        pick = (rank >= 0) & (rank < take[:, None])
+        tl.store(obase + F + off[:, None] + rank, pos.to(tl.int64), mask=pick)
+        done += tl.sum(take, axis=0)
+        tied += tl.sum(eq, axis=0)
+    ks = tl.arange(0, KBLOCK)
+    tl.store(obase + F + ks, tl.full((KBLOCK,), -1, tl.int64), mask=(ks >= done) & (ks < k_sel))
+
+
+def select_pages(page_scores: torch.Tensor, counts: torch.Tensor, rank: torch.Tensor, room: torch.Tensor,
+                 fixed: torch.Tensor, k_sel: int, page_size: int, num_warps: int = 4) -> torch.Tensor:
+    """One layer's indices of a per-layer plan: the shared part, then per (sequence, KV head) the ``room[b]`` new
+    tokens of the best pages, ``(B, H_kv, F + k_sel)`` int64.
+
+    A *new* token is one the shared part and the blocked positions leave. Tokens are ranked by their page's score
+    (``page_scores`` ``(B, H_kv, P)`` float32), ties by position: every new token of the pages above the threshold,
+    then the pages at it in position order, the last one cut at ``room``. Picks in position order after the ``F``
+    entries of ``fixed`` ``(B, F)``, -1 in the slots past them. The same set as a stable descending sort of the token
+    scores (:func:`specdec.selectors.quest.select_pages_torch`).
+
+    Args:
+        counts: ``(B, P)`` int32 new tokens per page.
+        rank: ``(B, W)`` int16, a new token's rank among its page's new tokens (0, 1, ...), -1 where not new;
+            positions past ``W`` are not new.
+        room: ``(B,)`` picks per sequence (at most ``k_sel``).
+    """
+    B, Hkv, P = page_scores.shape
+    if page_scores.dtype != torch.float32 or not page_scores.is_contiguous() or P > PAGES_MAX:
+        raise ValueError(f"select_pages: want contiguous float32 (B, H_kv, P <= {PAGES_MAX}) page scores, got "
+                         f"{page_scores.dtype} {tuple(page_scores.shape)}")
+    if counts.shape != (B, P) or counts.dtype != torch.int32 or rank.dim() != 2 or rank.shape[0] != B \
+            or rank.dtype != torch.int16 or room.shape != (B,) or fixed.dim() != 2 or fixed.shape[0] != B:
+        raise ValueError(f"select_pages: counts ({B}, {P}) int32, rank ({B}, W) int16, room ({B},), fixed ({B}, F) "
+                         f"wanted; got {tuple(counts.shape)} {counts.dtype}, {tuple(rank.shape)} {rank.dtype}, "
+                         f"{tuple(room.shape)}, {tuple(fixed.shape)}")
+    F = fixed.shape[1]
+    out = torch.empty((B, Hkv, F + k_sel), dtype=torch.long, device=page_scores.device)
+    if B * Hkv == 0:
+        return out
+    counts, rank, fixed = counts.contiguous(), rank.contiguous(), fixed.contiguous()
+    psb = triton.next_power_of_2(page_size)
+    _select_pages_kernel[(B * Hkv,)](
+        page_scores, counts, rank, room, fixed, out, P, rank.shape[1], F, k_sel, Hkv, PS=page_size, PSB=psb,
+        PBLOCK=triton.next_power_of_2(max(P, 16)), PTILE=max(1, min(PAGES_TILE, 1024 // psb)),
+        FBLOCK=triton.next_power_of_2(max(F, 2)), KBLOCK=triton.next_power_of_2(max(k_sel, 16)), num_warps=num_warps)
+    return out

@@ -26,7 +26,7 @@ from specdec.errors import SpecdecError
 from specdec.interfaces import KVSelector, SparsePlan
 from specdec.registry import SELECTORS
 from specdec.selectors.base import BudgetConfig, fixed_positions
-from specdec.selectors.quest import Quest, QuestConfig, QuestPlan
+from specdec.selectors.quest import Quest, QuestConfig, QuestPlan, blocked_positions, page_ranks
 
 Heads = list[tuple[int, int]]
 
@@ -51,7 +51,7 @@ class HybridSRHConfig(BudgetConfig):
     layer_map: list[int] | None = Field(default=None, description="draft layer of each target layer")
     layer_share: float = Field(default=0.0, ge=0, le=1, description="share of the free slots picked per layer and KV head "
                                "by Quest page bounds of the verify rows' queries (0 = one shared set, the paper)")
-    page_size: int = Field(default=16, gt=0, description="tokens per page of the per-layer part (layer_share > 0)")
+    page_size: int = Field(default=16, gt=0, le=4096, description="tokens per page of the per-layer part (layer_share > 0)")
     page_kernels: Literal["auto", "torch", "triton"] = Field(default="auto", description="page bounds of the per-layer "
                                                              "part: Triton kernels as Quest's ('auto': on CUDA)")
 
@@ -297,8 +297,10 @@ class HybridSRHSelector(KVSelector):
     @property
     def capturable_plan(self) -> bool:
         """Whether :meth:`plan` is a pure function of the lengths and the signals with shapes fixed per cache
-        (one shared set, static ``m``): the planner then replays it as one CUDA graph (:class:`PlanGraphs`)."""
-        return not self.config.adaptive and self.config.layer_share == 0
+        (static ``m``; per-layer sets with their page bounds kept by the Triton kernels): the planner then replays
+        it as one CUDA graph (:class:`PlanGraphs`)."""
+        c = self.config
+        return not c.adaptive and (c.layer_share == 0 or c.page_kernels != "torch")
 
     def max_room(self, capacity: int) -> int:
         """Most free slots (budget - sinks - recent) of any plan of a cache of ``capacity`` positions (host)."""
@@ -323,30 +325,70 @@ class HybridSRHSelector(KVSelector):
     def _layer_plan(self, cache: KVCache, lengths: torch.Tensor, m: torch.Tensor | None) -> "LayerSetPlan":
         """Per layer and KV head (beyond the paper): a share ``layer_share`` of the free slots goes to the
         pages with the best Quest bound for the verify rows' own queries in that layer and KV head; the
-        rest is the shared hybrid set (sinks + recent + draft top-m + target history)."""
+        rest is the shared hybrid set (sinks + recent + draft top-m + target history).
+
+        Nothing is read from the device and every width is host-known (:meth:`layer_bounds`), so the plan is
+        replayed as one CUDA graph like the shared one; the page bounds are brought up to date in place."""
         c = self.config
         budget = self.budget_for(lengths)
         _, room = fixed_positions(lengths, budget, c.sinks, c.recent)
         per = torch.round(room.double() * c.layer_share).long()
         shared_room = room - per
         if m is None:
-            m = self.m_for(lengths)
+            m = self.m_for(lengths, room=room)
         m = torch.round(m.double() * (1 - c.layer_share)).long() if c.layer_share < 1 else torch.zeros_like(room)
         m = torch.minimum(m, shared_room)
-        shared = hybrid_select(lengths, budget - per, c.sinks, c.recent, self.draft_signal, self.target_signal, m)
-        self.mark(lengths)
+        d, t = self.draft_signal, self.target_signal
+        k_sel, m_max, r_max = self.layer_bounds(cache.capacity, d is not None, t is not None)
+        shared = hybrid_select(lengths, budget - per, c.sinks, c.recent, d, t, m,
+                               bounds=(cache.capacity, m_max, r_max))  # (B, F)
+        if c.adaptive:  # only adapt() reads it; a captured plan must not modify the selector
+            self.mark(lengths)
         q = self._quest
-        if q is None or q.config.page_size != c.page_size:
+        if q is None or q.config.page_size != c.page_size or q.config.kernels != c.page_kernels:
             q = self._quest = Quest(QuestConfig(page_size=c.page_size, sinks=c.sinks, recent=c.recent, budget=1,
                                                 kernels=c.page_kernels))
         q.update(cache, lengths)
-        k = int(per.max()) if per.numel() else 0
-        width = cache.capacity
-        k_sel = min(-(-k // q.config.k_bucket) * q.config.k_bucket, width) if k else 0
         B = lengths.shape[0]
+        ps = c.page_size
+        P = q.kmin.shape[3]
+        # the tokens the per-layer part may add: cached, outside sinks and recent, not in the shared part
+        new = ~blocked_positions(lengths, P * ps, c.sinks, c.recent)
+        new = torch.nn.functional.pad(new, (0, 1))  # column P * ps takes the shared part's -1 pads
+        new.scatter_(1, torch.where(shared < 0, torch.full_like(shared, P * ps), shared), False)
+        rank, counts = page_ranks(new[:, : P * ps], ps)
         return LayerSetPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
-                            room=per, kmin=q.kmin, kmax=q.kmax, width=width, k_sel=k_sel, page_size=c.page_size,
-                            sinks=c.sinks, recent=c.recent, use_triton=q.use_triton(cache.k.device), clock=q._clock)
+                            room=per, kmin=q.kmin, kmax=q.kmax, width=P * ps, k_sel=k_sel, page_size=ps,
+                            sinks=c.sinks, recent=c.recent, use_triton=q.use_triton(cache.k.device), clock=q._clock,
+                            rank=rank, counts=counts)
+
+    def layer_bounds(self, capacity: int, has_draft: bool = True, has_target: bool = True) -> tuple[int, int, int]:
+        """``(k_sel, m_max, r_max)`` of a per-layer plan on a cache of ``capacity`` positions, from host values
+        only: the most per-layer slots, and the most slots of the shared part's draft and target parts, over
+        every free-slot count a plan of this cache can have (the same float64 roundings as :meth:`_layer_plan`)."""
+        key = (capacity, has_draft, has_target)
+        if getattr(self, "_bounds", None) and self._bounds[0] == key:
+            return self._bounds[1]
+        import numpy as np  # host arithmetic (no tensor: nothing a captured plan could mistake for a device read)
+
+        c = self.config
+        room = np.arange(self.max_room(capacity) + 1, dtype=np.int64)
+        rnd = lambda x: np.rint(x).astype(np.int64)  # noqa: E731 - float64, half to even: torch.round's
+        per = rnd(room * c.layer_share)
+        shared_room = room - per
+        if not has_target:
+            m = room
+        elif not has_draft:
+            m = np.zeros_like(room)
+        elif c.m is not None:
+            m = np.full_like(room, c.m)
+        else:
+            m = rnd(room * c.m_ratio)
+        m = rnd(m * (1 - c.layer_share)) if c.layer_share < 1 else np.zeros_like(room)
+        m = np.minimum(m, shared_room)
+        out = (int(per.max()), int(m.max()), int((shared_room - m).max()))
+        self._bounds = (key, out)
+        return out
 
     def mark(self, lengths: torch.Tensor) -> None:
         """Remember this iteration's signals so the next :meth:`observe_target` can adapt ``m``."""
@@ -373,17 +415,9 @@ class LayerSetPlan(QuestPlan):
     """A verification plan with a part per layer and KV head (``HybridSRHConfig.layer_share``).
 
     ``indices`` ``(1, B, 1, F)`` is the shared part (sinks + recent + the hybrid set, ``-1`` padded); in each
-    layer the backend adds, per KV head, the ``room`` positions of the pages with the best Quest bound for the
-    verify rows' queries, never one already in the shared part (:meth:`indices_for`)."""
+    layer the backend adds, per KV head, the ``room`` new tokens of the pages with the best Quest bound for the
+    verify rows' queries (:meth:`indices_for`): tokens ranked by their page's bound, ties by position.
 
-    def _pick(self, tok: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
-        """``(B, H_kv, k_sel)``: the per-layer top pages outside the shared part ``fixed``, ``-1`` padded."""
-        B, Hkv, W = tok.shape
-        pad = torch.nn.functional.pad(tok, (0, 1))  # column W takes the -1 pads of the shared part
-        f = fixed[:, 0]
-        pad.scatter_(-1, torch.where(f < 0, torch.full_like(f, W), f).view(B, 1, -1).expand(B, Hkv, -1),
-                     float("-inf"))
-        top = torch.topk(pad[..., :W], self.k_sel, dim=-1)
-        slot = torch.arange(self.k_sel, device=tok.device).view(1, 1, -1)
-        keep = (slot < self.room.view(B, 1, 1)) & (top.values > float("-inf"))
-        return torch.where(keep, top.indices, torch.full_like(top.indices, -1))
+    Its ``rank`` / ``counts`` mark the tokens outside the shared part (as well as outside sinks, recent and the
+    uncached positions): the per-layer part never repeats a shared position.
+    """

@@ -52,6 +52,13 @@ def _triton_quest():
     return triton_quest
 
 
+def _triton_select():
+    """The Triton selection kernels (:func:`specdec.cuda.triton_select.select_pages`); triton is installed when asked."""
+    from specdec.cuda import triton_select
+
+    return triton_select
+
+
 def page_minmax(k: torch.Tensor, length: int, page_size: int, first_page: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-page, per-channel key min/max of positions ``< length``, pages ``first_page..``.
 
@@ -83,27 +90,14 @@ def page_minmax(k: torch.Tensor, length: int, page_size: int, first_page: int = 
     return kmin, kmax
 
 
-def _quest_token_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, lengths: torch.Tensor, L: int,
-                        page_size: int, sinks: int, recent: int, use_triton: bool) -> torch.Tensor:
-    """``(B, H_kv, L)`` token scores: each page's upper bound expanded to its tokens, ``-inf`` where
-    the query-aware part may not pick (uncached, sinks, recent window)."""
-    if use_triton:  # page bounds, expanded to tokens and masked, in one launch
-        return _triton_quest().quest_token_scores(q, kmin, kmax, lengths, L, page_size, sinks, recent)
-    B = q.shape[0]
-    page = page_scores_torch(q, kmin, kmax)  # (B, H_kv, P)
-    tok = page.repeat_interleave(page_size, dim=-1)  # (B, H_kv, P * page)
-    tok = tok[..., :L] if tok.shape[-1] >= L else torch.nn.functional.pad(tok, (0, L - tok.shape[-1]))
-    return tok.masked_fill(blocked_positions(lengths, L, sinks, recent).view(B, 1, L), float("-inf"))
-
-
 def page_scores_torch(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
     """``(B, H_kv, P)`` page upper bounds for queries ``q`` ``(B, H, T, D)``, summed over each KV
     group's heads and rows: ``Σ_d max(q_d kmax_d, q_d kmin_d) = q⁺·kmax + q⁻·kmin``."""
     B, H, T, D = q.shape
     Hkv = kmin.shape[1]
     qg = q.float().reshape(B, Hkv, H // Hkv * T, D)
-    return (torch.einsum("bhgd,bhpd->bhp", qg.clamp(min=0), kmax)
-            + torch.einsum("bhgd,bhpd->bhp", qg.clamp(max=0), kmin))
+    return (torch.einsum("bhgd,bhpd->bhp", qg.clamp(min=0), kmax.float())
+            + torch.einsum("bhgd,bhpd->bhp", qg.clamp(max=0), kmin.float()))
 
 
 def blocked_positions(lengths: torch.Tensor, L: int, sinks: int, recent: int) -> torch.Tensor:
@@ -123,7 +117,10 @@ class QuestPlan(SparsePlan):
     Attributes:
         lengths, room: ``(B,)`` verified lengths and query-aware slots per sequence.
         kmin, kmax: ``(N, B, H_kv, P, D)`` page key bounds (buffers of the cache's planner).
-        width: positions scored per layer (the cache capacity: a static shape).
+        width: positions a layer's part may pick from (the pages' span, at least the cache capacity: a static shape).
+        rank, counts: ``(B, width)`` int16 rank of each pickable token among its page's pickable tokens (-1: not
+            pickable: uncached, sinks, recent, or a per-layer plan's shared part) and ``(B, P)`` int32 their number
+            per page (:func:`page_ranks`); the same for every layer and step of the plan.
         k_sel: top-k size, the largest ``room`` rounded up to ``k_bucket`` (slots past a sequence's
             room are -1), so a growing budget reuses a captured step.
         page_size, sinks, recent: the selector's settings; ``use_triton``: score pages with the Triton kernel.
@@ -141,6 +138,8 @@ class QuestPlan(SparsePlan):
     recent: int = 0
     use_triton: bool = False
     clock: list = field(default_factory=lambda: [0.0], repr=False, compare=False)
+    rank: torch.Tensor = None  # type: ignore[assignment]
+    counts: torch.Tensor = None  # type: ignore[assignment]
 
     @property
     def budget(self) -> int:
@@ -148,27 +147,54 @@ class QuestPlan(SparsePlan):
         return int(self.indices.shape[-1]) + (int(self.room.max()) if self.room.numel() else 0)
 
     def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """``(B, H_kv, F + k_sel)``: fixed entries + the top pages for queries ``q`` ``(B, H, T, D)``."""
+        """``(B, H_kv, F + k_sel)``: the fixed entries + this layer's pages for queries ``q`` ``(B, H, T, D)``: per
+        KV head the ``room`` new tokens (``rank >= 0``) ranked by their page's bound, ties by position."""
         t0 = time.perf_counter()
-        fixed = self.indices[0]  # (B, 1, F)
-        B = q.shape[0]
+        fixed = self.indices[0, :, 0]  # (B, F)
         kmin, kmax = self.kmin[layer], self.kmax[layer]  # (B, H_kv, P, D)
-        Hkv = kmin.shape[1]
         if self.k_sel == 0:
-            out = fixed.expand(B, Hkv, -1)
+            out = fixed.view(fixed.shape[0], 1, -1).expand(-1, kmin.shape[1], -1)
+        elif self.use_triton and kmin.shape[2] <= _triton_select().PAGES_MAX:  # two launches per layer
+            page = _triton_quest().quest_page_scores(q, kmin, kmax)
+            out = _triton_select().select_pages(page, self.counts, self.rank, self.room, fixed, self.k_sel,
+                                                self.page_size)
         else:
-            tok = _quest_token_scores(q, kmin, kmax, self.lengths, self.width, self.page_size, self.sinks,
-                                      self.recent, self.use_triton)  # (B, H_kv, width)
-            out = torch.cat([fixed.expand(B, Hkv, -1), self._pick(tok, fixed)], dim=-1)
+            page = _triton_quest().quest_page_scores(q, kmin, kmax) if self.use_triton else page_scores_torch(q, kmin, kmax)
+            out = select_pages_torch(page, self.rank, self.room, fixed, self.k_sel, self.page_size)
         self.clock[0] += time.perf_counter() - t0
         return out
 
-    def _pick(self, tok: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
-        """``(B, H_kv, k_sel)``: the top ``room`` positions of the token scores ``tok``, ``-1`` padded."""
-        B = tok.shape[0]
-        top = torch.topk(tok, self.k_sel, dim=-1).indices
-        slot = torch.arange(self.k_sel, device=tok.device).view(1, 1, -1)
-        return torch.where(slot < self.room.view(B, 1, 1), top, torch.full_like(top, -1))
+
+def page_ranks(new: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rank, counts)`` of the tokens a query-aware part may pick (``new`` ``(B, P * page_size)`` bool): each such
+    token's rank among its page's (0, 1, ...; -1 elsewhere) as int16 ``(B, P * page_size)``, and their number per
+    page as int32 ``(B, P)``. Per plan, shared by every layer and head (the kernels place picks without a scan)."""
+    B = new.shape[0]
+    pages = new.view(B, -1, page_size)
+    rank = torch.where(pages, pages.cumsum(-1, dtype=torch.int32) - 1, -1).view(B, -1).to(torch.int16)
+    return rank, pages.sum(-1, dtype=torch.int32)
+
+
+def select_pages_torch(page: torch.Tensor, rank: torch.Tensor, room: torch.Tensor, fixed: torch.Tensor, k_sel: int,
+                       page_size: int) -> torch.Tensor:
+    """:func:`specdec.cuda.triton_select.select_pages` in PyTorch (the reference): the ``room[b]`` first new tokens
+    (``rank >= 0``) of a stable descending sort of the token scores (each page's score on its tokens), in position
+    order after the shared part ``fixed`` ``(B, F)``, -1 padded to ``F + k_sel``."""
+    B, Hkv, P = page.shape
+    W = rank.shape[1]
+    new = rank >= 0
+    tok = page.float().repeat_interleave(page_size, dim=-1)[..., :W]
+    if tok.shape[-1] < W:
+        tok = torch.nn.functional.pad(tok, (0, W - tok.shape[-1]))
+    tok = (tok + 0.0).masked_fill(~new.view(B, 1, W), float("-inf"))  # + 0.0: -0.0 and 0.0 are one score
+    order = torch.sort(tok, dim=-1, descending=True, stable=True).indices[..., :k_sel]  # ties: lowest position first
+    slot = torch.arange(order.shape[-1], device=page.device).view(1, 1, -1)
+    ok = (slot < room.view(B, 1, 1)) & (tok.gather(-1, order) > float("-inf"))
+    picked = torch.where(ok, order, torch.full_like(order, W)).sort(dim=-1).values  # position order
+    picked = torch.where(picked == W, torch.full_like(picked, -1), picked)
+    if picked.shape[-1] < k_sel:
+        picked = torch.nn.functional.pad(picked, (0, k_sel - picked.shape[-1]), value=-1)
+    return torch.cat([fixed.view(B, 1, -1).expand(B, Hkv, -1), picked], dim=-1)
 
 
 @SELECTORS.register("quest", QuestConfig)
@@ -177,7 +203,7 @@ class Quest(BudgetSelector):
     MagicDec-Quest baseline of Vegas (the Vegas paper, §4).
 
     Attributes:
-        kmin, kmax: ``(N, B, H_kv, P, D)`` float32 page key bounds for the verified positions.
+        kmin, kmax: ``(N, B, H_kv, P, D)`` page key bounds for the verified positions, in the keys' dtype.
         draft_select_seconds: time spent scoring pages inside draft steps; the engine reports it as the
             ``select_in_draft`` phase (it happens inside the draft forwards).
     """
@@ -218,9 +244,10 @@ class Quest(BudgetSelector):
         P = -(-L // self.config.page_size)
         # the page bounds are per-cache state the draft steps read: buffers of the cache's planner
         planner = planner_for(cache)
-        self.kmin = planner.buffer("quest.kmin", (N, B, H, P, D), zero=True)
-        self.kmax = planner.buffer("quest.kmax", (N, B, H, P, D), zero=True)
-        self._valid = torch.zeros(B, dtype=torch.long, device=cache.k.device)
+        # in the keys' dtype: a min or max of keys is one of them (exact), and bf16 bounds halve what scoring reads
+        self.kmin = planner.buffer("quest.kmin", (N, B, H, P, D), cache.k.dtype, zero=True)
+        self.kmax = planner.buffer("quest.kmax", (N, B, H, P, D), cache.k.dtype, zero=True)
+        self._valid = planner.buffer("quest.valid", (B,), torch.long, zero=True)  # in place: a captured update reads it
         self._clock[0] = 0.0
 
     def update(self, cache: KVCache, lengths: torch.Tensor) -> None:
@@ -229,13 +256,14 @@ class Quest(BudgetSelector):
         Only pages from the first position that may differ (``min(previous, new length)``) on are
         recomputed, so an append touches the tail page(s) and a rollback recomputes the page it cuts.
         """
-        if self.kmin is None or self.kmin.shape[1] != cache.batch or self.kmin.shape[3] * self.config.page_size < cache.capacity:
+        if (self.kmin is None or self.kmin.shape[1] != cache.batch or self.kmin.dtype != cache.k.dtype
+                or self.kmin.shape[3] * self.config.page_size < cache.capacity):
             self.reset(cache)
         ps = self.config.page_size
         if self.use_triton(cache.k.device):  # one launch, no host synchronisation
             lengths = lengths.to(self._valid.device)
             _triton_quest().quest_update_minmax(cache.k, self.kmin, self.kmax, self._valid, lengths, ps)
-            self._valid = lengths.clone()
+            self._valid.copy_(lengths)
             return
         for b, (old, new) in enumerate(zip(self._valid.tolist(), lengths.tolist())):
             if old == new:
@@ -249,7 +277,7 @@ class Quest(BudgetSelector):
             if first + n < stale_end:  # pages past a rollback point hold no valid position any more
                 self.kmin[:, b, :, first + n : stale_end] = 0
                 self.kmax[:, b, :, first + n : stale_end] = 0
-        self._valid = lengths.clone()
+        self._valid.copy_(lengths)
 
     def on_verify(self, scores, lengths: torch.Tensor) -> None:  # noqa: ANN001 - no scores needed
         pass  # the cache is read in plan(); lengths only grow between plans within one run
@@ -268,7 +296,9 @@ class Quest(BudgetSelector):
         # top-k size rounded up to a bucket, so a growing budget reuses a captured step; slots past
         # each sequence's room are dropped (-1), so the selection is the same as with k = room
         k_sel = min(-(-k // c.k_bucket) * c.k_bucket, width) if k else 0
+        P = self.kmin.shape[3]
+        rank, counts = page_ranks(~blocked_positions(lengths, P * c.page_size, c.sinks, c.recent), c.page_size)
         return QuestPlan(indices=fixed.view(1, lengths.shape[0], 1, -1), dense_from=lengths.clone(),
-                         lengths=lengths.clone(), room=room, kmin=self.kmin, kmax=self.kmax, width=width,
+                         lengths=lengths.clone(), room=room, kmin=self.kmin, kmax=self.kmax, width=P * c.page_size,
                          k_sel=k_sel, page_size=c.page_size, sinks=c.sinks, recent=c.recent,
-                         use_triton=self.use_triton(cache.k.device), clock=self._clock)
+                         use_triton=self.use_triton(cache.k.device), clock=self._clock, rank=rank, counts=counts)
