@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -40,32 +39,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 import dustin_graphs as dg  # noqa: E402
+from script_io import graphed, timed  # noqa: E402 - shared with layer_plan_speed.py
 
 T0 = time.perf_counter()
 
 
 def elapsed() -> float:
     return time.perf_counter() - T0
-
-
-def timed(fn, reps: int, dev: torch.device) -> float:
-    """Median ms of ``reps`` calls after two warm-ups (CUDA events on a GPU, wall clock on the CPU)."""
-    for _ in range(2):
-        fn()
-    out = []
-    for _ in range(reps):
-        if dev.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(out)
 
 
 def part_forward(a, m, res: dict, save) -> None:
@@ -154,30 +134,6 @@ def torch_scores():
         yield
     finally:
         recording.GROUP_SCORES = old
-
-
-def graphed(fn, dev: torch.device, failures: dict | None = None, name: str = ""):
-    """``fn`` captured as one CUDA graph (returns its replay; on the CPU ``fn`` itself): launch cost out of the
-    comparison of two ways to compute the same thing. A capture that fails is recorded in ``failures[name]`` and
-    ``fn`` is timed eagerly (its row is then marked ``[eager]`` by the caller: ``replay.eager``)."""
-    if dev.type != "cuda":
-        return fn
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-    except Exception:  # the eager call then fails again inside one() (recorded there) or is timed eagerly
-        if failures is not None:
-            failures[f"capture {name}"] = traceback.format_exc()
-        fn.eager = True
-        return fn
-    return g.replay
 
 
 def part_head(a, m, cache, lengths, rows: dict, one, failures: dict) -> None:

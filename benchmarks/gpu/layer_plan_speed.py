@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,26 +24,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-
-def timed(fn, reps: int, dev: torch.device) -> float:
-    """Median ms of ``reps`` calls after three warm-ups (CUDA events on a GPU, wall clock on the CPU)."""
-    for _ in range(3):
-        fn()
-    out = []
-    for _ in range(reps):
-        if dev.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(out)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from script_io import graphed, timed  # noqa: E402
 
 
 def kernel_table(fn, calls: int, top: int = 15) -> dict:
@@ -65,22 +46,6 @@ def kernel_table(fn, calls: int, top: int = 15) -> dict:
                      for e in ev[:top]])
 
 
-def graphed(fn):
-    """``fn`` captured as one CUDA graph; returns its replay (``fn`` itself off a GPU: the smoke run)."""
-    if not torch.cuda.is_available():
-        return fn
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
 def kernels_alone(m, plan, reps: int) -> dict:
     """µs per call of layer 0's page scoring (bounds as stored, and in float32) and of ``select_pages`` per warp count."""
     from specdec.cuda import triton_quest, triton_select
@@ -92,13 +57,13 @@ def kernels_alone(m, plan, reps: int) -> dict:
     out = {}
     for label, (a, b) in {f"page scores ({kmin.dtype})": (kmin, kmax),
                           "page scores (float32 bounds)": (kmin.float(), kmax.float())}.items():
-        out[label] = 1e3 * timed(graphed(lambda a=a, b=b: triton_quest.quest_page_scores(q, a, b)), reps, dev)
+        out[label] = 1e3 * timed(graphed(lambda a=a, b=b: triton_quest.quest_page_scores(q, a, b), dev), reps, dev, 3)
     page = triton_quest.quest_page_scores(q, kmin, kmax)
     fixed = plan.indices[0, :, 0]
     for w in (1, 2, 4, 8):
         fn = lambda w=w: triton_select.select_pages(page, plan.counts, plan.rank, plan.room, fixed,  # noqa: E731
                                                    plan.k_sel, plan.page_size, w)
-        out[f"select_pages, {w} warps"] = 1e3 * timed(graphed(fn), reps, dev)
+        out[f"select_pages, {w} warps"] = 1e3 * timed(graphed(fn, dev), reps, dev, 3)
     return out
 
 
@@ -141,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     def save():
         (out / "layer_plan_speed.json").write_text(json.dumps(res, indent=1))
 
-    res["rows"]["dense T=5"] = dict(forward_ms=round(timed(lambda: m.forward(ids, cache, lengths), a.reps, dev), 4))
+    res["rows"]["dense T=5"] = dict(forward_ms=round(timed(lambda: m.forward(ids, cache, lengths), a.reps, dev, 3), 4))
     save()
     for label, fields in json.loads(a.settings).items():
         cfg = HybridSRHConfig(**{"budget_ratio": 0.25, "target_heads": [tuple(x) for x in t_heads], **fields})
@@ -150,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         sel.target_signal = torch.rand(B, cache.capacity, device=dev)
         plan = planner.plan(sel, lengths)
         both = lambda sel=sel: m.forward(ids, cache, lengths, plan=planner.plan(sel, lengths))  # noqa: E731
-        row = dict(plan_ms=timed(lambda sel=sel: planner.plan(sel, lengths), a.reps, dev),
-                   forward_ms=timed(lambda plan=plan: m.forward(ids, cache, lengths, plan=plan), a.reps, dev),
-                   plan_and_forward_ms=timed(both, a.reps, dev),
+        row = dict(plan_ms=timed(lambda sel=sel: planner.plan(sel, lengths), a.reps, dev, 3),
+                   forward_ms=timed(lambda plan=plan: m.forward(ids, cache, lengths, plan=plan), a.reps, dev, 3),
+                   plan_and_forward_ms=timed(both, a.reps, dev, 3),
                    plan_captured=bool(getattr(sel, "capturable_plan", False)), plan_type=type(plan).__name__,
                    entries=plan.budget if hasattr(plan, "budget") else int(plan.indices.shape[-1]))
         res["rows"][label] = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -73,3 +75,47 @@ def fresh_graphs(common: dict) -> None:
     arm capture its own. No-op without graphs (``--smoke``)."""
     if common["cuda_graphs"]:
         common["model"].enable_cuda_graphs()
+
+
+def timed(fn, reps: int, dev: torch.device, warmup: int = 2) -> float:
+    """Median ms of ``reps`` calls after ``warmup`` calls (CUDA events on a GPU, wall clock on the CPU)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(out)
+
+
+def graphed(fn, dev: torch.device, failures: dict | None = None, name: str = ""):
+    """``fn`` captured as one CUDA graph (returns its replay; on the CPU ``fn`` itself): launch cost out of the
+    comparison of two ways to compute the same thing. A capture that fails is recorded in ``failures[name]`` and
+    ``fn`` is timed eagerly (its row is then marked ``[eager]`` by the caller: ``replay.eager``)."""
+    if dev.type != "cuda":
+        return fn
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    except Exception:  # the eager call then fails again inside one() (recorded there) or is timed eagerly
+        if failures is not None:
+            failures[f"capture {name}"] = traceback.format_exc()
+        fn.eager = True
+        return fn
+    return g.replay
