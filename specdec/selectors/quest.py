@@ -35,7 +35,7 @@ from specdec.selectors.base import BudgetConfig, BudgetSelector, fixed_positions
 class QuestConfig(BudgetConfig):
     """Options of :class:`Quest` (budget fields: :class:`BudgetConfig`)."""
 
-    page_size: int = Field(default=16, gt=0, description="tokens per page")
+    page_size: int = Field(default=16, gt=0, le=4096, description="tokens per page (at most 4096: ranks within a page are int16)")
     kernels: Literal["auto", "torch", "triton"] = Field(
         default="auto",
         description="page scoring / min-max update: Triton kernels ('auto': on CUDA when triton is installed)",
