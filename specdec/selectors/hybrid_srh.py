@@ -179,7 +179,11 @@ class HybridSRHSelector(KVSelector):
         self._last: tuple | None = None  # (lengths, draft, target) of the last plan
         if getattr(self, "_quest", None) is None:
             self._quest: Quest | None = None  # page bounds of the per-layer part (layer_share > 0)
-        elif cache is not None:
+        if cache is not None and self.config.layer_share > 0:
+            # zero the cache's page bounds in place even when this selector has not planned yet: another selector's
+            # plan graph on this (reused) cache may serve its plans, and it reads these buffers from their state
+            self._layer_quest().reset(cache)
+        elif cache is not None and self._quest is not None:
             self._quest.reset(cache)
 
     @property
@@ -344,10 +348,7 @@ class HybridSRHSelector(KVSelector):
                                bounds=(cache.capacity, m_max, r_max))  # (B, F)
         if c.adaptive:  # only adapt() reads it; a captured plan must not modify the selector
             self.mark(lengths)
-        q = self._quest
-        if q is None or q.config.page_size != c.page_size or q.config.kernels != c.page_kernels:
-            q = self._quest = Quest(QuestConfig(page_size=c.page_size, sinks=c.sinks, recent=c.recent, budget=1,
-                                                kernels=c.page_kernels))
+        q = self._layer_quest()
         q.update(cache, lengths)
         B = lengths.shape[0]
         ps = c.page_size
@@ -361,6 +362,15 @@ class HybridSRHSelector(KVSelector):
                             room=per, kmin=q.kmin, kmax=q.kmax, width=P * ps, k_sel=k_sel, page_size=ps,
                             sinks=c.sinks, recent=c.recent, use_triton=q.use_triton(cache.k.device), clock=q._clock,
                             rank=rank, counts=counts)
+
+    def _layer_quest(self) -> Quest:
+        """The page bounds of the per-layer part (made on first use)."""
+        c = self.config
+        q = self._quest
+        if q is None or q.config.page_size != c.page_size or q.config.kernels != c.page_kernels:
+            q = self._quest = Quest(QuestConfig(page_size=c.page_size, sinks=c.sinks, recent=c.recent, budget=1,
+                                                kernels=c.page_kernels))
+        return q
 
     def layer_bounds(self, capacity: int, has_draft: bool = True, has_target: bool = True) -> tuple[int, int, int]:
         """``(k_sel, m_max, r_max)`` of a per-layer plan on a cache of ``capacity`` positions, from host values
