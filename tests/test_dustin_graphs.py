@@ -294,6 +294,21 @@ class _FrozenPlanCalls:
         return outs
 
 
+def _freeze_plan_graphs(monkeypatch) -> None:
+    """Plans of capturable selectors go through :class:`PlanGraphs` on the CPU, with the stand-in above as its calls."""
+    from specdec.graphs import PlanGraphs
+
+    monkeypatch.setattr(PlanGraphs, "applies", staticmethod(
+        lambda sel, lengths: getattr(sel, "capturable_plan", False) is True))
+    real = PlanGraphs.__init__
+
+    def init(self, max_graphs=4):
+        real(self, max_graphs)
+        self.calls = _FrozenPlanCalls()
+
+    monkeypatch.setattr(PlanGraphs, "__init__", init)
+
+
 @pytest.mark.parametrize("budget,split", [(dict(budget_ratio=0.25), {}), (dict(budget_ratio=1.0), {}),
                                           (dict(budget=12), dict(m=3)),
                                           (dict(budget_ratio=0.4), dict(layer_share=0.5, page_size=4,
@@ -307,7 +322,6 @@ def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
         pytest.importorskip("triton", reason="the page-bound kernels need the optional 'triton' package")
         if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):  # read when the kernels are defined
             pytest.skip("the tiny model runs on the CPU: the Triton kernels need TRITON_INTERPRET=1 (the test command's)")
-    from specdec.graphs import PlanGraphs
     from specdec.planner import planner_for
 
     prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 5]
@@ -318,15 +332,7 @@ def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
         eng = build_engine(target, cfg, eos_token_id=-1)
         plans = []
         if captured:
-            monkeypatch.setattr(PlanGraphs, "applies", staticmethod(
-                lambda sel, lengths: getattr(sel, "capturable_plan", False) is True))
-            real = PlanGraphs.__init__
-
-            def init(self, max_graphs=4):
-                real(self, max_graphs)
-                self.calls = _FrozenPlanCalls()
-
-            monkeypatch.setattr(PlanGraphs, "__init__", init)
+            _freeze_plan_graphs(monkeypatch)
         orig = eng.verifier.verify
 
         def verify(state, tokens, scores):
@@ -444,19 +450,10 @@ def test_per_layer_page_bounds_are_fresh_when_another_engines_plan_graph_serves(
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("the tiny model runs on the CPU: the Triton kernels need TRITON_INTERPRET=1 (the test command's)")
     pytest.importorskip("triton", reason="the page-bound kernels need the optional 'triton' package")
-    from specdec.graphs import PlanGraphs
     from specdec.planner import planner_for
     from specdec.selectors.quest import page_minmax
 
-    monkeypatch.setattr(PlanGraphs, "applies", staticmethod(
-        lambda sel, lengths: getattr(sel, "capturable_plan", False) is True))
-    real = PlanGraphs.__init__
-
-    def init(self, max_graphs=4):
-        real(self, max_graphs)
-        self.calls = _FrozenPlanCalls()
-
-    monkeypatch.setattr(PlanGraphs, "__init__", init)
+    _freeze_plan_graphs(monkeypatch)
     cfg = PipelineConfig.make(method="dustin", gamma=3, sinks=2, recent=4, budget_ratio=0.4,
                               options=dict(draft="early-exit", draft_layers=1, lookup_min=0, layer_share=0.5,
                                            page_size=4, page_kernels="triton"))
