@@ -68,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--free-budget-s", type=float, default=1e9, help="seconds for the free-running part (from its start)")
     ap.add_argument("--task-budget-s", type=float, default=1e9, help="seconds for the task part (from its start)")
     ap.add_argument("--tf-only", action="store_true", help="teacher-forced runs only (no free-running run)")
+    ap.add_argument("--dense-kv", action="store_true", help="diagnosis: after each sparse pass of the teacher-forced "
+                    "runs, a dense pass rewrites the rows' K/V (the agreement left when sparse K/V never accumulate)")
     ap.add_argument("--margins", default="", help="comma-separated logit margins: the confidence valve's curve, "
                     "computed from one run per budget that records every sparse pass's deciding-row margin")
     ap.add_argument("--out", required=True)
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
         eng = build_engine(model, PipelineConfig.make(method="dustin", gamma=a.gamma, options=o,
                                                       **budget_kw(b, a.context)), eos_token_id=-1)
         if forced is not None:
-            eng.verifier = PassLog(eng.verifier, forced=forced)
+            eng.verifier = PassLog(eng.verifier, forced=forced, dense_kv=a.dense_kv)
         return eng
 
     def over(part_start: float, part_budget: float) -> bool:
@@ -303,9 +305,16 @@ class PassLog(DenseTwin):
     dense's, and the KV entries read by the pass and by a dense pass: enough to replay the confidence valve
     (``margin=x``) for every ``x`` from one run (:meth:`valve`)."""
 
-    def __init__(self, inner, forced=None) -> None:
+    def __init__(self, inner, forced=None, dense_kv: bool = False) -> None:
         super().__init__(inner, forced=forced)
         self.passes: list[tuple] = []
+        self.dense_kv = dense_kv
+
+    def verify(self, state, tokens, scores):
+        out = super().verify(state, tokens, scores)
+        if self.dense_kv:  # the rows' K/V as a dense pass writes them (the logits stay the sparse pass's)
+            self.model.forward(tokens, state.cache, state.lengths)
+        return out
 
     beyond_rows = beyond_wrong = 0  # emitted rows past the valve's deciding rows (teacher forcing only), and wrong ones
 

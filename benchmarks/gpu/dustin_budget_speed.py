@@ -6,6 +6,14 @@
 Every setting runs on the same documents, batch and context (default 8k, B = 64, 96 new tokens, γ 4, bf16, Triton,
 CUDA graphs, fused projections, warm-up + median of 3); dense first. Writes ``DIR/budget_speed.{json,md}``.
 ``--smoke``: the embedded model on the CPU, context 128, B = 2, 8 tokens.
+
+``--dense-text``: Dustin is near-lossless, so free-running it writes its own text, and its τ is that text's (a run
+that drifts into repetition drafts easily: τ 4.5 where dense verification of the same drafter reaches 1.5). With this
+option every setting also runs on **dense's text**: Dustin's drafter with dense verification (``dense_every=1``:
+dense's tokens, up to bf16 rounding) records its per-round acceptance on each document first (B = 1), and each setting
+replays it (:class:`specdec.adaptive.AcceptanceReplay`): every cost of the setting is real (draft, plan, sparse
+verify), its acceptance is the drafter's on dense's text. Rows labelled ``… (dense's text)``; the traces are written
+to ``DIR/trace_<i>.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--dense-text", action="store_true",
+                    help="also time every setting with the acceptance of dense verification on dense's text (replayed)")
     a = ap.parse_args(argv)
     from specdec.bench import run_bench
     from specdec.fidelity import sequence_match
@@ -51,6 +61,16 @@ def main(argv: list[str] | None = None) -> int:
                                                             options=opts or None, **kw)]
         print(f"{label}: done at {time.time() - t0:.0f} s", flush=True)
     dense = {r["document"]: r for r in rows if r["setting"] == "dense"}
+    traces = {}
+    if a.dense_text:
+        for j, doc in enumerate(kw["documents"]):
+            traces[doc] = record_dense_text(model, doc, kw, Path(a.out, f"trace_{j}.json"), dense[doc]["tokens"])
+            for i, (label, (ratio, opts)) in enumerate(settings.items()):
+                rows += [dict(r, setting=f"{label} (dense's text)")
+                         for r in run_bench(methods=["dustin"], tag=f"speed_{i}_dense_text_{j}", budget_ratio=ratio,
+                                            options=opts or None, acceptance_trace={"dustin": traces[doc]["path"]},
+                                            **dict(kw, documents=[doc]))]
+            print(f"dense's text of {doc}: done at {time.time() - t0:.0f} s", flush=True)
     lines = [f"# Dustin's speed per verification setting — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              f"`{' '.join(sys.argv)}`", "",
              "| document | setting | τ | tok/s, median (min–max) | × dense | free-running agreement with dense |",
@@ -60,19 +80,46 @@ def main(argv: list[str] | None = None) -> int:
         d = dense[r["document"]]
         match = sequence_match(r["tokens"], d["tokens"])
         row = dict(document=r["document"], setting=r["setting"], tau=r["tau"], tokens_per_second=r["tokens_per_second"],
+                   replayed=bool(r.get("replayed")),
                    speedup_vs_dense=r["tokens_per_second"] / d["tokens_per_second"],
                    tps_min_max=[r["tokens_per_second_min"], r["tokens_per_second_max"]],
                    same_tokens_as_dense=match["identical"],  # the first sequence's (rows keep one)
                    token_agreement=match["first_divergence"] / max(len(d["tokens"]), 1))  # free-running
         out.append(row)
         lo, hi = row["tps_min_max"]
+        agree = "(replayed)" if row["replayed"] else f"{row['token_agreement']:.1%}"
         lines.append(f"| {row['document']} | {row['setting']} | {row['tau']:.2f} | {row['tokens_per_second']:.0f} "
-                     f"({lo:.0f}–{hi:.0f}) | {row['speedup_vs_dense']:.2f}× | {row['token_agreement']:.1%} |")
+                     f"({lo:.0f}–{hi:.0f}) | {row['speedup_vs_dense']:.2f}× | {agree} |")
+    for doc, t in traces.items():
+        lines.append(f"\nDense's text of {doc}: dense verification of Dustin's drafter, τ {t['tau']:.2f} over "
+                     f"{t['rounds']} rounds, its tokens {'equal' if t['equals_dense'] else 'differ from'} dense's "
+                     f"(`{t['path']}`).")
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    Path(a.out, "budget_speed.json").write_text(json.dumps(out, indent=1))
+    Path(a.out, "budget_speed.json").write_text(json.dumps(dict(rows=out, dense_text=traces), indent=1))
     Path(a.out, "budget_speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def record_dense_text(model, doc: str, kw: dict, path: Path, dense_tokens: list[int]) -> dict:
+    """Dustin's default drafter with dense verification on ``doc``'s window (B = 1): its per-round acceptance, saved to
+    ``path`` for :class:`specdec.adaptive.AcceptanceReplay`; its τ and whether its tokens equal dense's."""
+    from specdec.adaptive import save_trace
+    from specdec.data import context_windows, load_document
+    from specdec.engine import cache_positions
+    from specdec.presets import PipelineConfig, build_engine
+
+    new, ctx = kw["max_new_tokens"], kw["contexts"][0]
+    ids = context_windows(model.tokenizer, load_document(doc), ctx, 1, new + 16, 1000)[0]
+    model.release_cache()
+    model.new_cache(1, cache_positions(len(ids), new, kw["gamma"]), reuse=True)
+    eng = build_engine(model, PipelineConfig.make(method="dustin", gamma=kw["gamma"], budget_ratio=0.25,
+                                                  options={"dense_every": 1}), eos_token_id=-1)
+    eng.record_acceptance = True
+    res = eng.generate([ids], max_new_tokens=new)
+    save_trace(path, res.stats, document=doc, note="dense verification (dense_every=1) of Dustin's default drafter")
+    return dict(path=str(path), tau=res.stats.mean_accepted_length, rounds=len(res.stats.acceptance_trace),
+                equals_dense=res.tokens[0] == dense_tokens)
 
 
 def _settings(text: str) -> dict:
