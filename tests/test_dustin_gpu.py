@@ -48,9 +48,9 @@ def test_dustin_plan_replays_as_one_graph_and_equals_eager(layer_share):
         if p is not None:
             direct = eng.verifier.selector.plan(state.cache, state.lengths)
             pairs.append((p.indices.clone(), direct.indices))
-            if hasattr(p, "rank"):
+            if hasattr(p, "counts"):
                 q = torch.randn(state.lengths.shape[0], m.dims.n_heads, 4, m.dims.head_dim, device="cuda")
-                pairs.extend((getattr(p, n).clone(), getattr(direct, n)) for n in ("room", "rank", "counts"))
+                pairs.extend((getattr(p, n).clone(), getattr(direct, n)) for n in ("room", "new", "counts"))
                 pairs.extend((p.indices_for(layer, q), direct.indices_for(layer, q)) for layer in range(4))
         return out
 
@@ -239,7 +239,7 @@ def test_select_pages_compiled_equals_the_reference(P, ps, levels):
     """The per-layer part's kernel compiled for the GPU picks the PyTorch reference's indices (B 8 × 3 KV heads,
     up to 8k positions, random and heavily tied page scores, room up to all the new tokens)."""
     from specdec.cuda.triton_select import select_pages
-    from specdec.selectors.quest import blocked_positions, page_ranks, select_pages_torch
+    from specdec.selectors.quest import blocked_positions, page_counts, select_pages_torch
 
     g = torch.Generator(device="cuda").manual_seed(P + ps)
     B, Hkv, W = 8, 3, P * ps
@@ -250,12 +250,12 @@ def test_select_pages_compiled_equals_the_reference(P, ps, levels):
     new = ~blocked_positions(lengths, W, 4, 16)
     shared = torch.randint(0, W, (B, 300), device="cuda", generator=g)
     new[torch.arange(B, device="cuda").view(-1, 1), shared] = False
-    rank, counts = page_ranks(new, ps)
+    counts = page_counts(new, ps)
     k_sel = W // 4
     room = torch.randint(0, k_sel + 1, (B,), device="cuda", generator=g)
     room[0] = k_sel
     fixed = torch.cat([torch.arange(4, device="cuda").expand(B, 4), shared[:, :20]], 1)
-    want = select_pages_torch(page, rank, room, fixed, k_sel, ps)
+    want = select_pages_torch(page, new, room, fixed, k_sel, ps)
     for warps in (1, 4, 8):
-        got = select_pages(page, counts, rank, room, fixed, k_sel, ps, warps)
+        got = select_pages(page, counts, new, room, fixed, k_sel, ps, warps)
         assert torch.equal(got, want), (warps, int((got != want).sum()))

@@ -343,7 +343,7 @@ def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
                 plans.append((p.indices.clone(), direct.indices))
                 if hasattr(p, "counts"):  # a per-layer plan: its fields and one layer's picks for the same queries
                     q = torch.randn(state.lengths.shape[0], target.dims.n_heads, 2, target.dims.head_dim)
-                    for name in ("room", "rank", "counts"):
+                    for name in ("room", "new", "counts"):
                         plans.append((getattr(p, name).clone(), getattr(direct, name)))
                     plans.append((p.indices_for(1, q), direct.indices_for(1, q)))
             return out

@@ -75,12 +75,7 @@ def _page_case(seed, B=3, Hkv=2, P=70, ps=4, levels=None, k_sel=40, F=6, rooms=N
     fixed[:, -1] = -1  # the shared part's padding is copied as it is
     room = torch.tensor(rooms or [k_sel, k_sel // 2, 0][:B])
     counts = torch.stack([torch.tensor([int(new[b, p * ps:(p + 1) * ps].sum()) for p in range(P)]) for b in range(B)])
-    rank = torch.full((B, W), -1, dtype=torch.int16)
-    for b in range(B):
-        for pos in range(W):
-            if new[b, pos]:
-                rank[b, pos] = int(new[b, pos - pos % ps: pos].sum())
-    return page, counts.int(), new, rank, room, fixed, k_sel, ps
+    return page, counts.int(), new, room, fixed, k_sel, ps
 
 
 @pytest.mark.parametrize("case", [
@@ -94,20 +89,21 @@ def test_select_pages_kernel_equals_the_reference_and_the_definition(case):
     from specdec.cuda.triton_select import select_pages
     from specdec.selectors.quest import select_pages_torch
 
-    page, counts, new, rank, room, fixed, k_sel, ps = _page_case(**case)
+    page, counts, new, room, fixed, k_sel, ps = _page_case(**case)
     want = _brute_pages(page, new, room, fixed, k_sel, ps)
-    assert torch.equal(select_pages_torch(page, rank, room, fixed, k_sel, ps), want)
+    assert torch.equal(select_pages_torch(page, new.bool(), room, fixed, k_sel, ps), want)
     for warps in (1, 4):
-        assert torch.equal(select_pages(page.contiguous(), counts, rank, room, fixed, k_sel, ps, warps), want)
+        assert torch.equal(select_pages(page.contiguous(), counts, new.bool(), room, fixed, k_sel, ps, warps), want)
 
 
 def test_select_pages_refuses_bad_inputs_in_one_line():
     from specdec.cuda.triton_select import select_pages
 
-    page, counts, new, rank, room, fixed, k_sel, ps = _page_case(0)
+    page, counts, new, room, fixed, k_sel, ps = _page_case(0)
+    new = new.bool()
     with pytest.raises(ValueError, match="counts"):
-        select_pages(page, counts.long(), rank, room, fixed, k_sel, ps)
-    with pytest.raises(ValueError, match="int16"):
-        select_pages(page, counts, rank.int(), room, fixed, k_sel, ps)
+        select_pages(page, counts.long(), new, room, fixed, k_sel, ps)
+    with pytest.raises(ValueError, match="bool"):
+        select_pages(page, counts, new.to(torch.uint8), room, fixed, k_sel, ps)
     with pytest.raises(ValueError, match="float32"):
-        select_pages(page.double(), counts, rank, room, fixed, k_sel, ps)
+        select_pages(page.double(), counts, new, room, fixed, k_sel, ps)

@@ -183,7 +183,7 @@ def score_section(bench: Bench, cases, T=5, rows=(0, 4)):
 
 def quest_section(bench: Bench, cases, page_size=16):
     from specdec.selectors.base import fixed_positions
-    from specdec.selectors.quest import Quest, QuestConfig, QuestPlan, blocked_positions, page_ranks
+    from specdec.selectors.quest import Quest, QuestConfig, QuestPlan, blocked_positions, page_counts
 
     dev = bench.dev
     for name, H, Hkv, D, B, ctx in cases:
@@ -231,12 +231,12 @@ def quest_section(bench: Bench, cases, page_size=16):
             k = int(room.max())
             k_sel = min(-(-k // sel.config.k_bucket) * sel.config.k_bucket, L) if k else 0
             ps = sel.config.page_size
-            rank, counts = page_ranks(~blocked_positions(lengths, kmin.shape[3] * ps, sel.config.sinks,
-                                                         sel.config.recent), ps)
+            new = ~blocked_positions(lengths, kmin.shape[3] * ps, sel.config.sinks, sel.config.recent)
+            counts = page_counts(new, ps)
             plan = QuestPlan(indices=fixed.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
                              room=room, kmin=kmin, kmax=kmax, width=kmin.shape[3] * ps, k_sel=k_sel, page_size=ps,
                              sinks=sel.config.sinks, recent=sel.config.recent, use_triton=kind == "triton",
-                             rank=rank, counts=counts)
+                             new=new, counts=counts)
             tg, te = bench.time([lambda plan=plan: plan.indices_for(0, q)], graph=False)
             bench.record("quest", case, f"indices_for {kind}", tg, te)
         # page min/max after a 5-token append, one layer

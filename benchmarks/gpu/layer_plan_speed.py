@@ -61,7 +61,7 @@ def kernels_alone(m, plan, reps: int) -> dict:
     page = triton_quest.quest_page_scores(q, kmin, kmax)
     fixed = plan.indices[0, :, 0]
     for w in (1, 2, 4, 8):
-        fn = lambda w=w: triton_select.select_pages(page, plan.counts, plan.rank, plan.room, fixed,  # noqa: E731
+        fn = lambda w=w: triton_select.select_pages(page, plan.counts, plan.new, plan.room, fixed,  # noqa: E731
                                                    plan.k_sel, plan.page_size, w)
         out[f"select_pages, {w} warps"] = 1e3 * timed(graphed(fn, dev), reps, dev, 3)
     return out
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             res["profiles"][label] = kernel_table(both, 5)
             save()
         print(label, res["rows"][label], flush=True)
-    if hasattr(plan, "rank") and (gpu or os.environ.get("TRITON_INTERPRET") == "1"):  # the last (per-layer) setting's kernels alone, each graph-replayed
+    if hasattr(plan, "counts") and (gpu or os.environ.get("TRITON_INTERPRET") == "1"):  # the last (per-layer) setting's kernels alone, each graph-replayed
         res["kernels"] = kernels_alone(m, plan, a.reps)
         save()
     d = res["rows"]["dense T=5"]["forward_ms"]

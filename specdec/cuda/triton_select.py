@@ -638,7 +638,7 @@ def _page_keys(S, CNT, row, b, offs, P):
 
 
 @triton.jit
-def _select_pages_kernel(S, CNT, RANK, ROOM, FIXED, OUT, P, W, F, k_sel, Hkv, PS: tl.constexpr, PSB: tl.constexpr,
+def _select_pages_kernel(S, CNT, NEW, ROOM, FIXED, OUT, P, W, F, k_sel, Hkv, PS: tl.constexpr, PSB: tl.constexpr,
                          PBLOCK: tl.constexpr, PTILE: tl.constexpr, FBLOCK: tl.constexpr, KBLOCK: tl.constexpr):
     row = tl.program_id(0)  # over (B, H_kv) rows
     b = row // Hkv
@@ -669,8 +669,9 @@ def _select_pages_kernel(S, CNT, RANK, ROOM, FIXED, OUT, P, W, F, k_sel, Hkv, PS
         j = tl.arange(0, PSB)
         pos = offs[:, None] * PS + j[None, :]
         inb = (offs[:, None] < P) & (j[None, :] < PS) & (pos < W)
-        rank = tl.load(RANK + b.to(tl.int64) * W + pos, mask=inb, other=-1).to(tl.int32)  # -1: not new
-        pick = (rank >= 0) & (rank < take[:, None])
+        new = tl.load(NEW + b.to(tl.int64) * W + pos, mask=inb, other=0).to(tl.int32)  # 1: a new token
+        rank = tl.cumsum(new, axis=1) - 1  # its rank among its page's new tokens
+        pick = (new > 0) & (rank < take[:, None])
         tl.store(obase + F + off[:, None] + rank, pos.to(tl.int64), mask=pick)
         done += tl.sum(take, axis=0)
         tied += tl.sum(eq, axis=0)
@@ -678,7 +679,7 @@ def _select_pages_kernel(S, CNT, RANK, ROOM, FIXED, OUT, P, W, F, k_sel, Hkv, PS
     tl.store(obase + F + ks, tl.full((KBLOCK,), -1, tl.int64), mask=(ks >= done) & (ks < k_sel))
 
 
-def select_pages(page_scores: torch.Tensor, counts: torch.Tensor, rank: torch.Tensor, room: torch.Tensor,
+def select_pages(page_scores: torch.Tensor, counts: torch.Tensor, new: torch.Tensor, room: torch.Tensor,
                  fixed: torch.Tensor, k_sel: int, page_size: int, num_warps: int = 4) -> torch.Tensor:
     """One layer's indices of a per-layer plan: the shared part, then per (sequence, KV head) the ``room[b]`` new
     tokens of the best pages, ``(B, H_kv, F + k_sel)`` int64.
@@ -690,28 +691,27 @@ def select_pages(page_scores: torch.Tensor, counts: torch.Tensor, rank: torch.Te
     scores (:func:`specdec.selectors.quest.select_pages_torch`).
 
     Args:
-        counts: ``(B, P)`` int32 new tokens per page.
-        rank: ``(B, W)`` int16, a new token's rank among its page's new tokens (0, 1, ...), -1 where not new;
-            positions past ``W`` are not new.
+        counts: ``(B, P)`` int32 new tokens per page (:func:`specdec.selectors.quest.page_counts`).
+        new: ``(B, W)`` bool, the new tokens; positions past ``W`` are not new.
         room: ``(B,)`` picks per sequence (at most ``k_sel``).
     """
     B, Hkv, P = page_scores.shape
     if page_scores.dtype != torch.float32 or not page_scores.is_contiguous() or P > PAGES_MAX:
         raise ValueError(f"select_pages: want contiguous float32 (B, H_kv, P <= {PAGES_MAX}) page scores, got "
                          f"{page_scores.dtype} {tuple(page_scores.shape)}")
-    if counts.shape != (B, P) or counts.dtype != torch.int32 or rank.dim() != 2 or rank.shape[0] != B \
-            or rank.dtype != torch.int16 or room.shape != (B,) or fixed.dim() != 2 or fixed.shape[0] != B:
-        raise ValueError(f"select_pages: counts ({B}, {P}) int32, rank ({B}, W) int16, room ({B},), fixed ({B}, F) "
-                         f"wanted; got {tuple(counts.shape)} {counts.dtype}, {tuple(rank.shape)} {rank.dtype}, "
+    if counts.shape != (B, P) or counts.dtype != torch.int32 or new.dim() != 2 or new.shape[0] != B \
+            or new.dtype != torch.bool or room.shape != (B,) or fixed.dim() != 2 or fixed.shape[0] != B:
+        raise ValueError(f"select_pages: counts ({B}, {P}) int32, new ({B}, W) bool, room ({B},), fixed ({B}, F) "
+                         f"wanted; got {tuple(counts.shape)} {counts.dtype}, {tuple(new.shape)} {new.dtype}, "
                          f"{tuple(room.shape)}, {tuple(fixed.shape)}")
     F = fixed.shape[1]
     out = torch.empty((B, Hkv, F + k_sel), dtype=torch.long, device=page_scores.device)
     if B * Hkv == 0:
         return out
-    counts, rank, fixed = counts.contiguous(), rank.contiguous(), fixed.contiguous()
+    counts, new, fixed = counts.contiguous(), new.contiguous().view(torch.uint8), fixed.contiguous()
     psb = triton.next_power_of_2(page_size)
     _select_pages_kernel[(B * Hkv,)](
-        page_scores, counts, rank, room, fixed, out, P, rank.shape[1], F, k_sel, Hkv, PS=page_size, PSB=psb,
+        page_scores, counts, new, room, fixed, out, P, new.shape[1], F, k_sel, Hkv, PS=page_size, PSB=psb,
         PBLOCK=triton.next_power_of_2(max(P, 16)), PTILE=max(1, min(PAGES_TILE, 1024 // psb)),
         FBLOCK=triton.next_power_of_2(max(F, 2)), KBLOCK=triton.next_power_of_2(max(k_sel, 16)), num_warps=num_warps)
     return out

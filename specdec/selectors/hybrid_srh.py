@@ -26,7 +26,7 @@ from specdec.errors import SpecdecError
 from specdec.interfaces import KVSelector, SparsePlan
 from specdec.registry import SELECTORS
 from specdec.selectors.base import BudgetConfig, fixed_positions
-from specdec.selectors.quest import Quest, QuestConfig, QuestPlan, blocked_positions, page_ranks
+from specdec.selectors.quest import Quest, QuestConfig, QuestPlan, blocked_positions, page_counts
 
 Heads = list[tuple[int, int]]
 
@@ -357,11 +357,12 @@ class HybridSRHSelector(KVSelector):
         new = ~blocked_positions(lengths, P * ps, c.sinks, c.recent)
         new = torch.nn.functional.pad(new, (0, 1))  # column P * ps takes the shared part's -1 pads
         new.scatter_(1, torch.where(shared < 0, torch.full_like(shared, P * ps), shared), False)
-        rank, counts = page_ranks(new[:, : P * ps], ps)
+        new = new[:, : P * ps]
+        counts = page_counts(new, ps)
         return LayerSetPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
                             room=per, kmin=q.kmin, kmax=q.kmax, width=P * ps, k_sel=k_sel, page_size=ps,
                             sinks=c.sinks, recent=c.recent, use_triton=q.use_triton(cache.k.device), clock=q._clock,
-                            rank=rank, counts=counts)
+                            new=new, counts=counts)
 
     def _layer_quest(self) -> Quest:
         """The page bounds of the per-layer part (made on first use)."""
@@ -428,6 +429,6 @@ class LayerSetPlan(QuestPlan):
     layer the backend adds, per KV head, the ``room`` new tokens of the pages with the best Quest bound for the
     verify rows' queries (:meth:`indices_for`): tokens ranked by their page's bound, ties by position.
 
-    Its ``rank`` / ``counts`` mark the tokens outside the shared part (as well as outside sinks, recent and the
+    Its ``new`` / ``counts`` mark the tokens outside the shared part (as well as outside sinks, recent and the
     uncached positions): the per-layer part never repeats a shared position.
     """

@@ -35,7 +35,7 @@ from specdec.selectors.base import BudgetConfig, BudgetSelector, fixed_positions
 class QuestConfig(BudgetConfig):
     """Options of :class:`Quest` (budget fields: :class:`BudgetConfig`)."""
 
-    page_size: int = Field(default=16, gt=0, le=4096, description="tokens per page (at most 4096: ranks within a page are int16)")
+    page_size: int = Field(default=16, gt=0, le=4096, description="tokens per page (at most 4096: a page is at most one tile of the pick kernel)")
     kernels: Literal["auto", "torch", "triton"] = Field(
         default="auto",
         description="page scoring / min-max update: Triton kernels ('auto': on CUDA when triton is installed)",
@@ -118,9 +118,9 @@ class QuestPlan(SparsePlan):
         lengths, room: ``(B,)`` verified lengths and query-aware slots per sequence.
         kmin, kmax: ``(N, B, H_kv, P, D)`` page key bounds (buffers of the cache's planner).
         width: positions a layer's part may pick from (the pages' span, at least the cache capacity: a static shape).
-        rank, counts: ``(B, width)`` int16 rank of each pickable token among its page's pickable tokens (-1: not
-            pickable: uncached, sinks, recent, or a per-layer plan's shared part) and ``(B, P)`` int32 their number
-            per page (:func:`page_ranks`); the same for every layer and step of the plan.
+        new, counts: ``(B, width)`` bool, the pickable tokens (not uncached, sinks, recent, or a per-layer plan's
+            shared part), and ``(B, P)`` int32 their number per page (:func:`page_counts`); the same for every layer
+            and step of the plan.
         k_sel: top-k size, the largest ``room`` rounded up to ``k_bucket`` (slots past a sequence's
             room are -1), so a growing budget reuses a captured step.
         page_size, sinks, recent: the selector's settings; ``use_triton``: score pages with the Triton kernel.
@@ -138,7 +138,7 @@ class QuestPlan(SparsePlan):
     recent: int = 0
     use_triton: bool = False
     clock: list = field(default_factory=lambda: [0.0], repr=False, compare=False)
-    rank: torch.Tensor = None  # type: ignore[assignment]
+    new: torch.Tensor = None  # type: ignore[assignment]
     counts: torch.Tensor = None  # type: ignore[assignment]
 
     @property
@@ -148,7 +148,7 @@ class QuestPlan(SparsePlan):
 
     def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """``(B, H_kv, F + k_sel)``: the fixed entries + this layer's pages for queries ``q`` ``(B, H, T, D)``: per
-        KV head the ``room`` new tokens (``rank >= 0``) ranked by their page's bound, ties by position."""
+        KV head the ``room`` new tokens (``new``) ranked by their page's bound, ties by position."""
         t0 = time.perf_counter()
         fixed = self.indices[0, :, 0]  # (B, F)
         kmin, kmax = self.kmin[layer], self.kmax[layer]  # (B, H_kv, P, D)
@@ -156,33 +156,28 @@ class QuestPlan(SparsePlan):
             out = fixed.view(fixed.shape[0], 1, -1).expand(-1, kmin.shape[1], -1)
         elif self.use_triton and kmin.shape[2] <= _triton_select().PAGES_MAX:  # two launches per layer
             page = _triton_quest().quest_page_scores(q, kmin, kmax)
-            out = _triton_select().select_pages(page, self.counts, self.rank, self.room, fixed, self.k_sel,
+            out = _triton_select().select_pages(page, self.counts, self.new, self.room, fixed, self.k_sel,
                                                 self.page_size)
         else:
             page = _triton_quest().quest_page_scores(q, kmin, kmax) if self.use_triton else page_scores_torch(q, kmin, kmax)
-            out = select_pages_torch(page, self.rank, self.room, fixed, self.k_sel, self.page_size)
+            out = select_pages_torch(page, self.new, self.room, fixed, self.k_sel, self.page_size)
         self.clock[0] += time.perf_counter() - t0
         return out
 
 
-def page_ranks(new: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rank, counts)`` of the tokens a query-aware part may pick (``new`` ``(B, P * page_size)`` bool): each such
-    token's rank among its page's (0, 1, ...; -1 elsewhere) as int16 ``(B, P * page_size)``, and their number per
-    page as int32 ``(B, P)``. Per plan, shared by every layer and head (the kernels place picks without a scan)."""
-    B = new.shape[0]
-    pages = new.view(B, -1, page_size)
-    rank = torch.where(pages, pages.cumsum(-1, dtype=torch.int32) - 1, -1).view(B, -1).to(torch.int16)
-    return rank, pages.sum(-1, dtype=torch.int32)
+def page_counts(new: torch.Tensor, page_size: int) -> torch.Tensor:
+    """``(B, P)`` int32: the tokens a query-aware part may pick (``new`` ``(B, P * page_size)`` bool) per page. Per
+    plan, shared by every layer and head (the pick kernel ranks a page's tokens itself)."""
+    return new.view(new.shape[0], -1, page_size).sum(-1, dtype=torch.int32)
 
 
-def select_pages_torch(page: torch.Tensor, rank: torch.Tensor, room: torch.Tensor, fixed: torch.Tensor, k_sel: int,
+def select_pages_torch(page: torch.Tensor, new: torch.Tensor, room: torch.Tensor, fixed: torch.Tensor, k_sel: int,
                        page_size: int) -> torch.Tensor:
     """:func:`specdec.cuda.triton_select.select_pages` in PyTorch (the reference): the ``room[b]`` first new tokens
-    (``rank >= 0``) of a stable descending sort of the token scores (each page's score on its tokens), in position
-    order after the shared part ``fixed`` ``(B, F)``, -1 padded to ``F + k_sel``."""
+    (``new`` ``(B, W)`` bool) of a stable descending sort of the token scores (each page's score on its tokens), in
+    position order after the shared part ``fixed`` ``(B, F)``, -1 padded to ``F + k_sel``."""
     B, Hkv, P = page.shape
-    W = rank.shape[1]
-    new = rank >= 0
+    W = new.shape[1]
     tok = page.float().repeat_interleave(page_size, dim=-1)[..., :W]
     if tok.shape[-1] < W:
         tok = torch.nn.functional.pad(tok, (0, W - tok.shape[-1]))
@@ -297,8 +292,9 @@ class Quest(BudgetSelector):
         # each sequence's room are dropped (-1), so the selection is the same as with k = room
         k_sel = min(-(-k // c.k_bucket) * c.k_bucket, width) if k else 0
         P = self.kmin.shape[3]
-        rank, counts = page_ranks(~blocked_positions(lengths, P * c.page_size, c.sinks, c.recent), c.page_size)
+        new = ~blocked_positions(lengths, P * c.page_size, c.sinks, c.recent)
+        counts = page_counts(new, c.page_size)
         return QuestPlan(indices=fixed.view(1, lengths.shape[0], 1, -1), dense_from=lengths.clone(),
                          lengths=lengths.clone(), room=room, kmin=self.kmin, kmax=self.kmax, width=P * c.page_size,
                          k_sel=k_sel, page_size=c.page_size, sinks=c.sinks, recent=c.recent,
-                         use_triton=self.use_triton(cache.k.device), clock=self._clock, rank=rank, counts=counts)
+                         use_triton=self.use_triton(cache.k.device), clock=self._clock, new=new, counts=counts)
