@@ -248,6 +248,15 @@ def test_keep_copied_puts_the_match_context_first_in_the_lookahead():
     assert drafts[0].tolist() == [5, 6, 200, 201] and drafts[1].tolist() == [99] * 4
     kept = (inner.lookahead >= KEPT_MASS).nonzero().tolist()
     assert kept == [[0, p] for p in range(38, 49)]  # 40-2 .. 42+4+2
+    want = torch.zeros(2, 96)
+    want[:, -3:] = 1.0
+    want[0, 38:49] += KEPT_MASS
+    assert torch.equal(inner.lookahead, want)  # the recorded signal plus the mass, nothing else touched
+    # the same spans when keep_copied looks the matches up itself (no located list from the draft)
+    inner.lookahead.copy_(want)
+    inner.lookahead[0, 38:49] -= KEPT_MASS
+    look.keep_copied(state, 4)
+    assert torch.equal(inner.lookahead, want)
     assert inner.lookahead[1].sum() == 3.0  # no match: the draft's signal as recorded
     # the draft part of a 24-entry set (2 sinks, 4 recent, m = 11) is exactly the kept context
     L = torch.tensor([len(seq0), len(seq1)])
@@ -526,3 +535,17 @@ def test_default_lookup_builds_dustins_drafter(monkeypatch):
     assert look.veto == (dustin.LOOKUP_VETO if dustin.LOOKUP_POLICY == "chain" else None)
     monkeypatch.setattr(dustin, "LOOKUP_POLICY", "chain")
     assert dustin.default_lookup(None).veto == dustin.LOOKUP_VETO
+
+
+def test_lookup_host_benchmark_runs(capsys):
+    """benchmarks/lookup_host_cpu.py at a tiny shape: it drafts every round and prints the median host time."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lookup_host_cpu.py"
+    spec = importlib.util.spec_from_file_location("lookup_host_cpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--batch", "2", "--context", "300", "--rounds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "lookup draft round, B 2 x 300" in out and "median" in out
