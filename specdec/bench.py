@@ -158,6 +158,7 @@ def run_bench(
     adaptive: bool | None = None,
     windows: int = 1,
     window_stride: int = 1000,
+    dense_text: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
@@ -185,6 +186,11 @@ def run_bench(
       of B sequences' KV next to the cache, where one window shares views). Every sequence's tokens are compared
       with dense's (``same_tokens_as_dense``; where they differ, ``divergence``: :func:`divergence`).
     - ``adaptive``: the adaptive γ / dense fall-back of :mod:`specdec.adaptive` (off under replay).
+    - ``dense_text``: a near-lossless method (sparse verification: Dustin, a lossy plugin) free-running writes its own
+      text, and its τ is that text's. With this, each such row is followed by a row timed on **dense's text**: the
+      same engine first runs with dense verification in place of its own (:func:`dense_text_replay`: its drafter's
+      acceptance on dense's tokens, recorded), then is timed replaying that acceptance (every cost of the method is
+      real). Labelled ``(dense's text)``; ``dense_text_tau`` is the recorded τ.
     """
     from rich.progress import Progress
 
@@ -326,6 +332,30 @@ def run_bench(
                         )
                         progress.advance(task)
                         save()
+                        if dense_text and not s.lossless and name not in replays:
+                            rp, rec = dense_text_replay(eng, pre, max_new_tokens)
+                            eng.replay = rp
+                            if warmup:
+                                eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
+                            runs = [eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
+                                    for _ in range(repeats)]
+                            eng.replay = None
+                            tps = _stats([r.stats.tokens_per_second for r in runs])
+                            s2 = sorted(runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2].stats
+                            d_tokens = next((t for x, t in zip(rows, all_tokens) if x["method"] == "dense"
+                                             and (x["document"], x["context"], x["batch"]) == (doc, ctx, bs)), None)
+                            all_tokens.append(None)  # replayed: its tokens are not compared
+                            rows.append(dict(rows[-1], replayed=s2.replayed, dense_text=True, tau=s2.mean_accepted_length,
+                                             dense_text_tau=rec.stats.mean_accepted_length,
+                                             dense_text_equals_dense=None if d_tokens is None else rec.tokens == d_tokens,
+                                             tokens_per_second=tps["median"], tokens_per_second_min=tps["min"],
+                                             tokens_per_second_max=tps["max"],
+                                             speedup_vs_dense=(tps["median"] / dense_tps) if dense_tps else None,
+                                             dense_steps=s2.dense_steps, iterations=s2.iterations,
+                                             acceptance_per_position=s2.acceptance_per_position,
+                                             phase_seconds=s2.phase_seconds,
+                                             selection_overhead_share=s2.selection_overhead_share, tokens=None))
+                            save()
                     if hf_baseline:
                         for label, impl in (("hf-generate", None), ("hf-generate-static", "static")):
                             progress.update(task, description=f"{doc} ctx={ctx} B={bs} {label}")
@@ -359,6 +389,24 @@ def divergence(tokens: list[list[int]], dense: list[list[int]]) -> dict[str, int
         if a != b:
             firsts.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
     return dict(sequences=len(firsts), of=len(dense), first=min(firsts) if firsts else -1)
+
+
+def dense_text_replay(eng, pre, max_new_tokens: int):
+    """``(replay, run)``: the acceptance ``eng``'s drafter reaches on dense's text — one run of the same engine with
+    dense verification (:class:`specdec.verifiers.FullVerifier`) in place of its own, fixed γ, every round recorded
+    (``run``: that :class:`~specdec.engine.GenerationResult`) — as an :class:`~specdec.adaptive.AcceptanceReplay`. The
+    engine is left as it was."""
+    from specdec.adaptive import AcceptanceReplay
+    from specdec.verifiers import FullVerifier
+
+    saved = (eng.verifier, eng.lossless, eng.record_acceptance, eng.adaptive, eng.replay)
+    eng.verifier, eng.lossless, eng.record_acceptance, eng.adaptive, eng.replay = (
+        FullVerifier(eng.model), True, True, False, None)
+    try:
+        run = eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
+    finally:
+        eng.verifier, eng.lossless, eng.record_acceptance, eng.adaptive, eng.replay = saved
+    return AcceptanceReplay(run.stats.acceptance_trace, dict(tau=run.stats.mean_accepted_length)), run
 
 
 def _same(r: dict[str, Any]) -> str:
@@ -399,7 +447,7 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         sp = r.get("speedup_vs_dense")
         rng = (f" ({r['tokens_per_second_min']:.1f}–{r['tokens_per_second_max']:.1f})"
                if "tokens_per_second_min" in r else "")
-        method = r["method"] + (" (replayed)" if r.get("replayed") else "")
+        method = r["method"] + (" (dense's text)" if r.get("dense_text") else " (replayed)" if r.get("replayed") else "")
         gm = r.get("gamma_mean")
         lines.append(
             f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | "

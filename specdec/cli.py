@@ -240,6 +240,10 @@ def bench(
     windows: int = typer.Option(1, "--windows", help="different windows of each document in a batch (sequence b "
                                 "continues window b mod K; 1: every sequence the same window)"),
     window_stride: int = typer.Option(1000, "--window-stride", help="tokens between the ends of consecutive windows"),
+    dense_text: bool = typer.Option(
+        False, "--dense-text",
+        help="near-lossless methods (dustin): also time each on dense's text, replaying the acceptance its drafter "
+             "reaches with dense verification (free-running, such a method is timed on its own text)"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench
@@ -284,6 +288,7 @@ def bench(
         adaptive=adaptive,
         windows=windows,
         window_stride=window_stride,
+        dense_text=dense_text,
     )
     typer.echo(f"wrote {output_dir / f'{tag}.json'} and {output_dir / f'{tag}.md'}")
 
