@@ -297,12 +297,8 @@ def run_bench(
                             eng.replay = replays[name]
                         if pre is None:  # one prefill shared by every method and sequence
                             pre = _prefilled(eng, m, wins[:bs], bs, random_cache=shape is not None)
-                        if warmup:  # same length: every capture and compilation happens here
-                            eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
-                        runs = [eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
-                                for _ in range(repeats)]
-                        tps = _stats([r.stats.tokens_per_second for r in runs])
-                        res = sorted(runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2]
+                        # warm-up at the same length: every capture and compilation happens there
+                        tps, res = _timed(eng, pre, max_new_tokens, repeats, warmup)
                         s = res.stats
                         if name == "dense":
                             dense_tps = tps["median"]
@@ -335,13 +331,9 @@ def run_bench(
                         if dense_text and not s.lossless and name not in replays:
                             rp, rec = dense_text_replay(eng, pre, max_new_tokens)
                             eng.replay = rp
-                            if warmup:
-                                eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
-                            runs = [eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
-                                    for _ in range(repeats)]
+                            tps, s2 = _timed(eng, pre, max_new_tokens, repeats, warmup)
+                            s2 = s2.stats
                             eng.replay = None
-                            tps = _stats([r.stats.tokens_per_second for r in runs])
-                            s2 = sorted(runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2].stats
                             d_tokens = next((t for x, t in zip(rows, all_tokens) if x["method"] == "dense"
                                              and (x["document"], x["context"], x["batch"]) == (doc, ctx, bs)), None)
                             all_tokens.append(None)  # replayed: its tokens are not compared
@@ -389,6 +381,16 @@ def divergence(tokens: list[list[int]], dense: list[list[int]]) -> dict[str, int
         if a != b:
             firsts.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
     return dict(sequences=len(firsts), of=len(dense), first=min(firsts) if firsts else -1)
+
+
+def _timed(eng, pre, max_new_tokens: int, repeats: int, warmup: bool):
+    """``(tokens/s statistics, the median run)`` of ``repeats`` timed generations of ``pre``'s prompts (one untimed
+    first with ``warmup``)."""
+    if warmup:
+        eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
+    runs = [eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre) for _ in range(repeats)]
+    return _stats([r.stats.tokens_per_second for r in runs]), sorted(
+        runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2]
 
 
 def dense_text_replay(eng, pre, max_new_tokens: int):

@@ -9,8 +9,9 @@ CUDA graphs, fused projections, warm-up + median of 3); dense first. Writes ``DI
 
 ``--dense-text``: Dustin is near-lossless, so free-running it writes its own text, and its τ is that text's (a run
 that drifts into repetition drafts easily: τ 4.5 where dense verification of the same drafter reaches 1.5). With this
-option every setting also runs on **dense's text**: Dustin's drafter with dense verification (``dense_every=1``:
-dense's tokens, up to bf16 rounding) records its per-round acceptance on each document first (B = 1), and each setting
+option every setting also runs on **dense's text**: Dustin's drafter with dense verification
+(:func:`specdec.bench.dense_text_replay`: dense's tokens, up to bf16 rounding) records its per-round acceptance on each
+document first (B = 1), and each setting
 replays it (:class:`specdec.adaptive.AcceptanceReplay`): every cost of the setting is real (draft, plan, sparse
 verify), its acceptance is the drafter's on dense's text. Rows labelled ``… (dense's text)``; the traces are written
 to ``DIR/trace_<i>.json``.
@@ -102,9 +103,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def record_dense_text(model, doc: str, kw: dict, path: Path, dense_tokens: list[int]) -> dict:
-    """Dustin's default drafter with dense verification on ``doc``'s window (B = 1): its per-round acceptance, saved to
-    ``path`` for :class:`specdec.adaptive.AcceptanceReplay`; its τ and whether its tokens equal dense's."""
+    """Dustin's default drafter with dense verification on ``doc``'s window (B = 1,
+    :func:`specdec.bench.dense_text_replay`): its per-round acceptance, saved to ``path`` for
+    :class:`specdec.adaptive.AcceptanceReplay`; its τ and whether its tokens equal dense's."""
     from specdec.adaptive import save_trace
+    from specdec.bench import _prefilled, dense_text_replay
     from specdec.data import context_windows, load_document
     from specdec.engine import cache_positions
     from specdec.presets import PipelineConfig, build_engine
@@ -113,13 +116,12 @@ def record_dense_text(model, doc: str, kw: dict, path: Path, dense_tokens: list[
     ids = context_windows(model.tokenizer, load_document(doc), ctx, 1, new + 16, 1000)[0]
     model.release_cache()
     model.new_cache(1, cache_positions(len(ids), new, kw["gamma"]), reuse=True)
-    eng = build_engine(model, PipelineConfig.make(method="dustin", gamma=kw["gamma"], budget_ratio=0.25,
-                                                  options={"dense_every": 1}), eos_token_id=-1)
-    eng.record_acceptance = True
-    res = eng.generate([ids], max_new_tokens=new)
-    save_trace(path, res.stats, document=doc, note="dense verification (dense_every=1) of Dustin's default drafter")
-    return dict(path=str(path), tau=res.stats.mean_accepted_length, rounds=len(res.stats.acceptance_trace),
-                equals_dense=res.tokens[0] == dense_tokens)
+    eng = build_engine(model, PipelineConfig.make(method="dustin", gamma=kw["gamma"], budget_ratio=0.25),
+                       eos_token_id=-1)
+    _, run = dense_text_replay(eng, _prefilled(eng, model, [ids], 1, random_cache=False), new)
+    save_trace(path, run.stats, document=doc, note="dense verification of Dustin's default drafter")
+    return dict(path=str(path), tau=run.stats.mean_accepted_length, rounds=len(run.stats.acceptance_trace),
+                equals_dense=run.tokens[0] == dense_tokens)
 
 
 def _settings(text: str) -> dict:
