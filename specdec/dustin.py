@@ -28,12 +28,12 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
   where its first token equals the draft model's first draft (default 4 behind an EAGLE head, else 2).
   ``lookup_policy`` (``replace`` | ``chain``), ``lookup_candidates``, ``lookup_veto``, ``lookup_by_head``: how a
   match and the EAGLE head's draft combine (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup
-  policies").
+  policies"). ``lookup_search``: where the ``replace`` policy searches (``auto``: on the device on a GPU with CUDA graphs).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field
 
@@ -118,6 +118,10 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
                                        "verification set's draft part (None: only the draft's attention picks it)")
     lookup_by_head: bool = Field(default=LOOKUP_BY_HEAD, description="prompt lookup, chain: of the allowed candidates, "
                                  "take the one the head finds most probable (else the longest match, latest)")
+    lookup_search: Literal["auto", "host", "device"] = Field(
+        default="auto", description="prompt lookup, replace: search the context on the device (no per-sequence host "
+        "work, no host read) or in per-sequence dictionaries on the host; 'auto': device on a GPU with CUDA graphs, host "
+        "elsewhere. The same drafts either way")
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -210,7 +214,7 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
         trust = default_trust(drafter) if o.lookup_trust is None else o.lookup_trust
         drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max, trust, policy=o.lookup_policy,
                                 veto=veto, candidates=o.lookup_candidates, by_head=o.lookup_by_head,
-                                keep=o.lookup_keep)
+                                keep=o.lookup_keep, search=o.lookup_search)
     verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
                               dense_first=o.dense_first, margin=o.margin)
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

@@ -549,3 +549,132 @@ def test_lookup_host_benchmark_runs(capsys):
     assert mod.main(["--batch", "2", "--context", "300", "--rounds", "3"]) == 0
     out = capsys.readouterr().out
     assert "lookup draft round, B 2 x 300" in out and "median" in out
+
+
+# -- search="device": the same matches from a token buffer on the device ------------------------------------------------
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+@pytest.mark.parametrize("min_n,max_n", [(1, 1), (1, 3), (2, 4), (3, 3)])
+def test_device_search_finds_the_host_indexs_match_and_continuation(min_n, max_n, dev):
+    """:func:`locate_batch` / :func:`continuation_batch` against :class:`NgramIndex` on ragged sequences of a small
+    alphabet (many matches, of every length, near the end and not), periodic and not; anything after a sequence's end
+    in the buffer is ignored."""
+    from specdec.lookup import NgramIndex, continuation_batch, locate_batch
+
+    g = torch.Generator().manual_seed(min_n * 10 + max_n)
+    seqs = [torch.randint(0, v, (L,), generator=g).tolist() for v, L in
+            ((3, 40), (5, 33), (50, 30), (2, 7), (4, 2), (6, 1), (3, max_n + 1), (9, 64))]
+    seqs.append([1, 2, 3, 7, 5, 2, 3, 8, 1, 2, 3])
+    W = 70
+    toks = torch.randint(0, 3, (len(seqs), W), generator=g)  # junk past each end
+    for b, t in enumerate(seqs):
+        toks[b, : len(t)] = torch.tensor(t)
+    toks, last = toks.to(dev), torch.tensor([len(t) - 1 for t in seqs], device=dev)
+    e, n = locate_batch(toks, last, min_n, max_n)
+    want = [NgramIndex(min_n, max_n).locate(t) for t in seqs]
+    assert list(zip(e.tolist(), n.tolist())) == want
+    assert any(x[1] == max_n for x in want) and any(x[1] == 0 for x in want)
+    for periodic in (True, False):
+        look, valid = continuation_batch(toks, last, e, n, 5, periodic)
+        for b, t in enumerate(seqs):
+            ref = NgramIndex.continuation(t, want[b][0], 5, periodic) if want[b][1] else []
+            assert valid[b].tolist() == [True] * len(ref) + [False] * (5 - len(ref)), (b, periodic)
+            assert look[b, : len(ref)].tolist() == ref, (b, periodic)
+
+
+def test_device_search_drafts_and_keeps_what_the_host_search_does():
+    """``LookupDrafter(search="device")`` and ``"host"``, round after round of appended tokens (ragged, new matches
+    appearing): the same drafts, the same mask given to the inner drafter, the same kept lookahead mass and the same
+    match count."""
+    from types import SimpleNamespace
+
+    from specdec.interfaces import Drafter
+    from specdec.lookup import LookupDrafter
+
+    class Inner(Drafter):
+        def prefill(self, state):
+            pass
+
+        def draft(self, state, gamma):
+            self.lookahead.zero_()
+            return torch.full((len(state.tokens), gamma), 1), None  # agrees with some short matches' first token
+
+        def drafts_replaced(self, state, drafts, mask):
+            self.seen = (drafts.clone(), mask.clone())
+
+    g = torch.Generator().manual_seed(4)
+    out = {}
+    for search in ("host", "device"):
+        toks = [torch.randint(0, 4, (L,), generator=torch.Generator().manual_seed(L)).tolist() for L in (20, 9, 31)]
+        inner = Inner()
+        inner.lookahead = torch.zeros(3, 64)
+        look = LookupDrafter(inner, 2, 4, trust_n=3, keep=2, search=search)
+        state = SimpleNamespace(tokens=toks)
+        look.prefill(state)
+        rounds = []
+        for r in range(8):
+            drafts, _ = look.draft(state, 4)
+            rounds.append((drafts.tolist(), inner.seen[1].tolist(), inner.lookahead.clone()))
+            for b, t in enumerate(toks):  # 0-3 accepted drafts and one more token
+                t += drafts[b, : (r + b) % 4].tolist() + [int(torch.randint(0, 4, (1,), generator=g))]
+        g.manual_seed(4)
+        out[search] = (rounds, look.stats()["matched"])
+    for (d0, m0, la0), (d1, m1, la1) in zip(out["host"][0], out["device"][0]):
+        assert d0 == d1 and m0 == m1
+        assert torch.equal(la0, la1)
+    assert out["host"][1] == out["device"][1] > 0
+    with pytest.raises(SpecdecError, match="unknown lookup search 'gpu'"):
+        LookupDrafter(Inner(), search="gpu")
+
+
+@pytest.mark.parametrize("kind", ["eagle", "model"])
+def test_device_search_is_lossless_in_the_engine(kind, target, eagle_path):
+    """Greedy + dense verification with the device search equals dense decoding and the host search's run."""
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+    from specdec.verifiers import FullVerifier
+
+    g = torch.Generator().manual_seed(2)
+    base = torch.randint(0, 96, (6,), generator=g).tolist()
+    prompts = [base * 4 + [5], (base[::-1] * 3)[:15]]
+    dense = SpeculativeEngine(target, method="dense", eos_token_id=-1).generate(prompts, 20)
+    runs = {}
+    for search in ("host", "device"):
+        look = LookupDrafter(_inner(kind, target, eagle_path), 1, 3, search=search)
+        runs[search] = SpeculativeEngine(target, look, FullVerifier(target), gamma=4, eos_token_id=-1,
+                                         adaptive=False).generate(prompts, 20)
+        assert runs[search].tokens == dense.tokens
+    assert runs["host"].stats.mean_accepted_length == runs["device"].stats.mean_accepted_length > 1.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_search_replays_one_graph_and_equals_the_host_search(eagle_path):
+    """On a GPU with CUDA graphs the device round (search, continuation, merge, kept mass) is one graph replay: the
+    same tokens and τ as the host search, and the same lookahead signal after the last round."""
+    from specdec import BACKENDS
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+    from specdec.verifiers import FullVerifier
+
+    m = make_tiny("llama", seed=3, num_hidden_layers=3)
+    m.hf.cuda()
+    m.backend = BACKENDS.build("triton")
+    m.enable_cuda_graphs()
+    g = torch.Generator().manual_seed(2)
+    base = torch.randint(0, 96, (6,), generator=g).tolist()
+    prompts = [base * 4 + [5], (base[::-1] * 3)[:15]]
+    runs, signal = {}, {}
+    for search in ("host", "device", "device"):  # the second device run replays the first one's graph
+        look = LookupDrafter(EagleDrafter(m, eagle_path), 1, 3, keep=2, search=search)
+        runs[search] = SpeculativeEngine(m, look, FullVerifier(m), gamma=4, eos_token_id=-1,
+                                         adaptive=False).generate(prompts, 20)
+        signal[search] = look.inner.lookahead.clone()
+    m.disable_cuda_graphs()
+    assert runs["host"].tokens == runs["device"].tokens
+    assert runs["host"].stats.mean_accepted_length == runs["device"].stats.mean_accepted_length > 1.5
+    assert torch.equal(signal["host"], signal["device"])
+    assert look._calls is not None and look._calls.captures == 1 and look._calls.replays > 3
