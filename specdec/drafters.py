@@ -36,12 +36,21 @@ class SparseSelfDrafter(Drafter):
             plan = planner_for(state.cache).plan(self.selector, state.lengths)
         tokens, probs = [], []
         cur = state.pending
+        # greedy: the logits' finiteness is flagged on the device and read in on_verify, after the engine's own host
+        # read of the iteration (a check per step was 3 host reads each: the GPU idled while the host launched the
+        # next step); sampling checks each step (a NaN probability must not reach torch.multinomial)
+        flags = None
         for i in range(gamma):
             logits = self.model.forward(cur.view(B, 1), state.cache, state.lengths + i, plan=plan)[:, -1]
-            check_finite(logits, "drafter")
+            if state.sampling.greedy:
+                f = nonfinite_flags(logits)
+                flags = f if flags is None else flags | f
+            else:
+                check_finite(logits, "drafter")
             cur, p = choose(logits, state.sampling, state.generator)
             tokens.append(cur)
             probs.append(p)
+        self._flags = flags
         q = torch.stack(probs, dim=1) if probs[0] is not None else None
         return torch.stack(tokens, dim=1), q
 
@@ -49,6 +58,9 @@ class SparseSelfDrafter(Drafter):
         return self.selector.score_request(gamma)
 
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
+        flags, self._flags = getattr(self, "_flags", None), None
+        if flags is not None:  # the last greedy draft's logits (one read, after the engine's)
+            raise_nonfinite(flags, "drafter")
         self.selector.on_verify(scores, state.lengths)
 
 

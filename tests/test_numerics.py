@@ -182,3 +182,31 @@ def test_reference_backend_large_magnitude_softmax_scores_are_probabilities():
     v = torch.randn(1, 1, 10, 8, generator=g)
     _, s = ReferenceBackend().attend(q, k, v, AttentionMetadata(torch.tensor([8]), 1.0, score_rows=[0], score_kind="softmax"))
     assert torch.isfinite(s).all() and float(s.min()) >= 0 and float(s.sum()) == pytest.approx(2.0, abs=1e-4)
+
+
+def test_greedy_self_draft_flags_nonfinite_logits_and_raises_after_the_iteration():
+    """Greedy sparse self-drafting (MagicDec, Vegas, Quest) reads no flag between its draft steps: non-finite draft
+    logits are flagged on the device and raised by ``on_verify`` (after the engine's host read), naming the drafter;
+    sampling still refuses them at once."""
+    from specdec.drafters import SparseSelfDrafter
+    from specdec import SlidingWindow
+
+    m = make_tiny("llama", seed=4)
+    for greedy in (True, False):
+        eng = SpeculativeEngine(m, SparseSelfDrafter(m, SlidingWindow(SlidingWindow.Config(budget=8, sinks=2))),
+                                sampling=SamplingConfig() if greedy else SamplingConfig(temperature=1.0, seed=1),
+                                eos_token_id=-1, adaptive=False)
+        state, _ = eng._start([PROMPT], 6, None)
+        real = m.forward
+        m.forward = lambda *a, **k: real(*a, **k) * float("nan")
+        try:
+            if greedy:
+                eng.drafter.draft(state, 3)  # no error, no host read: flagged
+                with pytest.raises(FloatingPointError, match="drafter produced NaN or \\+inf logits"):
+                    eng.drafter.on_verify(state, None)
+                eng.drafter.on_verify(state, None)  # read once: the next iteration starts clean
+            else:
+                with pytest.raises(FloatingPointError, match="drafter produced NaN"):
+                    eng.drafter.draft(state, 3)
+        finally:
+            m.forward = real
