@@ -1,0 +1,60 @@
+"""The GPU scripts of this round, run with --smoke (the embedded model on the CPU): benchmarks/gpu/sync_timing.py (the
+phase timer's three modes give the same tokens) and benchmarks/gpu/lookup_search_ab.py (host and device prompt lookup
+give the same tokens)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name):
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "gpu" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sync_timing_modes_give_the_same_tokens(tmp_path):
+    assert _script("sync_timing").main(["--smoke", "--out", str(tmp_path), "--documents", "pydoc",
+                                        "--methods", "dense,dustin"]) == 0
+    rows = json.loads((tmp_path / "sync_timing.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["dense", "dustin", "dustin (dense's text)"]
+    for r in rows:
+        assert r["same_tokens_every_run"] is True
+        assert all(r[m]["median"] > 0 and r[m]["ms_per_iteration"]["verify"] > 0 for m in ("sync", "events", "none"))
+    assert "LookupDrafter.draft" in rows[1]["host_ms_per_iteration"]
+    assert "| pydoc | dustin (dense's text) |" in (tmp_path / "sync_timing.md").read_text()
+
+
+def test_lookup_search_ab_gives_the_same_tokens(tmp_path):
+    assert _script("lookup_search_ab").main(["--smoke", "--out", str(tmp_path), "--documents", "pydoc"]) == 0
+    rows = json.loads((tmp_path / "lookup_search.json").read_text())["rows"]
+    assert [r["setting"] for r in rows] == ["dense", "dustin 5%", "dustin 5% (dense's text)"]
+    for r in rows[1:]:
+        assert r["same_tokens_every_run"] is True
+        assert r["host"]["median"] > 0 and r["device"]["median"] > 0
+        assert r["device"]["host_ms_per_iteration"]["LookupDrafter._tokens_on"] > 0  # the device search ran
+        assert "LookupDrafter._tokens_on" not in r["host"]["host_ms_per_iteration"]  # and the host one did not
+
+
+def test_trace_idle_charges_gpu_gaps_to_the_host_range_open():
+    """benchmarks/gpu/trace_idle.py on a synthetic trace: busy = merged kernel time, a gap goes to the innermost host
+    range open at its midpoint, gaps under 5 µs are counted apart."""
+    idle = _script("trace_idle")
+    ev = []
+    for i in range(8):  # iterations of 100 µs: draft range 0-40 (EagleDrafter.draft 0-20), verify 40-100
+        t = 100 * i
+        ev += [dict(cat="user_annotation", name="phase:draft", ts=t, dur=40),
+               dict(cat="user_annotation", name="EagleDrafter.draft", ts=t, dur=20),
+               dict(cat="user_annotation", name="phase:verify", ts=t + 40, dur=60),
+               dict(cat="kernel", name="k", ts=t + 20, dur=30),  # idle 0-20 while the host is in EagleDrafter.draft
+               dict(cat="kernel", name="k", ts=t + 52, dur=48),  # idle 50-52 (under 5 µs)
+               dict(cat="gpu_memcpy", name="c", ts=t + 60, dur=10)]  # inside the kernel: merged
+    r = idle.idle_report(dict(traceEvents=ev), skip=1, iterations=5)
+    assert r["iterations"] == 5 and r["us_per_iteration"] == dict(span=100.0, gpu_busy=78.0, gpu_idle=22.0)
+    assert r["idle_us_per_iteration_by_host_range"] == {"phase:draft > EagleDrafter.draft": 20.0}
+    assert r["gaps_under_5us"] == dict(count_per_iteration=1.0, us_per_iteration=2.0)
