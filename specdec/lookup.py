@@ -167,7 +167,7 @@ def locate_batch(toks: torch.Tensor, last: torch.Tensor, min_n: int, max_n: int)
 
     Every end ``e`` at once: ``run[e]``, the number of tokens ending at ``e`` that equal the sequence's last ones, is
     built up one shifted comparison at a time; the best ``e`` maximises ``run · W + e`` (longest, then latest).
-    ``O(B · W · max_n)`` element work in ``3 · max_n + 12`` small kernels (one CUDA graph replay in
+    ``O(B · W · max_n)`` element work in about ``4 · max_n + 15`` small kernels (one CUDA graph replay in
     :class:`LookupDrafter`), the same whatever the text."""
     B, W = toks.shape
     dev = toks.device
@@ -293,7 +293,7 @@ class LookupDrafter(Drafter):
             calls = self._captured(drafts.device)
             if calls is None:
                 out = self._device_round(*args)
-            else:  # one graph replay instead of ~40 small launches from the host
+            else:  # one graph replay instead of ~50 small launches from the host
                 key = ("lookup", self.min_n, self.max_n, self.trust_n, self.periodic, self.keep)
                 out = calls(key, self._device_round, *args, keep=self)  # the graph's buffers: used before the next
                 out = (out[0].clone(),) + tuple(out[1:])  # round, but the drafts are kept (the engine's commit)
@@ -359,7 +359,9 @@ class LookupDrafter(Drafter):
     def _captured(self, device: torch.device):
         """The :class:`~specdec.graphs.CapturedCall` replaying :meth:`_device_round`, or ``None`` (eager): graphs are
         used on a GPU when the draft's model captures its forwards (:meth:`SpecdecModel.enable_cuda_graphs`)."""
-        model = getattr(self.inner, "target", None) or getattr(self.inner, "draft_model", None)
+        model = getattr(self.inner, "target", None)
+        if model is None:
+            model = getattr(self.inner, "draft_model", None)
         g = getattr(model, "_graphs", None)
         if g is None or device.type != "cuda":
             return None
@@ -370,7 +372,7 @@ class LookupDrafter(Drafter):
         return self._calls
 
     def _device_search(self, device: torch.device) -> bool:
-        # "auto": only where the round is one graph replay; run eagerly its ~30 launches cost the host more than the
+        # "auto": only where the round is one graph replay; run eagerly its ~50 launches cost the host more than the
         # dictionaries (H200, B 64 x 8k: 0.86-0.97x the host search's tokens/s eagerly, 0.93-1.14x as a graph)
         return self.search == "device" or (self.search == "auto" and self._captured(device) is not None)
 

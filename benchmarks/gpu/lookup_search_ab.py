@@ -13,7 +13,6 @@ the CPU, context 128, B = 2, 8 tokens.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -27,30 +26,19 @@ SEARCH = ("host", "device")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--documents", required=True, help="comma-separated files or built-in names")
+    from sync_timing import common_args, host_times, load
+
+    ap = common_args(__doc__)
     ap.add_argument("--ratios", default="0.05", help="comma-separated verification budgets (share of the context)")
-    ap.add_argument("--context", type=int, default=8000)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--new", type=int, default=96)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     from specdec.bench import _prefilled, dense_text_replay
     from specdec.data import context_windows, load_document
     from specdec.engine import cache_positions
-    from specdec.loading import load_model, pipeline_config
+    from specdec.loading import pipeline_config
     from specdec.lookup import LookupDrafter
     from specdec.presets import build_engine
-    from sync_timing import host_times
 
-    gpu = not a.smoke
-    model = load_model("smollm2-135m" if a.smoke else a.gguf, "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu",
-                       "triton" if gpu else "reference", gpu, False, gpu)
-    ctx, B, new = (128, 2, 8) if a.smoke else (a.context, a.batch, a.new)
-    repeats = 1 if a.smoke else a.repeats
+    model, ctx, B, new, repeats = load(a)
 
     def gen(eng, pre):
         return eng.generate(pre.ids, max_new_tokens=new, prefilled=pre)

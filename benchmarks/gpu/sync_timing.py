@@ -29,31 +29,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 MODES = ("sync", "events", "none")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def common_args(description: str) -> argparse.ArgumentParser:
+    """The options this script shares with ``lookup_search_ab.py``."""
+    ap = argparse.ArgumentParser(description=description.split("\n")[0])
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--out", required=True)
     ap.add_argument("--documents", required=True, help="comma-separated files or built-in names")
-    ap.add_argument("--methods", default="dense,magicdec,vegas,dustin")
-    ap.add_argument("--budget-ratio", type=float, default=0.05)
     ap.add_argument("--context", type=int, default=8000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true")
+    return ap
+
+
+def load(a) -> tuple:
+    """``(model, context, batch, new tokens, repeats)``: the GGUF in bf16 on the GPU (Triton, graphs, fused), or with
+    ``--smoke`` the embedded model in float32 on the CPU at context 128, B 2, 8 tokens, one repeat."""
+    from specdec.loading import load_model
+
+    gpu = not a.smoke
+    model = load_model("smollm2-135m" if a.smoke else a.gguf, "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu",
+                       "triton" if gpu else "reference", gpu, False, gpu)
+    return (model,) + ((128, 2, 8, 1) if a.smoke else (a.context, a.batch, a.new, a.repeats))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = common_args(__doc__)
+    ap.add_argument("--methods", default="dense,magicdec,vegas,dustin")
+    ap.add_argument("--budget-ratio", type=float, default=0.05)
     a = ap.parse_args(argv)
     import specdec.engine as engine_mod
     from specdec.bench import _prefilled, dense_text_replay
     from specdec.data import context_windows, load_document
     from specdec.engine import PhaseTimer, cache_positions
-    from specdec.loading import load_model, pipeline_config
+    from specdec.loading import pipeline_config
     from specdec.presets import build_engine
 
-    gpu = not a.smoke
-    model = load_model("smollm2-135m" if a.smoke else a.gguf, "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu",
-                       "triton" if gpu else "reference", gpu, False, gpu)
-    ctx, B, new = (128, 2, 8) if a.smoke else (a.context, a.batch, a.new)
-    repeats = 1 if a.smoke else a.repeats
+    model, ctx, B, new, repeats = load(a)
 
     def untimed(device, sync=False):  # mode "none": no synchronisation, no events
         t = PhaseTimer(device, False)
