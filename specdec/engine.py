@@ -57,6 +57,7 @@ class PhaseTimer:
 
     def __init__(self, device: torch.device, sync: bool = False) -> None:
         self._seconds = {p: 0.0 for p in PHASES}
+        self.device = torch.device(device)
         self.sync = sync and device.type == "cuda"
         self.events = device.type == "cuda" and not sync
         self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
@@ -67,12 +68,12 @@ class PhaseTimer:
             if len(self._pending) > self.MAX_PENDING:
                 self._drain(wait=False)
             start = self._event()
-            start.record()
+            self._record(start)
             try:
                 yield
             finally:
                 end = self._event()
-                end.record()
+                self._record(end)
                 self._pending.append((phase, start, end))
             return
         if self.sync:
@@ -85,13 +86,20 @@ class PhaseTimer:
                 torch.cuda.synchronize()
             self._seconds[phase] = self._seconds.get(phase, 0.0) + time.perf_counter() - t0
 
+    def _index(self) -> int:
+        return torch.cuda.current_device() if self.device.index is None else self.device.index
+
     def _event(self) -> torch.cuda.Event:
-        spare = PhaseTimer._spare.setdefault(torch.cuda.current_device(), [])
+        spare = PhaseTimer._spare.setdefault(self._index(), [])
         return spare.pop() if spare else torch.cuda.Event(enable_timing=True)
+
+    def _record(self, event: torch.cuda.Event) -> None:
+        """On the model's device's current stream (where its kernels run, whichever device is current)."""
+        event.record(torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None)
 
     def _drain(self, wait: bool) -> None:
         """Add the pending events' times, in order; ``wait=False`` stops at the first phase not yet completed. The
-        events read go back to the current device's spares."""
+        events read go back to the spares of their device."""
         done = 0
         for phase, start, end in self._pending:
             if not wait and not end.query():
@@ -99,7 +107,7 @@ class PhaseTimer:
             if wait:
                 end.synchronize()
             self._seconds[phase] = self._seconds.get(phase, 0.0) + start.elapsed_time(end) / 1000.0
-            PhaseTimer._spare.setdefault(torch.cuda.current_device(), []).extend((start, end))
+            PhaseTimer._spare.setdefault(self._index(), []).extend((start, end))
             done += 1
         del self._pending[:done]
 

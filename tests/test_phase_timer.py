@@ -21,7 +21,7 @@ class FakeEvent:
         self.t, self.done, self.waited = None, True, False
         FakeEvent.made.append(self)
 
-    def record(self) -> None:
+    def record(self, stream=None) -> None:
         FakeEvent.clock += 1.0
         self.t = FakeEvent.clock
 
@@ -108,3 +108,17 @@ def test_engine_times_with_events_unless_asked_to_sync(monkeypatch):
     eng.sync_timing = True
     eng.generate([[3, 4, 5, 6, 7, 8, 9, 10]], max_new_tokens=3)
     assert made == [False, True]
+
+
+def test_events_go_on_the_models_device_stream(fake_events, monkeypatch):
+    """A model on ``cuda:1`` while ``cuda:0`` is current: the events are recorded on cuda:1's current stream and kept
+    among cuda:1's spares (kernels run on their tensors' device's stream, whichever device is current)."""
+    streams = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: ("stream of", str(device)))
+    monkeypatch.setattr(FakeEvent, "record", lambda self, stream=None: streams.append(stream) or setattr(self, "t", 0.0))
+    t = PhaseTimer(torch.device("cuda:1"))
+    with t("verify"):
+        pass
+    assert streams == [("stream of", "cuda:1")] * 2
+    t.seconds
+    assert len(PhaseTimer._spare[1]) == 2 and not PhaseTimer._spare.get(0)
