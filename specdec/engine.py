@@ -371,7 +371,7 @@ class SpeculativeEngine:
         # adaptive γ_t (specdec.adaptive); its cost estimates carry over between calls of this shape
         pace = Pacing(self._controller(run.stats.gamma), run.stats.gamma, batch=B, context=longest)
         t_start = time.perf_counter()
-        while bool(state.active.any()):
+        while any(run.active):  # the host's copy of state.active (_emit): no device read
             run.stats.iterations += 1
             gamma = pace.next_gamma()  # γ_t ≤ γ, the draft length of this iteration; 0: one dense step
             if gamma == 0:  # the dense method, or the controller's fall-back (drafting cannot pay)
@@ -575,6 +575,7 @@ class SpeculativeEngine:
         # one host-to-device copy each (not one tiny write per sequence)
         state.lengths += torch.tensor(adv, dtype=state.lengths.dtype).to(dev, non_blocking=True)
         state.active = torch.tensor(active, dtype=torch.bool).to(dev, non_blocking=True)
+        run.active = active
         if shared:  # the tokens rank 0 chose (identical logits make them equal; this makes it certain)
             next_token = torch.tensor(nxt_list, dtype=next_token.dtype).to(dev, non_blocking=True)
         state.pending = torch.where(state.active, next_token, state.pending)
@@ -591,6 +592,7 @@ class _Run:
     accepted_at: torch.Tensor  # (γ,) float64: iterations whose draft i was accepted, summed over sequences
     trials: int = 0  # (iteration, active sequence) pairs
     profile: list | None = None  # last round: share of active sequences that kept >= i + 1 drafts
+    active: list = field(default_factory=list)  # state.active as the last emission left it (host lists)
 
 
 def read_host(*tensors: torch.Tensor, broadcast=None) -> list[list[int]]:

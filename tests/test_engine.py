@@ -113,3 +113,30 @@ def test_prefilled_reuse_gives_the_same_tokens():
     assert eng.generate(PROMPTS, 8, prefilled=pre).tokens == eng.generate(PROMPTS, 8).tokens
     with pytest.raises(SpecdecError, match="prefilled"):
         eng.generate(PROMPTS[:1], 8, prefilled=pre)
+
+
+@pytest.mark.parametrize("method", ["dense", "magicdec", "vegas", "quest"])
+def test_greedy_decode_loop_reads_the_device_only_through_its_one_transfer(method, monkeypatch):
+    """Greedy decoding reads device values on the host only in the iteration's one transfer (``read_host``) and, for
+    a self-speculative drafter, its finiteness flags after it: no ``bool(tensor)`` / ``.item()`` in the loop (each
+    would wait for the GPU: the loop's condition and the per-step draft checks did). The prefill's check is allowed."""
+    import traceback
+
+    from specdec import PipelineConfig, build_engine
+
+    m = make_tiny("llama", seed=5)
+    eng = build_engine(m, PipelineConfig.make(method=method, gamma=3, budget=12, sinks=2, recent=4, adaptive=False),
+                       eos_token_id=-1)
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    where = []
+    for name in ("__bool__", "item"):
+        real = getattr(torch.Tensor, name)
+
+        def spy(self, _real=real, _name=name):
+            names = [f.name for f in traceback.extract_stack(limit=6)]
+            where.append((_name, "_start" if "_start" in names else names[-2]))
+            return _real(self)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    eng.generate(prompts, 12)
+    assert where and all(fn == "_start" for _, fn in where), where  # the prefill's finiteness check only
