@@ -36,8 +36,8 @@ class SparseSelfDrafter(Drafter):
             plan = planner_for(state.cache).plan(self.selector, state.lengths)
         tokens, probs = [], []
         cur = state.pending
-        # greedy: the logits' finiteness is flagged on the device and read in on_verify, after the engine's own host
-        # read of the iteration (a check per step was 3 host reads each: the GPU idled while the host launched the
+        # greedy: the logits' finiteness is flagged on the device and read with the engine's one host transfer of the
+        # iteration (take_flags; a check per step was 3 host reads each: the GPU idled while the host launched the
         # next step); sampling checks each step (a NaN probability must not reach torch.multinomial)
         flags = None
         for i in range(gamma):
@@ -57,9 +57,13 @@ class SparseSelfDrafter(Drafter):
     def score_request(self, gamma: int) -> ScoreRequest | None:
         return self.selector.score_request(gamma)
 
-    def on_verify(self, state, scores: ScoreRequest | None) -> None:
+    def take_flags(self) -> torch.Tensor | None:
         flags, self._flags = getattr(self, "_flags", None), None
-        if flags is not None:  # the last greedy draft's logits (one read, after the engine's)
+        return flags
+
+    def on_verify(self, state, scores: ScoreRequest | None) -> None:
+        flags = self.take_flags()
+        if flags is not None:  # not taken by the engine's transfer: one read here
             raise_nonfinite(flags, "drafter")
         self.selector.on_verify(scores, state.lengths)
 
@@ -218,14 +222,20 @@ class ModelDrafter(Drafter):
             cur, p = choose(logits, state.sampling, state.generator)
             tokens.append(cur)
             probs.append(p)
-        if flags is not None:
-            raise_nonfinite(flags, "drafter")
+        self._flags = flags  # greedy: read with the engine's transfer (take_flags), or in on_verify
         # the pending token and drafts 1..γ-1 are now in the draft cache
         self.draft_len = state.lengths + gamma
         q = torch.stack(probs, dim=1) if probs[0] is not None else None
         return torch.stack(tokens, dim=1), q
 
+    def take_flags(self) -> torch.Tensor | None:
+        flags, self._flags = getattr(self, "_flags", None), None
+        return flags
+
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
+        flags = self.take_flags()
+        if flags is not None:  # not taken by the engine's transfer: one read here
+            raise_nonfinite(flags, "drafter")
         # roll back: entries beyond the new verified length hold rejected drafts
         self.draft_len = torch.minimum(self.draft_len, state.lengths)
 
@@ -402,4 +412,7 @@ class EarlyExitDrafter(ModelDrafter):
         self.draft_len = state.lengths.clone()  # the target wrote every verified entry
 
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
+        flags = self.take_flags()
+        if flags is not None:  # not taken by the engine's transfer: one read here
+            raise_nonfinite(flags, "drafter")
         self.draft_len = state.lengths.clone()

@@ -657,11 +657,15 @@ class EagleDrafter(Drafter):
         """The verified rows are ``drafts`` (a prompt-lookup wrapper replaced some): queue those tokens."""
         self._rows = torch.cat([state.pending.view(-1, 1), drafts], dim=1)
 
+    def take_flags(self) -> torch.Tensor | None:
+        flags, self._flags = self._flags, None
+        return flags
+
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
         """Keep the verify rows' true features for the next draft's first forward (no launch), and raise if the
-        last greedy draft's logits were not finite (read here, after the engine's host read of the iteration)."""
-        if self._flags is not None:
-            flags, self._flags = self._flags, None
+        last greedy draft's logits were not finite and the engine did not take the flags (:meth:`take_flags`)."""
+        flags = self.take_flags()
+        if flags is not None:
             raise_nonfinite(flags, "drafter")
         hidden = self.target.last_hidden  # (B, γ+1, d): f_L .. f_{L+γ} of the verify rows
         if hidden is not None:

@@ -474,11 +474,14 @@ class SpeculativeEngine:
         B, gamma = drafts.shape
         pos = torch.arange(gamma, device=drafts.device).view(1, gamma)
         hits = ((pos < n_accepted.view(B, 1)) & state.active.view(B, 1)).sum(0)  # (γ,)
-        extra = [hits, flags, state.active.sum()]
+        # the drafter's non-finite flags (greedy) ride along in the same transfer
+        dflags = self.drafter.take_flags() if self.drafter is not None else None
+        extra = [hits, flags, state.active.sum(), dflags if dflags is not None else flags.new_zeros(2)]
         if self.record_acceptance:  # each sequence's accepted drafts, -1: finished (--record-acceptance)
             extra.append(torch.where(state.active, n_accepted, -1))
-        hits_h, flags_h, n_active, *trace = self._emit(state, run, next_token, n_accepted, drafts, extra=extra)
+        hits_h, flags_h, n_active, dflags_h, *trace = self._emit(state, run, next_token, n_accepted, drafts, extra=extra)
         raise_nonfinite(flags_h, "verifier")
+        raise_nonfinite(dflags_h, "drafter")
         run.trials += int(n_active[0])
         run.accepted_at[:gamma] += torch.tensor(hits_h, dtype=torch.float64)  # γ_t ≤ γ (adaptive)
         run.stats.gamma_per_round.append(gamma)

@@ -391,6 +391,13 @@ class Drafter(ABC):
     def on_verify(self, state, scores: ScoreRequest | None) -> None:  # noqa: ANN001
         """After acceptance: ``state.lengths`` holds the new verified lengths."""
 
+    def take_flags(self) -> torch.Tensor | None:
+        """The last greedy draft's non-finite flags ``(2,)`` (:func:`specdec.sampling.nonfinite_flags` OR-ed over its
+        steps), still on the device: the engine reads them with its one host transfer of the iteration and raises
+        (:func:`specdec.sampling.raise_nonfinite`, naming the drafter). Taking them clears them; a drafter whose flags
+        were not taken (driven without the engine) raises them in :meth:`on_verify`. ``None``: nothing pending."""
+        return None
+
     def drafts_replaced(self, state, drafts: torch.Tensor, mask: torch.Tensor) -> None:  # noqa: ANN001
         """A wrapper (:class:`specdec.lookup.LookupDrafter`) verifies ``drafts (B, γ)`` instead of this drafter's
         own where ``mask (B, γ)`` is true: a drafter whose state holds its own drafts fixes it here."""

@@ -484,6 +484,9 @@ class LookupDrafter(Drafter):
         add = (la.scatter_add_ if inplace else la.scatter_add)
         return add(1, pos.clamp(max=la.shape[1] - 1), inside.to(la.dtype) * KEPT_MASS)
 
+    def take_flags(self) -> torch.Tensor | None:
+        return self.inner.take_flags()
+
     def score_request(self, gamma: int) -> ScoreRequest | None:
         return self.inner.score_request(gamma)
 
