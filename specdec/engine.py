@@ -475,7 +475,8 @@ class SpeculativeEngine:
         pos = torch.arange(gamma, device=drafts.device).view(1, gamma)
         hits = ((pos < n_accepted.view(B, 1)) & state.active.view(B, 1)).sum(0)  # (γ,)
         # the drafter's non-finite flags (greedy) ride along in the same transfer
-        dflags = self.drafter.take_flags() if self.drafter is not None else None
+        take = getattr(self.drafter, "take_flags", None)  # (a duck-typed plugin drafter may not have it)
+        dflags = take() if take is not None else None
         extra = [hits, flags, state.active.sum(), dflags if dflags is not None else flags.new_zeros(2)]
         if self.record_acceptance:  # each sequence's accepted drafts, -1: finished (--record-acceptance)
             extra.append(torch.where(state.active, n_accepted, -1))
