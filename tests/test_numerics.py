@@ -210,3 +210,27 @@ def test_greedy_self_draft_flags_nonfinite_logits_and_raises_after_the_iteration
                     eng.drafter.draft(state, 3)
         finally:
             m.forward = real
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nonfinite_flags_match_the_definition(dev, dtype):
+    """``nonfinite_flags`` (one max per row) against the definition (NaN or +inf anywhere; a row -inf everywhere) on
+    rows with a NaN, a +inf, both, legitimate -inf entries, a dead row, and clean rows."""
+    from specdec.sampling import nonfinite_flags
+
+    g = torch.Generator().manual_seed(7)
+    inf, nan = float("inf"), float("nan")
+    cases = {"clean": {}, "nan": {(1, 3): nan}, "posinf": {(0, 5): inf}, "both": {(2, 1): nan, (2, 7): inf},
+             "masked": {(1, 0): -inf, (1, 2): -inf}, "nan at a masked row's max": {(3, 4): nan, (3, 0): -inf}}
+    for name, cells in cases.items():
+        for dead in (False, True):
+            x = torch.randn(4, 9, generator=g)
+            for (r, c), v in cells.items():
+                x[r, c] = v
+            if dead:
+                x[0] = -inf
+            x = x.to(dev, dtype)
+            want = [bool(torch.isnan(x).any() | torch.isposinf(x).any()), bool((x == -inf).all(-1).any())]
+            assert nonfinite_flags(x).tolist() == want, (name, dead)
