@@ -9,7 +9,7 @@ import torch
 from specdec.interfaces import Drafter, KVSelector, ScoreRequest
 from specdec.models import SpecdecModel
 from specdec.planner import planner_for
-from specdec.sampling import check_finite, choose, nonfinite_flags, raise_nonfinite
+from specdec.sampling import check_finite, choose, nonfinite_flags
 
 
 class SparseSelfDrafter(Drafter):
@@ -57,14 +57,8 @@ class SparseSelfDrafter(Drafter):
     def score_request(self, gamma: int) -> ScoreRequest | None:
         return self.selector.score_request(gamma)
 
-    def take_flags(self) -> torch.Tensor | None:
-        flags, self._flags = getattr(self, "_flags", None), None
-        return flags
-
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
-        flags = self.take_flags()
-        if flags is not None:  # not taken by the engine's transfer: one read here
-            raise_nonfinite(flags, "drafter")
+        self.raise_untaken_flags()
         self.selector.on_verify(scores, state.lengths)
 
 
@@ -228,14 +222,8 @@ class ModelDrafter(Drafter):
         q = torch.stack(probs, dim=1) if probs[0] is not None else None
         return torch.stack(tokens, dim=1), q
 
-    def take_flags(self) -> torch.Tensor | None:
-        flags, self._flags = getattr(self, "_flags", None), None
-        return flags
-
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
-        flags = self.take_flags()
-        if flags is not None:  # not taken by the engine's transfer: one read here
-            raise_nonfinite(flags, "drafter")
+        self.raise_untaken_flags()
         # roll back: entries beyond the new verified length hold rejected drafts
         self.draft_len = torch.minimum(self.draft_len, state.lengths)
 
@@ -412,7 +400,5 @@ class EarlyExitDrafter(ModelDrafter):
         self.draft_len = state.lengths.clone()  # the target wrote every verified entry
 
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
-        flags = self.take_flags()
-        if flags is not None:  # not taken by the engine's transfer: one read here
-            raise_nonfinite(flags, "drafter")
+        self.raise_untaken_flags()
         self.draft_len = state.lengths.clone()

@@ -264,7 +264,7 @@ def describe(meta: dict) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------
 
 from specdec.interfaces import Drafter, ScoreRequest  # noqa: E402
-from specdec.sampling import check_finite, choose, nonfinite_flags, raise_nonfinite  # noqa: E402
+from specdec.sampling import check_finite, choose, nonfinite_flags  # noqa: E402
 
 
 class _HeadDims:
@@ -657,16 +657,10 @@ class EagleDrafter(Drafter):
         """The verified rows are ``drafts`` (a prompt-lookup wrapper replaced some): queue those tokens."""
         self._rows = torch.cat([state.pending.view(-1, 1), drafts], dim=1)
 
-    def take_flags(self) -> torch.Tensor | None:
-        flags, self._flags = self._flags, None
-        return flags
-
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
         """Keep the verify rows' true features for the next draft's first forward (no launch), and raise if the
         last greedy draft's logits were not finite and the engine did not take the flags (:meth:`take_flags`)."""
-        flags = self.take_flags()
-        if flags is not None:
-            raise_nonfinite(flags, "drafter")
+        self.raise_untaken_flags()
         hidden = self.target.last_hidden  # (B, γ+1, d): f_L .. f_{L+γ} of the verify rows
         if hidden is not None:
             hidden = self._own(hidden)

@@ -477,12 +477,14 @@ class SpeculativeEngine:
         # the drafter's non-finite flags (greedy) ride along in the same transfer
         take = getattr(self.drafter, "take_flags", None)  # (a duck-typed plugin drafter may not have it)
         dflags = take() if take is not None else None
-        extra = [hits, flags, state.active.sum(), dflags if dflags is not None else flags.new_zeros(2)]
+        extra = [hits, flags, state.active.sum()] + ([dflags] if dflags is not None else [])
         if self.record_acceptance:  # each sequence's accepted drafts, -1: finished (--record-acceptance)
             extra.append(torch.where(state.active, n_accepted, -1))
-        hits_h, flags_h, n_active, dflags_h, *trace = self._emit(state, run, next_token, n_accepted, drafts, extra=extra)
+        hits_h, flags_h, n_active, *rest = self._emit(state, run, next_token, n_accepted, drafts, extra=extra)
         raise_nonfinite(flags_h, "verifier")
-        raise_nonfinite(dflags_h, "drafter")
+        if dflags is not None:
+            raise_nonfinite(rest.pop(0), "drafter")
+        trace = rest
         run.trials += int(n_active[0])
         run.accepted_at[:gamma] += torch.tensor(hits_h, dtype=torch.float64)  # γ_t ≤ γ (adaptive)
         run.stats.gamma_per_round.append(gamma)

@@ -394,9 +394,21 @@ class Drafter(ABC):
     def take_flags(self) -> torch.Tensor | None:
         """The last greedy draft's non-finite flags ``(2,)`` (:func:`specdec.sampling.nonfinite_flags` OR-ed over its
         steps), still on the device: the engine reads them with its one host transfer of the iteration and raises
-        (:func:`specdec.sampling.raise_nonfinite`, naming the drafter). Taking them clears them; a drafter whose flags
-        were not taken (driven without the engine) raises them in :meth:`on_verify`. ``None``: nothing pending."""
-        return None
+        (:func:`specdec.sampling.raise_nonfinite`, naming the drafter). A drafter records them as ``self._flags`` when
+        it drafts; taking them clears them, and :meth:`raise_untaken_flags` (in :meth:`on_verify`) raises those nobody
+        took (a drafter driven without the engine). ``None``: nothing pending."""
+        flags = getattr(self, "_flags", None)
+        if flags is not None:
+            self._flags = None
+        return flags
+
+    def raise_untaken_flags(self) -> None:
+        """:meth:`take_flags`' flags if the engine did not take them, raised here (one host read)."""
+        flags = self.take_flags()
+        if flags is not None:
+            from specdec.sampling import raise_nonfinite
+
+            raise_nonfinite(flags, "drafter")
 
     def drafts_replaced(self, state, drafts: torch.Tensor, mask: torch.Tensor) -> None:  # noqa: ANN001
         """A wrapper (:class:`specdec.lookup.LookupDrafter`) verifies ``drafts (B, γ)`` instead of this drafter's

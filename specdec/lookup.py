@@ -321,14 +321,8 @@ class LookupDrafter(Drafter):
         pin = dev.type == "cuda"
         look, mask, trusted = (torch.tensor(x, dtype=dt, pin_memory=pin).to(dev, non_blocking=True)
                                for x, dt in ((look_l, torch.long), (mask_l, torch.bool), (trusted_l, torch.bool)))
-        return self._merge(state, drafts, q, look, mask, trusted)
-
-    def _merge(self, state, drafts: torch.Tensor, q: torch.Tensor | None, look: torch.Tensor, mask: torch.Tensor,
-               trusted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The inner drafter's ``drafts`` with the context's continuation ``look`` where ``mask`` has one and the
-        match is ``trusted (B, 1)`` or its first token is the inner drafter's own first draft."""
-        mask = mask & (trusted | (look[:, :1] == drafts[:, :1]))  # (B, γ)
-        return self._merged(state, torch.where(mask, look, drafts), q, look, mask)
+        merged, mask = _combine(drafts, look, mask, trusted)
+        return self._merged(state, merged, q, look, mask)
 
     def _merged(self, state, drafts: torch.Tensor, q: torch.Tensor | None, look: torch.Tensor,
                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -347,8 +341,8 @@ class LookupDrafter(Drafter):
         B, gamma = drafts.shape
         e, n = locate_batch(toks, last, self.min_n, self.max_n)
         look, mask = continuation_batch(toks, last, e, n, gamma, self.periodic)
-        mask = mask & ((n >= self.trust_n).view(B, 1) | (look[:, :1] == drafts[:, :1]))
-        out = (torch.where(mask, look, drafts), look, mask)
+        merged, mask = _combine(drafts, look, mask, (n >= self.trust_n).view(B, 1))
+        out = (merged, look, mask)
         if la is None:
             return out
         has = n > 0
@@ -500,6 +494,14 @@ class LookupDrafter(Drafter):
         if reset:
             self.rounds, self._matched = 0, None
         return out
+
+
+def _combine(drafts: torch.Tensor, look: torch.Tensor, mask: torch.Tensor,
+             trusted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(drafts, mask)`` merged: the context's continuation ``look (B, γ)`` where ``mask`` has one and the match is
+    ``trusted (B, 1)`` or its first token is the inner drafter's own first draft; else the inner drafter's."""
+    mask = mask & (trusted | (look[:, :1] == drafts[:, :1]))
+    return torch.where(mask, look, drafts), mask
 
 
 def base_drafter(drafter: Drafter) -> Drafter:
