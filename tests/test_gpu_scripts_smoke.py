@@ -1,9 +1,10 @@
 """The GPU scripts of this round, run with --smoke (the embedded model on the CPU): benchmarks/gpu/sync_timing.py (the
 phase timer's three modes give the same tokens) and benchmarks/gpu/lookup_search_ab.py (host and device prompt lookup
-give the same tokens)."""
+give the same tokens) and benchmarks/gpu/code_ab.py (two checkouts, each in its own process)."""
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -58,3 +59,24 @@ def test_trace_idle_charges_gpu_gaps_to_the_host_range_open():
     assert r["iterations"] == 5 and r["us_per_iteration"] == dict(span=100.0, gpu_busy=78.0, gpu_idle=22.0)
     assert r["idle_us_per_iteration_by_host_range"] == {"phase:draft > EagleDrafter.draft": 20.0}
     assert r["gaps_under_5us"] == dict(count_per_iteration=1.0, us_per_iteration=2.0)
+
+
+def test_code_ab_runs_each_tree_in_its_own_process(tmp_path):
+    """Two trees (this checkout and a copy of its package) in ABBA order: one row per method, every tree's runs, the
+    same tokens; each process imported its own tree (the child asserts it; a tree without a package is refused in one line)."""
+    ab = _script("code_ab")
+    shutil.copytree(ROOT / "specdec", tmp_path / "copy" / "specdec", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "out"
+    assert ab.main(["--smoke", "--trees", f"this={ROOT},copy={tmp_path / 'copy'}", "--out", str(out), "--documents",
+                    "pydoc", "--methods", "dense", "--rounds", "2"]) == 0
+    res = json.loads((out / "code_ab.json").read_text())
+    [row] = res["rows"]
+    assert row["method"] == "dense" and row["same_tokens_every_run"] is True
+    assert set(row["trees"]) == {"this", "copy"} and row["trees"]["this"]["ratio"] == 1.0
+    assert "| pydoc | dense |" in (out / "code_ab.md").read_text()
+    try:
+        ab.main(["--smoke", "--trees", f"this={ROOT},nothing={tmp_path}", "--out", str(out), "--documents", "pydoc"])
+    except SystemExit as e:
+        assert "nothing" in str(e) and "specdec/__init__.py" in str(e)
+    else:
+        raise AssertionError("a tree without a package was accepted")

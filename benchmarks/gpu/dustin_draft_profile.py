@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu/dustin_draft_profile.py --gguf /tmp/m/smol.gguf --out DIR --document a.py [--ratio 0.05]
 
-Dustin (defaults; 8k context, B = 64, 96 new tokens, γ 4, bf16, Triton, CUDA graphs, fused projections) after two
+Dustin (or ``--method``; defaults; 8k context, B = 64, 96 new tokens, γ 4, bf16, Triton, CUDA graphs, fused projections) after two
 warm-up generations; ``torch.profiler`` over a third, with a ``record_function`` range around each engine phase
 (``draft``, ``verify``, ``select``, ``sample``). Writes ``DIR/profile.md`` (the phases' CUDA time per iteration and the
 top kernels by CUDA time, with calls per iteration) and ``DIR/profile.json``. ``--smoke``: the embedded model on the
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--out", required=True)
     ap.add_argument("--document", required=True)
+    ap.add_argument("--method", default="dustin", help="any method (the kernels of its iterations, by phase)")
     ap.add_argument("--ratio", type=float, default=0.05)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--new", type=int, default=96)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx, B, new = (128, 2, 8) if a.smoke else (8000, 64, a.new)
     ids = context_windows(model.tokenizer, load_document(a.document), ctx, 1, new + 16, 1000)[0]
     model.new_cache(B, cache_positions(len(ids), new, 4), reuse=True)
-    eng = build_engine(model, pipeline_config("dustin", 4, None, a.ratio, 0.0, 1.0, 0, None), eos_token_id=-1)
+    eng = build_engine(model, pipeline_config(a.method, 4, None, a.ratio, 0.0, 1.0, 0, None), eos_token_id=-1)
     pre = _prefilled(eng, model, [ids], B, random_cache=False)
     for _ in range(2):
         eng.generate(pre.ids, max_new_tokens=new, prefilled=pre)
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     engine_mod.PhaseTimer = Ranged
     if a.trace:  # the drafter's hooks as ranges too (instance attributes: gone with the engine)
         look = eng.drafter
-        for obj, name in ((look, "_tokens_on"), (look.inner, "draft"), (look, "_device_round"), (look, "_merged")):
+        for obj, name in ((look, "_tokens_on"), (getattr(look, "inner", look), "draft"), (look, "_device_round"),
+                          (look, "_merged")):
             if hasattr(obj, name):
                 fn = getattr(obj, name)
                 setattr(obj, name, lambda *x, _fn=fn, _n=f"{type(obj).__name__}.{name}", **k: _ranged(_n, _fn, x, k))
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                profiler_phase_us_per_iteration=phases, kernel_us_per_iteration=total / it, kernels=rows)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     Path(a.out, "profile.json").write_text(json.dumps(out, indent=1))
-    lines = [f"# Dustin iteration profile — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+    lines = [f"# {a.method} iteration profile — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              f"`{' '.join(sys.argv)}`", "", f"{it} iterations, τ {out['tau']:.2f}. Phases (engine timer, ms per "
              "iteration): " + ", ".join(f"{k} {v:.2f}" for k, v in out["phase_ms_per_iteration"].items()),
              "", "Profiler ranges (device µs per iteration): " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()),

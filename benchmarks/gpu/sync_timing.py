@@ -128,7 +128,7 @@ def host_times(eng, call) -> dict:
     """Host milliseconds per iteration spent inside the drafter's and verifier's hooks during ``call()`` (no
     synchronisation is added; a hook that reads the device waits inside its own time)."""
     hooks = [(eng.drafter, "draft"), (eng.drafter, "on_verify"), (eng.verifier, "verify"),
-             (eng.verifier, "on_verify"), (eng, "_commit")]
+             (eng.verifier, "on_verify"), (eng, "_commit_launch"), (eng, "_commit_read")]
     inner = getattr(eng.drafter, "inner", None)
     if inner is not None:  # a prompt-lookup wrapper: its inner drafter, and its device search's token copy
         hooks += [(inner, "draft"), (eng.drafter, "_tokens_on")]
