@@ -394,10 +394,15 @@ class SpeculativeEngine:
                 acc = accept(drafts, p_logits, self.sampling, q, state.generator)
                 if self.replay is not None:  # benchmarks: the accepted lengths of a recorded real run
                     acc = self.replay.apply(acc, p_logits, len(run.stats.gamma_per_round))
-            mean_accepted = self._commit(state, run, acc.n_accepted, acc.next_token, drafts, flags)
+            # the emission's effect on the device state (lengths, active, pending) and the one host transfer are
+            # queued; the next plan is queued behind the transfer, and the host emits into its lists while the GPU
+            # builds the plan (the drafter's hook sees the new device state; the host lists grow after it)
+            read = self._commit_launch(state, run, acc.n_accepted, acc.next_token, drafts, flags)
             with timer("select"):  # next iteration's plan from this verification's scores
-                self.verifier.on_verify(state)
                 self.drafter.on_verify(state, request)
+            mean_accepted = self._commit_read(state, run, read, len(drafts[0]))
+            with timer("select"):
+                self.verifier.on_verify(state)
             pace.round_done(gamma, mean_accepted, run.profile)
         pace.finish()  # a block of dense steps cut short by the end of generation
         run.stats.dense_steps = pace.dense_steps
@@ -433,7 +438,9 @@ class SpeculativeEngine:
         )
         run = _Run(stats=RunStats(method=self.method, batch_size=B, gamma=gamma, lossless=self.lossless),
                    out=[[] for _ in range(B)], max_new_tokens=max_new_tokens,
-                   accepted_at=torch.zeros(max(gamma, 1), dtype=torch.float64))
+                   accepted_at=torch.zeros(max(gamma, 1), dtype=torch.float64),
+                   produced=torch.zeros(B, dtype=torch.long, device=dev),
+                   eos=torch.tensor(sorted(self.eos), dtype=torch.long, device=dev))
         with timer("prefill"):
             if prefilled is not None:
                 cache.copy_prefix_from(prefilled.k, prefilled.v, prefilled.ring_k, prefilled.ring_v)
@@ -461,16 +468,15 @@ class SpeculativeEngine:
                 check_finite(logits, "target")
         with state.timer("sample"):
             nxt, _ = choose(logits, self.sampling, state.generator)
-        got = self._emit(state, run, nxt, torch.zeros(B, dtype=torch.long, device=nxt.device), None,
-                         extra=[flags] if self.sampling.greedy else [])
-        if got:
-            raise_nonfinite(got[0], "target")
+        self._emit(state, run, nxt, torch.zeros(B, dtype=torch.long, device=nxt.device), None,
+                   extra=[flags] if self.sampling.greedy else [],
+                   check=lambda got: got and raise_nonfinite(got[0], "target"))
 
-    def _commit(self, state: DecodeState, run: "_Run", n_accepted: torch.Tensor, next_token: torch.Tensor,
-                drafts: torch.Tensor, flags: torch.Tensor) -> float:
-        """Emit the accepted drafts and the next token, advance the lengths (the rejected drafts' K/V stay
-        past them: rolled back) and count acceptance per draft position — with one host read. Returns the
-        mean accepted drafts per active sequence (the adaptive controller's observation)."""
+    def _commit_launch(self, state: DecodeState, run: "_Run", n_accepted: torch.Tensor, next_token: torch.Tensor,
+                       drafts: torch.Tensor, flags: torch.Tensor) -> "_HostRead":
+        """Queue the commit of an iteration: the emission's device side (:meth:`_emit_launch`) and its one host
+        transfer, with the acceptance counts per draft position and the non-finite flags of the verifier and the
+        drafter riding along. :meth:`_commit_read` completes it."""
         B, gamma = drafts.shape
         pos = torch.arange(gamma, device=drafts.device).view(1, gamma)
         hits = ((pos < n_accepted.view(B, 1)) & state.active.view(B, 1)).sum(0)  # (γ,)
@@ -480,10 +486,18 @@ class SpeculativeEngine:
         extra = [hits, flags, state.active.sum()] + ([dflags] if dflags is not None else [])
         if self.record_acceptance:  # each sequence's accepted drafts, -1: finished (--record-acceptance)
             extra.append(torch.where(state.active, n_accepted, -1))
-        hits_h, flags_h, n_active, *rest = self._emit(state, run, next_token, n_accepted, drafts, extra=extra)
-        raise_nonfinite(flags_h, "verifier")
-        if dflags is not None:
-            raise_nonfinite(rest.pop(0), "drafter")
+        read = self._emit_launch(state, run, next_token, n_accepted, drafts, extra=extra)
+        read.drafter_flags = dflags is not None
+        return read
+
+    def _commit_read(self, state: DecodeState, run: "_Run", read: "_HostRead", gamma: int) -> float:
+        """Wait for :meth:`_commit_launch`'s transfer, raise non-finite logits, emit the accepted drafts and the next
+        token into the host lists and count acceptance per draft position. Returns the mean accepted drafts per
+        active sequence (the adaptive controller's observation)."""
+        hits_h, flags_h, n_active, *rest = self._emit_read(state, run, read, check=lambda extra: (
+            raise_nonfinite(extra[1], "verifier"), read.drafter_flags and raise_nonfinite(extra[3], "drafter")))
+        if read.drafter_flags:
+            rest.pop(0)
         trace = rest
         run.trials += int(n_active[0])
         run.accepted_at[:gamma] += torch.tensor(hits_h, dtype=torch.float64)  # γ_t ≤ γ (adaptive)
@@ -537,7 +551,14 @@ class SpeculativeEngine:
             c = self._controllers[gamma] = SpeculationController(gamma, fall_back=fall_back)
         return c
 
-    def _emit(
+    def _emit(self, state: DecodeState, run: "_Run", next_token: torch.Tensor, n_accepted: torch.Tensor,
+              drafts: torch.Tensor | None, advance: bool = True, extra: Sequence[torch.Tensor] = (),
+              check=None) -> list[list[int]]:
+        """:meth:`_emit_launch` then :meth:`_emit_read`: emit now (the first token, a dense step)."""
+        return self._emit_read(state, run, self._emit_launch(state, run, next_token, n_accepted, drafts, advance, extra),
+                               check)
+
+    def _emit_launch(
         self,
         state: DecodeState,
         run: "_Run",
@@ -546,46 +567,134 @@ class SpeculativeEngine:
         drafts: torch.Tensor | None,
         advance: bool = True,
         extra: Sequence[torch.Tensor] = (),
-    ) -> list[list[int]]:
-        """Append accepted drafts + the next token per active sequence; advance lengths; stop at EOS/limit.
+    ) -> "_HostRead":
+        """The device side of an emission, queued without waiting: per active sequence the accepted drafts + the next
+        token are emitted up to the first EOS or the ``max_new_tokens``-th token (which ends the sequence); the
+        lengths of the sequences still active advance by the pending token + the accepted drafts (a finished
+        sequence is frozen where it is: its writes stay inside the capacity), the next token becomes pending.
+        Then **one** transfer to the host (:class:`_HostRead`) of the emission's tensors, the new active flags and
+        ``extra`` device tensors (integers or bools); :meth:`_emit_read` emits the same tokens into the host lists.
 
-        Everything the host needs comes over in **one** transfer (:func:`read_host`): the emission's
-        tensors plus ``extra`` device tensors (integers or bools), returned as lists.
+        With tensor parallelism rank 0's values are broadcast first (one collective), so every rank advances alike.
         """
-        out = run.out
+        B = next_token.shape[0]
         parts = [n_accepted, next_token, state.active] + ([drafts] if drafts is not None else [])
+        tensors = parts + list(extra)
+        flat = torch.cat([t.reshape(-1).long() for t in tensors])
         tp = getattr(self.model, "tp", None)
-        shared = tp is not None and tp.world > 1  # tensor parallel: rank 0 decides, every rank follows
-        host = read_host(*parts, *extra, broadcast=tp.broadcast_ if shared else None)
+        if tp is not None and tp.world > 1:  # rank 0 decides, every rank follows (identical logits make the values
+            tp.broadcast_(flat)  # equal; this makes it certain)
+            n_accepted, next_token = flat[:B], flat[B : 2 * B].to(next_token.dtype)
+            if drafts is not None:
+                drafts = flat[3 * B : 3 * B + drafts.numel()].view(drafts.shape)
+        g = drafts.shape[1] if drafts is not None else 0
+        emit_update(n_accepted, next_token, drafts, state.active, run.produced, state.lengths, state.pending, run.eos,
+                    run.max_new_tokens, advance)
+        return _HostRead([flat, state.active], [t.numel() for t in tensors] + [B], len(parts), g)
+
+    def _emit_read(self, state: DecodeState, run: "_Run", read: "_HostRead", check=None) -> list[list[int]]:
+        """Wait for :meth:`_emit_launch`'s transfer, call ``check(extra)`` (raise before anything is emitted), append
+        the emitted tokens per active sequence to the host lists (the same rule as the device side, which it must
+        agree with) and keep the host's copy of the active flags; returns ``extra`` as lists."""
+        host = read.result()
         n_list, nxt_list, active = host[0], host[1], [bool(a) for a in host[2]]
-        drafts_list = None
-        if drafts is not None:
-            g = drafts.shape[1]
-            drafts_list = [host[3][b * g : (b + 1) * g] for b in range(len(out))]
-        extra_host = host[len(parts):]
-        adv = [0] * len(out)
+        extra_host, device_active = host[read.n_parts : -1], [bool(a) for a in host[-1]]
+        if check is not None:
+            check(extra_host)
+        out = run.out
+        g = read.gamma
+        drafts_flat = host[3] if g else None
         for b in range(len(out)):
             if not active[b]:
                 continue
-            new = (drafts_list[b][: n_list[b]] if drafts_list is not None else []) + [nxt_list[b]]
+            new = (drafts_flat[b * g : b * g + n_list[b]] if g else []) + [nxt_list[b]]
             for t in new:
                 out[b].append(t)
                 state.tokens[b].append(t)
                 if t in self.eos or len(out[b]) >= run.max_new_tokens:
                     active[b] = False
                     break
-            # the pending token and accepted drafts enter the cache; the new token is pending.
-            # A finished sequence is frozen where it is (its writes stay inside the capacity).
-            adv[b] = 1 + n_list[b] if (advance and active[b]) else 0
-        dev = state.lengths.device
-        # one host-to-device copy each (not one tiny write per sequence)
-        state.lengths += torch.tensor(adv, dtype=state.lengths.dtype).to(dev, non_blocking=True)
-        state.active = torch.tensor(active, dtype=torch.bool).to(dev, non_blocking=True)
+        if active != device_active:  # the two sides of one rule: a bug here, never the user's
+            odd = [b for b, (h, d) in enumerate(zip(active, device_active)) if h != d]
+            raise RuntimeError(f"specdec internal error: the device and the host disagree on whether sequences {odd} "
+                               "are still generating; please report it with the prompts and settings.")
         run.active = active
-        if shared:  # the tokens rank 0 chose (identical logits make them equal; this makes it certain)
-            next_token = torch.tensor(nxt_list, dtype=next_token.dtype).to(dev, non_blocking=True)
-        state.pending = torch.where(state.active, next_token, state.pending)
         return extra_host
+
+
+def emit_update_torch(n_accepted: torch.Tensor, next_token: torch.Tensor, drafts: torch.Tensor | None,
+                      active: torch.Tensor, produced: torch.Tensor, lengths: torch.Tensor, pending: torch.Tensor,
+                      eos: torch.Tensor, max_new_tokens: int, advance: bool) -> None:
+    """The emission's device side, in place: per active sequence the accepted drafts (``drafts[:, :n]``, ``drafts``
+    ``(B, g)`` or ``None``) and then ``next_token`` are emitted up to the first EOS id in ``eos`` or the
+    ``max_new_tokens``-th token, which ends the sequence; ``produced`` (tokens emitted per sequence) grows by the
+    emitted count, ``active`` loses the ended sequences, ``lengths`` of the sequences still active advance by
+    ``1 + n_accepted`` (when ``advance``), ``pending`` takes their next token."""
+    B = next_token.shape[0]
+    g = drafts.shape[1] if drafts is not None else 0
+    j = torch.arange(g + 1, device=next_token.device).view(1, g + 1)
+    n = n_accepted.view(B, 1)
+    tok = next_token.view(B, 1).expand(B, g + 1)
+    if drafts is not None:  # emission order: drafts 0..n-1, then the next token at position n
+        tok = torch.where(j < n, torch.cat([drafts, drafts[:, :1]], dim=1), tok)
+    ends = (j <= n) & ((produced.view(B, 1) + j + 1 >= max_new_tokens) | torch.isin(tok, eos))
+    finished = active & ends.any(1)
+    produced += torch.where(finished, torch.where(ends, j, g + 1).amin(1) + 1, (n_accepted + 1) * active)
+    active &= ~finished
+    if advance:
+        lengths += torch.where(active, n_accepted + 1, 0).to(lengths.dtype)
+    pending.copy_(torch.where(active, next_token.to(pending.dtype), pending))
+
+
+#: the emission's device side on a GPU: one Triton launch (:mod:`specdec.cuda.triton_emit`) instead of ~22 torch
+#: launches; ``False``: the torch operations everywhere
+EMIT_KERNEL = True
+
+
+def emit_update(n_accepted, next_token, drafts, active, produced, lengths, pending, eos, max_new_tokens: int,
+                advance: bool) -> None:
+    """:func:`emit_update_torch`, as one Triton launch on a GPU (:data:`EMIT_KERNEL`, where Triton imports)."""
+    if EMIT_KERNEL and next_token.is_cuda:
+        try:
+            from specdec.cuda.triton_emit import emit_update as kernel
+        except ImportError:  # triton is an optional extra
+            kernel = None
+        if kernel is not None:
+            return kernel(n_accepted, next_token, drafts, active, produced, lengths, pending, eos, max_new_tokens,
+                          advance)
+    return emit_update_torch(n_accepted, next_token, drafts, active, produced, lengths, pending, eos, max_new_tokens,
+                             advance)
+
+
+class _HostRead:
+    """Small device tensors (integers or bools, already packed) → host lists, in **one** transfer: started at once
+    (a non-blocking copy into pinned memory on a GPU, and an event), waited for by :meth:`result`. The GPU work
+    queued after it does not delay it."""
+
+    def __init__(self, flats: list[torch.Tensor], sizes: list[int], n_parts: int, gamma: int) -> None:
+        self.sizes, self.n_parts, self.gamma = sizes, n_parts, gamma
+        self.drafter_flags = False
+        self.event = None
+        if flats[0].is_cuda:  # each part copied into its slice of one pinned buffer: one read on the host
+            self.buf = torch.empty(sum(sizes), dtype=torch.long, pin_memory=True)
+            off = 0
+            for f in flats:
+                self.buf[off : off + f.numel()].copy_(f.reshape(-1), non_blocking=True)
+                off += f.numel()
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.buf = torch.cat([f.reshape(-1).long() for f in flats])
+
+    def result(self) -> list[list[int]]:
+        if self.event is not None:
+            self.event.synchronize()
+        flat = self.buf.tolist()
+        out, off = [], 0
+        for n in self.sizes:
+            out.append(flat[off : off + n])
+            off += n
+        return out
 
 
 @dataclass
@@ -599,21 +708,5 @@ class _Run:
     trials: int = 0  # (iteration, active sequence) pairs
     profile: list | None = None  # last round: share of active sequences that kept >= i + 1 drafts
     active: list = field(default_factory=list)  # state.active as the last emission left it (host lists)
-
-
-def read_host(*tensors: torch.Tensor, broadcast=None) -> list[list[int]]:
-    """Small device tensors (integers or bools) → host lists, in **one** transfer (one synchronisation).
-
-    ``broadcast``: an in-place broadcast from one rank (tensor parallelism,
-    :meth:`~specdec.parallel.TensorParallel.broadcast_`) applied to the packed values first, so every
-    rank reads rank 0's decisions — one collective per iteration.
-    """
-    flat = torch.cat([t.reshape(-1).long() for t in tensors])
-    if broadcast is not None:
-        broadcast(flat)
-    flat = flat.tolist()
-    out, off = [], 0
-    for t in tensors:
-        out.append(flat[off : off + t.numel()])
-        off += t.numel()
-    return out
+    produced: torch.Tensor | None = None  # (B,) tokens emitted per sequence, on the device (the emission's limit)
+    eos: torch.Tensor | None = None  # the EOS ids on the device

@@ -389,7 +389,10 @@ class Drafter(ABC):
         return None
 
     def on_verify(self, state, scores: ScoreRequest | None) -> None:  # noqa: ANN001
-        """After acceptance: ``state.lengths`` holds the new verified lengths."""
+        """After acceptance: ``state.lengths`` holds the new verified lengths (and ``state.pending``,
+        ``state.active`` the new values). The engine calls it before the host has the iteration's tokens — it
+        queues the next plan, then appends to ``state.tokens`` while the GPU builds it — so read the device
+        state here, not ``state.tokens``."""
 
     def take_flags(self) -> torch.Tensor | None:
         """The last greedy draft's non-finite flags ``(2,)`` (:func:`specdec.sampling.nonfinite_flags` OR-ed over its
@@ -426,4 +429,5 @@ class Verifier(ABC):
         """Target logits ``(B, gamma + 1, V)`` for ``tokens`` ``(B, gamma + 1)`` at ``state.lengths``."""
 
     def on_verify(self, state) -> None:  # noqa: ANN001
-        """After acceptance: ``state.lengths`` holds the new verified lengths."""
+        """After acceptance: ``state.lengths`` holds the new verified lengths and ``state.tokens`` the iteration's
+        tokens (called after the drafter's ``on_verify`` and the host's emission)."""

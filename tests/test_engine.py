@@ -155,3 +155,33 @@ def test_greedy_decode_loop_reads_the_device_only_through_its_one_transfer(metho
     # are updated on the host on a CPU (its Triton update on a GPU reads nothing): its count is not checked
     if method != "quest":
         assert len(reads) == res.stats.iterations + 1, (reads, res.stats.iterations)
+
+
+@pytest.mark.parametrize("method", ["magicdec", "dustin"])
+def test_next_plan_is_queued_before_the_host_emits(method):
+    """The commit applies the emission to the device state and starts its transfer; the drafter's ``on_verify`` (the
+    next plan) is queued before the host waits for the tokens, so it sees the new lengths and the old host lists; the
+    verifier's ``on_verify`` comes after the emission (both lists and lengths new). The output stays dense's."""
+    from specdec import PipelineConfig, build_engine
+
+    m = make_tiny("llama", seed=5)
+    kw = dict(budget=12, sinks=2, recent=4) if method == "magicdec" else dict(budget=12)
+    eng = build_engine(m, PipelineConfig.make(method=method, gamma=3, adaptive=False, **kw), eos_token_id=-1)
+    seen = []
+    for who, obj in (("drafter", eng.drafter), ("verifier", eng.verifier)):
+        real = obj.on_verify
+
+        def spy(state, *a, _real=real, _who=who):
+            seen.append((_who, sum(map(len, state.tokens)), state.lengths.tolist()))
+            return _real(state, *a)
+
+        obj.on_verify = spy
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    res = eng.generate(prompts, 12)
+    rounds = [(seen[i], seen[i + 1]) for i in range(0, len(seen), 2)]
+    assert len(rounds) == res.stats.iterations and all(d[0] == "drafter" and v[0] == "verifier" for d, v in rounds)
+    assert all(d[2] == v[2] for d, v in rounds)  # the device lengths moved before either hook
+    assert all(d[1] < v[1] for d, v in rounds)  # the host lists grew in between
+    if method == "magicdec":
+        assert res.tokens == build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(
+            prompts, 12).tokens
