@@ -629,6 +629,12 @@ class Pacing:
         if start is not None and batch is not None:
             start(batch, context or 1)
 
+    @property
+    def fixed_gamma(self) -> int:
+        """The coming iteration's γ when it is known before the current one ends (no controller: every iteration
+        has the fixed ``gamma``), else ``0``."""
+        return self.gamma if self.controller is None and not self._left else 0
+
     def next_gamma(self) -> int:
         """γ_t of the coming iteration, ``0`` for a dense step."""
         if self._left:  # inside a block of committed dense steps: no timing, no decision

@@ -400,6 +400,10 @@ class SpeculativeEngine:
             read = self._commit_launch(state, run, acc.n_accepted, acc.next_token, drafts, flags)
             with timer("select"):  # next iteration's plan from this verification's scores
                 self.drafter.on_verify(state, request)
+            ahead = getattr(self.drafter, "draft_ahead", None)  # (a duck-typed plugin drafter may not have it)
+            if pace.fixed_gamma and ahead is not None:  # the next draft queued too, where γ cannot change
+                with timer("draft"):
+                    ahead(state, pace.fixed_gamma)
             mean_accepted = self._commit_read(state, run, read, len(drafts[0]))
             with timer("select"):
                 self.verifier.on_verify(state)

@@ -394,6 +394,14 @@ class Drafter(ABC):
         queues the next plan, then appends to ``state.tokens`` while the GPU builds it — so read the device
         state here, not ``state.tokens``."""
 
+    def draft_ahead(self, state, gamma: int) -> None:  # noqa: ANN001
+        """Start the next iteration's draft of ``gamma`` tokens early (optional; the default does nothing). The engine
+        calls it when γ is fixed (no adaptive controller) right after :meth:`on_verify`, before the host has the
+        iteration's tokens: work queued here overlaps the host's emission, and the GPU need not wait for the host to
+        launch the draft. It may read device state only (``state.lengths``, ``state.pending``, ``state.active``,
+        the drafter's own tensors), not ``state.tokens``; the next :meth:`draft` call with the same ``gamma``
+        completes it. A generation may end without that call (the next :meth:`prefill` forgets the early draft)."""
+
     def take_flags(self) -> torch.Tensor | None:
         """The last greedy draft's non-finite flags ``(2,)`` (:func:`specdec.sampling.nonfinite_flags` OR-ed over its
         steps), still on the device: the engine reads them with its one host transfer of the iteration and raises

@@ -481,6 +481,13 @@ class LookupDrafter(Drafter):
     def take_flags(self) -> torch.Tensor | None:
         return self.inner.take_flags()
 
+    def draft_ahead(self, state, gamma: int) -> None:
+        """The inner drafter's early start (the context search reads the host's token lists: it waits for
+        :meth:`draft`); none for the ``chain`` policy, whose inner draft follows the search."""
+        ahead = getattr(self.inner, "draft_ahead", None)  # (a duck-typed plugin drafter may not have it)
+        if ahead is not None and not self.chains(state):
+            ahead(state, gamma)
+
     def score_request(self, gamma: int) -> ScoreRequest | None:
         return self.inner.score_request(gamma)
 

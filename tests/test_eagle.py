@@ -471,3 +471,34 @@ def test_self_generated_rows_sample_at_temperature(target):
     assert torch.equal(cold, greedy)
     with pytest.raises(SpecdecError, match="temperature must be >= 0"):
         self_generate(target, ids[:1], 16, 1, 1, temperature=-1.0)
+
+
+@pytest.mark.parametrize("method", ["dustin", "dustin-adaptive"])
+def test_draft_ahead_starts_the_next_draft_before_the_host_emits(target, artifact, monkeypatch, method):
+    """Dustin (fixed γ, greedy) starts each next EAGLE draft right after the verification's commit, before the host
+    has appended the iteration's tokens (the host lists are shorter then than at the next draft), and the tokens
+    equal those of the same engine without the early start (sparse verification: its own text, equal either way;
+    ``dustin-adaptive`` adapts its split from the last draft's signal, which the early start must not overwrite)."""
+    from specdec.eagle import EagleDrafter
+
+    prompts = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+    cfg = PipelineConfig.make(method=method, gamma=3, budget=12, sinks=2, recent=4, options={"draft": str(artifact)})
+    eng = build_engine(target, cfg, eos_token_id=-1)
+    starts, drafts = [], []
+    real_ahead, real_draft = EagleDrafter.draft_ahead, eng.drafter.draft
+
+    def ahead(self, state, gamma):
+        starts.append(sum(map(len, state.tokens)))
+        return real_ahead(self, state, gamma)
+
+    def draft(state, gamma):
+        drafts.append(sum(map(len, state.tokens)))
+        return real_draft(state, gamma)
+
+    monkeypatch.setattr(EagleDrafter, "draft_ahead", ahead)
+    eng.drafter.draft = draft
+    res = eng.generate(prompts, 24)
+    assert len(starts) == len(drafts) == res.stats.iterations  # the last start is not used: generation ended
+    assert all(s < d for s, d in zip(starts, drafts[1:]))  # started before the tokens were on the host
+    monkeypatch.setattr(EagleDrafter, "draft_ahead", lambda self, state, gamma: None)
+    assert eng.generate(prompts, 24).tokens == res.tokens

@@ -87,14 +87,25 @@ def test_lookup_is_lossless_and_keeps_the_inner_drafter_in_step(kind, target, ea
     look = LookupDrafter(inner, 1, 3)
     seen = []
     orig = inner.draft
+    inside = [False]  # the inner drafter may start a round early (draft_ahead), before the host has the tokens:
+    orig_look = look.draft  # its drafts are recorded when the lookup takes them, with the tokens of that round
+
+    def look_spy(state, gamma):
+        inside[0] = True
+        try:
+            return orig_look(state, gamma)
+        finally:
+            inside[0] = False
 
     def spy(state, gamma):
         drafts, q = orig(state, gamma)
-        seen.append(([list(t) for t in state.tokens], _signal(inner, drafts), state.active.clone()))
+        if inside[0]:
+            seen.append(([list(t) for t in state.tokens], _signal(inner, drafts), state.active.clone()))
         return drafts, q
 
     _record(inner)
     inner.draft = spy
+    look.draft = look_spy
     dense = SpeculativeEngine(target, method="dense", eos_token_id=-1).generate(prompts, 20)
     # γ fixed: the lookup's matches and τ are checked (the adaptive controller may run dense steps instead)
     res = SpeculativeEngine(target, look, FullVerifier(target), gamma=4, eos_token_id=-1,
@@ -103,6 +114,8 @@ def test_lookup_is_lossless_and_keeps_the_inner_drafter_in_step(kind, target, ea
     st = look.stats()
     assert 0 < st["matched"] and res.stats.mean_accepted_length > 1.5, (st, res.stats.mean_accepted_length)
     inner.draft = orig
+    del look.draft
+    assert len(seen) == res.stats.iterations
     for toks, drafts, active in seen[1:]:
         for b in range(len(prompts)):
             if not bool(active[b]):

@@ -403,7 +403,10 @@ class HybridSRHSelector(KVSelector):
 
     def mark(self, lengths: torch.Tensor) -> None:
         """Remember this iteration's signals so the next :meth:`observe_target` can adapt ``m``."""
-        self._last = (lengths.clone(), self.draft_signal, self.target_signal)
+        # a copy of the draft signal: the drafter rewrites its buffer in place, and may start the next draft
+        # (draft_ahead) before the verifier's on_verify reads this
+        d = self.draft_signal
+        self._last = (lengths.clone(), None if d is None else d.clone(), self.target_signal)
 
     def disagreement(self, lengths: torch.Tensor) -> torch.Tensor:
         """``(B,)`` 1 − overlap of the draft-only and target-only choices for the free slots (0 = same)."""
