@@ -1,0 +1,14 @@
+# Session 2026-12-04b, second machine: the engine's commit queued before the host emits (this tree) vs the tree at
+# the session's start (/tmp/old); GPU tests; Dustin and Vegas iteration traces.
+set -x
+rm -rf /tmp/old && cp -r .old /tmp/old && cp -r specdec/draft_weights /tmp/old/specdec/
+cat /tmp/m/part_aa /tmp/m/part_ab .model/c/part_ac > /tmp/m/smol.gguf
+export PYTHONPATH=$PWD:/tmp/site PATH=$PATH:/tmp/site/bin PYTHONUNBUFFERED=1
+md5sum /tmp/m/smol.gguf
+timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graphs.py tests/test_engine.py -x > $OUT/tests.log 2>&1
+tail -3 $OUT/tests.log
+D=.heldout/click_core.py,.heldout/licenses_gpl3_lgpl21.txt,.heldout/licenses_gfdl_mpl2_apache.txt
+timeout 380 python3 benchmarks/gpu/code_ab.py --trees before=/tmp/old,after=. --out $OUT/ab --documents $D \
+  --methods dense,magicdec,vegas,dustin --rounds 2 --repeats 3 > $OUT/ab.log 2>&1
+tail -40 $OUT/ab.log
+cd $OUT && tar czf ab.tgz ab *.log && rm -rf ab *.log
