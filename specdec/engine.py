@@ -685,8 +685,8 @@ class _HostRead:
             for f in flats:
                 self.buf[off : off + f.numel()].copy_(f.reshape(-1), non_blocking=True)
                 off += f.numel()
-            self.event = torch.cuda.Event()
-            self.event.record()
+            self.event = torch.cuda.Event()  # on the stream the copies went to (the model's device, which need
+            self.event.record(torch.cuda.current_stream(flats[0].device))  # not be the current one)
         else:
             self.buf = torch.cat([f.reshape(-1).long() for f in flats])
 

@@ -49,11 +49,8 @@ def child(a) -> list[dict]:
     """Runs in the tree's process: one record per document × method (× dense's text)."""
     sys.path.insert(0, str(Path(a.child).resolve()))
     import specdec
-    from specdec.bench import _prefilled, dense_text_replay
-    from specdec.data import context_windows, load_document
-    from specdec.engine import cache_positions
-    from specdec.loading import load_model, pipeline_config
-    from specdec.presets import build_engine
+    from specdec.loading import load_model
+    from workload import engines  # (benchmarks/gpu: the script's directory)
 
     assert Path(specdec.__file__).resolve().is_relative_to(Path(a.child).resolve()), specdec.__file__
     gpu = not a.smoke
@@ -61,32 +58,17 @@ def child(a) -> list[dict]:
     model = load_model("smollm2-135m" if a.smoke else a.gguf, "bfloat16" if gpu else "float32",
                        "cuda" if gpu else "cpu", "triton" if gpu else "reference", gpu, False, gpu)
     recs = []
-    for doc in a.documents.split(","):
-        ids = context_windows(model.tokenizer, load_document(doc), ctx, 1, new + 16, 1000)[0]
-        model.release_cache()
-        model.new_cache(B, cache_positions(len(ids), new, 4), reuse=True)
-        pre = None
-        for name in a.methods.split(","):
-            eng = build_engine(model, pipeline_config(name, 4, None, None if name == "dense" else a.budget_ratio,
-                                                      0.0, 1.0, 0, None), eos_token_id=-1)
-            if pre is None:
-                pre = _prefilled(eng, model, [ids], B, random_cache=False)
-            variants = [(name, None)]
-            if not eng.lossless:
-                variants.append((f"{name} (dense's text)", dense_text_replay(eng, pre, new)[0]))
-            for label, replay in variants:
-                eng.replay = replay
-                eng.generate(pre.ids, max_new_tokens=new, prefilled=pre)  # captures and compilations happen here
-                runs = [eng.generate(pre.ids, max_new_tokens=new, prefilled=pre) for _ in range(repeats)]
-                med = sorted(runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2]
-                n = max(med.stats.iterations, 1)
-                recs.append(dict(
-                    document=doc, method=label, tau=med.stats.mean_accepted_length, iterations=med.stats.iterations,
-                    tokens_per_second=[r.stats.tokens_per_second for r in runs],
-                    tokens=sorted({hashlib.sha1(json.dumps(r.tokens).encode()).hexdigest() for r in runs}),
-                    ms_per_iteration={k: 1e3 * v / n for k, v in med.stats.phase_seconds.items()
-                                      if v and k != "prefill"}))
-            eng.replay = None
+    for doc, _, label, eng, pre in engines(model, a.documents, a.methods, a.budget_ratio, ctx, B, new):
+        eng.generate(pre.ids, max_new_tokens=new, prefilled=pre)  # captures and compilations happen here
+        runs = [eng.generate(pre.ids, max_new_tokens=new, prefilled=pre) for _ in range(repeats)]
+        med = sorted(runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2]
+        n = max(med.stats.iterations, 1)
+        recs.append(dict(
+            document=doc, method=label, tau=med.stats.mean_accepted_length, iterations=med.stats.iterations,
+            tokens_per_second=[r.stats.tokens_per_second for r in runs],
+            tokens=sorted({hashlib.sha1(json.dumps(r.tokens).encode()).hexdigest() for r in runs}),
+            ms_per_iteration={k: 1e3 * v / n for k, v in med.stats.phase_seconds.items()
+                              if v and k != "prefill"}))
     return recs
 
 

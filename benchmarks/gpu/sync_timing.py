@@ -60,11 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-ratio", type=float, default=0.05)
     a = ap.parse_args(argv)
     import specdec.engine as engine_mod
-    from specdec.bench import _prefilled, dense_text_replay
-    from specdec.data import context_windows, load_document
-    from specdec.engine import PhaseTimer, cache_positions
-    from specdec.loading import pipeline_config
-    from specdec.presets import build_engine
+    from specdec.engine import PhaseTimer
+    from workload import engines
 
     model, ctx, B, new, repeats = load(a)
 
@@ -82,44 +79,28 @@ def main(argv: list[str] | None = None) -> int:
             engine_mod.PhaseTimer = PhaseTimer
 
     rows, t0 = [], time.time()
-    for doc in a.documents.split(","):
-        ids = context_windows(model.tokenizer, load_document(doc), ctx, 1, new + 16, 1000)[0]
-        model.release_cache()
-        model.new_cache(B, cache_positions(len(ids), new, 4), reuse=True)
-        pre = None
-        for name in a.methods.split(","):
-            eng = None
-            eng = build_engine(model, pipeline_config(name, 4, None, None if name == "dense" else a.budget_ratio,
-                                                      0.0, 1.0, 0, None), eos_token_id=-1)
-            if pre is None:
-                pre = _prefilled(eng, model, [ids], B, random_cache=False)
-            variants = [(name, None)]
-            if not eng.lossless:
-                variants.append((f"{name} (dense's text)", dense_text_replay(eng, pre, new)[0]))
-            for label, replay in variants:
-                eng.replay = replay
-                for mode in MODES:  # every capture and compilation happens here
-                    run(eng, pre, mode)
-                res = {m: [] for m in MODES}
-                for i in range(repeats):  # the order turns each round (the first run of a round is not always one mode)
-                    for mode in MODES[i % 3 :] + MODES[: i % 3]:
-                        res[mode].append(run(eng, pre, mode))
-                first = res[MODES[0]][0].tokens
-                row = dict(document=doc, method=label, tau=res["events"][0].stats.mean_accepted_length,
-                           iterations=res["events"][0].stats.iterations,
-                           same_tokens_every_run=all(r.tokens == first for rs in res.values() for r in rs))
-                for mode, rs in res.items():
-                    tps = [r.stats.tokens_per_second for r in rs]
-                    med = sorted(rs, key=lambda r: r.stats.tokens_per_second)[(len(rs) - 1) // 2]
-                    row[mode] = dict(median=statistics.median(tps), min=min(tps), max=max(tps),
-                                     ms_per_iteration={k: 1e3 * v / max(med.stats.iterations, 1)
-                                                       for k, v in med.stats.phase_seconds.items() if v})
-                if name in ("dustin", "vegas"):
-                    row["host_ms_per_iteration"] = host_times(eng, lambda: run(eng, pre, "none"))
-                rows.append(row)
-                print(f"{doc} {label}: " + ", ".join(f"{m} {row[m]['median']:.0f}" for m in MODES)
-                      + f" tok/s ({time.time() - t0:.0f} s)", flush=True)
-            eng.replay = None
+    for doc, name, label, eng, pre in engines(model, a.documents, a.methods, a.budget_ratio, ctx, B, new):
+        for mode in MODES:  # every capture and compilation happens here
+            run(eng, pre, mode)
+        res = {m: [] for m in MODES}
+        for i in range(repeats):  # the order turns each round (the first run of a round is not always one mode)
+            for mode in MODES[i % 3 :] + MODES[: i % 3]:
+                res[mode].append(run(eng, pre, mode))
+        first = res[MODES[0]][0].tokens
+        row = dict(document=doc, method=label, tau=res["events"][0].stats.mean_accepted_length,
+                   iterations=res["events"][0].stats.iterations,
+                   same_tokens_every_run=all(r.tokens == first for rs in res.values() for r in rs))
+        for mode, rs in res.items():
+            tps = [r.stats.tokens_per_second for r in rs]
+            med = sorted(rs, key=lambda r: r.stats.tokens_per_second)[(len(rs) - 1) // 2]
+            row[mode] = dict(median=statistics.median(tps), min=min(tps), max=max(tps),
+                             ms_per_iteration={k: 1e3 * v / max(med.stats.iterations, 1)
+                                               for k, v in med.stats.phase_seconds.items() if v})
+        if name in ("dustin", "vegas"):
+            row["host_ms_per_iteration"] = host_times(eng, lambda: run(eng, pre, "none"))
+        rows.append(row)
+        print(f"{doc} {label}: " + ", ".join(f"{m} {row[m]['median']:.0f}" for m in MODES)
+              + f" tok/s ({time.time() - t0:.0f} s)", flush=True)
     write(a, rows)
     return 0
 
