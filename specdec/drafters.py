@@ -192,6 +192,9 @@ class ModelDrafter(Drafter):
         self.draft_len = state.lengths.clone()
 
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ahead = self.take_ahead(gamma)
+        if ahead is not None:  # started by draft_ahead (EarlyExitDrafter) after the last verification
+            return ahead
         B = state.lengths.shape[0]
         self._catch_up(state)
         cache = self._draft_cache(state)
@@ -393,8 +396,13 @@ class EarlyExitDrafter(ModelDrafter):
         either (the view keeps the cache's ``bounded``)."""
         return state.cache.first_layers(self.exit_layers)
 
+    #: greedy drafting reads device state only (no catch-up from the host's lists: the target wrote every verified
+    #: entry): the engine may start it early
+    drafts_ahead = True
+
     def prefill(self, state) -> None:
         self.draft_len = state.lengths.clone()
+        self.take_ahead(None)  # an early draft left by the last generation
 
     def _catch_up(self, state) -> None:
         self.draft_len = state.lengths.clone()  # the target wrote every verified entry

@@ -315,7 +315,6 @@ class EagleDrafter(Drafter):
         self._hs: torch.Tensor | None = None  # (n,) the lookahead heads on the device
         self._hs_key: tuple = ()  # the same heads on the host
         self._flags: torch.Tensor | None = None  # (2,) non-finite flags of the last greedy draft, read at on_verify
-        self._ahead: tuple | None = None  # (γ, (drafts, None)): a greedy draft started early (draft_ahead)
         #: where the head's attention runs: "auto" | "backend" | "torch" | a backend (:meth:`attention_backend`)
         self.attention = "auto"
         #: CUDA graphs of the draft (:class:`specdec.graphs.CapturedCall`), made when the target captures its own
@@ -555,7 +554,8 @@ class EagleDrafter(Drafter):
         C = state.cache.capacity
         dev = state.lengths.device
         self._buffers(B, C, dev)
-        self._flags = self._ahead = None
+        self._flags = None
+        self.take_ahead(None)  # an early draft left by the last generation
         hidden = getattr(state, "prompt_hidden", None)
         if hidden is not None:
             # recorded before this drafter widened what the model records (a Prefilled made earlier): rerun
@@ -610,16 +610,13 @@ class EagleDrafter(Drafter):
             out.append(self._own(m.last_hidden)[0])
         return torch.cat(out)
 
-    def draft_ahead(self, state, gamma: int) -> None:
-        """A greedy draft reads device state only (one graph replay on a GPU): start it now, :meth:`draft` returns
-        it. Sampling drafts draw with the engine's generator between steps: they start in :meth:`draft`."""
-        if state.sampling.greedy:
-            self._ahead = (gamma, self.draft(state, gamma))
+    #: a greedy draft is one function of device state (one graph replay on a GPU): the engine may start it early
+    drafts_ahead = True
 
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == gamma:  # started by draft_ahead after the last verification
-            return ahead[1]
+        ahead = self.take_ahead(gamma)
+        if ahead is not None:  # started by draft_ahead after the last verification
+            return ahead
         B = state.lengths.shape[0]
         first = (self._feat_last, self._hidden, self._rows, self._drafted_len, state.lengths, state.pending)
         if state.sampling.greedy:  # the whole draft in one function (one graph replay on a GPU)

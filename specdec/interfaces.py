@@ -394,13 +394,28 @@ class Drafter(ABC):
         queues the next plan, then appends to ``state.tokens`` while the GPU builds it — so read the device
         state here, not ``state.tokens``."""
 
+    #: whether a greedy :meth:`draft` reads device state only (``state.lengths``, ``state.pending``,
+    #: ``state.active``, the drafter's own tensors; not ``state.tokens``, no host read), so that :meth:`draft_ahead`
+    #: may run it early
+    drafts_ahead: bool = False
+
     def draft_ahead(self, state, gamma: int) -> None:  # noqa: ANN001
-        """Start the next iteration's draft of ``gamma`` tokens early (optional; the default does nothing). The engine
-        calls it when γ is fixed (no adaptive controller) right after :meth:`on_verify`, before the host has the
-        iteration's tokens: work queued here overlaps the host's emission, and the GPU need not wait for the host to
-        launch the draft. It may read device state only (``state.lengths``, ``state.pending``, ``state.active``,
-        the drafter's own tensors), not ``state.tokens``; the next :meth:`draft` call with the same ``gamma``
-        completes it. A generation may end without that call (the next :meth:`prefill` forgets the early draft)."""
+        """Start the next iteration's draft of ``gamma`` tokens early. The engine calls it when γ is fixed (no
+        adaptive controller) right after :meth:`on_verify`, before the host has the iteration's tokens: work queued
+        here overlaps the host's emission, and the GPU need not wait for the host to launch the draft. The default
+        runs a greedy :meth:`draft` now when :attr:`drafts_ahead` says it reads device state only, and keeps the
+        result for the next :meth:`draft` call with the same ``gamma``, which returns it (:meth:`take_ahead`);
+        otherwise it does nothing. A generation may end without that call (:meth:`take_ahead` in :meth:`prefill`
+        forgets the early draft)."""
+        if self.drafts_ahead and state.sampling.greedy:
+            self._ahead = (gamma, self.draft(state, gamma))
+
+    def take_ahead(self, gamma: int | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The draft :meth:`draft_ahead` started for ``gamma``, or ``None``; either way it is gone afterwards (call it
+        first thing in :meth:`draft`, and with ``None`` in :meth:`prefill`)."""
+        ahead = getattr(self, "_ahead", None)
+        self._ahead = None
+        return ahead[1] if ahead is not None and ahead[0] == gamma else None
 
     def take_flags(self) -> torch.Tensor | None:
         """The last greedy draft's non-finite flags ``(2,)`` (:func:`specdec.sampling.nonfinite_flags` OR-ed over its

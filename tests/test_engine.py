@@ -185,3 +185,38 @@ def test_next_plan_is_queued_before_the_host_emits(method):
     if method == "magicdec":
         assert res.tokens == build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(
             prompts, 12).tokens
+
+
+@pytest.mark.parametrize("method", ["dustin", "dustin-adaptive"])
+def test_early_exit_draft_starts_ahead_with_the_same_tokens(method, monkeypatch):
+    """Dustin's early-exit draft (greedy, fixed γ) is started after each commit, before the host has the tokens, and
+    the next draft takes it instead of drafting again (one draft per iteration, plus the first); the tokens equal
+    those of the same engine drafting at the start of each iteration."""
+    from specdec import PipelineConfig, build_engine
+    from specdec.drafters import EarlyExitDrafter
+
+    m = make_tiny("llama", seed=5)
+    eng = build_engine(m, PipelineConfig.make(method=method, gamma=3, budget=12, sinks=2, recent=4), eos_token_id=-1)
+    inner = eng.drafter.inner
+    assert isinstance(inner, EarlyExitDrafter)
+    starts, drafted = [], []
+    real_ahead, real_catch_up = EarlyExitDrafter.draft_ahead, EarlyExitDrafter._catch_up
+
+    def ahead(self, state, gamma):
+        starts.append(sum(map(len, state.tokens)))
+        return real_ahead(self, state, gamma)
+
+    def catch_up(self, state):  # once per draft actually run
+        drafted.append(sum(map(len, state.tokens)))
+        return real_catch_up(self, state)
+
+    monkeypatch.setattr(EarlyExitDrafter, "draft_ahead", ahead)
+    monkeypatch.setattr(EarlyExitDrafter, "_catch_up", catch_up)
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    res = eng.generate(prompts, 16)
+    assert len(starts) == res.stats.iterations and len(drafted) == res.stats.iterations + 1
+    assert drafted[1:] == starts  # every later draft ran at a start (before the host's lists grew)
+    monkeypatch.setattr(EarlyExitDrafter, "drafts_ahead", False)
+    drafted.clear()
+    again = eng.generate(prompts, 16)
+    assert again.tokens == res.tokens and len(drafted) == again.stats.iterations
