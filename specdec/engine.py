@@ -404,7 +404,7 @@ class SpeculativeEngine:
             if pace.fixed_gamma and ahead is not None:  # the next draft queued too, where γ cannot change
                 with timer("draft"):
                     ahead(state, pace.fixed_gamma)
-            mean_accepted = self._commit_read(state, run, read, len(drafts[0]))
+            mean_accepted = self._commit_read(state, run, read)
             with timer("select"):
                 self.verifier.on_verify(state)
             pace.round_done(gamma, mean_accepted, run.profile)
@@ -479,36 +479,33 @@ class SpeculativeEngine:
     def _commit_launch(self, state: DecodeState, run: "_Run", n_accepted: torch.Tensor, next_token: torch.Tensor,
                        drafts: torch.Tensor, flags: torch.Tensor) -> "_HostRead":
         """Queue the commit of an iteration: the emission's device side (:meth:`_emit_launch`) and its one host
-        transfer, with the acceptance counts per draft position and the non-finite flags of the verifier and the
-        drafter riding along. :meth:`_commit_read` completes it."""
-        B, gamma = drafts.shape
-        pos = torch.arange(gamma, device=drafts.device).view(1, gamma)
-        hits = ((pos < n_accepted.view(B, 1)) & state.active.view(B, 1)).sum(0)  # (γ,)
+        transfer, with the non-finite flags of the verifier and the drafter riding along. :meth:`_commit_read`
+        completes it."""
         # the drafter's non-finite flags (greedy) ride along in the same transfer
         take = getattr(self.drafter, "take_flags", None)  # (a duck-typed plugin drafter may not have it)
         dflags = take() if take is not None else None
-        extra = [hits, flags, state.active.sum()] + ([dflags] if dflags is not None else [])
-        if self.record_acceptance:  # each sequence's accepted drafts, -1: finished (--record-acceptance)
-            extra.append(torch.where(state.active, n_accepted, -1))
-        read = self._emit_launch(state, run, next_token, n_accepted, drafts, extra=extra)
+        read = self._emit_launch(state, run, next_token, n_accepted, drafts,
+                                 extra=[flags] + ([dflags] if dflags is not None else []))
         read.drafter_flags = dflags is not None
         return read
 
-    def _commit_read(self, state: DecodeState, run: "_Run", read: "_HostRead", gamma: int) -> float:
+    def _commit_read(self, state: DecodeState, run: "_Run", read: "_HostRead") -> float:
         """Wait for :meth:`_commit_launch`'s transfer, raise non-finite logits, emit the accepted drafts and the next
-        token into the host lists and count acceptance per draft position. Returns the mean accepted drafts per
-        active sequence (the adaptive controller's observation)."""
-        hits_h, flags_h, n_active, *rest = self._emit_read(state, run, read, check=lambda extra: (
-            raise_nonfinite(extra[1], "verifier"), read.drafter_flags and raise_nonfinite(extra[3], "drafter")))
-        if read.drafter_flags:
-            rest.pop(0)
-        trace = rest
-        run.trials += int(n_active[0])
-        run.accepted_at[:gamma] += torch.tensor(hits_h, dtype=torch.float64)  # γ_t ≤ γ (adaptive)
+        token into the host lists and count acceptance per draft position (from the transfer's accepted counts and
+        the sequences active before the emission). Returns the mean accepted drafts per active sequence (the adaptive
+        controller's observation)."""
+        self._emit_read(state, run, read, check=lambda extra: (
+            raise_nonfinite(extra[0], "verifier"), read.drafter_flags and raise_nonfinite(extra[1], "drafter")))
+        n_list, was_active, gamma = read.values[0], read.values[2], read.gamma
+        live = [n for n, a in zip(n_list, was_active) if a]
+        hits = [sum(1 for n in live if n > i) for i in range(gamma)]  # sequences that kept draft i
+        run.trials += len(live)
+        run.accepted_at[:gamma] += torch.tensor(hits, dtype=torch.float64)  # γ_t ≤ γ (adaptive)
         run.stats.gamma_per_round.append(gamma)
-        run.stats.acceptance_trace += trace
-        run.profile = [h / max(1, int(n_active[0])) for h in hits_h]  # share keeping >= i + 1 drafts
-        return sum(hits_h) / max(1, int(n_active[0]))
+        if self.record_acceptance:  # each sequence's accepted drafts, -1: finished (--record-acceptance)
+            run.stats.acceptance_trace.append([n if a else -1 for n, a in zip(n_list, was_active)])
+        run.profile = [h / max(1, len(live)) for h in hits]  # share keeping >= i + 1 drafts
+        return sum(hits) / max(1, len(live))
 
     def _finish(self, run: "_Run", timer: PhaseTimer, decode_seconds: float) -> GenerationResult:
         """Statistics (τ = 1 + mean accepted drafts per iteration and sequence) and the decoded text."""
@@ -678,6 +675,7 @@ class _HostRead:
     def __init__(self, flats: list[torch.Tensor], sizes: list[int], n_parts: int, gamma: int) -> None:
         self.sizes, self.n_parts, self.gamma = sizes, n_parts, gamma
         self.drafter_flags = False
+        self.values: list[list[int]] | None = None
         self.event = None
         if flats[0].is_cuda:  # each part copied into its slice of one pinned buffer: one read on the host
             self.buf = torch.empty(sum(sizes), dtype=torch.long, pin_memory=True)
@@ -691,14 +689,16 @@ class _HostRead:
             self.buf = torch.cat([f.reshape(-1).long() for f in flats])
 
     def result(self) -> list[list[int]]:
-        if self.event is not None:
-            self.event.synchronize()
-        flat = self.buf.tolist()
-        out, off = [], 0
-        for n in self.sizes:
-            out.append(flat[off : off + n])
-            off += n
-        return out
+        """The parts as lists (waits for the copy the first time; kept as :attr:`values`)."""
+        if self.values is None:
+            if self.event is not None:
+                self.event.synchronize()
+            flat = self.buf.tolist()
+            self.values, off = [], 0
+            for n in self.sizes:
+                self.values.append(flat[off : off + n])
+                off += n
+        return self.values
 
 
 @dataclass
