@@ -1,4 +1,6 @@
 # Session 2026-12-04b, second machine: the engine's commit queued before the host emits (this tree) vs the tree at
+# /tmp/old is .old: `mkdir .old && git archive d5db805 specdec | tar -x -C .old && rm -rf .old/specdec/draft_weights` (the
+# draft weights are copied from this tree on the device); carried with the third call, after .whl + .model/a and .model/b.
 # the session's start (/tmp/old); GPU tests; Dustin and Vegas iteration traces.
 set -x
 rm -rf /tmp/old && cp -r .old /tmp/old && cp -r specdec/draft_weights /tmp/old/specdec/

@@ -1,4 +1,6 @@
 # Session 2026-12-04b, fourth machine: the next draft started before the host emits (this tree) vs without (/tmp/old).
+# /tmp/old is .old: `mkdir .old && git archive 0139414 specdec | tar -x -C .old && rm -rf .old/specdec/draft_weights` (the
+# draft weights are copied from this tree on the device); carried with the third call, after .whl + .model/a and .model/b.
 set -x
 rm -rf /tmp/old && cp -r .old /tmp/old && cp -r specdec/draft_weights /tmp/old/specdec/
 cat /tmp/m/part_aa /tmp/m/part_ab .model/c/part_ac > /tmp/m/smol.gguf
