@@ -34,25 +34,23 @@ class SparseSelfDrafter(Drafter):
         B = state.lengths.shape[0]
         with state.timer("select"):
             plan = planner_for(state.cache).plan(self.selector, state.lengths)
+        if state.sampling.greedy:
+            # the logits' finiteness is flagged on the device and read with the engine's one host transfer of the
+            # iteration (take_flags; a check per step was 3 host reads each: the GPU idled while the host launched
+            # the next step); with CUDA graphs the γ steps replay as one graph (SpecdecModel.greedy_steps)
+            tokens, self._flags = self.model.greedy_steps(state.pending, state.cache, state.lengths, gamma, plan=plan)
+            return tokens, None
+        # sampling checks each step (a NaN probability must not reach torch.multinomial)
         tokens, probs = [], []
         cur = state.pending
-        # greedy: the logits' finiteness is flagged on the device and read with the engine's one host transfer of the
-        # iteration (take_flags; a check per step was 3 host reads each: the GPU idled while the host launched the
-        # next step); sampling checks each step (a NaN probability must not reach torch.multinomial)
-        flags = None
         for i in range(gamma):
             logits = self.model.forward(cur.view(B, 1), state.cache, state.lengths + i, plan=plan)[:, -1]
-            if state.sampling.greedy:
-                f = nonfinite_flags(logits)
-                flags = f if flags is None else flags | f
-            else:
-                check_finite(logits, "drafter")
+            check_finite(logits, "drafter")
             cur, p = choose(logits, state.sampling, state.generator)
             tokens.append(cur)
             probs.append(p)
-        self._flags = flags
-        q = torch.stack(probs, dim=1) if probs[0] is not None else None
-        return torch.stack(tokens, dim=1), q
+        self._flags = None
+        return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
     def score_request(self, gamma: int) -> ScoreRequest | None:
         return self.selector.score_request(gamma)

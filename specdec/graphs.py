@@ -78,6 +78,7 @@ class Step:
     backend: tuple  # the backend's kind and options
     hidden: bool = False  # the final hidden states are recorded too (``model.keep_hidden``, EAGLE drafters)
     hidden_layers: tuple = ()  # and these decoder layers' outputs (``model.hidden_layers``, fused features)
+    chain: int = 0  # > 0: this many greedy steps of the forward in one graph (:meth:`GraphCache.greedy_chain`)
 
 
 def plan_description(plan: SparsePlan | None) -> tuple | None:
@@ -173,6 +174,40 @@ class _Graph:
     replan: Any = None  # the backend's token for ``before_replay`` (peers planned on the host: FlashInfer)
 
 
+@dataclass
+class _Chain:
+    """A captured greedy chain (:meth:`GraphCache.greedy_chain`): its input buffers and its outputs."""
+
+    graph: Any
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    plan: SparsePlan | None
+    tokens: torch.Tensor
+    flags: torch.Tensor
+    backend: Any = None
+
+
+def greedy_chain_steps(forward, first: torch.Tensor, lengths: torch.Tensor,
+                       gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gamma`` greedy decode steps from ``first`` ``(B, 1)``: step ``i`` runs ``forward(ids (B, 1), lengths + i)``
+    (logits ``(B, 1, V)``) and takes the argmax. Returns the tokens ``(B, gamma)`` and the non-finite flags of the
+    steps' logits OR-ed (:func:`specdec.sampling.nonfinite_flags`). The body :meth:`GraphCache.greedy_chain` captures
+    (``forward`` an eager static forward) and :meth:`SpecdecModel.greedy_steps` runs without graphs (``forward``
+    :meth:`SpecdecModel.forward`): the same kernels per step, so the same tokens."""
+    from specdec.sampling import nonfinite_flags
+
+    B = first.shape[0]
+    cur, tokens, flags = first.view(B, 1), [], None
+    for i in range(gamma):
+        logits = forward(cur, lengths + i)[:, -1]
+        f = nonfinite_flags(logits)
+        flags = f if flags is None else flags | f
+        nxt = logits.argmax(dim=-1)
+        tokens.append(nxt)
+        cur = nxt.view(B, 1)
+    return torch.stack(tokens, dim=1), flags
+
+
 class GraphCache:
     """Captured forwards of one :class:`~specdec.models.SpecdecModel`, keyed by :class:`Step`."""
 
@@ -181,7 +216,7 @@ class GraphCache:
         self.max_rows = max_rows  # forwards of more tokens per sequence (prefill chunks) run eagerly
         self.plan_bucket = plan_bucket
         self.max_graphs = max_graphs
-        self.graphs: dict[Any, _Graph] = {}
+        self.graphs: dict[Step, _Graph | _Chain] = {}
         #: step shapes whose capture failed (the reason), run eagerly from then on
         self.uncapturable: dict[Any, str] = {}
         # memory pool of the captures; an early-exit view shares its parent's (graphs never run concurrently)
@@ -259,6 +294,73 @@ class GraphCache:
         if g.hidden is not None:
             self.model.last_hidden = g.hidden.clone()
         return g.logits.clone()
+
+    def greedy_chain(self, first: torch.Tensor, cache: KVCache, lengths: torch.Tensor, plan: SparsePlan | None,
+                     gamma: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``gamma`` greedy single-token steps from ``first`` ``(B, 1)`` (a sparse draft: every step reads ``plan``)
+        replayed as **one** CUDA graph per step description and ``gamma``: the forwards, the argmax and the
+        non-finite flags between them. Stepping through :meth:`run` costs ``gamma`` graph launches plus ~10 small
+        launches and a step description per step on the host, which the GPU waits for when a step is short (a 5 %
+        draft step of a small model). Returns what :func:`greedy_chain_steps` returns (fresh tensors), or ``None``
+        where the chain is not captured (a forward that records hidden states, a step shape or chain that failed to
+        capture, a backend that re-plans its peers per forward): then the caller steps through :meth:`run`."""
+        if plan is not None:
+            plan = self._pad_plan(plan)
+        step = describe_step(self.model, first, cache, plan, (), 0)
+        key = dataclasses.replace(step, chain=int(gamma))
+        if step.hidden or step in self.uncapturable or key in self.uncapturable:
+            return None
+        g = lru_get(self.graphs, key)
+        if g is None:
+            if len(self.graphs) >= self.max_graphs:
+                self.graphs.pop(next(iter(self.graphs)))
+            try:
+                g = self._capture_chain(key, first, cache, lengths, plan, gamma)
+            except RuntimeError as exc:
+                _EVENTS[0] += 1
+                self.uncapturable[key] = _reason(exc)
+                torch.cuda.synchronize()
+                return None
+            if g is None:
+                return None
+        else:
+            g.ids.copy_(first)
+            g.lengths.copy_(lengths)
+            if plan is not None:
+                _load_plan(plan, g.plan)
+            g.graph.replay()
+            self.replays += 1
+        return g.tokens.clone(), g.flags.clone()
+
+    def _capture_chain(self, key, first, cache, lengths, plan, gamma) -> _Chain | None:
+        ids = first.clone()
+        lens = lengths.clone()
+        splan = None if plan is None else _own_plan(plan)
+
+        def chain():
+            return greedy_chain_steps(lambda x, at: self.model._eager_forward(x, cache, at, splan, (), 0, static=True),
+                                      ids, lens, gamma)
+
+        backend = self.model.backend
+        begin, end = getattr(backend, "capture_begin", None), getattr(backend, "capture_end", None)
+        if begin is not None:
+            begin()
+        try:
+            _warm_up(chain)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                tokens, flags = chain()
+        finally:
+            replan = end() if end is not None else None
+        _EVENTS[0] += 1
+        if replan is not None:  # each step's peers would need a re-plan at its own lengths: step one by one
+            self.uncapturable[key] = "the backend re-plans its peers before each forward's replay"
+            return None
+        graph.replay()
+        g = _Chain(graph=graph, ids=ids, lengths=lens, plan=splan, tokens=tokens, flags=flags, backend=backend)
+        self.graphs[key] = g
+        self.captures += 1
+        return g
 
     def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
         ids = input_ids.clone()

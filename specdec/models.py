@@ -727,6 +727,27 @@ class SpecdecModel:
             return self._graphs.run(input_ids, cache, lengths, plan, as_requests(scores), logits_to_keep)
         return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
 
+    @torch.no_grad()
+    def greedy_steps(self, first: torch.Tensor, cache: KVCache, lengths: torch.Tensor, gamma: int,
+                     plan: SparsePlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``gamma`` greedy decode steps from ``first`` ``(B,)``: step ``i`` feeds the last token at position
+        ``lengths + i`` and takes its argmax (a greedy draft; K/V land in ``cache`` as with :meth:`forward`).
+
+        Returns the tokens ``(B, gamma)`` and the non-finite flags of the steps' logits OR-ed, ``(2,)`` bool on the
+        device (:func:`specdec.sampling.nonfinite_flags`: read them once, not per step). With
+        :meth:`enable_cuda_graphs` on a GPU the ``gamma`` steps replay as one CUDA graph
+        (:meth:`specdec.graphs.GraphCache.greedy_chain`; one launch per draft instead of ``gamma`` step graphs and
+        the small launches between them), else they run one :meth:`forward` at a time. The same tokens either way.
+        """
+        from specdec.graphs import greedy_chain_steps
+
+        if self._graphs is not None and first.device.type == "cuda":
+            cache.check_capacity(lengths, gamma)  # the captured chain skips it
+            out = self._graphs.greedy_chain(first.view(-1, 1), cache, lengths, plan, gamma)
+            if out is not None:
+                return out
+        return greedy_chain_steps(lambda x, at: self.forward(x, cache, at, plan=plan), first.view(-1, 1), lengths, gamma)
+
     def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, static: bool = False,
                        routed: list | None = None):
         T = input_ids.shape[1]

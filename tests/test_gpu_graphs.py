@@ -37,6 +37,34 @@ def test_graph_replay_equals_eager(backend):
         torch.testing.assert_close(again, eager, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_greedy_chain_replays_as_one_graph(backend):
+    """``greedy_steps`` with graphs: the γ steps are one captured graph (``GraphCache.greedy_chain``) giving the tokens
+    and flags of stepping eagerly, and its replays read new first tokens, lengths and plan values."""
+    be = BACKENDS.build(backend, **({"static": True} if backend == "torch" else {}))
+    m = _cuda_tiny(be)
+    cache = m.new_cache(2, 96)
+    cache.k.normal_()
+    cache.v.normal_()
+    cases = []
+    for seed, lens in ((0, [40, 70]), (1, [41, 66]), (2, [52, 60])):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        L = torch.tensor(lens, device="cuda")
+        plan = SparsePlan(indices=torch.randint(0, 39, (1, 2, 1, 10), device="cuda", generator=gen), dense_from=L.clone())
+        cases.append((torch.randint(0, 96, (2,), device="cuda", generator=gen), L, plan))
+    eager = [m.greedy_steps(f, cache, L, 4, plan=p) for f, L, p in cases]
+    m.enable_cuda_graphs()
+    try:
+        graphed = [m.greedy_steps(f, cache, L, 4, plan=p) for f, L, p in cases]
+        g = m._graphs
+    finally:
+        m.disable_cuda_graphs()
+    for (t0, f0), (t1, f1) in zip(eager, graphed):
+        assert torch.equal(t0, t1) and torch.equal(f0, f1)
+    assert not g.uncapturable, g.uncapturable
+    assert [k.chain for k in g.graphs] == [4] and g.captures == 1 and g.replays == 2
+
+
 @pytest.mark.parametrize("method", ["magicdec", "quest", "vegas"])
 def test_greedy_methods_with_graphs_equal_dense(method):
     be = BACKENDS.build("torch", static=True)
@@ -105,6 +133,7 @@ def test_quest_draft_steps_are_captured(backend):
     assert out == dense
     assert not g.uncapturable, g.uncapturable
     assert any(k.plan is not None and k.plan[0] == "QuestPlan" for k in g.graphs) and g.replays > 0
+    assert any(k.chain == 3 and k.plan[0] == "QuestPlan" for k in g.graphs)  # the draft: one greedy chain
 
 
 @pytest.mark.parametrize("method", ["magicdec", "vegas"])
@@ -166,6 +195,7 @@ def test_plugin_selector_without_capture_code_runs_under_cuda_graphs(backend):
         assert not g.uncapturable, g.uncapturable
         sparse_steps = [k for k in g.graphs if k.plan is not None and k.rows == 1]
         assert sparse_steps and g.replays > 3
+        assert all(k.chain == 3 for k in sparse_steps)  # each draft's 3 steps replay as one graph
     finally:
         m.disable_cuda_graphs()
 

@@ -123,12 +123,14 @@ def write(a, trees, rows: list[dict]) -> None:
     names = [n for n, _ in trees]
     lines = [f"# Tokens/s of {' vs '.join(names)} — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              f"`{' '.join(sys.argv)}`", "",
-             "| document | method | τ | " + " | ".join(f"{n} tok/s" for n in names) + " | "
+             "| document | method | τ (per tree where they differ) | " + " | ".join(f"{n} tok/s" for n in names) + " | "
              + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " | same tokens |",
              "|---|---|---|" + "---|" * (2 * len(names) - 1) + "---|"]
     for r in rows:
         t = r["trees"]
-        lines.append(f"| {r['document']} | {r['method']} | {r['tau'][names[-1]]:.2f} | "
+        # τ of each tree's median run: one value when they agree, each tree's (in --trees order) when they differ
+        taus = [f"{r['tau'][n]:.2f}" for n in names]
+        lines.append(f"| {r['document']} | {r['method']} | {taus[0] if len(set(taus)) == 1 else ' / '.join(taus)} | "
                      + " | ".join(f"{t[n]['median']:.0f} ({t[n]['min']:.0f}–{t[n]['max']:.0f})" for n in names) + " | "
                      + " | ".join(f"{t[n]['ratio']:.3f}" for n in names[1:]) + f" | {r['same_tokens_every_run']} |")
     lines += ["", "ms per iteration by phase (each tree's median run): " + " / ".join(names), ""]

@@ -1,0 +1,81 @@
+"""Greedy drafts as one chain (:meth:`SpecdecModel.greedy_steps`, :func:`specdec.graphs.greedy_chain_steps`).
+
+On a GPU with CUDA graphs a greedy sparse draft's γ steps replay as one graph whose body is
+:func:`~specdec.graphs.greedy_chain_steps` (the capture itself is checked in ``tests/test_gpu_graphs.py``). Here, on
+the CPU: that body gives the tokens and flags of stepping through :meth:`SpecdecModel.forward`, with and without a plan,
+and the self-speculative drafter's greedy path goes through ``greedy_steps``."""
+
+import pytest
+import torch
+
+from specdec import BACKENDS, PipelineConfig, SparsePlan, build_engine
+from specdec.graphs import greedy_chain_steps
+
+from conftest import make_tiny
+
+
+def _model():
+    m = make_tiny("llama", seed=11)
+    m.backend = BACKENDS.build("torch", static=True)
+    return m
+
+
+def _stepped(m, first, cache, L, gamma, plan):
+    """The per-step loop the drafter ran before: forward, argmax, feed back."""
+    cur, out = first, []
+    for i in range(gamma):
+        cur = m.forward(cur.view(-1, 1), cache, L + i, plan=plan)[:, -1].argmax(-1)
+        out.append(cur)
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_chain_body_equals_stepping(sparse, gamma):
+    m = _model()
+    cache = m.new_cache(2, 96)
+    cache.k.normal_(generator=torch.Generator().manual_seed(1))
+    cache.v.normal_(generator=torch.Generator().manual_seed(2))
+    L = torch.tensor([40, 70])
+    plan = SparsePlan(indices=torch.randint(0, 39, (1, 2, 1, 10), generator=torch.Generator().manual_seed(3)),
+                      dense_from=L.clone()) if sparse else None
+    first = torch.tensor([5, 9])
+    ref = _stepped(m, first, cache, L, gamma, plan)
+    body, flags = greedy_chain_steps(lambda x, at: m._eager_forward(x, cache, at, plan, (), 0, static=True),
+                                     first.view(2, 1), L, gamma)
+    tokens, flags2 = m.greedy_steps(first, cache, L, gamma, plan=plan)
+    assert body.shape == (2, gamma) and torch.equal(body, ref) and torch.equal(tokens, ref)
+    assert flags.tolist() == flags2.tolist() == [False, False]
+
+
+def test_chain_flags_nonfinite_logits():
+    """A NaN in the weights reaches the flags of both paths (the engine raises from them at its one read)."""
+    m = _model()
+    with torch.no_grad():
+        m.hf.lm_head.weight[3, 0] = float("nan")
+    cache = m.new_cache(1, 32)
+    L = torch.tensor([4])
+    _, flags = greedy_chain_steps(lambda x, at: m._eager_forward(x, cache, at, None, (), 0, static=True),
+                                  torch.tensor([[1]]), L, 2)
+    _, flags2 = m.greedy_steps(torch.tensor([1]), cache, L, 2)
+    assert flags.tolist() == flags2.tolist() == [True, False]
+
+
+def test_greedy_self_draft_goes_through_greedy_steps(monkeypatch):
+    """MagicDec's greedy drafts are ``greedy_steps`` calls (one per draft), and the output is still dense's."""
+    m = _model()
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 16).tokens
+    calls = []
+    real = type(m).greedy_steps
+
+    def spy(self, *a, **kw):
+        calls.append(a[3] if len(a) > 3 else kw["gamma"])
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(type(m), "greedy_steps", spy)
+    cfg = PipelineConfig.make(method="magicdec", gamma=3, budget=12, sinks=2, recent=4, adaptive=False)
+    eng = build_engine(m, cfg, eos_token_id=-1)
+    out = eng.generate(prompts, 16)
+    assert out.tokens == dense
+    assert calls and set(calls) == {3} and len(calls) == out.stats.iterations
