@@ -133,6 +133,9 @@ def test_quest_draft_steps_are_captured(backend):
     assert out == dense
     assert not g.uncapturable, g.uncapturable
     assert any(k.plan is not None and k.plan[0] == "QuestPlan" for k in g.graphs) and g.replays > 0
+    # the plan itself (page-bound update + fixed part, no host read) replays as one graph per cache
+    plans = [p.plan_graphs for p in list(_PLANNERS.values()) if p.plan_graphs is not None and p.plan_graphs.captures]
+    assert plans and plans[-1].replays > 0 and not plans[-1].uncapturable, plans[-1].uncapturable
     assert any(k.chain == 3 and k.plan[0] == "QuestPlan" for k in g.graphs)  # the draft: one greedy chain
 
 

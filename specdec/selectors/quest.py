@@ -121,8 +121,9 @@ class QuestPlan(SparsePlan):
         new, counts: ``(B, width)`` bool, the pickable tokens (not uncached, sinks, recent, or a per-layer plan's
             shared part), and ``(B, P)`` int32 their number per page (:func:`page_counts`); the same for every layer
             and step of the plan.
-        k_sel: top-k size, the largest ``room`` rounded up to ``k_bucket`` (slots past a sequence's
-            room are -1), so a growing budget reuses a captured step.
+        k_sel: top-k size, the most slots any plan of the cache can have (``max_room(capacity)``, host arithmetic)
+            rounded up to ``k_bucket`` (slots past a sequence's room are -1): fixed per cache, so plans and steps
+            are captured once.
         page_size, sinks, recent: the selector's settings; ``use_triton``: score pages with the Triton kernel.
         clock: one-element list the host time of the selection is added to (eager steps only).
     """
@@ -227,6 +228,13 @@ class Quest(BudgetSelector):
             return True
         return torch.device(device).type == "cuda" and _triton_quest() is not None
 
+    @property
+    def capturable_plan(self) -> bool:
+        """Whether :meth:`plan` runs without a host read on a GPU: with the Triton page-bound update (``kernels``
+        ``"triton"``, or ``"auto"`` where triton imports; the torch update reads the lengths on the host). The
+        planner then replays the plan as one CUDA graph (:class:`specdec.graphs.PlanGraphs`)."""
+        return self.config.kernels != "torch" and _triton_quest() is not None
+
     def page_scores(self, q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
         """``(B, H_kv, P)`` page upper bounds for queries ``q`` ``(B, H, T, D)``, summed over each KV
         group's heads and rows: ``Σ_d max(q_d kmax_d, q_d kmin_d) = q⁺·kmax + q⁻·kmin``."""
@@ -287,9 +295,10 @@ class Quest(BudgetSelector):
         budget = c.budget_for(lengths)
         fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)
         width = cache.capacity
-        k = int(room.max()) if room.numel() else 0
-        # top-k size rounded up to a bucket, so a growing budget reuses a captured step; slots past
-        # each sequence's room are dropped (-1), so the selection is the same as with k = room
+        # the most top-k slots any plan of this cache can have, from host values (no read of `room`: the plan is
+        # capturable), rounded up to a bucket; slots past each sequence's room are dropped (-1), so the selection is
+        # the same as with k = room
+        k = c.max_room(cache.capacity)
         k_sel = min(-(-k // c.k_bucket) * c.k_bucket, width) if k else 0
         P = self.kmin.shape[3]
         new = ~blocked_positions(lengths, P * c.page_size, c.sinks, c.recent)
