@@ -18,22 +18,36 @@ class SparseSelfDrafter(Drafter):
     The plan is built once per iteration (``select`` phase) and reused by all γ draft steps;
     tokens drafted in this iteration are always visible (``plan.dense_from``). Draft K/V are
     written into the target's cache and overwritten by the verification pass.
+
+    The next iteration's plan is built in :meth:`on_verify`, which the engine calls before it waits for the
+    iteration's host transfer: the GPU builds the plan while the host emits, and the next :meth:`draft` starts from
+    it (a draft without one, the first after the prefill, builds its own). The draft reads device state only
+    (``drafts_ahead``): where γ is fixed the engine queues it there too (:meth:`Drafter.draft_ahead`).
     """
 
     dense_steps_ok = True
+    drafts_ahead = True
 
     def __init__(self, model: SpecdecModel, selector: KVSelector) -> None:
         self.model = model
         self.selector = selector
+        self._plan = None  # the next draft's plan, built by on_verify
 
     def prefill(self, state) -> None:
+        self.take_ahead(None)
+        self._plan = None
         self.selector.reset(state.cache)
         self.selector.on_verify(None, state.lengths)
 
     def draft(self, state, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ahead = self.take_ahead(gamma)
+        if ahead is not None:  # started by draft_ahead after the last verification (γ fixed)
+            return ahead
         B = state.lengths.shape[0]
-        with state.timer("select"):
-            plan = planner_for(state.cache).plan(self.selector, state.lengths)
+        plan, self._plan = self._plan, None
+        if plan is None:
+            with state.timer("select"):
+                plan = planner_for(state.cache).plan(self.selector, state.lengths)
         if state.sampling.greedy:
             # the logits' finiteness is flagged on the device and read with the engine's one host transfer of the
             # iteration (take_flags; a check per step was 3 host reads each: the GPU idled while the host launched
@@ -58,6 +72,9 @@ class SparseSelfDrafter(Drafter):
     def on_verify(self, state, scores: ScoreRequest | None) -> None:
         self.raise_untaken_flags()
         self.selector.on_verify(scores, state.lengths)
+        # the next draft's plan, queued now: state.lengths are the new verified lengths (and after dense steps the
+        # engine calls this again before the draft, so the plan is never older than the lengths it is used at)
+        self._plan = planner_for(state.cache).plan(self.selector, state.lengths)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -62,7 +62,9 @@ def test_chain_flags_nonfinite_logits():
 
 
 def test_greedy_self_draft_goes_through_greedy_steps(monkeypatch):
-    """MagicDec's greedy drafts are ``greedy_steps`` calls (one per draft), and the output is still dense's."""
+    """MagicDec's greedy drafts are ``greedy_steps`` calls, and the output is still dense's. With γ fixed the next
+    draft starts ahead (after the drafter's ``on_verify``, before the host emits): one draft per iteration plus the
+    one queued after the last; without the early start one per iteration, and the same tokens."""
     m = _model()
     prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
     dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 16).tokens
@@ -75,7 +77,40 @@ def test_greedy_self_draft_goes_through_greedy_steps(monkeypatch):
 
     monkeypatch.setattr(type(m), "greedy_steps", spy)
     cfg = PipelineConfig.make(method="magicdec", gamma=3, budget=12, sinks=2, recent=4, adaptive=False)
+    for ahead in (True, False):
+        calls.clear()
+        eng = build_engine(m, cfg, eos_token_id=-1)
+        eng.drafter.drafts_ahead = ahead
+        out = eng.generate(prompts, 16)
+        assert out.tokens == dense
+        assert set(calls) == {3} and len(calls) == out.stats.iterations + ahead
+
+
+def test_the_next_plan_is_built_in_on_verify(monkeypatch):
+    """The self-speculative drafter builds the next draft's plan in ``on_verify`` (queued before the host waits for
+    the iteration's transfer); ``draft`` builds one only when it has none (the first draft after the prefill)."""
+    from specdec.planner import Planner
+
+    m = _model()
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    cfg = PipelineConfig.make(method="magicdec", gamma=3, budget=12, sinks=2, recent=4, adaptive=False)
     eng = build_engine(m, cfg, eos_token_id=-1)
+    eng.drafter.drafts_ahead = False  # (the early draft would put the draft inside on_verify's window too)
+    where, built = [None], []
+    real_plan = Planner.plan
+    monkeypatch.setattr(Planner, "plan", lambda self, *a: (built.append(where[0]), real_plan(self, *a))[1])
+    for hook in ("on_verify", "draft"):
+        real = getattr(eng.drafter, hook)
+
+        def spy(*a, _real=real, _hook=hook):
+            where[0] = _hook
+            try:
+                return _real(*a)
+            finally:
+                where[0] = None
+
+        setattr(eng.drafter, hook, spy)
     out = eng.generate(prompts, 16)
-    assert out.tokens == dense
-    assert calls and set(calls) == {3} and len(calls) == out.stats.iterations
+    assert out.tokens == build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(
+        prompts, 16).tokens
+    assert built.count("draft") == 1 and built.count("on_verify") == out.stats.iterations

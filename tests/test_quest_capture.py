@@ -67,6 +67,6 @@ def test_quest_plan_is_capturable_and_replays_to_dense_tokens(monkeypatch):
         prompts, max_new_tokens=24)
     assert res.tokens == ref
     calls = [p.plan_graphs.calls for p in _PLANNERS.values() if p.plan_graphs is not None]
-    # one plan per draft round (the adaptive controller runs the rest as dense steps): the first captured, every
-    # later one replayed
-    assert calls and calls[-1].captures == 1 and calls[-1].replays == len(res.stats.gamma_per_round) - 1 >= 2
+    # at least one plan per draft round (the adaptive controller runs the rest as dense steps; the drafter plans ahead
+    # at each verification): the first captured, every later one replayed
+    assert calls and calls[-1].captures == 1 and calls[-1].replays >= len(res.stats.gamma_per_round) - 1 >= 2
