@@ -342,16 +342,7 @@ class GraphCache:
                                       ids, lens, gamma)
 
         backend = self.model.backend
-        begin, end = getattr(backend, "capture_begin", None), getattr(backend, "capture_end", None)
-        if begin is not None:
-            begin()
-        try:
-            _warm_up(chain)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                tokens, flags = chain()
-        finally:
-            replan = end() if end is not None else None
+        graph, (tokens, flags), replan = self._warm_and_capture(chain)
         _EVENTS[0] += 1
         if replan is not None:  # each step's peers would need a re-plan at its own lengths: step one by one
             self.uncapturable[key] = "the backend re-plans its peers before each forward's replay"
@@ -361,6 +352,24 @@ class GraphCache:
         self.graphs[key] = g
         self.captures += 1
         return g
+
+    def _warm_and_capture(self, fn) -> tuple[Any, Any, Any]:
+        """Warm ``fn`` up (:func:`_warm_up`) and capture it into a graph of this cache's pool: ``(graph, fn's outputs,
+        the backend's re-plan token)``. A backend whose peers plan on the host (FlashInfer) records what the forwards
+        run, plans it at the first warm-up and returns a token to re-plan it before every replay
+        (``TritonBackend.capture_begin`` / ``capture_end``); ``None`` when nothing needs it."""
+        backend = self.model.backend
+        begin, end = getattr(backend, "capture_begin", None), getattr(backend, "capture_end", None)
+        if begin is not None:
+            begin()
+        try:
+            _warm_up(fn)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = fn()
+        finally:
+            replan = end() if end is not None else None
+        return graph, out, replan
 
     def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
         ids = input_ids.clone()
@@ -372,18 +381,7 @@ class GraphCache:
             return self.model._eager_forward(ids, cache, lens, splan, reqs, logits_to_keep, static=True)
 
         backend = self.model.backend
-        # a backend whose peers plan on the host (FlashInfer) records what the forward runs, plans it at
-        # the first warm-up and re-plans it before every replay (TritonBackend.capture_begin)
-        begin, end = getattr(backend, "capture_begin", None), getattr(backend, "capture_end", None)
-        if begin is not None:
-            begin()
-        try:
-            _warm_up(step)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                logits = step()
-        finally:
-            replan = end() if end is not None else None
+        graph, logits, replan = self._warm_and_capture(step)
         graph.replay()  # the captured run leaves outputs unset until the first replay
         hidden = self.model.last_hidden if key.hidden else None  # the captured run's buffer (the hook kept it)
         g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=backend,
