@@ -73,7 +73,9 @@ def test_code_ab_runs_each_tree_in_its_own_process(tmp_path):
     [row] = res["rows"]
     assert row["method"] == "dense" and row["same_tokens_every_run"] is True
     assert set(row["trees"]) == {"this", "copy"} and row["trees"]["this"]["ratio"] == 1.0
+    assert res["meta"]["device"].startswith("CPU") and res["meta"]["torch"] and res["meta"]["date"].endswith("UTC")
     assert "| pydoc | dense |" in (out / "code_ab.md").read_text()
+    assert "Machine: CPU" in (out / "code_ab.md").read_text()
     try:
         ab.main(["--smoke", "--trees", f"this={ROOT},nothing={tmp_path}", "--out", str(out), "--documents", "pydoc"])
     except SystemExit as e:

@@ -72,10 +72,28 @@ def child(a) -> list[dict]:
     return recs
 
 
+def machine_meta(gpu: bool) -> dict:
+    """Where a child ran: the device, the library versions (written into the JSON and the report)."""
+    import platform
+
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # (the CPU smoke run may lack it)
+        triton_version = None
+    device = torch.cuda.get_device_name() if gpu else f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+    return dict(device=device, torch=torch.__version__, triton=triton_version, python=platform.python_version())
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.child:
-        print("CODE_AB_JSON " + json.dumps(child(a)), flush=True)
+        recs = child(a)
+        print("CODE_AB_META " + json.dumps(machine_meta(not a.smoke)), flush=True)
+        print("CODE_AB_JSON " + json.dumps(recs), flush=True)
         return 0
     trees = [t.split("=", 1) for t in a.trees.split(",")]
     bad = [t for t in trees if len(t) != 2 or not (Path(t[1]) / "specdec" / "__init__.py").is_file()]
@@ -84,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     runs: dict[str, list[list[dict]]] = {name: [] for name, _ in trees}
     t0 = time.time()
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     for r in range(a.rounds):
         for name, path in (trees if r % 2 == 0 else trees[::-1]):
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(path).resolve())]
@@ -93,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             if p.returncode or not line:
                 raise SystemExit(f"tree {name} ({path}) failed in round {r}:\n{p.stderr[-4000:]}")
             runs[name].append(json.loads(line[-1][len("CODE_AB_JSON "):]))
+            if "device" not in meta:
+                meta.update(json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("CODE_AB_META ")][-1][len("CODE_AB_META "):]))
             print(f"round {r} {name}: done ({time.time() - t0:.0f} s)", flush=True)
     rows = []
     ref = trees[0][0]
@@ -112,17 +133,18 @@ def main(argv: list[str] | None = None) -> int:
             row["trees"][name]["ratio"] = row["trees"][name]["median"] / row["trees"][ref]["median"]
         row["same_tokens_every_run"] = len(hashes) == 1
         rows.append(row)
-    write(a, trees, rows)
+    write(a, trees, rows, meta)
     return 0
 
 
-def write(a, trees, rows: list[dict]) -> None:
+def write(a, trees, rows: list[dict], meta: dict) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "code_ab.json").write_text(json.dumps(dict(argv=sys.argv, trees=trees, rows=rows), indent=1))
+    (out / "code_ab.json").write_text(json.dumps(dict(argv=sys.argv, trees=trees, meta=meta, rows=rows), indent=1))
     names = [n for n, _ in trees]
-    lines = [f"# Tokens/s of {' vs '.join(names)} — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+    lines = [f"# Tokens/s of {' vs '.join(names)} — {meta['date']}", "",
              f"`{' '.join(sys.argv)}`", "",
+             f"Machine: {meta['device']}; torch {meta['torch']}, triton {meta['triton']}, Python {meta['python']}.", "",
              "| document | method | τ (per tree where they differ) | " + " | ".join(f"{n} tok/s" for n in names) + " | "
              + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " | same tokens |",
              "|---|---|---|" + "---|" * (2 * len(names) - 1) + "---|"]
