@@ -184,7 +184,7 @@ class _Chain:
     plan: SparsePlan | None
     tokens: torch.Tensor
     flags: torch.Tensor
-    backend: Any = None
+    backend: Any = None  # the backend captured (kept alive: the graph may read buffers it owns)
 
 
 def greedy_chain_steps(forward, first: torch.Tensor, lengths: torch.Tensor,

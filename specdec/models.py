@@ -741,6 +741,8 @@ class SpecdecModel:
         """
         from specdec.graphs import greedy_chain_steps
 
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise SpecdecError(f"greedy_steps needs gamma >= 1 steps (got {gamma!r}); use gamma=4 or so.")
         if self._graphs is not None and first.device.type == "cuda":
             cache.check_capacity(lengths, gamma)  # the captured chain skips it
             out = self._graphs.greedy_chain(first.view(-1, 1), cache, lengths, plan, gamma)

@@ -48,6 +48,15 @@ def test_chain_body_equals_stepping(sparse, gamma):
     assert flags.tolist() == flags2.tolist() == [False, False]
 
 
+@pytest.mark.parametrize("gamma", [0, -1, 2.0, True])
+def test_greedy_steps_refuses_a_bad_gamma_in_one_line(gamma):
+    from specdec.errors import SpecdecError
+
+    m = _model()
+    with pytest.raises(SpecdecError, match=r"^greedy_steps needs gamma >= 1 steps \(got .*\); use gamma=4 or so\.$"):
+        m.greedy_steps(torch.tensor([1]), m.new_cache(1, 32), torch.tensor([4]), gamma)
+
+
 def test_chain_flags_nonfinite_logits():
     """A NaN in the weights reaches the flags of both paths (the engine raises from them at its one read)."""
     m = _model()
