@@ -120,32 +120,60 @@ def _bench(path: Path, machine: dict, rows: list[dict], command="specdec bench -
 
 def test_summary_names_the_model_where_one_device_ran_several(tmp_path):
     """Two models' runs on one H200 were two columns both headed "H200" (and "H200 = ..." twice in the legend);
-    a model given as a GGUF path showed the path."""
+    a model given as a GGUF path showed the path. The embedded model's GGUF file names are that model."""
     gpu = {"date": "2026-12-02 04:33 UTC", "gpu": "NVIDIA H200", "threads": 16}
     row = dict(document="d", context=8000, batch=64, tau=1.0, speedup_vs_dense=1.0, same_tokens_as_dense=True,
                lossless=True, method="dense", tokens_per_second=100.0)
-    _bench(tmp_path / "a.json", gpu, [row], model="/tmp/m/smol.gguf")
+    _bench(tmp_path / "a.json", gpu, [row], model="/tmp/m/other.gguf")
     _bench(tmp_path / "b.json", gpu, [row], model="smollm2-135m")
+    _bench(tmp_path / "c.json", gpu, [row], model="/tmp/m/smol.gguf")  # the embedded model's file on the GPU
     md = benchpage.summary_markdown(tmp_path)
     head = md.splitlines()[0]
-    assert "H200<br>smol.gguf<br>8k" in head and "H200<br>smollm2-135m<br>8k" in head
-    assert "**H200 · smol.gguf** = NVIDIA H200 · smol.gguf bfloat16" in md and "/tmp/" not in md
+    assert "H200<br>other.gguf<br>8k" in head and "H200<br>smollm2-135m<br>8k" in head
+    assert head.count("H200<br>") == 2, head
+    assert "**H200 · other.gguf** = NVIDIA H200 · other.gguf bfloat16" in md and "/tmp/" not in md
 
 
-def test_summary_picks_the_best_valid_run_and_hides_machine_paths(tmp_path):
-    gpu = {"date": "2026-11-29 10:00 UTC", "gpu": "NVIDIA H200", "threads": 16}
-    row = dict(document="d", context=8000, batch=64, tau=1.0, speedup_vs_dense=1.0, same_tokens_as_dense=True, lossless=True)
-    _bench(tmp_path / "a.json", gpu, [dict(row, method="dense", tokens_per_second=100.0),
-                                      dict(row, method="vegas", tokens_per_second=150.0, speedup_vs_dense=1.5, tau=4.0)])
-    # faster, but its tokens differ from dense: a bug, never "best"
-    _bench(tmp_path / "b.json", gpu, [dict(row, method="vegas", tokens_per_second=900.0, same_tokens_as_dense=False)])
-    # a faster dense in another run
-    _bench(tmp_path / "c.json", gpu, [dict(row, method="dense", tokens_per_second=120.0)])
+def _row(method, tps, ratio=1.0, doc="d", **kw):
+    return dict(dict(document=doc, context=8000, batch=64, tau=1.0, same_tokens_as_dense=True, lossless=True),
+                method=method, tokens_per_second=tps, speedup_vs_dense=ratio, **kw)
+
+
+def test_summary_takes_each_column_from_one_run_and_hides_machine_paths(tmp_path):
+    """A column's cells come from the run that timed the most methods at that shape (newest among equals), not the
+    fastest row of any run: a faster dense or Vegas of another run does not replace them."""
+    old = {"date": "2026-11-29 10:00 UTC", "gpu": "NVIDIA H200", "threads": 16}
+    new = {"date": "2026-12-04 13:00 UTC", "gpu": "NVIDIA H200", "threads": 16}
+    _bench(tmp_path / "a.json", new, [_row("dense", 100.0), _row("vegas", 150.0, 1.5), _row("quest", 90.0, 0.9)])
+    # faster, but its tokens differ from dense: a bug, never counted
+    _bench(tmp_path / "b.json", new, [_row("dense", 100.0), _row("vegas", 900.0, 9.0, same_tokens_as_dense=False)])
+    # an older run, faster, with fewer methods; the one method the column's run lacks comes from it
+    _bench(tmp_path / "c.json", old, [_row("dense", 120.0), _row("vegas", 200.0, 1.67), _row("magicdec", 130.0, 1.08)])
+    # no dense at this shape: nothing to compare with, never counted
+    _bench(tmp_path / "d.json", new, [_row("dustin", 500.0, None)])
     (tmp_path / "kernels.json").write_text(json.dumps({"rows": [{"variant": "x", "graph_us": 1.0}]}))  # not end to end
     md = benchpage.summary_markdown(tmp_path)
-    assert "**120**" in md and "150<br>1.50×" in md and "900" not in md
+    assert "**100** <sup>[1]</sup>" in md and "150<br>1.50× <sup>[1]</sup>" in md and "90<br>0.90×" in md
+    assert "130<br>1.08× <sup>[2]</sup>" in md and "900<br>" not in md and "| 200<br>" not in md and "dustin" not in md
     assert "/tmp/" not in md and "--output-dir out" in md
     assert "H200<br>8k&nbsp;ctx<br>B&nbsp;=&nbsp;64" in md.splitlines()[0]
+
+
+def test_summary_averages_a_runs_documents_and_keeps_dense_text_rows_apart(tmp_path):
+    gpu = {"date": "2026-12-04 13:00 UTC", "gpu": "NVIDIA H200", "threads": 16}
+    _bench(tmp_path / "a.json", gpu, [
+        _row("dense", 100.0, doc="/tmp/x/code.py"), _row("vegas", 200.0, 2.0, doc="/tmp/x/code.py"),
+        _row("dustin", 300.0, 3.0, doc="/tmp/x/code.py", lossless=False, same_tokens_as_dense=False),
+        _row("dustin", 250.0, 2.5, doc="/tmp/x/code.py", lossless=False, dense_text=True, same_tokens_as_dense=None),
+        _row("dense", 400.0, doc="prose.txt"), _row("vegas", 200.0, 0.5, doc="prose.txt"),
+        _row("dustin", 1200.0, 3.0, doc="prose.txt", lossless=False, same_tokens_as_dense=False)])
+    md = benchpage.summary_markdown(tmp_path)
+    assert "**200&nbsp;⌀2**" in md  # dense: sqrt(100 x 400)
+    assert "200&nbsp;⌀2<br>1.00×" in md  # vegas: sqrt(200 x 200), its speed-ups sqrt(2.0 x 0.5)
+    assert "| dustin | 600&nbsp;⌀2<br>3.00×" in md  # sqrt(300 x 1200); not the dense's-text row
+    assert "‡" not in md.split("Machines:")[0]  # tokens that differ from dense are no share of agreement (no "‡0%")
+    assert "| dustin (dense's text) | 250<br>2.50×" in md
+    assert "documents: `code.py`, `prose.txt`" in md
 
 
 def test_summary_of_the_committed_results_opens_with_gpu_rows():

@@ -1,8 +1,9 @@
 """The benchmarks pages, generated from ``benchmarks/results`` at build time (used by ``specdec_docs.py``).
 
-* :func:`summary_markdown` — ONE table a reader can act on: the best measured tokens/s per method and
-  shape (machine, context, batch), each cell with its speed-up over dense *measured in the same run*,
-  and below it the run each number comes from (date, machine, command).
+* :func:`summary_markdown` — ONE table a reader can act on: tokens/s per method and shape (machine, context,
+  batch) from the run that timed the most methods at that shape (:func:`summary_rows`), each cell with its speed-up
+  over dense *measured in the same run*, and below it the run each number comes from (date, machine, command,
+  documents).
 * :func:`summary_plot` — the same numbers as a bar chart (inline SVG).
 * :func:`runs_markdown` — every report ``benchmarks/results/*.md`` (and a plot per JSON file), for the
   "All runs" page. Reports are cleaned on the way: headings demoted, tables without rows dropped,
@@ -10,7 +11,7 @@
 
 End-to-end results are recognised in two shapes: ``specdec bench`` (``meta.command``, ``meta.machine``,
 rows with ``context``/``batch``) and ``benchmarks/e2e_gpu.py`` (``args``, ``gpu``, ``date``, rows with
-``B``). A row whose method is lossless but whose tokens differ from dense never counts as "best".
+``B``). A row whose method is lossless but whose tokens differ from dense never counts.
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ from pathlib import Path
 
 # -- reading the end-to-end results --------------------------------------------------------------------
 
-METHOD_ORDER = ["hf-generate", "dense", "magicdec", "vegas", "vegas@logits", "vegas-all", "vegas-last", "quest", "dustin"]
-LABEL = {"hf-generate": "HF generate"}
+METHOD_ORDER = ["hf-generate", "hf-generate-static", "dense", "magicdec", "vegas", "vegas@logits", "vegas-all", "vegas-last",
+                "quest", "dustin", "dustin (dense's text)"]
+LABEL = {"hf-generate": "HF generate", "hf-generate-static": "HF generate, static cache"}
+#: names one model goes by in result files: the embedded model's GGUF file as the benchmark machines name it
+#: (``smol.gguf``: the file carried to the GPU in parts and joined there; the package's own file name) and its
+#: embedded name; one column per model, not per file name
+MODEL_ALIASES = {"smol.gguf": "smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2-135m"}
 # paths on the machine a benchmark ran on (model files, output folders): shown as their file name
 _MACHINE_PATH_RE = re.compile(r"(?<![\w./-])/(?:tmp|root|work|home|opt|mnt|data|scratch)(?:/[\w.@+-]+)+")
 
@@ -40,6 +46,7 @@ class Run:
     machine: str
     command: str
     rows: list[dict] = field(default_factory=list)  # normalised: method, context, batch, tps, vs_dense, tau, same
+    documents: list[str] = field(default_factory=list)  # what the rows decoded (file names), in order
 
 
 def scrub_paths(text: str) -> str:
@@ -79,11 +86,17 @@ def load_run(path: Path) -> Run | None:
     if isinstance(meta.get("machine"), dict) and "command" in meta:  # specdec bench
         machine = meta["machine"]
         name = machine.get("gpu") or f"CPU ({machine.get('cpu', '?')}, {machine.get('threads', '?')} thread{'' if machine.get('threads') == 1 else 's'})"
-        model = scrub_paths(f"{meta.get('model', '?')} {meta.get('dtype') or ''}".strip())  # a GGUF path: its name
+        model = scrub_paths(str(meta.get("model", "?")))  # a GGUF path: its name
+        model = f"{MODEL_ALIASES.get(model, model)} {meta.get('dtype') or ''}".strip()
         run = Run(path.name, str(machine.get("date", "")), f"{name} · {model}", scrub_paths(meta["command"]))
         for r in data["rows"]:
             if isinstance(r, dict) and {"method", "context", "batch", "tokens_per_second"} <= r.keys():
-                rows.append(dict(method=r["method"], context=r["context"], batch=r["batch"],
+                # a near-lossless method timed on dense's text (bench --dense-text) is a row of its own
+                method = f"{r['method']} (dense's text)" if r.get("dense_text") else r["method"]
+                doc = scrub_paths(str(r.get("document", "")))
+                if doc and doc not in run.documents:
+                    run.documents.append(doc)
+                rows.append(dict(method=method, context=r["context"], batch=r["batch"],
                                  tps=r["tokens_per_second"], vs_dense=r.get("speedup_vs_dense"),
                                  tau=r.get("tau"), same=_same(r), lossless=r.get("lossless", True)))
     elif isinstance(data.get("args"), dict) and "gpu" in data:  # benchmarks/e2e_gpu.py
@@ -100,18 +113,59 @@ def load_run(path: Path) -> Run | None:
     return run if rows else None
 
 
-def best_rows(runs: list[Run]) -> list[tuple[dict, Run]]:
-    """The fastest valid row per (machine, context, batch, method). A lossless method whose tokens
-    differ from dense is a bug, not a result: it is never picked."""
-    best: dict[tuple, tuple[dict, Run]] = {}
+def _geomean(xs: list[float]) -> float:
+    import math
+
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _merged(rows: list[dict]) -> dict:
+    """One cell from a run's rows of one method and shape (one per document): the geometric mean of their tokens/s
+    and of their speed-ups over dense (each measured against dense on its own document), the worst agreement."""
+    if len(rows) == 1:
+        return dict(rows[0], documents=1)
+    ratios = [r["vs_dense"] for r in rows]
+    sames = [r["same"] for r in rows]
+    if any(x is None for x in sames):
+        same = None
+    elif any(x is False for x in sames):  # a document whose tokens differ from dense (no share known)
+        same = False
+    elif all(x is True for x in sames):
+        same = True
+    else:  # shares of positions equal to dense (near-lossless methods): the worst document's
+        same = min(1.0 if x is True else float(x) for x in sames)
+    return dict(rows[0], tps=_geomean([r["tps"] for r in rows]), tau=None, same=same, documents=len(rows),
+                vs_dense=_geomean(ratios) if all(x is not None and x > 0 for x in ratios) else None)
+
+
+def summary_rows(runs: list[Run]) -> list[tuple[dict, Run]]:
+    """The summary's cells, one per (machine, context, batch, method), each from ONE run that timed dense at that
+    shape (so its speed-up is measured in the same run).
+
+    Per shape, the run that timed the most methods there is the column's run (the newest among equals), and each of
+    its methods' cells comes from it: the geometric mean over the documents it decoded. A method it did not time
+    comes from the newest other run that did. A lossless method whose tokens differ from dense is a bug, not a
+    result: such a row never counts (nor does its run for that method)."""
+    by_shape: dict[tuple, list[tuple[Run, dict[str, list[dict]]]]] = {}
     for run in runs:
+        shapes: dict[tuple, dict[str, list[dict]]] = {}
         for r in run.rows:
-            if r["lossless"] and r["same"] is False:
-                continue
-            key = (run.machine, r["context"], r["batch"], r["method"])
-            if key not in best or r["tps"] > best[key][0]["tps"]:
-                best[key] = (r, run)
-    return list(best.values())
+            shapes.setdefault((run.machine, r["context"], r["batch"]), {}).setdefault(r["method"], []).append(r)
+        for shape, methods in shapes.items():
+            valid = {m: rs for m, rs in methods.items() if not any(r["lossless"] and r["same"] is False for r in rs)}
+            if "dense" in valid:
+                by_shape.setdefault(shape, []).append((run, valid))
+    picked: list[tuple[dict, Run]] = []
+    for shape, cands in by_shape.items():
+        cands.sort(key=lambda c: (len(c[1]), c[0].date, c[0].source), reverse=True)
+        newest = sorted(cands, key=lambda c: (c[0].date, c[0].source), reverse=True)
+        done = set()
+        for run, methods in [cands[0]] + newest:
+            for m, rs in methods.items():
+                if m not in done:
+                    done.add(m)
+                    picked.append((_merged(rs), run))
+    return picked
 
 
 def _method_key(m: str) -> tuple:
@@ -119,10 +173,10 @@ def _method_key(m: str) -> tuple:
 
 
 def summary_parts(results: Path) -> tuple[str, str]:
-    """``(table, runs)``: the table of best tokens/s per method (rows) and shape (columns) with its
+    """``(table, runs)``: the table of tokens/s per method (rows) and shape (columns) (:func:`summary_rows`) with its
     legend, and the numbered list of the runs its cells cite (date, machine, file, command)."""
     runs = [r for p in sorted(results.glob("*.json")) if (r := load_run(p))]
-    picked = best_rows(runs)
+    picked = summary_rows(runs)
     if not picked:
         return "*No end-to-end results yet: run `specdec bench` (see below).*\n", ""
     methods = sorted({r["method"] for r, _ in picked}, key=_method_key)
@@ -165,6 +219,8 @@ def summary_parts(results: Path) -> tuple[str, str]:
                 continue
             r, run = got
             text = f"{r['tps']:,.0f}" if r["tps"] >= 100 else f"{r['tps']:.3g}"
+            if r.get("documents", 1) > 1:
+                text += f"&nbsp;⌀{r['documents']}"
             if m == "dense":
                 text = f"**{text}**"
             elif r["vs_dense"] is not None and m != "hf-generate":
@@ -178,7 +234,10 @@ def summary_parts(results: Path) -> tuple[str, str]:
     out.append("Machines: " + "; ".join(f"**{short(m, ' · ')}** = {m}" for m in machines) + ".\n")
     out.append("")
     out.append("Tokens per second for the whole batch (B sequences of the same context), under each the "
-               "speed-up over **dense decoding in the same run** (compare within a column). Every lossless method produced exactly the dense tokens "
+               "speed-up over **dense decoding in the same run** (compare within a column). A column's numbers come "
+               "from the run that timed the most methods at that shape (the newest among equals; a method it did not "
+               "time, from the newest run that did); ⌀N marks the geometric mean over the N documents that run "
+               "decoded, each speed-up taken against dense on its own document. Every lossless method produced exactly the dense tokens "
                "in the runs counted here; ‡ marks a near-lossless method (Dustin's sparse verification) "
                "with the share of positions equal to dense.\n")
     by_name = {run.source: run for run in runs}
@@ -187,7 +246,8 @@ def summary_parts(results: Path) -> tuple[str, str]:
     for i, name in enumerate(sources, 1):
         run = by_name[name]
         how = f"`{run.command}`" if run.command.strip() else "(`run_bench` called by a script: its report names the command)"
-        runs_md.append(f"{i}. {run.date} · {run.machine} · `{name}`  \n   {how}")
+        docs = f"  \n   documents: {', '.join(f'`{d}`' for d in run.documents)}" if run.documents else ""
+        runs_md.append(f"{i}. {run.date} · {run.machine} · `{name}`  \n   {how}{docs}")
     runs_md.append("")
     return "\n".join(out), "\n".join(runs_md)
 
@@ -201,7 +261,7 @@ def summary_markdown(results: Path) -> str:
 def summary_plot(results: Path) -> str | None:
     """Bar chart of the summary's GPU rows (tokens/s, log scale): one group per batch size."""
     runs = [r for p in sorted(results.glob("*.json")) if (r := load_run(p))]
-    rows = [dict(r, machine=run.machine) for r, run in best_rows(runs)]
+    rows = [dict(r, machine=run.machine) for r, run in summary_rows(runs)]
     machines = sorted({r["machine"] for r in rows}, key=lambda m: "CPU" in m)
     if not machines:
         return None
