@@ -92,8 +92,10 @@ def test_select_pages_kernel_equals_the_reference_and_the_definition(case):
     page, counts, new, room, fixed, k_sel, ps = _page_case(**case)
     want = _brute_pages(page, new, room, fixed, k_sel, ps)
     assert torch.equal(select_pages_torch(page, new.bool(), room, fixed, k_sel, ps), want)
+    dev = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")  # the kernel natively on a GPU, else under the interpreter
+    on = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in (page.contiguous(), counts, new.bool(), room, fixed)]
     for warps in (1, 4):
-        assert torch.equal(select_pages(page.contiguous(), counts, new.bool(), room, fixed, k_sel, ps, warps), want)
+        assert torch.equal(select_pages(*on, k_sel, ps, warps).cpu(), want)
 
 
 def test_select_pages_refuses_bad_inputs_in_one_line():
