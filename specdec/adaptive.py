@@ -702,6 +702,52 @@ class Pacing:
             self._observed()
 
 
+def warm_up_script(arms) -> list[int]:
+    """The γ_t an engine's warm-up runs (:meth:`specdec.engine.SpeculativeEngine.warm_up`) for a controller's
+    ``arms`` (:attr:`SpeculationController.arms`; ``0``: dense steps): every speculative arm after a verification and,
+    where dense is an arm, after a dense step (a re-plan without scores first), then a dense step — each step kind
+    the controller can choose later, so none of them is first seen (and captured) in a timed call."""
+    dense = 0 in arms
+    script: list[int] = []
+    for g in sorted((a for a in arms if a > 0), reverse=True):
+        script += [g, g] + ([0, g] if dense else [])
+    return script + ([0] if dense else [])
+
+
+class ScriptedPacing(Pacing):
+    """A :class:`Pacing` that hands out γ_t from a script and observes nothing (the engine's warm-up): dense steps
+    mark the plan stale, as under a controller; after the script, dense steps. ``done``: the script ran out.
+    One object serves several ``generate`` calls (a call may end before its script does)."""
+
+    def __init__(self, script: list[int]) -> None:
+        super().__init__(None, script[0] if script else 0)
+        self.script = list(script)
+        self.position = 0
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self.script)
+
+    @property
+    def fixed_gamma(self) -> int:
+        return 0  # the next γ_t is the script's, not known to the drafter's early start
+
+    def next_gamma(self) -> int:
+        g = self.script[self.position] if not self.done else 0
+        self.position += 1
+        return g
+
+    def dense_done(self) -> None:
+        self.dense_steps += 1
+        self._stale_plan = True
+
+    def round_done(self, gamma: int, mean_accepted: float, profile=None) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
 class AcceptanceReplay:
     """Replays per-round acceptance lengths recorded by a real run (``generate --record-acceptance``).
 

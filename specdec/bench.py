@@ -167,8 +167,9 @@ def run_bench(
     - ``model``: a name/path to load, or a :class:`~specdec.models.SpecdecModel` already loaded (scripts that
       call this several times load once).
     - Each (setting, method) row is timed ``repeats`` times; tokens/s is the median, with min–max.
-    - ``warmup`` runs each (setting, method) once untimed first, so CUDA-graph captures and
-      ``torch.compile`` compilations (they depend on the cache size) are not timed.
+    - ``warmup`` runs each (setting, method) untimed first (:meth:`SpeculativeEngine.warm_up`: every step kind the
+      adaptive controller may pick; then once as timed), so CUDA-graph captures and ``torch.compile`` compilations
+      (they depend on the cache size) are not timed.
     - ``hf_baseline``: Hugging Face ``generate`` with its default cache and with
       ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded but
       detached from specdec's attention route (HF's own SDPA, :meth:`SpecdecModel.detached`)
@@ -384,9 +385,11 @@ def divergence(tokens: list[list[int]], dense: list[list[int]]) -> dict[str, int
 
 
 def _timed(eng, pre, max_new_tokens: int, repeats: int, warmup: bool):
-    """``(tokens/s statistics, the median run)`` of ``repeats`` timed generations of ``pre``'s prompts (one untimed
-    first with ``warmup``)."""
+    """``(tokens/s statistics, the median run)`` of ``repeats`` timed generations of ``pre``'s prompts. With
+    ``warmup``, untimed first: :meth:`~specdec.engine.SpeculativeEngine.warm_up` (every step kind the adaptive
+    controller may pick, so no timed call captures a graph) and one plain call (the controller's costs)."""
     if warmup:
+        eng.warm_up(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
         eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
     runs = [eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre) for _ in range(repeats)]
     return _stats([r.stats.tokens_per_second for r in runs]), sorted(

@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from specdec.adaptive import ADAPTIVE_DEFAULT, Pacing
+from specdec.adaptive import ADAPTIVE_DEFAULT, Pacing, ScriptedPacing, warm_up_events, warm_up_script
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import Drafter, Verifier
@@ -277,6 +277,7 @@ class SpeculativeEngine:
         #: adaptive γ per iteration and dense fall-back (:mod:`specdec.adaptive`); lossless either way
         self.adaptive = ADAPTIVE_DEFAULT if adaptive is None else adaptive
         self._controllers: dict[int, object] = {}  # γ → SpeculationController (kept between calls)
+        self._script: ScriptedPacing | None = None  # warm_up's γ_t in place of the controller
         #: record each round's accepted lengths in ``RunStats.acceptance_trace``
         self.record_acceptance = False
         #: an :class:`~specdec.adaptive.AcceptanceReplay` overriding acceptance lengths (benchmarks only)
@@ -369,7 +370,7 @@ class SpeculativeEngine:
         state, run = self._start(ids, max_new_tokens, prefilled)
         B, timer = len(ids), state.timer
         # adaptive γ_t (specdec.adaptive); its cost estimates carry over between calls of this shape
-        pace = Pacing(self._controller(run.stats.gamma), run.stats.gamma, batch=B, context=longest)
+        pace = self._script or Pacing(self._controller(run.stats.gamma), run.stats.gamma, batch=B, context=longest)
         t_start = time.perf_counter()
         while any(run.active):  # the host's copy of state.active (_emit): no device read
             run.stats.iterations += 1
@@ -411,6 +412,35 @@ class SpeculativeEngine:
         pace.finish()  # a block of dense steps cut short by the end of generation
         run.stats.dense_steps = pace.dense_steps
         return self._finish(run, timer, time.perf_counter() - t_start)
+
+    @torch.no_grad()
+    def warm_up(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 64, **kwargs) -> int:
+        """Run every kind of step this engine may take on ``prompts``' shape once, untimed, before calls that
+        count: with CUDA graphs each is captured here (with ``torch.compile``, compiled), not in the middle of a
+        later call. Returns how many captures and compilations that took.
+
+        Arguments as for :meth:`generate` (the same ``max_new_tokens``: the KV cache, to whose buffers the graphs
+        are tied, is sized by it). With the adaptive controller (:mod:`specdec.adaptive`) a plain call visits only the
+        γ it settles on, and a rung it explores later is captured inside that later call (on the H200 at B 1 such a
+        call ran at a tenth of its usual speed); here every rung of the γ ladder runs after a verification and after
+        a dense step, then dense steps (:func:`~specdec.adaptive.warm_up_script`), in as many calls as that takes,
+        without the controller seeing them. Without a controller it is one :meth:`generate` call. The tokens are
+        dropped."""
+        before = warm_up_events()
+        gamma = self.gamma if self.drafter is not None else 0
+        controller = self._controller(gamma)
+        if controller is None:
+            self.generate(prompts, max_new_tokens, **kwargs)
+            return warm_up_events() - before
+        self._script = script = ScriptedPacing(warm_up_script(controller.arms))
+        try:
+            for _ in range(len(script.script)):  # each call runs at least one scripted iteration
+                self.generate(prompts, max_new_tokens, **kwargs)
+                if script.done:
+                    break
+        finally:
+            self._script = None
+        return warm_up_events() - before
 
     # -- the steps of generate -----------------------------------------------------------------
     def _start(self, ids: list[list[int]], max_new_tokens: int, prefilled: Prefilled | None) -> tuple[DecodeState, "_Run"]:

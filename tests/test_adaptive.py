@@ -874,3 +874,47 @@ def test_dense_is_probed_and_rechecked_in_blocks():
     c.current = 0
     c._times[0].clear(need=c.confirm)  # re-checking the dense commit
     assert c.next_gamma() == 0 and c.dense_run() == 8
+
+
+def test_warm_up_script_visits_every_arm_after_a_verification_and_after_dense_steps():
+    from specdec.adaptive import warm_up_script
+
+    assert warm_up_script((4, 2, 1, 0)) == [4, 4, 0, 4, 2, 2, 0, 2, 1, 1, 0, 1, 0]
+    assert warm_up_script((4, 2, 1)) == [4, 4, 2, 2, 1, 1]  # no dense arm: no dense step
+    assert warm_up_script((4,)) == [4, 4]
+
+
+def test_warm_up_runs_every_step_kind_without_the_controller_seeing_it():
+    """``engine.warm_up``: each γ rung drafts after a verification and after a dense step (whose re-plan without
+    scores runs first), dense steps run; the controller observes none of it; later calls still emit dense's tokens.
+    Without a controller it is one plain call."""
+    m = make_tiny("llama", seed=1)
+    prompts = [list(range(3, 45)), [5, 9, 17, 33, 2, 8] * 6]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 8).tokens
+    eng = build_engine(m, PipelineConfig.make(method="vegas", gamma=4, budget=16, sinks=2, recent=4),
+                       eos_token_id=-1)
+    assert eng.adaptive
+    events = []
+    draft, on_verify, dense_step = eng.drafter.draft, eng.drafter.on_verify, eng._dense_step
+    eng.drafter.draft = lambda st, g: (events.append(g), draft(st, g))[1]
+    eng.drafter.on_verify = lambda st, sc: (events.append("verified" if sc is not None else "re-plan"), on_verify(st, sc))[1]
+    eng._dense_step = lambda st, run: (events.append(0), dense_step(st, run))[1]
+    calls = []
+    generate = eng.generate
+    eng.generate = lambda *a, **k: (calls.append(1), generate(*a, **k))[1]
+    assert eng.warm_up(prompts, 8) == 0  # no CUDA graphs here: nothing captured
+    drafted = [e for e in events if isinstance(e, int) and e > 0]
+    assert sorted(set(drafted)) == [1, 2, 4] and 0 in events
+    for g in (4, 2, 1):  # each rung drafts right after a dense step's re-plan
+        assert any(events[i:i + 2] == ["re-plan", g] and events[i - 1] == 0 for i in range(1, len(events) - 1)), events
+    assert len(calls) > 1  # 8 tokens per call: the script spans several calls
+    c = eng._controller(4)
+    assert c.iteration == 0 and c.elapsed == 0.0  # the controller saw nothing
+    assert eng._script is None
+    del eng.generate
+    assert eng.generate(prompts, 8).tokens == dense
+    eng.adaptive = False  # no controller: one plain call
+    calls.clear()
+    eng.generate = lambda *a, **k: (calls.append(1), generate(*a, **k))[1]
+    eng.warm_up(prompts, 8)
+    assert len(calls) == 1

@@ -223,3 +223,29 @@ def test_phase_events_time_without_changing_tokens():
         assert s.phase_seconds["draft"] > 0 and s.phase_seconds["verify"] > 0
         # (select runs inside the draft too: left out of the sum)
         assert sum(s.phase_seconds[k] for k in ("draft", "verify", "sample")) <= s.decode_seconds * 1.05
+
+
+@pytest.mark.parametrize("method", ["magicdec", "vegas", "quest"])
+def test_warm_up_captures_every_step_a_controller_may_pick(method):
+    """After ``engine.warm_up`` no call captures a graph, whatever γ_t (or dense step) it runs in whatever order;
+    the tokens are dense's. (Before it, a rung the controller first tried in a later call was captured there.)"""
+    from specdec.adaptive import ScriptedPacing
+    from specdec.graphs import capture_events
+
+    m = _cuda_tiny(BACKENDS.build("triton"))
+    prompts = [list(range(3, 60)), [4, 8, 15, 16, 23, 42] * 7]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(prompts, 24).tokens
+    m.enable_cuda_graphs()
+    try:
+        eng = build_engine(m, PipelineConfig.make(method=method, gamma=4, budget=12, sinks=2, recent=4),
+                           eos_token_id=-1)
+        assert eng.adaptive and eng.warm_up(prompts, 24) > 0
+        before = capture_events()
+        eng._script = ScriptedPacing([1, 0, 0, 2, 4, 0, 1, 2, 2, 4, 1, 0, 4, 4])  # another order than the warm-up's
+        scripted = eng.generate(prompts, 24).tokens
+        eng._script = None
+        adaptive = eng.generate(prompts, 24).tokens
+        assert capture_events() == before
+    finally:
+        m.disable_cuda_graphs()
+    assert scripted == dense and adaptive == dense
