@@ -434,9 +434,10 @@ class SpeculativeEngine:
             return warm_up_events() - before
         self._script = script = ScriptedPacing(warm_up_script(controller.arms))
         try:
-            for _ in range(len(script.script)):  # each call runs at least one scripted iteration
+            while not script.done:  # a call ends with its tokens: the script goes on in the next one
+                at = script.position
                 self.generate(prompts, max_new_tokens, **kwargs)
-                if script.done:
+                if script.position == at:  # no iteration at all (max_new_tokens = 1): no decode step to warm
                     break
         finally:
             self._script = None
