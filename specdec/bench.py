@@ -260,6 +260,17 @@ def run_bench(
         write_text(output_dir / f"{tag}.md", markdown_table(meta, rows), "--output-dir")
     rows: list[dict[str, Any]] = []
     all_tokens: list = []  # per row (specdec methods; HF rows get None): each sequence's tokens
+
+    def check(i: int) -> None:
+        """Row ``i``'s tokens against dense's of its setting (greedy losslessness), once both exist: each row as soon
+        as it is timed, so a run cut short (a time limit, Ctrl-C) keeps the check of what it saved."""
+        r, toks = rows[i], all_tokens[i]
+        d = next((j for j, x in enumerate(rows) if x["method"] == "dense" and x["document"] == r["document"]
+                  and x["context"] == r["context"] and x["batch"] == r["batch"]), None)
+        if d is not None and toks is not None and not r.get("replayed"):
+            r["same_tokens_as_dense"] = toks == all_tokens[d]  # every sequence of the batch
+            if not r["same_tokens_as_dense"]:
+                r["divergence"] = divergence(toks, all_tokens[d])
     if shape is not None:
         documents = ["random"]
     total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + 2 * int(hf_baseline))
@@ -328,6 +339,7 @@ def run_bench(
                             )
                         )
                         progress.advance(task)
+                        check(len(rows) - 1)
                         save()
                         if dense_text and not s.lossless and name not in replays:
                             rp, rec = dense_text_replay(eng, pre, max_new_tokens)
@@ -338,7 +350,8 @@ def run_bench(
                             d_tokens = next((t for x, t in zip(rows, all_tokens) if x["method"] == "dense"
                                              and (x["document"], x["context"], x["batch"]) == (doc, ctx, bs)), None)
                             all_tokens.append(None)  # replayed: its tokens are not compared
-                            rows.append(dict(rows[-1], replayed=s2.replayed, dense_text=True, tau=s2.mean_accepted_length,
+                            free = {k: v for k, v in rows[-1].items() if k not in ("same_tokens_as_dense", "divergence")}
+                            rows.append(dict(free, replayed=s2.replayed, dense_text=True, tau=s2.mean_accepted_length,
                                              dense_text_tau=rec.stats.mean_accepted_length,
                                              dense_text_equals_dense=None if d_tokens is None else rec.tokens == d_tokens,
                                              tokens_per_second=tps["median"], tokens_per_second_min=tps["min"],
@@ -361,14 +374,10 @@ def run_bench(
                                              speedup_vs_dense=(tps["median"] / dense_tps) if dense_tps else None))
                             progress.advance(task)
                             save()
-    # greedy losslessness check: lossless methods must reproduce dense tokens
-    for r, toks in zip(rows, all_tokens):
-        d = next((i for i, x in enumerate(rows) if x["method"] == "dense" and x["document"] == r["document"]
-                  and x["context"] == r["context"] and x["batch"] == r["batch"]), None)
-        if d is not None and toks is not None and not r.get("replayed"):
-            r["same_tokens_as_dense"] = toks == all_tokens[d]  # every sequence of the batch
-            if not r["same_tokens_as_dense"]:
-                r["divergence"] = divergence(toks, all_tokens[d])
+    # greedy losslessness check: lossless methods must reproduce dense tokens (again for every row: a row timed before
+    # its setting's dense row has its check only now)
+    for i in range(len(rows)):
+        check(i)
     save()
     print(markdown_table(meta, rows))
     return rows

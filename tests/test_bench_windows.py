@@ -113,3 +113,23 @@ def test_a_differing_batch_says_where_it_leaves_dense():
     md = markdown_table(dict(model="m", gamma=4, budget_ratio=0.05, repeats=3), [row, dict(row, method="dense",
                                                                                       same_tokens_as_dense=True)])
     assert "| False (2/3 sequences, from token 2) |" in md and md.rstrip().endswith("| True |")
+
+
+def test_each_row_is_checked_against_dense_when_it_is_saved(tmp_path, monkeypatch):
+    """A bench cut short keeps the losslessness check of the rows it saved: each row is compared with its
+    setting's dense row as soon as it is timed, not only when the whole run ends."""
+    import specdec.outputs as outputs
+    from specdec.bench import run_bench
+
+    saved, real = [], outputs.write_text
+
+    def spy(path, text, what):  # every JSON the run writes, in order (run_bench imports write_text when called)
+        if str(path).endswith(".json"):
+            saved.append(json.loads(text)["rows"])
+        return real(path, text, what)
+
+    monkeypatch.setattr(outputs, "write_text", spy)
+    run_bench(["dense", "magicdec"], [48], [2], ["stdlib:textwrap"], 4, 16, None, 3, "smollm2-135m", "reference",
+              "float32", "cpu", False, tmp_path, "c", repeats=1, adaptive=False)
+    first_with_both = next(rows for rows in saved if len(rows) == 2)  # saved right after magicdec was timed
+    assert [r.get("same_tokens_as_dense") for r in first_with_both] == [True, True]
