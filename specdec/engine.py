@@ -427,8 +427,7 @@ class SpeculativeEngine:
         without the controller seeing them. Without a controller it is one :meth:`generate` call. The tokens are
         dropped."""
         before = warm_up_events()
-        gamma = self.gamma if self.drafter is not None else 0
-        controller = self._controller(gamma)
+        controller = self._controller(self.gamma)  # None for the dense method, as in generate
         if controller is None:
             self.generate(prompts, max_new_tokens, **kwargs)
             return warm_up_events() - before

@@ -23,6 +23,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import geometric_mean
 
 # -- reading the end-to-end results --------------------------------------------------------------------
 
@@ -113,12 +114,6 @@ def load_run(path: Path) -> Run | None:
     return run if rows else None
 
 
-def _geomean(xs: list[float]) -> float:
-    import math
-
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def _merged(rows: list[dict]) -> dict:
     """One cell from a run's rows of one method and shape (one per document): the geometric mean of their tokens/s
     and of their speed-ups over dense (each measured against dense on its own document), the worst agreement."""
@@ -134,8 +129,8 @@ def _merged(rows: list[dict]) -> dict:
         same = True
     else:  # shares of positions equal to dense (near-lossless methods): the worst document's
         same = min(1.0 if x is True else float(x) for x in sames)
-    return dict(rows[0], tps=_geomean([r["tps"] for r in rows]), tau=None, same=same, documents=len(rows),
-                vs_dense=_geomean(ratios) if all(x is not None and x > 0 for x in ratios) else None)
+    return dict(rows[0], tps=geometric_mean([r["tps"] for r in rows]), tau=None, same=same, documents=len(rows),
+                vs_dense=geometric_mean(ratios) if all(x is not None and x > 0 for x in ratios) else None)
 
 
 def summary_rows(runs: list[Run]) -> list[tuple[dict, Run]]:
