@@ -159,6 +159,7 @@ def run_bench(
     windows: int = 1,
     window_stride: int = 1000,
     dense_text: bool = False,
+    interleave: bool = True,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
@@ -167,6 +168,14 @@ def run_bench(
     - ``model``: a name/path to load, or a :class:`~specdec.models.SpecdecModel` already loaded (scripts that
       call this several times load once).
     - Each (setting, method) row is timed ``repeats`` times; tokens/s is the median, with min–max.
+    - ``interleave`` (on by default): each timed run of a method follows a timed run of the setting's dense engine
+      (dense, method, dense, method, …), and the row's ``speedup_vs_dense`` is the median of the per-run ratios
+      (``speedup_paired_min`` / ``_max``; the dense runs: ``dense_paired_tokens_per_second``, and whether they emitted
+      dense's tokens: ``dense_paired_same_tokens``); ``speedup_medians`` keeps the ratio of the row's median to the
+      dense row's. A ratio of two medians timed a minute apart moved by ±8 % at B = 1 on an H200 for rows doing
+      identical work; alternated runs share the machine's drift (but each call follows another engine's: where that
+      costs, both sides pay it). Methods timed before dense (``--methods`` order) and HF rows keep the ratio of
+      medians.
     - ``warmup`` runs each (setting, method) untimed first (:meth:`SpeculativeEngine.warm_up`: every step kind the
       adaptive controller may pick; then once as timed), so CUDA-graph captures and ``torch.compile`` compilations
       (they depend on the cache size) are not timed.
@@ -252,7 +261,7 @@ def run_bench(
                 compile_skipped=getattr(m, "compile_skipped", None), fuse=fuse, warmup=warmup, repeats=repeats,
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
                 replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None,
-                adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive, windows=windows,
+                adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive, windows=windows, interleave=interleave,
                 window_stride=window_stride if windows > 1 else None)
 
     def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
@@ -289,13 +298,17 @@ def run_bench(
                 for bs in batch_sizes:
                     # the previous setting's engine, prefill and cache go before this one allocates (at the 8B
                     # shape, B 16 x 32k, a cache is 64 GiB: two do not fit next to the model on an H200)
-                    eng = pre = None
+                    eng = pre = dense_eng = None
                     m.release_cache()
                     _free_memory(m.device)
                     check_fits(m, bs, len(ids), max_new_tokens, gamma)
                     # one cache for every method of this setting (sized for γ draft rows; dense needs fewer)
                     m.new_cache(bs, cache_positions(len(ids), max_new_tokens, gamma), reuse=True)
                     dense_tps = None
+
+                    def dense_row_tokens(doc=doc, ctx=ctx, bs=bs):
+                        return next((t for x, t in zip(rows, all_tokens) if x["method"] == "dense"
+                                     and (x["document"], x["context"], x["batch"]) == (doc, ctx, bs)), None)
                     for name in methods:
                         cfg = pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
                         upd = {**({"adaptive": adaptive} if adaptive is not None else {}),
@@ -310,10 +323,11 @@ def run_bench(
                         if pre is None:  # one prefill shared by every method and sequence
                             pre = _prefilled(eng, m, wins[:bs], bs, random_cache=shape is not None)
                         # warm-up at the same length: every capture and compilation happens there
-                        tps, res = _timed(eng, pre, max_new_tokens, repeats, warmup)
+                        partner = dense_eng if interleave and name != "dense" else None
+                        tps, res, paired = _timed(eng, pre, max_new_tokens, repeats, warmup, partner)
                         s = res.stats
                         if name == "dense":
-                            dense_tps = tps["median"]
+                            dense_tps, dense_eng = tps["median"], eng
                         all_tokens.append(res.tokens)  # every sequence's, for the comparison with dense below
                         rows.append(
                             dict(
@@ -338,19 +352,22 @@ def run_bench(
                                 tokens=res.tokens[0],
                             )
                         )
+                        if paired is not None:  # the ratio of the medians stays, next to the paired one
+                            rows[-1]["speedup_medians"] = rows[-1]["speedup_vs_dense"]
+                            rows[-1].update(_paired_fields(paired, dense_row_tokens()))
                         progress.advance(task)
                         check(len(rows) - 1)
                         save()
                         if dense_text and not s.lossless and name not in replays:
                             rp, rec = dense_text_replay(eng, pre, max_new_tokens)
                             eng.replay = rp
-                            tps, s2 = _timed(eng, pre, max_new_tokens, repeats, warmup)
+                            tps, s2, paired = _timed(eng, pre, max_new_tokens, repeats, warmup, partner)
                             s2 = s2.stats
                             eng.replay = None
-                            d_tokens = next((t for x, t in zip(rows, all_tokens) if x["method"] == "dense"
-                                             and (x["document"], x["context"], x["batch"]) == (doc, ctx, bs)), None)
+                            d_tokens = dense_row_tokens()
                             all_tokens.append(None)  # replayed: its tokens are not compared
-                            free = {k: v for k, v in rows[-1].items() if k not in ("same_tokens_as_dense", "divergence")}
+                            free = {k: v for k, v in rows[-1].items() if k not in (
+                                "same_tokens_as_dense", "divergence", *_PAIRED_FIELDS)}
                             rows.append(dict(free, replayed=s2.replayed, dense_text=True, tau=s2.mean_accepted_length,
                                              dense_text_tau=rec.stats.mean_accepted_length,
                                              dense_text_equals_dense=None if d_tokens is None else rec.tokens == d_tokens,
@@ -361,6 +378,9 @@ def run_bench(
                                              acceptance_per_position=s2.acceptance_per_position,
                                              phase_seconds=s2.phase_seconds,
                                              selection_overhead_share=s2.selection_overhead_share, tokens=None))
+                            if paired is not None:
+                                rows[-1]["speedup_medians"] = rows[-1]["speedup_vs_dense"]
+                                rows[-1].update(_paired_fields(paired, d_tokens))
                             save()
                     if hf_baseline:
                         for label, impl in (("hf-generate", None), ("hf-generate-static", "static")):
@@ -393,16 +413,45 @@ def divergence(tokens: list[list[int]], dense: list[list[int]]) -> dict[str, int
     return dict(sequences=len(firsts), of=len(dense), first=min(firsts) if firsts else -1)
 
 
-def _timed(eng, pre, max_new_tokens: int, repeats: int, warmup: bool):
-    """``(tokens/s statistics, the median run)`` of ``repeats`` timed generations of ``pre``'s prompts. With
+def _timed(eng, pre, max_new_tokens: int, repeats: int, warmup: bool, partner=None):
+    """``(tokens/s statistics, the median run, paired)`` of ``repeats`` timed generations of ``pre``'s prompts. With
     ``warmup``, untimed first: :meth:`~specdec.engine.SpeculativeEngine.warm_up` (every step kind the adaptive
-    controller may pick, so no timed call captures a graph) and one plain call (the controller's costs)."""
+    controller may pick, so no timed call captures a graph) and one plain call (the controller's costs).
+
+    ``partner`` (the dense engine of the setting, ``bench --interleave``): each timed run of ``eng`` follows one timed
+    run of ``partner`` on the same prompts, so the two alternate and a drift of the machine (clocks, a busy host) falls
+    on both; ``paired`` is then ``(ratios, partner runs)`` with ``ratios[i]`` = run ``i``'s tokens/s over its partner
+    run's, else ``None``."""
     if warmup:
         eng.warm_up(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
         eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
-    runs = [eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre) for _ in range(repeats)]
+    runs, partners = [], []
+    for _ in range(repeats):
+        if partner is not None:
+            partners.append(partner.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre))
+        runs.append(eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre))
+    paired = None
+    if partner is not None:
+        paired = ([r.stats.tokens_per_second / d.stats.tokens_per_second for r, d in zip(runs, partners)], partners)
     return _stats([r.stats.tokens_per_second for r in runs]), sorted(
-        runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2]
+        runs, key=lambda r: r.stats.tokens_per_second)[(len(runs) - 1) // 2], paired
+
+
+_PAIRED_FIELDS = ("speedup_medians", "speedup_paired_min", "speedup_paired_max", "dense_paired_tokens_per_second",
+                  "dense_paired_tokens_per_second_min", "dense_paired_tokens_per_second_max", "dense_paired_same_tokens")
+
+
+def _paired_fields(paired, dense_tokens) -> dict[str, Any]:
+    """A row's fields from :func:`_timed`'s ``paired``: the median of the per-run ratios (the row's speed-up), the
+    dense runs it alternated with (median, min, max) and whether they emitted the dense row's tokens (a method run
+    between two dense runs must leave nothing behind that changes them)."""
+    ratios, partners = paired
+    d = _stats([r.stats.tokens_per_second for r in partners])
+    return dict(speedup_vs_dense=_stats(ratios)["median"], speedup_paired_min=min(ratios),
+                speedup_paired_max=max(ratios), dense_paired_tokens_per_second=d["median"],
+                dense_paired_tokens_per_second_min=d["min"], dense_paired_tokens_per_second_max=d["max"],
+                dense_paired_same_tokens=None if dense_tokens is None else all(
+                    r.tokens == dense_tokens for r in partners))
 
 
 def dense_text_replay(eng, pre, max_new_tokens: int):
@@ -450,6 +499,9 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
          "(sequence b continues window b mod K)" if (meta.get("windows") or 1) > 1 else
          "- contexts: every sequence of a batch continues the same window"),
         *([f"- {meta['compile_skipped']}"] if meta.get("compile_skipped") else []),
+        ("- speedup vs dense: each timed run of a method followed a timed run of dense (alternating); the median of "
+         "the per-run ratios (min–max)" if meta.get("interleave") else
+         "- speedup vs dense: the ratio of the two rows' medians"),
         "- τ: tokens per round, the mean over the batch's sequences; iterations: the batch's rounds (decode steps for "
         "dense), which its slowest sequence sets",
         "",
@@ -459,13 +511,15 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         sp = r.get("speedup_vs_dense")
+        sp_rng = (f" ({r['speedup_paired_min']:.2f}–{r['speedup_paired_max']:.2f})"
+                  if r.get("speedup_paired_min") is not None else "")
         rng = (f" ({r['tokens_per_second_min']:.1f}–{r['tokens_per_second_max']:.1f})"
                if "tokens_per_second_min" in r else "")
         method = r["method"] + (" (dense's text)" if r.get("dense_text") else " (replayed)" if r.get("replayed") else "")
         gm = r.get("gamma_mean")
         lines.append(
             f"| {r['document']} | {r['context']} | {r['batch']} | {method} | {r['tau']:.2f} | "
-            f"{_blank(r.get('iterations'))} | {r['tokens_per_second']:.2f}{rng} | {'' if sp is None else f'{sp:.2f}×'} | "
+            f"{_blank(r.get('iterations'))} | {r['tokens_per_second']:.2f}{rng} | {'' if sp is None else f'{sp:.2f}×{sp_rng}'} | "
             f"{r.get('selection_overhead_share', 0):.1%} | {r.get('dense_steps', '')} | "
             f"{'' if gm is None else f'{gm:.1f}'} | {_same(r)} |"
         )

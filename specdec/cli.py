@@ -240,6 +240,10 @@ def bench(
     windows: int = typer.Option(1, "--windows", help="different windows of each document in a batch (sequence b "
                                 "continues window b mod K; 1: every sequence the same window)"),
     window_stride: int = typer.Option(1000, "--window-stride", help="tokens between the ends of consecutive windows"),
+    interleave: bool = typer.Option(
+        True, "--interleave/--no-interleave",
+        help="alternate each timed run of a method with a timed run of dense and report the median of the per-run "
+             "ratios (default); --no-interleave: time each row alone, speed-up = ratio of the medians"),
     dense_text: bool = typer.Option(
         False, "--dense-text",
         help="near-lossless methods (dustin): also time each on dense's text, replaying the acceptance its drafter "
@@ -289,6 +293,7 @@ def bench(
         windows=windows,
         window_stride=window_stride,
         dense_text=dense_text,
+        interleave=interleave,
     )
     typer.echo(f"wrote {output_dir / f'{tag}.json'} and {output_dir / f'{tag}.md'}")
 

@@ -19,7 +19,9 @@ def test_dense_text_rows_follow_near_lossless_rows_only(tmp_path):
     assert free["lossless"] is False and not free.get("replayed")
     assert dt["replayed"] is True and dt["dense_text_equals_dense"] is True  # dense verification: dense's tokens
     assert abs(dt["tau"] - dt["dense_text_tau"]) < 1e-9  # the recorded rounds, replayed at the same batch
-    assert dt["speedup_vs_dense"] == dt["tokens_per_second"] / rows[0]["tokens_per_second"]
+    # interleaved (the default): against the dense run timed just before it (one repeat: one pair)
+    assert dt["speedup_vs_dense"] == dt["tokens_per_second"] / dt["dense_paired_tokens_per_second"]
+    assert dt["dense_paired_same_tokens"] is True
     assert "same_tokens_as_dense" not in dt and rows[3]["same_tokens_as_dense"] is True
     md = (tmp_path / "dt.md").read_text()
     assert "| dustin (dense's text) |" in md and "| dustin |" in md
