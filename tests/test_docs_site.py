@@ -159,6 +159,24 @@ def test_summary_takes_each_column_from_one_run_and_hides_machine_paths(tmp_path
     assert "H200<br>8k&nbsp;ctx<br>B&nbsp;=&nbsp;64" in md.splitlines()[0]
 
 
+def test_summary_prefers_an_interleaved_run_over_one_with_more_methods(tmp_path):
+    """``bench --interleave`` speed-ups (medians of runs alternated with dense's) come before a ratio of two medians
+    timed apart, even from a run with fewer methods; the methods it lacks come from the other run."""
+    new = {"date": "2026-12-04 13:00 UTC", "gpu": "NVIDIA H200", "threads": 16}
+    old = {"date": "2026-12-04 15:00 UTC", "gpu": "NVIDIA H200", "threads": 16}  # newer, more methods, not paired
+    _bench(tmp_path / "a.json", old, [_row("dense", 100.0), _row("vegas", 150.0, 1.5), _row("quest", 90.0, 0.9),
+                                      _row("dustin", 300.0, 3.0, lossless=False, same_tokens_as_dense=False)])
+    path = tmp_path / "b.json"
+    _bench(path, new, [_row("dense", 110.0), _row("vegas", 160.0, 1.4), _row("quest", 105.0, 0.97)])
+    data = json.loads(path.read_text())
+    data["meta"]["interleave"] = True
+    path.write_text(json.dumps(data))
+    md = benchpage.summary_markdown(tmp_path)
+    assert "**110** <sup>[1]</sup>" in md and "160<br>1.40× <sup>[1]</sup>" in md and "105<br>0.97× <sup>[1]</sup>" in md
+    assert "300<br>3.00× <sup>[2]</sup>" in md and "150<br>" not in md
+    assert "an interleaved `specdec bench` run" in md
+
+
 def test_summary_averages_a_runs_documents_and_keeps_dense_text_rows_apart(tmp_path):
     gpu = {"date": "2026-12-04 13:00 UTC", "gpu": "NVIDIA H200", "threads": 16}
     _bench(tmp_path / "a.json", gpu, [

@@ -1,7 +1,7 @@
 """The benchmarks pages, generated from ``benchmarks/results`` at build time (used by ``specdec_docs.py``).
 
 * :func:`summary_markdown` — ONE table a reader can act on: tokens/s per method and shape (machine, context,
-  batch) from the run that timed the most methods at that shape (:func:`summary_rows`), each cell with its speed-up
+  batch) from one run per shape (interleaved first, then most methods: :func:`summary_rows`), each cell with its speed-up
   over dense *measured in the same run*, and below it the run each number comes from (date, machine, command,
   documents).
 * :func:`summary_plot` — the same numbers as a bar chart (inline SVG).
@@ -48,6 +48,7 @@ class Run:
     command: str
     rows: list[dict] = field(default_factory=list)  # normalised: method, context, batch, tps, vs_dense, tau, same
     documents: list[str] = field(default_factory=list)  # what the rows decoded (file names), in order
+    paired: bool = False  # specdec bench --interleave: speed-ups from runs alternated with dense's
 
 
 def scrub_paths(text: str) -> str:
@@ -89,7 +90,8 @@ def load_run(path: Path) -> Run | None:
         name = machine.get("gpu") or f"CPU ({machine.get('cpu', '?')}, {machine.get('threads', '?')} thread{'' if machine.get('threads') == 1 else 's'})"
         model = scrub_paths(str(meta.get("model", "?")))  # a GGUF path: its name
         model = f"{MODEL_ALIASES.get(model, model)} {meta.get('dtype') or ''}".strip()
-        run = Run(path.name, str(machine.get("date", "")), f"{name} · {model}", scrub_paths(meta["command"]))
+        run = Run(path.name, str(machine.get("date", "")), f"{name} · {model}", scrub_paths(meta["command"]),
+                  paired=bool(meta.get("interleave")))
         for r in data["rows"]:
             if isinstance(r, dict) and {"method", "context", "batch", "tokens_per_second"} <= r.keys():
                 # a near-lossless method timed on dense's text (bench --dense-text) is a row of its own
@@ -137,8 +139,10 @@ def summary_rows(runs: list[Run]) -> list[tuple[dict, Run]]:
     """The summary's cells, one per (machine, context, batch, method), each from ONE run that timed dense at that
     shape (so its speed-up is measured in the same run).
 
-    Per shape, the run that timed the most methods there is the column's run (the newest among equals), and each of
-    its methods' cells comes from it: the geometric mean over the documents it decoded. A method it did not time
+    Per shape, the column's run is an interleaved one (``bench --interleave``: each speed-up is the median of runs
+    alternated with dense's, so a drift of the machine falls on both) before one that is not, then the one that timed
+    the most methods there, then the newest; each of its methods' cells comes from it: the geometric mean over the
+    documents it decoded. A method it did not time
     comes from the newest other run that did. A lossless method whose tokens differ from dense is a bug, not a
     result: such a row never counts (nor does its run for that method)."""
     by_shape: dict[tuple, list[tuple[Run, dict[str, list[dict]]]]] = {}
@@ -152,7 +156,7 @@ def summary_rows(runs: list[Run]) -> list[tuple[dict, Run]]:
                 by_shape.setdefault(shape, []).append((run, valid))
     picked: list[tuple[dict, Run]] = []
     for shape, cands in by_shape.items():
-        cands.sort(key=lambda c: (len(c[1]), c[0].date, c[0].source), reverse=True)
+        cands.sort(key=lambda c: (c[0].paired, len(c[1]), c[0].date, c[0].source), reverse=True)
         newest = sorted(cands, key=lambda c: (c[0].date, c[0].source), reverse=True)
         done = set()
         for run, methods in [cands[0]] + newest:
@@ -230,8 +234,9 @@ def summary_parts(results: Path) -> tuple[str, str]:
     out.append("")
     out.append("Tokens per second for the whole batch (B sequences of the same context), under each the "
                "speed-up over **dense decoding in the same run** (compare within a column). A column's numbers come "
-               "from the run that timed the most methods at that shape (the newest among equals; a method it did not "
-               "time, from the newest run that did); ⌀N marks the geometric mean over the N documents that run "
+               "from one run per shape: an interleaved `specdec bench` run (each speed-up the median over runs "
+               "alternated with dense's) before others, then the run that timed the most methods there, then the "
+               "newest; a method it did not time comes from the newest run that did; ⌀N marks the geometric mean over the N documents that run "
                "decoded, each speed-up taken against dense on its own document. Every lossless method produced exactly the dense tokens "
                "in the runs counted here; ‡ marks a near-lossless method (Dustin's sparse verification) "
                "with the share of positions equal to dense.\n")
