@@ -168,14 +168,14 @@ def run_bench(
     - ``model``: a name/path to load, or a :class:`~specdec.models.SpecdecModel` already loaded (scripts that
       call this several times load once).
     - Each (setting, method) row is timed ``repeats`` times; tokens/s is the median, with min–max.
-    - ``interleave`` (on by default): each timed run of a method follows a timed run of the setting's dense engine
-      (dense, method, dense, method, …), and the row's ``speedup_vs_dense`` is the median of the per-run ratios
+    - ``interleave`` (on by default): the method's engine and the setting's dense engine take turns (each turn an
+      untimed run, then a timed one: :func:`_timed`), and the row's ``speedup_vs_dense`` is the median of the ratios of
+      each timed method run to the dense run timed just before it
       (``speedup_paired_min`` / ``_max``; the dense runs: ``dense_paired_tokens_per_second``, and whether they emitted
       dense's tokens: ``dense_paired_same_tokens``); ``speedup_medians`` keeps the ratio of the row's median to the
       dense row's. A ratio of two medians timed a minute apart moved by ±8 % at B = 1 on an H200 for rows doing
-      identical work; alternated runs share the machine's drift (but each call follows another engine's: where that
-      costs, both sides pay it). Methods timed before dense (``--methods`` order) and HF rows keep the ratio of
-      medians.
+      identical work; alternated runs share the machine's drift. Methods timed before dense (``--methods`` order)
+      and HF rows keep the ratio of medians.
     - ``warmup`` runs each (setting, method) untimed first (:meth:`SpeculativeEngine.warm_up`: every step kind the
       adaptive controller may pick; then once as timed), so CUDA-graph captures and ``torch.compile`` compilations
       (they depend on the cache size) are not timed.
@@ -418,18 +418,24 @@ def _timed(eng, pre, max_new_tokens: int, repeats: int, warmup: bool, partner=No
     ``warmup``, untimed first: :meth:`~specdec.engine.SpeculativeEngine.warm_up` (every step kind the adaptive
     controller may pick, so no timed call captures a graph) and one plain call (the controller's costs).
 
-    ``partner`` (the dense engine of the setting, ``bench --interleave``): each timed run of ``eng`` follows one timed
-    run of ``partner`` on the same prompts, so the two alternate and a drift of the machine (clocks, a busy host) falls
-    on both; ``paired`` is then ``(ratios, partner runs)`` with ``ratios[i]`` = run ``i``'s tokens/s over its partner
-    run's, else ``None``."""
+    ``partner`` (the dense engine of the setting, ``bench --interleave``): the two engines take turns, each turn one
+    untimed run (the switch) and one timed run on the same prompts — partner, partner, eng, eng, partner, … — so a drift
+    of the machine (clocks, a busy host) falls on both, and no timed run is the first after the other engine's (on the
+    H200 a dense run right after a MagicDec run at B 16 ran up to 7 % slower than one after a dense run); ``paired`` is
+    then ``(ratios, partner runs)`` with ``ratios[i]`` = timed run ``i``'s tokens/s over its partner's, else ``None``."""
     if warmup:
         eng.warm_up(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
         eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
     runs, partners = [], []
+
+    def settled(e):
+        if partner is not None:  # the switch from the other engine: untimed
+            e.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
+        return e.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
     for _ in range(repeats):
         if partner is not None:
-            partners.append(partner.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre))
-        runs.append(eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre))
+            partners.append(settled(partner))
+        runs.append(settled(eng))
     paired = None
     if partner is not None:
         paired = ([r.stats.tokens_per_second / d.stats.tokens_per_second for r, d in zip(runs, partners)], partners)
@@ -499,8 +505,8 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
          "(sequence b continues window b mod K)" if (meta.get("windows") or 1) > 1 else
          "- contexts: every sequence of a batch continues the same window"),
         *([f"- {meta['compile_skipped']}"] if meta.get("compile_skipped") else []),
-        ("- speedup vs dense: each timed run of a method followed a timed run of dense (alternating); the median of "
-         "the per-run ratios (min–max)" if meta.get("interleave") else
+        ("- speedup vs dense: dense and each method took turns (an untimed run, then a timed one, each turn); the "
+         "median of the ratios of each timed run to dense's just before it (min–max)" if meta.get("interleave") else
          "- speedup vs dense: the ratio of the two rows' medians"),
         "- τ: tokens per round, the mean over the batch's sequences; iterations: the batch's rounds (decode steps for "
         "dense), which its slowest sequence sets",
