@@ -420,9 +420,10 @@ def _timed(eng, pre, max_new_tokens: int, repeats: int, warmup: bool, partner=No
 
     ``partner`` (the dense engine of the setting, ``bench --interleave``): the two engines take turns, each turn one
     untimed run (the switch) and one timed run on the same prompts — partner, partner, eng, eng, partner, … — so a drift
-    of the machine (clocks, a busy host) falls on both, and no timed run is the first after the other engine's (on the
-    H200 a dense run right after a MagicDec run at B 16 ran up to 7 % slower than one after a dense run); ``paired`` is
-    then ``(ratios, partner runs)`` with ``ratios[i]`` = timed run ``i``'s tokens/s over its partner's, else ``None``."""
+    of the machine (clocks, a busy host) falls on both, and no timed run is the first after the other engine's (in a
+    first H200 run without the untimed switch, the dense runs between MagicDec's at B 16 read up to 7 % below the dense
+    row; with turns that did not recur); ``paired`` is then ``(ratios, partner runs)`` with ``ratios[i]`` = timed run
+    ``i``'s tokens/s over its partner's, else ``None``."""
     if warmup:
         eng.warm_up(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)
         eng.generate(pre.ids, max_new_tokens=max_new_tokens, prefilled=pre)

@@ -242,8 +242,9 @@ def bench(
     window_stride: int = typer.Option(1000, "--window-stride", help="tokens between the ends of consecutive windows"),
     interleave: bool = typer.Option(
         True, "--interleave/--no-interleave",
-        help="alternate each timed run of a method with a timed run of dense and report the median of the per-run "
-             "ratios (default); --no-interleave: time each row alone, speed-up = ratio of the medians"),
+        help="dense and each method take turns (an untimed run, then a timed one) and the speed-up is the median of "
+             "the ratios of each timed run to dense's just before it (default); --no-interleave: time each row alone, "
+             "speed-up = ratio of the medians"),
     dense_text: bool = typer.Option(
         False, "--dense-text",
         help="near-lossless methods (dustin): also time each on dense's text, replaying the acceptance its drafter "
