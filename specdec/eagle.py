@@ -304,7 +304,10 @@ class EagleDrafter(Drafter):
         self.draft_model = _HeadDims(target.dims.n_heads)
         self.lookahead: torch.Tensor | None = None  # (B, capacity) float32, one buffer per cache shape
         self.embed, self.norm, self.lm_head = head_components(target)
-        target.keep_hidden = True  # the verify passes record what the head needs
+        #: what this drafter's engine has the target record in its forwards: the final hidden states and these decoder
+        #: layers' outputs (:meth:`specdec.engine.SpeculativeEngine._recording`; other engines on the model record none)
+        self.records_hidden = tuple(sorted(int(i) for i in head.feature_layers))
+        target.keep_hidden = True  # the verify passes record what the head needs (also outside an engine's calls)
         # and the layers a fused-feature head reads: the model records the union of what its drafters read (several
         # drafters may share one target), each drafter takes its own columns (:meth:`_own`)
         target.hidden_layers = tuple(sorted(set(getattr(target, "hidden_layers", ())) | set(head.feature_layers)))

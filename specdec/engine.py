@@ -288,6 +288,29 @@ class SpeculativeEngine:
                 eos_token_id = model.hf.config.eos_token_id
         self.eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         self.lossless = getattr(self.verifier, "lossless", True)
+        # what the target records in this engine's forwards (``_recording``): an EAGLE drafter's final hidden states
+        # and feature layers (``records_hidden``, through a lookup wrapper too), else nothing
+        need = getattr(drafter, "records_hidden", None) if drafter is not None else None
+        self._records = (True, tuple(sorted(need))) if need is not None else (False, ())
+
+    @contextmanager
+    def _recording(self) -> Iterator[None]:
+        """Inside the block the target records what this engine's drafter reads and nothing else
+        (:attr:`SpecdecModel.keep_hidden`, :attr:`~SpecdecModel.hidden_layers`); restored after. Building an EAGLE
+        drafter sets them on the shared model for good, and recording hooks keep the fused layers from handing the
+        split down GEMM's partials to the next layer's norm (:func:`specdec.fusion._handoff_allowed`): every later
+        engine on the model — dense included — then ran other bf16 roundings (on an H200 a dense run after a Dustin
+        run emitted other greedy tokens than before it, and MagicDec's τ went from 3.52 to 3.88 on the same window)."""
+        m = self.model
+        old = (getattr(m, "keep_hidden", False), tuple(getattr(m, "hidden_layers", ())))
+        if old == self._records:
+            yield
+            return
+        m.keep_hidden, m.hidden_layers = self._records
+        try:
+            yield
+        finally:
+            m.keep_hidden, m.hidden_layers = old
 
     # ------------------------------------------------------------------------------------------
     def _encode(self, prompts: Sequence[str] | Sequence[Sequence[int]], context_tokens: int | None = None,
@@ -331,7 +354,8 @@ class SpeculativeEngine:
         lengths = torch.tensor([len(p) for p in ids], device=self.model.device)
         state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,
                             PhaseTimer(self.model.device, False))
-        logits = self._prefill(state, ids)
+        with self._recording():
+            logits = self._prefill(state, ids)
         return Prefilled(ids=ids, k=cache.k, v=cache.v, last_logits=logits, ring_k=cache.ring_k, ring_v=cache.ring_v,
                          hidden=state.prompt_hidden)
 
@@ -367,6 +391,12 @@ class SpeculativeEngine:
         dims = self.model.dims
         longest = max(len(p) for p in ids)
         check_positions(longest, max_new_tokens, dims.max_positions, "context_tokens=")
+        with self._recording():
+            return self._decode(ids, max_new_tokens, prefilled, longest)
+
+    def _decode(self, ids: list[list[int]], max_new_tokens: int, prefilled: Prefilled | None,
+                longest: int) -> GenerationResult:
+        """:meth:`generate` after its checks: prefill (or copy ``prefilled``), then the decode loop."""
         state, run = self._start(ids, max_new_tokens, prefilled)
         B, timer = len(ids), state.timer
         # adaptive γ_t (specdec.adaptive); its cost estimates carry over between calls of this shape

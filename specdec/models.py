@@ -771,6 +771,8 @@ class SpecdecModel:
         if getattr(self, "keep_hidden", False):
             self._hook_final_norm()
             self._hidden_on = True
+        elif getattr(self, "_hidden_hook", None) is not None:
+            self._unhook_final_norm()  # a forward that records nothing has no hooks: the fused layers' handoff runs
         token = _CONTEXT.set(ctx)
         try:
             # a placeholder 4-D mask: transformers then skips its mask preparation, whose packed-sequence
@@ -784,6 +786,14 @@ class SpecdecModel:
             if getattr(self, "_layer_out", None):  # (a truncated view has none)
                 self._layer_out.clear()
         return out.logits.float()
+
+    def _unhook_final_norm(self) -> None:
+        """Remove :meth:`_hook_final_norm`'s hooks (a forward hook on a decoder layer keeps the fused layers from
+        splitting the down GEMM: :func:`specdec.fusion._handoff_allowed`)."""
+        hook = self._hidden_hook
+        self._hidden_hook = None
+        for h in [hook[1], *hook[2]]:
+            h.remove()
 
     def _hook_final_norm(self) -> None:
         """Forward hooks on the final norm (and the decoder layers of :attr:`hidden_layers`) storing their output in

@@ -105,9 +105,13 @@ def test_dense_verification_and_full_budget_dustin_equal_dense(target, kind, req
     eng = SpeculativeEngine(target, EagleDrafter(target, artifact), FullVerifier(target), gamma=3, eos_token_id=-1)
     assert eng.generate(prompts, 24).tokens == want
     assert eng.generate(prompts[1:], 24).tokens == want[1:]  # a batch gives what each sequence gives alone
-    pre = dense.prefill(prompts)  # made on a model that records hidden states: reused, no extra pass
+    # the dense engine records nothing, also on a model an EAGLE drafter was built on (recording hooks change how a
+    # fused model runs): the EAGLE engine's prefill records its features, a dense engine's are recomputed
+    assert dense.prefill(prompts).hidden is None
+    pre = eng.prefill(prompts)
     assert pre.hidden is not None and pre.hidden.shape == (2, 37, eng.drafter._recorded_width())
     assert eng.generate(prompts, 24, prefilled=pre).tokens == want
+    assert eng.generate(prompts, 24, prefilled=dense.prefill(prompts)).tokens == want
     cfg = PipelineConfig.make(method="dustin", gamma=3, budget=10_000, sinks=2, recent=4, options={"draft": str(artifact)})
     eng = build_engine(target, cfg, eos_token_id=-1)
     from specdec.lookup import LookupDrafter
@@ -197,8 +201,10 @@ def test_plain_and_fused_heads_share_one_target(artifact, fused_artifact, tmp_pa
     assert shared.hidden_layers == (0, 1, 2)
     assert run(shared, plain) == alone["plain"] and run(shared, fused) == alone["fused"]
     assert run(shared, fused, prefilled=pre) == alone["fused"]  # recorded before the layers were added: recomputed
-    pre = build_engine(shared, PipelineConfig.make(method="dense"), eos_token_id=-1).prefill(prompts)
-    assert pre.hidden.shape[-1] == 4 * shared.hf.config.hidden_size  # recorded with all three layers: used
+    # each engine records its own drafter's layers: a Prefilled of the fused head's engine is recorded with layers
+    # (0, 1), used by it and recomputed by the plain head's (no layers) and by the third head's
+    pre = SpeculativeEngine(shared, fused, FullVerifier(shared), gamma=3, eos_token_id=-1).prefill(prompts)
+    assert pre.hidden.shape[-1] == 3 * shared.hf.config.hidden_size
     assert run(shared, fused, prefilled=pre) == alone["fused"]
     assert run(shared, plain, prefilled=pre) == alone["plain"]
     assert alone["plain"][0] == alone["fused"][0]  # dense verification: both emit dense greedy's tokens

@@ -502,3 +502,45 @@ def test_fused_model_registers_its_outputs_in_either_registry(monkeypatch):
     assert plain == {str(type(m.hf.model)): can}
     _register_outputs(m.hf.model)  # idempotent
     assert len(plain) == 1
+
+
+def test_an_eagle_engine_leaves_other_engines_numerics_alone():
+    """Building an EAGLE drafter set ``model.keep_hidden`` for good, and its recording hooks kept every later forward
+    on the model from splitting the down GEMM (:func:`specdec.fusion._handoff_allowed`): a dense engine built before a
+    Dustin engine emitted other bf16 greedy tokens after it on an H200, and MagicDec's τ moved (3.52 → 3.88). Each
+    engine now has the target record only what its own drafter reads, during its own calls."""
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleHead, save_eagle
+
+    m = make_tiny("llama", 0, num_hidden_layers=3)
+    m.hf.to(DEV)
+    m.fuse_projections(kernels="triton")
+    n = len(m.hf.model.layers)
+    prompts = [list(range(3, 17)), [5, 9, 17, 33, 2, 8] * 2]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1)
+
+    def dense_run():
+        pre = dense.prefill(prompts)
+        c = m.new_cache(1, 32)
+        ids = torch.tensor([prompts[0][:6]], device=DEV)
+        m.forward(ids[:, :5], c, torch.tensor([0], device=DEV))
+        ops = _launches(lambda: m.forward(ids[:, 5:], c, torch.tensor([5], device=DEV)))
+        return pre.last_logits, dense.generate(prompts, 6).tokens, ops["addmm_.default"]
+
+    logits, tokens, whole = dense_run()
+    assert whole == 0  # the down GEMMs split (their partials handed to the next layer's norm)
+    tmp = Path(tempfile.mkdtemp())
+    torch.manual_seed(0)
+    head = EagleHead(m.hf.model.layers[-1], m.hf.config.hidden_size, [1])
+    save_eagle(tmp / "eagle.safetensors", head.cpu(), dict(target=model_identity(m), layer_from=n - 1,
+                                                           feature_layers=[1]))
+    cfg = PipelineConfig.make(method="dustin", gamma=3, budget=10_000, sinks=2, recent=4,
+                              options={"draft": str(tmp / "eagle.safetensors")})
+    eng = build_engine(m, cfg, eos_token_id=-1)
+    assert eng.generate(prompts, 6).tokens == tokens  # full-budget Dustin: dense verification's tokens
+    assert m.keep_hidden and m.hidden_layers == (1,)  # the drafter's setting outside the engines' calls, as before
+    logits2, tokens2, whole2 = dense_run()  # (its direct forwards record: the model's setting)
+    assert tokens2 == tokens and torch.equal(logits2, logits)  # the dense engine's prefill and decode as before
+    m.keep_hidden = False
+    assert _launches(lambda: m.forward(torch.tensor([[3, 4]], device=DEV), m.new_cache(1, 8),
+                                       torch.tensor([0], device=DEV)))["addmm_.default"] == 0  # hooks gone: split

@@ -158,12 +158,8 @@ def part_batch(a, m, ids, B: int, res: dict, save) -> None:
     head, makers = engines(m, a)
     res["meta"]["draft"] = str(head)
     prompts = [ids] * B
-    keep = m.keep_hidden
-    m.keep_hidden = True  # the prompt's hidden states, for the head
-    from specdec.engine import SpeculativeEngine
-
-    one = SpeculativeEngine(m, method="dense", eos_token_id=-1).prefill([ids])
-    m.keep_hidden = keep
+    # the prompt's hidden states, for the head: an engine records what its own drafter reads (a dense engine nothing)
+    one = makers["eagle-dense"]().prefill([ids])
     pre = Prefilled(ids=prompts, k=one.k.expand(-1, B, -1, -1, -1), v=one.v.expand(-1, B, -1, -1, -1),
                     last_logits=one.last_logits.expand(B, -1), hidden=one.hidden.expand(B, -1, -1))
     rows = res.setdefault("rows", [])
