@@ -808,8 +808,7 @@ class SpecdecModel:
         if self._hidden_hook is not None and self._hidden_hook[0] is norm and self._hidden_hook[3] == want:
             return
         if self._hidden_hook is not None:
-            for h in [self._hidden_hook[1], *self._hidden_hook[2]]:
-                h.remove()
+            self._unhook_final_norm()
         layers = list(getattr(base, "layers", []))
         bad = [i for i in want if not 0 <= i < len(layers)]
         if bad:
