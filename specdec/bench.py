@@ -101,6 +101,13 @@ def _free_memory(device) -> None:
         torch.cuda.empty_cache()
 
 
+def _kv_heads(m) -> tuple[int, int]:
+    """``[start, end)`` of the KV heads this process holds (all of them unless the model is tensor-parallel)."""
+    n = m.hf.config.num_key_value_heads
+    tp = getattr(m, "tp", None)
+    return (0, n) if tp is None or tp.world == 1 else tp.shard(n)
+
+
 def _prefilled(eng, m, windows: list[list[int]], batch: int, random_cache: bool):
     """The ``windows`` (contexts of one length) prefilled once (or, for a random-weight shape, a random cache: no
     prefill), as ``batch`` sequences: sequence ``b`` continues window ``b % len(windows)``. One window: expanded
@@ -110,9 +117,11 @@ def _prefilled(eng, m, windows: list[list[int]], batch: int, random_cache: bool)
     if random_cache:
         d = m.dims
         g = torch.Generator(device=m.device).manual_seed(0)
-        shape = (d.n_layers, 1, d.n_kv_heads, len(windows[0]), d.head_dim)
-        k = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)
-        v = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)
+        # every KV head's values, then this rank's heads (tensor parallel): a sharded run sees one process's cache
+        kv0, kv1 = _kv_heads(m)
+        shape = (d.n_layers, 1, m.hf.config.num_key_value_heads, len(windows[0]), d.head_dim)
+        k = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)[:, :, kv0:kv1]
+        v = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)[:, :, kv0:kv1]
         one = Prefilled(ids=windows[:1], k=k, v=v, last_logits=torch.zeros(1, d.vocab_size, device=m.device))
     else:
         one = eng.prefill(windows)
@@ -160,6 +169,7 @@ def run_bench(
     window_stride: int = 1000,
     dense_text: bool = False,
     interleave: bool = True,
+    tp: int = 1,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
@@ -201,6 +211,11 @@ def run_bench(
       same engine first runs with dense verification in place of its own (:func:`dense_text_replay`: its drafter's
       acceptance on dense's tokens, recorded), then is timed replaying that acceptance (every cost of the method is
       real). Labelled ``(dense's text)``; ``dense_text_tau`` is the recorded τ.
+    - ``tp`` > 1: the model is split over ``tp`` torchrun processes (:mod:`specdec.parallel`; launch with
+      ``torchrun --nproc-per-node N -m specdec bench ... --tp N``). Every rank runs every row; rank 0 times, writes
+      the files and shows progress (the collectives keep the ranks in step). A ``shape``'s random cache holds the
+      values one process would have for this rank's KV heads, so a sharded row meets the same work as an unsharded
+      one. No HF baselines, and only the methods of :data:`specdec.parallel.TP_METHODS`.
     """
     from rich.progress import Progress
 
@@ -228,6 +243,15 @@ def run_bench(
     check_output_dir(output_dir, "--output-dir")
     for name in methods:
         pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
+    if tp < 1:
+        raise SpecdecError(f"--tp must be >= 1 (got {tp}).")
+    if tp > 1:
+        from specdec.parallel import check_method
+
+        for name in methods:
+            check_method(name)
+        if hf_baseline:
+            raise SpecdecError("--hf-baseline does not run with --tp (Hugging Face generate is not sharded); drop one.")
     if isinstance(acceptance_trace, dict):
         replays = {k: AcceptanceReplay.load(v) for k, v in acceptance_trace.items()}
     elif acceptance_trace is not None:
@@ -245,9 +269,13 @@ def run_bench(
         for doc in documents:
             load_document(doc)  # a missing file fails before the model loads
     if isinstance(model, str):
-        m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape)
+        m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape, tp=tp)
     else:  # a SpecdecModel loaded by the caller (benchmark scripts reuse one across calls)
         m, model = model, getattr(model, "name", None) or type(model.hf).__name__
+        world = 1 if getattr(m, "tp", None) is None else m.tp.world
+        if world != tp:
+            raise SpecdecError(f"the model passed is split over {world} rank(s) but tp={tp}; pass tp={world}.")
+    lead = getattr(m, "tp", None) is None or m.tp.rank == 0  # the rank that writes the files
     too_long = [c for c in contexts if c + max_new_tokens > m.dims.max_positions]
     if too_long:
         raise SpecdecError(
@@ -262,9 +290,11 @@ def run_bench(
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
                 replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None,
                 adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive, windows=windows, interleave=interleave,
-                window_stride=window_stride if windows > 1 else None)
+                window_stride=window_stride if windows > 1 else None, tensor_parallel=tp)
 
     def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
+        if not lead:
+            return
         write_text(output_dir / f"{tag}.json", json.dumps(dict(meta=meta, rows=rows), indent=2), "--output-dir")
         write_text(output_dir / f"{tag}.md", markdown_table(meta, rows), "--output-dir")
     rows: list[dict[str, Any]] = []
@@ -283,7 +313,7 @@ def run_bench(
     if shape is not None:
         documents = ["random"]
     total = len(documents) * len(contexts) * len(batch_sizes) * (len(methods) + 2 * int(hf_baseline))
-    with Progress() as progress:
+    with Progress(disable=not lead) as progress:
         task = progress.add_task("bench", total=total)
         for doc in documents:
             text = load_document(doc) if shape is None else None
@@ -506,6 +536,8 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
          "(sequence b continues window b mod K)" if (meta.get("windows") or 1) > 1 else
          "- contexts: every sequence of a batch continues the same window"),
         *([f"- {meta['compile_skipped']}"] if meta.get("compile_skipped") else []),
+        *([f"- tensor parallel: the model split over {meta['tensor_parallel']} ranks (one device each; heads, MLP and "
+           "KV cache sharded); rank 0's timings"] if (meta.get("tensor_parallel") or 1) > 1 else []),
         ("- speedup vs dense: dense and each method took turns (an untimed run, then a timed one, each turn); the "
          "median of the ratios of each timed run to dense's just before it (min–max)" if meta.get("interleave") else
          "- speedup vs dense: the ratio of the two rows' medians"),

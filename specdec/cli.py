@@ -249,6 +249,9 @@ def bench(
         False, "--dense-text",
         help="near-lossless methods (dustin): also time each on dense's text, replaying the acceptance its drafter "
              "reaches with dense verification (free-running, such a method is timed on its own text)"),
+    tp: int = typer.Option(1, "--tp", min=1,
+                           help="tensor-parallel ranks (heads and KV cache split over processes); launch with "
+                                "`torchrun --nproc-per-node N -m specdec bench ... --tp N`; rank 0 writes the files"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench
@@ -295,7 +298,13 @@ def bench(
         window_stride=window_stride,
         dense_text=dense_text,
         interleave=interleave,
+        tp=tp,
     )
+    if tp > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return  # rank 0 wrote the files and says so
     typer.echo(f"wrote {output_dir / f'{tag}.json'} and {output_dir / f'{tag}.md'}")
 
 

@@ -187,3 +187,41 @@ def test_the_process_group_is_destroyed_at_exit():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "world 1 initialized: True" in proc.stdout and "at exit initialized: False" in proc.stdout, proc.stdout
+
+
+def test_torchrun_bench_at_a_random_shape_equals_one_process(tmp_path):
+    """``torchrun --nproc-per-node 2 -m specdec bench --shape tiny --tp 2``: each rank's random cache is its KV heads'
+    share of one process's, so every row emits the one-process row's tokens; rank 0 alone writes and reports."""
+    from specdec.bench import run_bench
+
+    common = ["--methods", "dense,magicdec,vegas", "--contexts", "96", "--batch-sizes", "2", "--max-new-tokens", "8",
+              "--budget", "24", "--gamma", "3", "--repeats", "1", "--shape", "tiny", "--device", "cpu",
+              "--backend", "reference", "--dtype", "float32", "--no-adaptive"]
+    ref = run_bench(["dense", "magicdec", "vegas"], [96], [2], ["random"], 8, 24, None, 3, "x", "reference",
+                    "float32", "cpu", False, tmp_path / "one", "one", repeats=1, shape="tiny", adaptive=False)
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "specdec",
+           "bench", *common, "--output-dir", str(tmp_path / "tp"), "--tag", "tp", "--tp", "2"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads((tmp_path / "tp" / "tp.json").read_text())
+    assert got["meta"]["tensor_parallel"] == 2
+    assert "tensor parallel: the model split over 2 ranks" in (tmp_path / "tp" / "tp.md").read_text()
+    assert [r["method"] for r in got["rows"]] == ["dense", "magicdec", "vegas"]
+    assert [r["tokens"] for r in got["rows"]] == [r["tokens"] for r in ref]
+    assert all(r["same_tokens_as_dense"] for r in got["rows"][1:])
+    assert sorted(p.name for p in (tmp_path / "tp").iterdir()) == ["tp.json", "tp.md"]
+    assert proc.stdout.count("wrote ") == 1  # rank 1 stays quiet
+
+
+def test_bench_tp_refuses_hf_baselines_and_methods_that_cannot_shard(tmp_path):
+    from specdec.bench import run_bench
+
+    args = ([40], [1], ["random"], 4, 16, None, 3, "x", "reference", "float32", "cpu")
+    with pytest.raises(SpecdecError, match="method 'dustin' does not run with --tp yet"):
+        run_bench(["dense", "dustin"], *args, False, tmp_path, "t", shape="tiny", tp=2)
+    with pytest.raises(SpecdecError, match="--hf-baseline does not run with --tp"):
+        run_bench(["dense"], *args, True, tmp_path, "t", tp=2)
+    with pytest.raises(SpecdecError, match="--tp must be >= 1"):
+        run_bench(["dense"], *args, False, tmp_path, "t", shape="tiny", tp=0)

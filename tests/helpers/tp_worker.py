@@ -5,7 +5,8 @@ Run under torchrun by tests/test_parallel.py::
     torchrun --nproc-per-node N tests/helpers/tp_worker.py OUT.json MODEL [FAIL_AT]
 
 MODEL: ``tiny-llama`` | ``tiny-llama-kv3`` | ``tiny-qwen3`` | ``smollm2-135m``. Rank 0 writes ``{"tokens": {method: ...}}``
-to OUT.json. With FAIL_AT, rank 1 raises inside its forward after that many forwards (a rank failing
+to OUT.json. ``TP_DEVICE=cuda``: NCCL, rank ``r`` on ``cuda:r``, the Triton backend with fused projections and CUDA
+graphs (:func:`to_gpu`; tests/test_parallel_gpu.py). With FAIL_AT, rank 1 raises inside its forward after that many forwards (a rank failing
 mid-generation). :func:`run` is also called in-process (one rank) for the reference tokens.
 """
 
@@ -40,6 +41,17 @@ def build(model_name: str):
     return model, real_prompts(model.tokenizer, 192, count=2)
 
 
+def to_gpu(model):
+    """``model`` on the current CUDA device with the Triton backend, fused projections and CUDA graphs."""
+    from specdec.registry import BACKENDS
+
+    model.hf.cuda()
+    model.backend = BACKENDS.build("triton")
+    model.fuse_projections()
+    model.enable_cuda_graphs()
+    return model
+
+
 def run(model, prompts, methods=METHODS, new_tokens: int = 16) -> dict[str, list[list[int]]]:
     from specdec import PipelineConfig, build_engine
 
@@ -58,9 +70,16 @@ def main() -> None:
     torch.set_num_threads(1)
     from specdec.parallel import init_tensor_parallel, shard_model
 
-    tp = init_tensor_parallel("cpu", timeout_s=60)
+    if os.environ.get("TP_STACKS_AFTER"):  # each thread's stack to stderr, then exit, if still running then
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["TP_STACKS_AFTER"]), exit=True)
+    device = os.environ.get("TP_DEVICE", "cpu")
+    tp = init_tensor_parallel(device, timeout_s=60 if device == "cpu" else 300)
     model, prompts = build(model_name)
     shard_model(model, tp)
+    if device == "cuda":
+        to_gpu(model)
     if fail_at is not None and tp.rank == 1:
         calls = {"n": 0}
         inner = model.forward
@@ -73,6 +92,8 @@ def main() -> None:
 
         model.forward = failing
     tokens = run(model, prompts, methods)
+    if os.environ.get("TP_STACKS_AFTER"):
+        print(f"rank {tp.rank}: generated", file=sys.stderr, flush=True)
     if tp.rank == 0:
         with open(out_path, "w") as f:
             json.dump({"world": tp.world, "kv_heads": model.dims.n_kv_heads, "tokens": tokens}, f)
