@@ -263,3 +263,18 @@ def test_404_links_are_relative():
     assert 'href="./tutorials/"' in out and 'src="./assets/j.js"' in out and 'href="//cdn.example/x"' in out
     assert '"base": "."' in out and '"search": "./assets/' in out
     assert hooks.on_post_template(html, "sitemap.xml", {"site_url": None}) == html
+
+
+def test_a_tensor_parallel_run_is_no_cell_of_the_summary(tmp_path):
+    """``bench --tp 2`` over two H200s is not a cell of the one-H200 column, even as its newest interleaved run with
+    more methods (its dense would stand for one GPU's); the Scale-out page reads such runs."""
+    gpu = {"date": "2026-12-04 13:00 UTC", "gpu": "NVIDIA H200", "threads": 16}
+    _bench(tmp_path / "a.json", gpu, [_row("dense", 100.0), _row("vegas", 150.0, 1.5)])
+    path = tmp_path / "b.json"
+    _bench(path, dict(gpu, date="2026-12-04 15:00 UTC"), [_row("dense", 180.0), _row("vegas", 200.0, 1.1),
+                                                          _row("quest", 190.0, 1.05)])
+    data = json.loads(path.read_text())
+    data["meta"].update(interleave=True, tensor_parallel=2)
+    path.write_text(json.dumps(data))
+    md = benchpage.summary_markdown(tmp_path)
+    assert "| dense | **100** <sup>[1]</sup> |" in md and "180" not in md and "quest" not in md

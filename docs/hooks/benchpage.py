@@ -49,6 +49,7 @@ class Run:
     rows: list[dict] = field(default_factory=list)  # normalised: method, context, batch, tps, vs_dense, tau, same
     documents: list[str] = field(default_factory=list)  # what the rows decoded (file names), in order
     paired: bool = False  # specdec bench --interleave: speed-ups from runs alternated with dense's
+    tensor_parallel: int = 1  # specdec bench --tp N: the model split over N devices (Scale-out page, not the summary)
 
 
 def scrub_paths(text: str) -> str:
@@ -91,7 +92,7 @@ def load_run(path: Path) -> Run | None:
         model = scrub_paths(str(meta.get("model", "?")))  # a GGUF path: its name
         model = f"{MODEL_ALIASES.get(model, model)} {meta.get('dtype') or ''}".strip()
         run = Run(path.name, str(machine.get("date", "")), f"{name} · {model}", scrub_paths(meta["command"]),
-                  paired=bool(meta.get("interleave")))
+                  paired=bool(meta.get("interleave")), tensor_parallel=int(meta.get("tensor_parallel") or 1))
         for r in data["rows"]:
             if isinstance(r, dict) and {"method", "context", "batch", "tokens_per_second"} <= r.keys():
                 # a near-lossless method timed on dense's text (bench --dense-text) is a row of its own
@@ -147,6 +148,8 @@ def summary_rows(runs: list[Run]) -> list[tuple[dict, Run]]:
     result: such a row never counts (nor does its run for that method)."""
     by_shape: dict[tuple, list[tuple[Run, dict[str, list[dict]]]]] = {}
     for run in runs:
+        if run.tensor_parallel > 1:  # a model split over several devices: the Scale-out page reads those runs
+            continue
         shapes: dict[tuple, dict[str, list[dict]]] = {}
         for r in run.rows:
             shapes.setdefault((run.machine, r["context"], r["batch"]), {}).setdefault(r["method"], []).append(r)
