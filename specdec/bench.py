@@ -212,10 +212,10 @@ def run_bench(
       acceptance on dense's tokens, recorded), then is timed replaying that acceptance (every cost of the method is
       real). Labelled ``(dense's text)``; ``dense_text_tau`` is the recorded τ.
     - ``tp`` > 1: the model is split over ``tp`` torchrun processes (:mod:`specdec.parallel`; launch with
-      ``torchrun --nproc-per-node N -m specdec bench ... --tp N``). Every rank runs every row; rank 0 times, writes
-      the files and shows progress (the collectives keep the ranks in step). A ``shape``'s random cache holds the
-      values one process would have for this rank's KV heads, so a sharded row meets the same work as an unsharded
-      one. No HF baselines, and only the methods of :data:`specdec.parallel.TP_METHODS`.
+      ``torchrun --nproc-per-node N -m specdec bench ... --tp N``). Every rank runs every row (the collectives keep
+      the ranks in step); rank 0 writes the files, with its own timings, and shows the progress. A ``shape``'s random
+      cache holds the values one process would have for this rank's KV heads, so a sharded row does the same work as
+      an unsharded one. No HF baselines, and only the methods of :data:`specdec.parallel.TP_METHODS`.
     """
     from rich.progress import Progress
 

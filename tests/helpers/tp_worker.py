@@ -6,8 +6,8 @@ Run under torchrun by tests/test_parallel.py::
 
 MODEL: ``tiny-llama`` | ``tiny-llama-kv3`` | ``tiny-qwen3`` | ``smollm2-135m``. Rank 0 writes ``{"tokens": {method: ...}}``
 to OUT.json. ``TP_DEVICE=cuda``: NCCL, rank ``r`` on ``cuda:r``, the Triton backend with fused projections and CUDA
-graphs (:func:`to_gpu`; tests/test_parallel_gpu.py). With FAIL_AT, rank 1 raises inside its forward after that many forwards (a rank failing
-mid-generation). :func:`run` is also called in-process (one rank) for the reference tokens.
+graphs (:func:`to_gpu`; tests/test_parallel_gpu.py); ``TP_STACKS_AFTER=S``: every thread's stack after S seconds, then
+exit. With FAIL_AT, rank 1 raises inside its forward after that many forwards (a rank failing mid-generation). :func:`run` is also called in-process (one rank) for the reference tokens.
 """
 
 from __future__ import annotations
