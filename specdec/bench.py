@@ -120,8 +120,9 @@ def _prefilled(eng, m, windows: list[list[int]], batch: int, random_cache: bool)
         # every KV head's values, then this rank's heads (tensor parallel): a sharded run sees one process's cache
         kv0, kv1 = _kv_heads(m)
         shape = (d.n_layers, 1, m.hf.config.num_key_value_heads, len(windows[0]), d.head_dim)
-        k = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)[:, :, kv0:kv1]
-        v = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)[:, :, kv0:kv1]
+        # (a sharded rank copies its heads out, so the other ranks' values are freed, not kept alive by a view)
+        k = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)[:, :, kv0:kv1].contiguous()
+        v = torch.randn(shape, generator=g, device=m.device, dtype=m.dtype)[:, :, kv0:kv1].contiguous()
         one = Prefilled(ids=windows[:1], k=k, v=v, last_logits=torch.zeros(1, d.vocab_size, device=m.device))
     else:
         one = eng.prefill(windows)
