@@ -1,6 +1,7 @@
 """The GPU scripts of this round, run with --smoke (the embedded model on the CPU): benchmarks/gpu/sync_timing.py (the
 phase timer's three modes give the same tokens) and benchmarks/gpu/lookup_search_ab.py (host and device prompt lookup
-give the same tokens) and benchmarks/gpu/code_ab.py (two checkouts, each in its own process)."""
+give the same tokens) and benchmarks/gpu/code_ab.py (two checkouts, each in its own process); the kernel of benchmarks/gpu/mega14.py
+under the interpreter."""
 
 import importlib.util
 import json
@@ -82,3 +83,31 @@ def test_code_ab_runs_each_tree_in_its_own_process(tmp_path):
         assert "nothing" in str(e) and "specdec/__init__.py" in str(e)
     else:
         raise AssertionError("a tree without a package was accepted")
+
+
+def test_mega14_kernel_computes_the_mlp_half_in_the_interpreter(monkeypatch):
+    """benchmarks/gpu/mega14_kernel.py (the one-launch MLP half, timed on the GPU by mega14.py) as its two-launch form
+    under Triton's interpreter, float32: r = residual + sum(partials), out = r + down(silu(gate(n)) * up(n)) with
+    n = rmsnorm(r); with down splits, the partials add up to out - r."""
+    import torch
+    import torch.nn.functional as F
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    mk = _script("mega14_kernel")
+    g = torch.Generator().manual_seed(0)
+    K, I = 48, 80
+    for rows, splits, down_splits in ((3, 1, 1), (5, 2, 4)):
+        x = torch.randn(*((splits,) if splits > 1 else ()), rows, K, generator=g)
+        res = torch.randn(rows, K, generator=g)
+        nw = 1 + 0.1 * torch.randn(K, generator=g)
+        wgu = torch.randn(2 * I, K, generator=g) / K ** 0.5
+        wd = torch.randn(K, I, generator=g) / I ** 0.5
+        out, r = mk.mlp_one_launch(x, nw, 1e-5, wgu, wd, res, splits=splits, down_splits=down_splits)
+        rr = res + (x.sum(0) if splits > 1 else x)
+        n = rr * torch.rsqrt(rr.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+        gu = n @ wgu.T
+        want = rr + (F.silu(gu[:, :I]) * gu[:, I:]) @ wd.T
+        got = out.sum(0) + r if down_splits > 1 else out
+        assert out.shape == ((down_splits, rows, K) if down_splits > 1 else (rows, K))
+        torch.testing.assert_close(r, rr)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
