@@ -40,6 +40,10 @@ class KVCache:
     #: how :meth:`write` writes: ``"auto"`` (one Triton launch for K and V on CUDA when triton is
     #: installed, torch indexing elsewhere), ``"triton"`` or ``"torch"``; set on the class or an instance
     write_impl: str = "auto"
+    #: ``(B,)`` bool on the cache's device, or ``None``: the sequences still generating. The engine sets it (its
+    #: ``state.active`` IS this tensor) on the caches it decodes into; a dense forward over this cache then reads only
+    #: the first positions of the other, finished sequences (:data:`specdec.models.SKIP_FINISHED_READS`).
+    live: torch.Tensor | None = None
 
     def __init__(
         self,

@@ -398,7 +398,14 @@ class SpeculativeEngine:
                 longest: int) -> GenerationResult:
         """:meth:`generate` after its checks: prefill (or copy ``prefilled``), then the decode loop."""
         state, run = self._start(ids, max_new_tokens, prefilled)
-        B, timer = len(ids), state.timer
+        try:
+            return self._loop(state, run, longest)
+        finally:  # outside a decode loop every sequence of the cache reads its whole context again (a reused cache, a
+            state.cache.live.fill_(True)  # forward on it after generate, an error mid-loop: SKIP_FINISHED_READS)
+
+    def _loop(self, state: DecodeState, run: "_Run", longest: int) -> GenerationResult:
+        """The decode loop of :meth:`_decode`: iterations until no sequence is active."""
+        B, timer = len(state.tokens), state.timer
         # adaptive γ_t (specdec.adaptive); its cost estimates carry over between calls of this shape
         pace = self._script or Pacing(self._controller(run.stats.gamma), run.stats.gamma, batch=B, context=longest)
         t_start = time.perf_counter()
@@ -489,13 +496,20 @@ class SpeculativeEngine:
             gen = torch.Generator(device=dev)
             gen.manual_seed(self.sampling.seed if self.sampling.seed is not None else torch.seed())
         timer = PhaseTimer(dev, self.sync_timing)
+        # the active flags live on the cache (the same tensor, updated in place by every emission): a dense forward
+        # then reads only the first positions of finished sequences (specdec.models.SKIP_FINISHED_READS); a reused
+        # cache keeps its tensor, whose address its captured CUDA graphs read
+        if cache.live is None or cache.live.shape != (B,) or cache.live.device != torch.device(dev):
+            cache.live = torch.ones(B, dtype=torch.bool, device=dev)
+        else:
+            cache.live.fill_(True)
         state = DecodeState(
             model=self.model,
             cache=cache,
             lengths=torch.tensor([len(p) for p in ids], device=dev),
             pending=torch.zeros(B, dtype=torch.long, device=dev),
             tokens=[list(p) for p in ids],
-            active=torch.ones(B, dtype=torch.bool, device=dev),
+            active=cache.live,
             sampling=self.sampling,
             generator=gen,
             timer=timer,

@@ -30,7 +30,8 @@ import torch
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.attention.recording import attention_request, layer_metadata, record
-from specdec.interfaces import FORWARD_CONTEXT, AttentionBackend, AttentionMetadata, ForwardContext, ScoreRequest, SparsePlan, as_requests
+from specdec.interfaces import (FORWARD_CONTEXT, AttentionBackend, AttentionMetadata, ForwardContext, ScoreRequest, SparsePlan,
+                                as_requests, per_forward)
 
 IMPL_NAME = "specdec"
 #: name → (package, GGUF file in it; ``None``: the package assembles the file from chunk packages)
@@ -47,6 +48,24 @@ _REGISTERED = False
 
 
 _NO_MASK: dict = {}
+
+#: A dense forward over a cache whose :attr:`~specdec.cache.KVCache.live` flags are set (the engine's caches) reads
+#: each finished sequence as if it held no tokens (row ``t`` sees its positions ``0..t``), not its whole context:
+#: in a batch whose sequences end at different rounds (EOS, or a speculative batch's faster sequences) the ended
+#: ones stop costing KV reads. Their rows' outputs are dropped anyway, and every other sequence's are the same
+#: bits. Sparse forwards (plans) read as before. Read when a forward runs, so a CUDA graph keeps what was set when
+#: it was captured. ``False``: every sequence reads its whole context.
+SKIP_FINISHED_READS = True
+
+
+def _read_lengths(ctx) -> torch.Tensor:
+    """The lengths a dense layer call reads: ``ctx.lengths``, with 0 for the finished sequences of an engine's cache
+    (:data:`SKIP_FINISHED_READS`; once per forward). One sequence alone is never finished inside a forward."""
+    live = getattr(ctx.cache, "live", None)
+    if not SKIP_FINISHED_READS or live is None or live.shape[0] < 2 or live.shape != ctx.lengths.shape:
+        return ctx.lengths
+    return per_forward(ctx.lengths, ("live_reads",),
+                       lambda: torch.where(live, ctx.lengths, torch.zeros_like(ctx.lengths)))
 
 
 def _no_mask(device: torch.device) -> torch.Tensor:
@@ -86,7 +105,7 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
         ctx.cache.write(module.layer_idx, key, value, ctx.lengths, check=not ctx.static)
     plan = ctx.plan
     meta = layer_metadata(
-        layer, ctx.lengths, scale,
+        layer, ctx.lengths if plan is not None else _read_lengths(ctx), scale,
         ctx.backend.plan_indices(plan, layer, query) if plan is not None else None,
         plan.dense_from if plan is not None else None,
         ctx.attention_request, ctx.static,
@@ -684,6 +703,8 @@ class SpecdecModel:
         c = self._reusable_cache
         if (reuse and slack is None and c is not None and c.batch == batch and c.n_model_layers == n
                 and c.capacity >= capacity):
+            if c.live is not None:  # every sequence live again (an engine's loop left in the middle: an error)
+                c.live.fill_(True)
             return c
         if reuse:
             self._reusable_cache = c = None  # freed now unless someone else holds it
