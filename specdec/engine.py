@@ -129,7 +129,7 @@ class DecodeState:
         lengths: ``(B,)`` int64 verified tokens in the cache per sequence.
         pending: ``(B,)`` int64 last emitted token, not yet in the cache.
         tokens: per sequence, the prompt and every emitted token (``pending`` included).
-        active: ``(B,)`` bool, sequences still generating.
+        active: ``(B,)`` bool, sequences still generating (the same tensor as ``cache.live``, updated in place).
     """
 
     model: SpecdecModel
