@@ -61,6 +61,9 @@ SKIP_FINISHED_READS = True
 def _read_lengths(ctx) -> torch.Tensor:
     """The lengths a dense layer call reads: ``ctx.lengths``, with 0 for the finished sequences of an engine's cache
     (:data:`SKIP_FINISHED_READS`; once per forward). One sequence alone is never finished inside a forward."""
+    if SKIP_FINISHED_READS not in (True, False):
+        raise SpecdecError(f"specdec.models.SKIP_FINISHED_READS is {SKIP_FINISHED_READS!r}; set True (finished sequences "
+                           "read nothing) or False (every sequence reads its whole context).")
     live = getattr(ctx.cache, "live", None)
     if not SKIP_FINISHED_READS or live is None or live.shape[0] < 2 or live.shape != ctx.lengths.shape:
         return ctx.lengths

@@ -111,3 +111,11 @@ def test_outside_a_decode_loop_every_sequence_reads_its_whole_context(tiny, monk
     with pytest.raises(RuntimeError, match="planted"):
         eng.generate(PROMPTS, max_new_tokens=12)
     assert bool(eng.model._reusable_cache.live.all())
+
+
+def test_a_switch_value_other_than_true_or_false_is_refused(tiny, monkeypatch):
+    monkeypatch.setattr(models, "SKIP_FINISHED_READS", "yes")
+    from specdec.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match="SKIP_FINISHED_READS is 'yes'; set True"):
+        _engine(tiny, "dense", -1).generate(PROMPTS, max_new_tokens=2)
