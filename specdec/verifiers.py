@@ -57,6 +57,27 @@ def plan_reads(plan, lengths: torch.Tensor) -> torch.Tensor:
     return read
 
 
+class _RowsKept:
+    """The K/V rows a forward of ``T`` rows is about to write (positions ``lengths .. lengths + T - 1`` of every global
+    layer, and the ring slots ``position % C`` of every local one), kept so that :meth:`restore` can put them back for
+    the sequences a later forward should not have changed."""
+
+    def __init__(self, cache, lengths: torch.Tensor, T: int) -> None:
+        pos = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
+        self.kept = []
+        for buf, ring in ((cache.k, False), (cache.v, False), (cache.ring_k, True), (cache.ring_v, True)):
+            if buf is None or buf.numel() == 0:
+                continue
+            N, B, H, L, D = buf.shape
+            idx = (pos % L if ring else pos).view(1, B, 1, T, 1).expand(N, B, H, T, D)
+            self.kept.append((buf, idx, buf.gather(3, idx)))
+
+    def restore(self, keep: torch.Tensor) -> None:
+        """Put the kept rows back where ``keep`` ``(B,)`` is true (the others keep what was written since)."""
+        for buf, idx, old in self.kept:
+            buf.scatter_(3, idx, torch.where(keep.view(1, -1, 1, 1, 1), old, buf.gather(3, idx)))
+
+
 class SparseVerifier(Verifier):
     """The target verifies the γ+1 rows attending only to ``I_verify`` plus the new tokens.
 
@@ -196,8 +217,10 @@ class SparseVerifier(Verifier):
         The deciding rows of a sparse pass are the rows up to the first one whose greedy token rejects the next
         draft token (all rows when every draft is accepted). When a sequence's smallest top-1/top-2 logit margin
         on those rows is below ``margin``, the pass is run again densely and that sequence's logits are the dense
-        ones. Returns the logits and the KV entries the re-run read (0 when none ran). ``last_margin`` keeps the
-        smallest margin per sequence (``inf`` for inactive ones), so ``margin=0`` only records it."""
+        ones; every other sequence keeps what the sparse pass gave it (its logits, K/V rows, hidden states, history
+        signal and the drafter's scores) and reads none of its context in the re-run. Returns the logits and the KV
+        entries the re-run read (0 when none ran). ``last_margin`` keeps the smallest margin per sequence (``inf`` for
+        inactive ones), so ``margin=0`` only records it."""
         top = logits.float().topk(2, dim=-1).values  # (B, T, 2)
         gap = top[..., 0] - top[..., 1]
         B, T = tokens.shape
@@ -211,12 +234,43 @@ class SparseVerifier(Verifier):
         redo = low < self.margin
         if not bool(redo.any()):  # one host read per sparse pass, only with the valve on
             return logits, logits.new_zeros((), dtype=state.lengths.dtype)
+        # Only the sequences whose margin fired are re-verified: the others keep everything the sparse pass gave them
+        # (logits, the K/V rows it wrote, the hidden states an EAGLE draft reads, the history signal, the drafter's
+        # scores), so a sequence's output does not depend on its batch-mates; and, through the cache's live flags
+        # (specdec.models.SKIP_FINISHED_READS), they read none of their context in the re-run.
+        from specdec import models
+
+        cache, model = state.cache, self.model
+        kept = _RowsKept(cache, state.lengths, T) if cache is not None else None
+        hidden = getattr(model, "last_hidden", None)
+        drafter_scores = dict(scores.scores) if scores is not None else None
+        live = getattr(cache, "live", None)
+        live = live if live is not None and live.shape == redo.shape else None
+        masked = live is not None and models.SKIP_FINISHED_READS is True and B > 1
+        before = live.clone() if masked else None
+        if masked:
+            live &= redo
         srh = srh_request(self.selector.target_heads, T)
-        dense = self.model.forward(tokens, state.cache, state.lengths, scores=[r for r in (scores, srh) if r is not None])
-        self._scores = srh_scores(srh, like)
+        try:
+            dense = model.forward(tokens, cache, state.lengths, scores=[r for r in (scores, srh) if r is not None])
+        finally:
+            if masked:
+                live.copy_(before)
+        if kept is not None:
+            kept.restore(~redo)
+        new_scores, old_scores = srh_scores(srh, like), getattr(self, "_scores", None)
+        self._scores = new_scores if old_scores is None else torch.where(redo.view(B, 1), new_scores, old_scores)
+        now = getattr(model, "last_hidden", None)
+        if hidden is not None and now is not None and now is not hidden and now.shape == hidden.shape:
+            model.last_hidden = torch.where(redo.view(B, *([1] * (now.dim() - 1))), now, hidden)
+        if drafter_scores:
+            for layer, old in drafter_scores.items():
+                new = scores.scores.get(layer)
+                if new is not None and new.shape == old.shape:
+                    scores.scores[layer] = torch.where(redo.view(B, *([1] * (new.dim() - 1))), new, old)
         self._stats["dense_margin"] += int(redo.sum())
-        act = state.active.to(state.lengths.dtype)
-        return torch.where(redo.view(B, 1, 1), dense, logits), (state.lengths * act).sum()
+        read = state.active & redo if masked else state.active
+        return torch.where(redo.view(B, 1, 1), dense, logits), (state.lengths * read.to(state.lengths.dtype)).sum()
 
     def on_verify(self, state) -> None:
         if self._scores is not None:
