@@ -498,11 +498,9 @@ class SpeculativeEngine:
         timer = PhaseTimer(dev, self.sync_timing)
         # the active flags live on the cache (the same tensor, updated in place by every emission): a dense forward
         # then reads only the first positions of finished sequences (specdec.models.SKIP_FINISHED_READS); a reused
-        # cache keeps its tensor, whose address its captured CUDA graphs read
+        # cache keeps its tensor, whose address its captured CUDA graphs read (new_cache has set it all live again)
         if cache.live is None or cache.live.shape != (B,) or cache.live.device != torch.device(dev):
             cache.live = torch.ones(B, dtype=torch.bool, device=dev)
-        else:
-            cache.live.fill_(True)
         state = DecodeState(
             model=self.model,
             cache=cache,
