@@ -1,7 +1,7 @@
 """τ of the shipped trained drafts (EAGLE head; layer skipping + adapter) with DENSE verification, per held-out document.
 
     python benchmarks/draft_tau_cpu.py --out benchmarks/results/cpu_draft_tau_DATE [--contexts 512,2048 --new 96
-        --gamma 4 --drafters eagle,skip]
+        --gamma 4 --drafters eagle,skip --tree --no-adaptive]
 
 Documents (never trained on, see specdec.train_draft): the held-out pydoc topics (prose) and the held-out
 standard-library modules (code). Dense verification makes the run lossless: tokens equal dense greedy
@@ -44,6 +44,9 @@ def main() -> None:
                          "the dense reference is shared)")
     ap.add_argument("--windows", type=int, default=1,
                     help="windows per document, their ends spread evenly over it (1: the window ending near its end)")
+    ap.add_argument("--tree", action="store_true", help="also an eagle+tree row: the shipped head drafting the default "
+                    "draft tree (specdec.tree.DEFAULT_PATHS, 16 nodes, depth 4; γ is then the tree's depth)")
+    ap.add_argument("--no-adaptive", action="store_true", help="fixed γ for every row (a tree's γ is always fixed)")
     a = ap.parse_args()
     if a.windows < 1:
         raise SystemExit(f"--windows must be at least 1 (got {a.windows})")
@@ -108,6 +111,13 @@ def main() -> None:
                                                     candidates=lk[6], by_head=lk[7])
     if a.early_exit:
         drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
+    trees = {}
+    if a.tree:
+        from specdec.tree import DraftTree
+
+        if "eagle" not in base:
+            raise SystemExit("--tree needs the eagle drafter in --drafters")
+        drafters["eagle+tree"], trees["eagle+tree"] = base["eagle"], DraftTree.default()
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
     rows = []
     docs = [(n, t, "prose" if n.startswith("pydoc") else "code") for n, t in held_out_texts()
@@ -125,7 +135,7 @@ def main() -> None:
         ref = dense.generate([ids], a.new, prefilled=pre)
         for label, d in drafters.items():
             eng = SpeculativeEngine(m, d, FullVerifier(m), gamma=a.gamma, sampling=SamplingConfig(), method=label,
-                                    eos_token_id=-1)
+                                    eos_token_id=-1, tree=trees.get(label), adaptive=False if a.no_adaptive else None)
             t0 = time.perf_counter()
             res = eng.generate([ids], a.new, prefilled=pre)
             row = dict(document=name, context=context, kind=kind, drafter=label, window=w, offset=offset,
@@ -137,6 +147,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), contexts=a.contexts,
                 new_tokens=a.new, gamma=a.gamma, lookup=looks, files=a.file, windows=a.windows,
+                tree=[list(p) for p in trees["eagle+tree"].paths] if trees else None, adaptive=not a.no_adaptive,
                 drafts={**{k: str(p) for k, p in paths.items()}, **dict(more_heads)},
                 machine="2-core shared CPU, float32, 1 thread")
     out = Path(a.out)

@@ -189,6 +189,21 @@ class KVCache:
                 "allocate a larger cache (max_new_tokens or gamma exceed the planned size)."
             )
 
+    def keep_path(self, lengths: torch.Tensor, rows: torch.Tensor) -> None:
+        """After a draft tree's verification (:mod:`specdec.tree`): the rows of the accepted path ``rows (B, D)``
+        (row ``r`` of the verified pass was written at slot ``lengths + r``) move to slots ``lengths + 1 ..
+        lengths + D``, where a chain's would be, in every global layer; the root (slot ``lengths``) stays. Rows past
+        a sequence's accepted depth move too and are overwritten later (as rejected drafts are). Their keys were
+        rotated at the position they are now at (``lengths + depth``)."""
+        if self.ring_k is not None:
+            raise SpecdecError("draft trees need a cache without sliding-window rings; use a chain draft.")
+        N, B, H, _, D = self.k.shape
+        src = (lengths.view(B, 1) + rows).view(1, B, 1, -1, 1).expand(N, B, H, -1, D)
+        dst = (lengths.view(B, 1) + 1 + torch.arange(rows.shape[1], device=rows.device)).view(1, B, 1, -1, 1)
+        dst = dst.expand(N, B, H, -1, D)
+        for t in (self.k, self.v):  # gathered whole before the scatter: a source slot may be a later destination
+            t.scatter_(3, dst, t.gather(3, src))
+
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor, check: bool = True,
               impl: str | None = None) -> None:
         """Write ``T`` new entries per sequence at ``lengths[b] .. lengths[b] + T - 1``.

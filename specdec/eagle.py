@@ -663,6 +663,87 @@ class EagleDrafter(Drafter):
         self._rows = torch.cat([state.pending.view(B, 1), drafts], dim=1)
         return drafts
 
+    @torch.no_grad()
+    def draft_tree(self, state, tree) -> torch.Tensor:
+        """Greedy draft of a :class:`~specdec.tree.DraftTree`: ``(B, N)`` tokens, node ``i + 1`` in column ``i``.
+
+        The first forward is the chain's (:meth:`_first`: it also rewrites the verified positions with the target's
+        true features); a node's token is the ``rank``-th most likely token of its parent's prediction. Then, depth by
+        depth, every node with children runs one head row — its parent's predicted feature and its own token at
+        position ``L + depth - 1``, attending to the head's cache below ``L`` and to its ancestors' rows (a tree mask
+        over scratch K/V: the head's cache is not written past ``L - 1``). Along the path of argmax tokens this is
+        exactly the chain draft. Eager, PyTorch attention; no lookahead signal (dense verification needs none)."""
+        B = state.lengths.shape[0]
+        first = (self._feat_last, self._hidden, self._rows, self._drafted_len, state.lengths, state.pending)
+        pred, self._feat_last = self._first(*first)
+        self._drafted_len = state.lengths.clone()
+        mask = tree.on(state.lengths.device)[3]
+        n = tree.nodes + 1
+        tok = torch.zeros(B, n, dtype=torch.long, device=state.lengths.device)
+        tok[:, 0] = state.pending
+        preds = {0: pred}  # row -> its predicted feature (B, d): what its children's tokens come from
+        layer, dt = self.head.layer, self.head.fc.weight.dtype
+        Hkv, C, D = self.k_cache.shape[1:]
+        seen_ctx = torch.arange(C, device=tok.device).view(1, C) < state.lengths.view(B, 1)  # head rows <= L - 1
+        ks, vs, owners = [], [], []  # scratch K/V of the tree's head rows, and their tree rows
+        flags = None
+        for d, level in enumerate([[0]] + tree.levels, start=0):
+            # tokens of this level's children: the parents' ranked predictions
+            for u in level:
+                w = tree.widths[u]
+                if not w:
+                    continue
+                logits = self._logits(preds[u])
+                f = nonfinite_flags(logits)
+                flags = f if flags is None else flags | f
+                top = logits.topk(w, dim=-1).indices  # (B, w)
+                for c in tree.children[u]:
+                    tok[:, c] = top[:, tree.paths[c - 1][-1]]
+            nxt = [c for c in (tree.levels[d] if d < len(tree.levels) else []) if tree.widths[c]]
+            if not nxt:
+                continue
+            # the head rows of the next level's inner nodes: (parent's prediction, own token) at L + d
+            rows = torch.tensor(nxt, device=tok.device)
+            feats = torch.stack([preds[tree.parent_of[c]] for c in nxt], dim=1)  # (B, m, d)
+            x = self.head.inputs(self.embed(tok[:, rows]).to(dt), feats.to(dt))
+            pos = (state.lengths + d).view(B, 1).expand(B, len(nxt))
+            cos, sin = rope(self.target, x, pos)
+            q, k, v = _qkv(layer, x, cos, sin)  # (B, H, m, D), (B, Hkv, m, D)
+            H = q.shape[1]
+            ks.append(k.to(self.k_cache.dtype))
+            vs.append(v.to(self.v_cache.dtype))
+            owners += nxt
+            kk = torch.cat([self.k_cache, *ks], dim=2).repeat_interleave(H // Hkv, 1)  # (B, H, C + M, D)
+            vv = torch.cat([self.v_cache, *vs], dim=2).repeat_interleave(H // Hkv, 1)
+            anc = mask[rows][:, torch.tensor(owners, device=tok.device)]  # (m, M): ancestors-or-self among rows
+            vis = torch.cat([seen_ctx.view(B, 1, C).expand(B, len(nxt), C),
+                             anc.view(1, len(nxt), -1).expand(B, -1, -1)], dim=2)  # (B, m, C + M)
+            s = torch.matmul(q.to(kk.dtype), kk.transpose(-1, -2)).float() * D ** -0.5  # (B, H, m, C + M)
+            p = torch.softmax(s.masked_fill(~vis.unsqueeze(1), float("-inf")), dim=-1)
+            att = torch.matmul(p.to(vv.dtype), vv)  # (B, H, m, D)
+            y = self.norm(_finish(layer, x, att.to(x.dtype)))  # (B, m, d)
+            for i, c in enumerate(nxt):
+                preds[c] = y[:, i]
+        if flags is not None:
+            self._flags = flags.clone()
+        return tok[:, 1:]
+
+    def tree_verified(self, state, rows: torch.Tensor, path: torch.Tensor) -> None:
+        """After a tree's verification: queue the accepted path's rows (the pending token and the path's tokens
+        ``rows.gather(1, path)``) and their true features for the next draft's first forward, as :meth:`on_verify`
+        does for a chain's ``γ + 1`` rows. ``rows (B, N + 1)``: the verified tokens; ``path (B, D)``: the
+        accepted path's rows (:func:`specdec.tree.accept_greedy`)."""
+        self.raise_untaken_flags()
+        hidden = self.target.last_hidden  # (B, N + 1, d)
+        if hidden is None or hidden.shape[:2] != rows.shape:
+            raise SpecdecError("the target recorded no hidden states for the tree's rows; the EAGLE drafter needs "
+                               "model.keep_hidden (set when the drafter is built) and one target pass per verification.")
+        B = rows.shape[0]
+        idx = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=rows.device), path], dim=1)  # (B, D + 1)
+        hidden = self._own(hidden)
+        self._hidden = hidden.gather(1, idx.view(B, -1, 1).expand(B, idx.shape[1], hidden.shape[-1]))
+        self._rows = rows.gather(1, idx)
+
     def drafts_replaced(self, state, drafts: torch.Tensor, mask: torch.Tensor) -> None:
         """The verified rows are ``drafts`` (a prompt-lookup wrapper replaced some): queue those tokens."""
         self._rows = torch.cat([state.pending.view(-1, 1), drafts], dim=1)

@@ -30,6 +30,28 @@ from specdec.sampling import SamplingConfig, accept, check_finite, choose, nonfi
 PHASES = ("prefill", "draft", "select", "verify", "sample")
 
 
+def _check_tree(tree, drafter, verifier, sampling):
+    """``tree`` as a :class:`~specdec.tree.DraftTree` (``None``: chain drafts), refused in one line where it cannot run."""
+    from specdec.tree import DraftTree
+    from specdec.verifiers import FullVerifier
+
+    if tree is None or tree is False:
+        return None
+    if tree is True:
+        tree = DraftTree.default()
+    if not isinstance(tree, DraftTree):
+        raise SpecdecError(f"tree must be a specdec.tree.DraftTree, True (the default tree) or None, not {tree!r}.")
+    if drafter is None or not callable(getattr(drafter, "draft_tree", None)):
+        raise SpecdecError(f"the {type(drafter).__name__} drafter cannot draft a tree; use the EAGLE drafter "
+                           "(method 'eagle' or 'dustin' with its shipped head) or tree=None.")
+    if verifier is not None and type(verifier) is not FullVerifier:
+        raise SpecdecError(f"draft trees are verified densely; {type(verifier).__name__} is not the dense "
+                           "FullVerifier: pass verifier=None (or a FullVerifier) or tree=None.")
+    if sampling is not None and not sampling.greedy:
+        raise SpecdecError("draft trees are accepted greedily; use temperature 0 (greedy) or tree=None.")
+    return tree
+
+
 def cache_positions(longest: int, max_new_tokens: int, gamma: int) -> int:
     """Positions of the cache :meth:`SpeculativeEngine.generate` allocates for a ``longest``-token prompt
     (γ draft rows past the last token included; γ = 0 for dense). ``specdec.bench`` allocates it once per
@@ -247,6 +269,10 @@ class SpeculativeEngine:
             phase (slower: no overlap of host and GPU work). Default ``False``: phases are timed by CUDA events,
             without synchronisation (:class:`PhaseTimer`).
         adaptive: adaptive γ and the dense fall-back (:mod:`specdec.adaptive`); ``None``: the default (on).
+        tree: draft a tree instead of a chain (:mod:`specdec.tree`): a :class:`~specdec.tree.DraftTree`, or ``True``
+            for :meth:`DraftTree.default() <specdec.tree.DraftTree.default>`. Greedy, dense verification
+            (:class:`~specdec.verifiers.FullVerifier`) and a drafter with ``draft_tree`` (the EAGLE drafter);
+            γ becomes the tree's depth and stays fixed (no adaptive γ); eager forwards. Lossless as a chain.
     """
 
     def __init__(
@@ -261,11 +287,15 @@ class SpeculativeEngine:
         eos_token_id: int | Sequence[int] | None = None,
         sync_timing: bool = False,
         adaptive: bool | None = None,
+        tree=None,
     ) -> None:
         from specdec.verifiers import FullVerifier
 
         if gamma < 1:
             raise SpecdecError(f"gamma must be >= 1 (got {gamma}); use gamma=4 or so.")
+        self.tree = _check_tree(tree, drafter, verifier, sampling)
+        if self.tree is not None:
+            gamma = self.tree.max_depth
         self.model = model
         self.drafter = drafter
         self.verifier = verifier or (FullVerifier(model) if drafter is not None else None)
@@ -409,6 +439,9 @@ class SpeculativeEngine:
         # adaptive γ_t (specdec.adaptive); its cost estimates carry over between calls of this shape
         pace = self._script or Pacing(self._controller(run.stats.gamma), run.stats.gamma, batch=B, context=longest)
         t_start = time.perf_counter()
+        while self.tree is not None and any(run.active):  # draft trees: γ is the tree's depth, no controller
+            run.stats.iterations += 1
+            self._tree_round(state, run)
         while any(run.active):  # the host's copy of state.active (_emit): no device read
             run.stats.iterations += 1
             gamma = pace.next_gamma()  # γ_t ≤ γ, the draft length of this iteration; 0: one dense step
@@ -450,6 +483,27 @@ class SpeculativeEngine:
         run.stats.dense_steps = pace.dense_steps
         return self._finish(run, timer, time.perf_counter() - t_start)
 
+    def _tree_round(self, state: DecodeState, run: "_Run") -> None:
+        """One iteration with a draft tree: the drafter's tree, one dense target pass over its rows (tree mask), greedy
+        acceptance along the tree (:func:`specdec.tree.accept_greedy`), the accepted path's K/V moved where a chain's
+        would be (:meth:`~specdec.cache.KVCache.keep_path`), then the same commit as a chain's."""
+        from specdec.tree import accept_greedy
+
+        B, timer, tree = state.lengths.shape[0], state.timer, self.tree
+        with timer("draft"):
+            tokens = self.drafter.draft_tree(state, tree)  # (B, N)
+        with timer("verify"):
+            rows = torch.cat([state.pending.view(B, 1), tokens], dim=1)  # (B, N + 1)
+            p_logits = self.model.forward(rows, state.cache, state.lengths, tree=tree)
+            flags = nonfinite_flags(p_logits)
+        with timer("sample"):
+            n_acc, nxt, path = accept_greedy(tree, rows, p_logits)
+            state.cache.keep_path(state.lengths, path)
+            self.drafter.tree_verified(state, rows, path)  # before the commit: it reads the verified lengths
+            drafts = rows.gather(1, path)  # (B, D) the accepted path's tokens (past n_acc: never emitted)
+        read = self._commit_launch(state, run, n_acc, nxt, drafts, flags)
+        self._commit_read(state, run, read)
+
     @torch.no_grad()
     def warm_up(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 64, **kwargs) -> int:
         """Run every kind of step this engine may take on ``prompts``' shape once, untimed, before calls that
@@ -486,7 +540,8 @@ class SpeculativeEngine:
         B = len(ids)
         longest = max(len(p) for p in ids)
         gamma = self.gamma if self.drafter is not None else 0
-        cache = self.model.new_cache(B, cache_positions(longest, max_new_tokens, gamma), reuse=True)
+        rows = max(gamma, self.tree.nodes) if self.tree is not None else gamma  # a tree writes all its nodes' rows
+        cache = self.model.new_cache(B, cache_positions(longest, max_new_tokens, rows), reuse=True)
         cache.bounded = True  # every write stays below longest + max_new_tokens + gamma + 1: no host checks
         if cache.ring_k is not None and gamma + 1 > cache.RING_SLACK:
             raise SpecdecError(f"gamma {gamma} is too large for the sliding-window rings ({cache.RING_SLACK} slots of "
@@ -601,7 +656,7 @@ class SpeculativeEngine:
         """The :class:`~specdec.adaptive.SpeculationController` of this run, or ``None`` (dense, or not adaptive)."""
         # near-lossless methods (sparse verification) emit what their γ and batch give: adapting γ to
         # the batch's acceptance would change a sequence's output with its batch mates; they keep γ
-        if self.drafter is None or not self.adaptive or self.replay is not None or not self.lossless:
+        if self.drafter is None or not self.adaptive or self.replay is not None or not self.lossless or self.tree:
             return None
         # a seeded sampling run keeps γ fixed: γ_t follows wall time and the random draws of an iteration depend on
         # its γ (and on whether it is a dense step), so adapting would give other tokens - of the same law - from

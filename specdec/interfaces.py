@@ -171,6 +171,9 @@ class AttentionMetadata:
         softcap: logits become ``softcap · tanh(logits / softcap)`` before the softmax (Gemma 2);
             backends declare ``supports_softcap``.
         static: CUDA-graph capture in progress: the backend must not synchronise with the host.
+        tree: ``(T, T)`` bool, or ``None``: the new rows are a draft tree (:mod:`specdec.tree`); row ``t`` sees
+            the cached positions ``< lengths[b]`` and new row ``j`` only where ``tree[t, j]`` (itself and its
+            ancestors) instead of every new row ``<= t``. Backends declare ``supports_tree``.
     """
 
     lengths: torch.Tensor
@@ -185,6 +188,7 @@ class AttentionMetadata:
     window: int | None = None
     softcap: float | None = None
     static: bool = False
+    tree: torch.Tensor | None = None
 
     @property
     def sparse(self) -> bool:
@@ -218,6 +222,8 @@ class AttentionMetadata:
             out.append("supports_window")
         if self.softcap is not None:
             out.append("supports_softcap")
+        if self.tree is not None:
+            out.append("supports_tree")
         if self.static:
             out.append("capture_safe")
         return out
@@ -248,6 +254,8 @@ class ForwardContext:
     routed: list | None = None
     #: tensors every layer of this forward would compute alike (see :func:`per_forward`)
     memo: dict = field(default_factory=dict)
+    #: ``(T, T)`` bool: the rows are a draft tree (:attr:`AttentionMetadata.tree`), or ``None``
+    tree: torch.Tensor | None = None
 
 
 def per_forward(lengths: torch.Tensor, key: tuple, build):
@@ -289,6 +297,8 @@ class AttentionBackend(ABC):
     supports_window: ClassVar[bool] = False
     #: attention-logit soft-capping (``meta.softcap``, Gemma 2)
     supports_softcap: ClassVar[bool] = False
+    #: draft-tree rows (``meta.tree``: each new row sees its ancestors among the new rows, :mod:`specdec.tree`)
+    supports_tree: ClassVar[bool] = False
     #: a forward through it can be captured as a CUDA graph (no host synchronisation, static shapes)
     capture_safe: ClassVar[bool] = False
 

@@ -115,6 +115,8 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
     )
     if softcap is not None:
         meta = meta.replace(softcap=softcap)
+    if ctx.tree is not None:
+        meta = meta.replace(tree=ctx.tree)
     out, scores = ctx.backend.attend(query, k_cache, v_cache, meta)
     if ctx.requests:
         record(ctx.requests, layer, query, k_cache, meta, scores)
@@ -727,6 +729,7 @@ class SpecdecModel:
         plan: SparsePlan | None = None,
         scores: ScoreRequest | Sequence[ScoreRequest] | None = None,
         logits_to_keep: int = 0,
+        tree=None,
     ) -> torch.Tensor:
         """Run ``T`` new tokens per sequence; their K/V land in ``cache`` at ``lengths``.
 
@@ -740,12 +743,24 @@ class SpecdecModel:
             plan: sparse plan for every layer, or ``None`` for dense attention.
             scores: score request(s) filled in place (at most one ``source="attention"``), or ``None``.
             logits_to_keep: keep only the last ``n`` rows' logits (0 = all).
+            tree: a :class:`~specdec.tree.DraftTree` of ``T - 1`` nodes: the rows are its root and nodes, each at
+                position ``lengths + depth`` seeing only its ancestors among the rows (their K/V still land in
+                slots ``lengths .. lengths + T - 1``; :meth:`~specdec.cache.KVCache.keep_path` moves an accepted
+                path's). Eager (no CUDA graph); the backend must declare ``supports_tree``.
 
         Returns:
             ``(B, T or logits_to_keep, V)`` float32 logits.
         """
         if self._saved_impl is None:
             raise SpecdecError("this SpecdecModel was detached; call .attach() before running it.")
+        if tree is not None:
+            if tree.nodes + 1 != input_ids.shape[1]:
+                raise SpecdecError(f"a draft tree of {tree.nodes} nodes verifies {tree.nodes + 1} rows per sequence, "
+                                   f"got {input_ids.shape[1]}; pass the pending token and one token per node.")
+            if cache.ring_k is not None:
+                raise SpecdecError("draft trees need a model without sliding-window layers (their rings keep no room "
+                                   "for a tree's rows); use a chain draft (tree=None).")
+            return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, tree=tree)
         if self._graphs is not None and input_ids.device.type == "cuda":
             cache.check_capacity(lengths, input_ids.shape[1])  # the captured forward skips it
             return self._graphs.run(input_ids, cache, lengths, plan, as_requests(scores), logits_to_keep)
@@ -775,7 +790,7 @@ class SpecdecModel:
         return greedy_chain_steps(lambda x, at: self.forward(x, cache, at, plan=plan), first.view(-1, 1), lengths, gamma)
 
     def _eager_forward(self, input_ids, cache, lengths, plan, scores, logits_to_keep, static: bool = False,
-                       routed: list | None = None):
+                       routed: list | None = None, tree=None):
         T = input_ids.shape[1]
         requests = as_requests(scores)
         attn_req = attention_request(requests)
@@ -785,13 +800,20 @@ class SpecdecModel:
             needs += ["supports_scores"] + (["supports_per_row_scores"] if attn_req.per_row else [])
         if cache.ring_k is not None:
             needs.append("supports_window")
+        if tree is not None:
+            needs.append("supports_tree")
         refusal = backend.refusal(needs)
         if refusal is not None:
             raise SpecdecError(refusal)
-        position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
+        if tree is None:
+            position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
+            tmask = None
+        else:
+            _, depth, _, tmask = tree.on(lengths.device)
+            position_ids = lengths.view(-1, 1) + depth.view(1, -1)
         ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend, plan=plan, requests=requests,
-                             attention_request=attn_req, static=static, routed=routed)
-        fn = self._compiled if (self._compiled is not None and T <= self._compile_rows) else self.hf
+                             attention_request=attn_req, static=static, routed=routed, tree=tmask)
+        fn = self._compiled if (self._compiled is not None and T <= self._compile_rows and tree is None) else self.hf
         if getattr(self, "keep_hidden", False):
             self._hook_final_norm()
             self._hidden_on = True

@@ -21,18 +21,27 @@ def visibility_mask(
     L: int,
     plan_indices: torch.Tensor | None = None,
     dense_from: torch.Tensor | None = None,
+    tree: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean mask of the cache positions each new row may see.
 
     Returns:
         ``(B, H_kv or 1, T, L)``: causal (``pos <= lengths[b] + t``) and, with a plan, restricted
-        to ``plan_indices`` plus positions ``>= dense_from[b]``.
+        to ``plan_indices`` plus positions ``>= dense_from[b]``. With ``tree`` ``(T, T)`` (a draft tree,
+        :class:`~specdec.interfaces.AttentionMetadata`), new row ``j`` is seen by row ``t`` only where
+        ``tree[t, j]``.
     """
     device = lengths.device
     B = lengths.shape[0]
     pos = torch.arange(L, device=device)
-    row_pos = lengths.view(B, 1) + torch.arange(T, device=device)  # (B, T)
-    mask = (pos.view(1, 1, L) <= row_pos.view(B, T, 1)).unsqueeze(1)  # (B, 1, T, L)
+    if tree is None:
+        row_pos = lengths.view(B, 1) + torch.arange(T, device=device)  # (B, T)
+        mask = (pos.view(1, 1, L) <= row_pos.view(B, T, 1)).unsqueeze(1)  # (B, 1, T, L)
+    else:
+        rel = pos.view(1, L) - lengths.view(B, 1)  # (B, L): new row j sits at rel == j
+        new = (rel >= 0) & (rel < T)
+        seen = tree.to(device)[:, rel.clamp(0, T - 1)].permute(1, 0, 2)  # (B, T, L)
+        mask = ((rel < 0).unsqueeze(1) | (new.unsqueeze(1) & seen)).unsqueeze(1)
     if plan_indices is None:
         return mask
     Hkv = plan_indices.shape[1]
@@ -88,6 +97,8 @@ class ReferenceBackend(AttentionBackend):
     #: a sliding-window layer's ring (``meta.window``, see :func:`window_mask`) and soft-capping
     supports_window = True
     supports_softcap = True
+    #: draft trees (``meta.tree``)
+    supports_tree = True
 
     def __init__(self, config: ReferenceConfig | None = None) -> None:
         self.config = config or ReferenceConfig()
@@ -116,7 +127,7 @@ class ReferenceBackend(AttentionBackend):
         if window is not None:
             mask = window_mask(lengths, T, L, window).unsqueeze(2)  # (B, 1, 1, T, L)
         else:
-            mask = visibility_mask(lengths, T, used, plan_indices, dense_from).unsqueeze(2)  # (B,*,1,T,used)
+            mask = visibility_mask(lengths, T, used, plan_indices, dense_from, meta.tree).unsqueeze(2)  # (B,*,1,T,used)
         raw = logits
         logits = logits.masked_fill(~mask, float("-inf"))
         # a row that sees no position (fully masked) attends to nothing: output 0, not NaN

@@ -42,6 +42,8 @@ class TorchBackend(AttentionBackend):
     #: a soft-capped call goes to the reference backend (SDPA has no soft-capping)
     supports_window = True
     supports_softcap = True
+    #: draft trees (``meta.tree``): dense rows through SDPA with the tree mask, sparse ones through the reference
+    supports_tree = True
 
     def __init__(self, config: TorchConfig | None = None) -> None:
         self.config = config or TorchConfig()
@@ -51,21 +53,22 @@ class TorchBackend(AttentionBackend):
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if meta.wants_scores or meta.softcap is not None:  # the oracle computes these
+        if meta.wants_scores or meta.softcap is not None or (meta.tree is not None and meta.sparse):
+            # the oracle computes these
             return self._ref.attend(q, k_cache, v_cache, meta)
         if meta.window is not None:
             if meta.sparse:
                 raise ValueError("a sliding-window layer takes no sparse plan.")
             return self._window(q, k_cache, v_cache, meta.lengths, meta.scale, meta.window), None
         if meta.plan_indices is None:
-            return self._dense(q, k_cache, v_cache, meta.lengths, meta.scale), None
+            return self._dense(q, k_cache, v_cache, meta.lengths, meta.scale, meta.tree), None
         return self._sparse(q, k_cache, v_cache, meta.lengths, meta.scale, meta.plan_indices, meta.dense_from), None
 
-    def _dense(self, q, k_cache, v_cache, lengths, scale) -> torch.Tensor:
+    def _dense(self, q, k_cache, v_cache, lengths, scale, tree=None) -> torch.Tensor:
         B, H, T, D = q.shape
         Hkv, L = k_cache.shape[1], k_cache.shape[2]
         used = L if self.config.static else min(L, int(lengths.max()) + T)
-        mask = visibility_mask(lengths, T, used)  # (B, 1, T, used)
+        mask = visibility_mask(lengths, T, used, tree=tree)  # (B, 1, T, used)
         k = k_cache[:, :, :used].to(q.dtype)
         v = v_cache[:, :, :used].to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=H != Hkv)

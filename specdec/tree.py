@@ -1,0 +1,163 @@
+"""Draft trees: several continuations verified in one target pass (greedy, lossless).
+
+A chain draft of ``γ`` tokens is verified by ``γ + 1`` target rows; when the draft's first guess is wrong, the
+whole chain is lost. A **tree** drafts, at some nodes, the draft's second or third choice too, and verifies every
+node in the same pass: row ``u`` attends to the context and to its ancestors only (a tree mask) at position
+``L + depth(u)``. The verifier's greedy token after a node decides which child (if any) is accepted; the longest
+accepted path is emitted, exactly the tokens plain greedy decoding would emit (SpecInfer, Miao et al. 2024;
+EAGLE-2's trees, Li et al. 2024; a static tree as Sequoia chooses one, Chen et al. 2024).
+
+A tree is given by **rank paths**: ``(r_1, .., r_d)`` is the node reached by taking the draft's ``r_1``-th most
+likely token after the pending one, then its ``r_2``-th most likely after that, ... (``0`` = the argmax; a chain of
+``γ`` is ``(0,), (0, 0), ..``). The set must be prefix-closed. :data:`DEFAULT_PATHS` is the 16-node tree of the
+rank-path prefixes most often on the target's greedy path, counted for the shipped EAGLE head on *training* text
+(six ``pydoc`` documents and six standard-library modules, none held out;
+``python benchmarks/tree_tau_cpu.py``, ``benchmarks/results/cpu_tree_tau_2026-12-04.md``).
+
+Rows are numbered ``0`` (the pending token, the root) and ``1 .. N`` (the nodes in breadth-first order, a
+node after its parent).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from specdec.errors import SpecdecError
+
+#: 16 nodes, depth 4 (see the module docstring for where they come from)
+DEFAULT_PATHS: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,),
+    (0, 0), (0, 1), (0, 2), (1, 0),
+    (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (1, 0, 0, 0),
+)
+
+#: the most rows a tree may verify at once (the root included)
+MAX_ROWS = 128
+
+
+class DraftTree:
+    """A static draft tree: its rank paths and the index tensors a draft and a verification read.
+
+    Args:
+        paths: prefix-closed rank paths (tuples of ranks ``>= 0``), in any order.
+
+    Attributes:
+        paths: the paths, breadth-first (by depth, then lexicographically): node ``i + 1`` is ``paths[i]``.
+        parent: ``(N + 1,)`` row of each row's parent (the root's is 0).
+        depth: ``(N + 1,)`` depth of each row (the root 0).
+        rank: ``(N + 1,)`` the rank of each node's token among its parent's draft (the root's 0).
+        mask: ``(N + 1, N + 1)`` bool, ``mask[u, j]``: row ``j`` is ``u`` or an ancestor of ``u``.
+        levels: per depth ``1 .. D``, the rows at that depth.
+        widths: per row, how many of the draft's top tokens its children need (0: a leaf).
+        parent_of: per row, its parent's row (host ints; the root's 0).
+        children: per row, its children's rows.
+    """
+
+    def __init__(self, paths: Iterable[Sequence[int]]) -> None:
+        seen = set()
+        for p in paths:
+            if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or not p:
+                raise SpecdecError(f"a draft-tree path must be a non-empty sequence of ranks, got {p!r}; "
+                                   "e.g. [(0,), (1,), (0, 0)].")
+            if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in p):
+                raise SpecdecError(f"draft-tree path {tuple(p)!r} has a rank that is not an int >= 0; "
+                                   "0 is the draft's most likely token, 1 the next.")
+            seen.add(tuple(int(r) for r in p))
+        if not seen:
+            raise SpecdecError("a draft tree needs at least one path, e.g. [(0,)] (a chain of one token).")
+        for p in seen:
+            if len(p) > 1 and p[:-1] not in seen:
+                raise SpecdecError(f"draft-tree path {p} has no parent {p[:-1]} in the tree; the paths must be "
+                                   "prefix-closed (add every prefix of every path).")
+        if len(seen) + 1 > MAX_ROWS:
+            raise SpecdecError(f"a draft tree of {len(seen)} nodes is too large; use at most {MAX_ROWS - 1}.")
+        self.paths = tuple(sorted(seen, key=lambda p: (len(p), p)))
+        index = {p: i + 1 for i, p in enumerate(self.paths)}
+        n = len(self.paths) + 1
+        self.parent = torch.tensor([0] + [index.get(p[:-1], 0) for p in self.paths], dtype=torch.long)
+        self.depth = torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long)
+        self.rank = torch.tensor([0] + [p[-1] for p in self.paths], dtype=torch.long)
+        mask = torch.eye(n, dtype=torch.bool)
+        for p, i in index.items():
+            for k in range(1, len(p)):
+                mask[i, index[p[:k]]] = True
+            mask[i, 0] = True
+        self.mask = mask
+        self.max_depth = max(len(p) for p in self.paths)
+        self.levels = [[index[p] for p in self.paths if len(p) == d] for d in range(1, self.max_depth + 1)]
+        widths = [0] * n
+        for p in self.paths:
+            par = index.get(p[:-1], 0)
+            widths[par] = max(widths[par], p[-1] + 1)
+        self.widths = widths
+        #: per row, its parent's row (host ints) and its children's rows
+        self.parent_of = [0] + [index.get(p[:-1], 0) for p in self.paths]
+        self.children = [[] for _ in range(n)]
+        for i, par in enumerate(self.parent_of[1:], start=1):
+            self.children[par].append(i)
+        self._dev: dict[str, tuple[torch.Tensor, ...]] = {}
+
+    @classmethod
+    def chain(cls, gamma: int) -> "DraftTree":
+        """The chain of ``gamma`` argmax tokens as a tree."""
+        return cls([(0,) * (k + 1) for k in range(gamma)])
+
+    @classmethod
+    def default(cls) -> "DraftTree":
+        return cls(DEFAULT_PATHS)
+
+    @property
+    def nodes(self) -> int:
+        """Draft tokens per sequence (rows verified: ``nodes + 1``)."""
+        return len(self.paths)
+
+    def __repr__(self) -> str:
+        return f"DraftTree(nodes={self.nodes}, depth={self.max_depth})"
+
+    def on(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(parent, depth, rank, mask)`` on ``device`` (kept per device)."""
+        key = str(device)
+        if key not in self._dev:
+            self._dev[key] = tuple(t.to(device) for t in (self.parent, self.depth, self.rank, self.mask))
+        return self._dev[key]
+
+
+def accept_greedy(tree: DraftTree, tokens: torch.Tensor, logits: torch.Tensor):
+    """Greedy acceptance over a verified tree.
+
+    Args:
+        tokens: ``(B, N + 1)`` the verified rows' tokens (row 0: the pending token).
+        logits: ``(B, N + 1, V)`` the target's logits of those rows.
+
+    Returns:
+        ``(n_accepted (B,), next_token (B,), path (B, D))``: the accepted depth, the target's token after the last
+        accepted row, and the rows of the accepted path at depths ``1 .. D`` (rows past ``n_accepted`` repeat the
+        last accepted row; only ``path[:, :n_accepted]`` counts).
+    """
+    parent, depth, _, _ = tree.on(tokens.device)
+    B = tokens.shape[0]
+    y = logits.argmax(dim=-1)  # (B, N + 1) the target's greedy token after each row
+    ok = torch.zeros_like(tokens, dtype=torch.bool)
+    ok[:, 0] = True
+    for level in tree.levels:  # a node is accepted when its parent is and its token is the parent's greedy token
+        rows = torch.tensor(level, device=tokens.device)
+        par = parent[rows]
+        ok[:, rows] = ok[:, par] & (tokens[:, rows] == y[:, par])
+    # siblings carry distinct tokens, so at most one node per depth is accepted: the deepest is the path's end
+    score = torch.where(ok, depth.view(1, -1), torch.full_like(depth.view(1, -1), -1))
+    n_acc, last = score.max(dim=1)  # (B,)
+    next_token = y.gather(1, last.view(B, 1))[:, 0]
+    D = tree.max_depth
+    path = torch.zeros(B, D, dtype=torch.long, device=tokens.device)
+    cur = last
+    for d in range(D, 0, -1):  # walk up from the end: the row at depth d is cur while d <= n_acc
+        at = n_acc >= d
+        path[:, d - 1] = torch.where(at, cur, torch.zeros_like(cur))
+        cur = torch.where(at, parent[cur], cur)
+    # rows past the accepted depth: the last accepted row (harmless for a gather, never emitted)
+    fill = last.view(B, 1).expand(B, D)
+    keep = torch.arange(1, D + 1, device=tokens.device).view(1, D) <= n_acc.view(B, 1)
+    return n_acc, next_token, torch.where(keep, path, fill)

@@ -1,0 +1,257 @@
+"""Draft trees (specdec.tree): the tree mask (a node's logits = its path run as a chain), the accepted path's K/V
+moved where a chain's would be, greedy acceptance along the tree, the EAGLE head's tree draft (= its chain draft along
+the argmax path), engines that emit exactly dense greedy's tokens, and one-line refusals."""
+
+import pytest
+import torch
+
+from specdec import PipelineConfig, build_engine
+from specdec.errors import SpecdecError
+from specdec.tree import DEFAULT_PATHS, DraftTree, accept_greedy
+
+from conftest import make_tiny
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny("llama", seed=3, num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def artifact(target, tmp_path_factory):
+    from specdec.artifacts import model_identity
+    from specdec.eagle import EagleHead, save_eagle
+
+    torch.manual_seed(0)
+    head = EagleHead(target.hf.model.layers[-1], target.hf.config.hidden_size)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("tree") / "tiny-eagle.safetensors"
+    save_eagle(path, head, dict(target=model_identity(target), layer_from=2))
+    return path
+
+
+PROMPTS = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
+
+
+def test_tree_structure_and_errors():
+    t = DraftTree(reversed(DEFAULT_PATHS))  # any order: breadth-first inside
+    assert t.nodes == 16 and t.max_depth == 4 and t.paths[:3] == ((0,), (1,), (2,))
+    assert t.widths[0] == 3 and t.parent_of[t.paths.index((1, 0)) + 1] == t.paths.index((1,)) + 1
+    row = t.paths.index((0, 1, 0)) + 1
+    anc = {0, row, t.paths.index((0,)) + 1, t.paths.index((0, 1)) + 1}
+    assert set(torch.nonzero(t.mask[row])[:, 0].tolist()) == anc
+    c = DraftTree.chain(3)
+    assert c.paths == ((0,), (0, 0), (0, 0, 0)) and torch.equal(c.mask, torch.ones(4, 4, dtype=torch.bool).tril())
+    for bad, what in [([(0, 1)], "no parent"), ([(0,), (-1,)], "rank"), ([], "at least one"), ([()], "non-empty"),
+                      ([(0,), (True,)], "rank"), ([(r,) for r in range(200)], "too large")]:
+        with pytest.raises(SpecdecError, match=what):
+            DraftTree(bad)
+
+
+def test_accept_greedy_walks_the_matching_branch():
+    t = DraftTree([(0,), (1,), (0, 0), (1, 0), (1, 0, 0)])  # rows: 1 (0,), 2 (1,), 3 (0,0), 4 (1,0), 5 (1,0,0)
+    V = 20
+    tokens = torch.tensor([[7, 3, 4, 11, 12, 13], [7, 3, 4, 11, 12, 13]])
+    y = torch.tensor([[4, 9, 12, 9, 13, 15],  # root says 4 -> row 2 (1,); row 2 says 12 -> row 4; row 4 says 13 -> row 5
+                      [5, 9, 12, 9, 13, 15]])  # root says 5: nothing accepted
+    logits = torch.nn.functional.one_hot(y, V).float()
+    n, nxt, path = accept_greedy(t, tokens, logits)
+    assert n.tolist() == [3, 0] and nxt.tolist() == [15, 5]
+    assert path[0].tolist() == [2, 4, 5] and tokens[0].gather(0, path[0]).tolist() == [4, 12, 13]
+
+
+def test_keep_path_moves_the_accepted_rows():
+    from specdec.cache import KVCache
+
+    c = KVCache(2, 2, 1, 12, 1)
+    c.k[:] = torch.arange(12, dtype=torch.float32).view(1, 1, 1, 12, 1)
+    c.v[:] = c.k + 100
+    lengths = torch.tensor([2, 5])
+    c.keep_path(lengths, torch.tensor([[3, 4, 6], [1, 5, 5]]))
+    assert c.k[0, 0, 0, :, 0].tolist()[:6] == [0, 1, 2, 5, 6, 8]  # slots 3..5 <- 2 + (3, 4, 6)
+    assert c.k[1, 1, 0, 5:9, 0].tolist() == [5, 6, 10, 10]  # slots 6..8 <- 5 + (1, 5, 5)
+    assert torch.equal(c.v, c.k + 100)
+    ring = KVCache(2, 1, 1, 12, 1, windows=(4, None))
+    with pytest.raises(SpecdecError, match="sliding-window"):
+        ring.keep_path(torch.tensor([2]), torch.tensor([[1]]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_tree_rows_equal_their_paths_run_as_chains(target, backend):
+    """Each node's logits (and the K/V it leaves) equal the last row of its root-to-node path run as a chain."""
+    from specdec.registry import BACKENDS
+
+    t = DraftTree.default()
+    L0 = 21
+    ctx = torch.tensor([list(range(3, 3 + L0)), [(7 * i) % 90 + 4 for i in range(L0)]])
+    B = 2
+    rows = torch.randint(4, 90, (B, t.nodes + 1), generator=torch.Generator().manual_seed(5))
+    with target.using_backend(BACKENDS.build(backend)):
+        cache = target.new_cache(B, 64)
+        lengths = torch.full((B,), L0 - 1)
+        target.forward(ctx[:, :-1], cache, torch.zeros(B, dtype=torch.long))
+        k0, v0 = cache.k.clone(), cache.v.clone()
+        got = target.forward(rows, cache, lengths, tree=t)
+        for u in range(t.nodes + 1):
+            anc = torch.nonzero(t.mask[u])[:, 0]  # ancestors and itself, root first (rows are breadth-first)
+            chain = target.new_cache(B, 64)
+            chain.k.copy_(k0)
+            chain.v.copy_(v0)
+            want = target.forward(rows[:, anc], chain, lengths)[:, -1]
+            torch.testing.assert_close(got[:, u], want, rtol=1e-4, atol=1e-4)
+
+
+class _Oracle:
+    """A test drafter that knows dense greedy's output and puts it on one branch of the tree (elsewhere: tokens the
+    target does not choose), so every verification accepts the whole branch."""
+
+    def __init__(self, truth, branch):
+        self.truth, self.branch = truth, branch
+
+    def prefill(self, state):
+        pass
+
+    def draft(self, state, gamma):
+        raise AssertionError("a tree engine never asks for a chain")
+
+    def score_request(self, gamma):
+        return None
+
+    def on_verify(self, state, scores):
+        pass
+
+    def draft_tree(self, state, tree):
+        B = len(state.tokens)
+        out = torch.zeros(B, tree.nodes, dtype=torch.long)
+        for b in range(B):
+            at = len(state.tokens[b])  # the pending token is the last one of the list
+            nxt = self.truth[b][at : at + tree.max_depth] + [0] * tree.max_depth
+            for i, p in enumerate(tree.paths):
+                good = p == self.branch[: len(p)]
+                out[b, i] = nxt[len(p) - 1] if good else (nxt[len(p) - 1] + 1 + i) % 90 + 3
+        return out
+
+    def tree_verified(self, state, rows, path):
+        pass
+
+
+def test_an_oracle_branch_is_accepted_whole_and_the_tokens_are_dense(target):
+    """The truth on the (1, 0, 0, 0) branch: every round accepts 4 drafts (but the last ones, cut by
+    max_new_tokens), and the output is dense greedy's. A wrong tree mask or a wrong K/V move changes both."""
+    from specdec.engine import SpeculativeEngine
+
+    dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    want = dense.generate(PROMPTS, 25).tokens
+    truth = [p + w for p, w in zip(PROMPTS, want)]
+    eng = SpeculativeEngine(target, _Oracle(truth, (1, 0, 0, 0)), tree=True, eos_token_id=-1)
+    res = eng.generate(PROMPTS, 25)
+    assert res.tokens == want
+    assert res.stats.iterations == 5 and res.stats.mean_accepted_length == pytest.approx(5.0)  # 1 + 5 x 5 = 25 + 1
+
+
+def test_eagle_tree_draft_is_the_chain_draft_along_the_argmax_path(target, artifact):
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+
+    t = DraftTree.default()
+    chain_rows = [t.paths.index((0,) * k) for k in range(1, 5)]
+    for d in (EagleDrafter(target, artifact),):
+        eng = SpeculativeEngine(target, d, gamma=4, eos_token_id=-1, adaptive=False)
+        state, _ = eng._start(PROMPTS, 16, None)
+        chain, _ = d.draft(state, 4)
+        state, _ = eng._start(PROMPTS, 16, None)
+        tree = d.draft_tree(state, t)
+        torch.testing.assert_close(tree[:, chain_rows], chain, rtol=0, atol=0)
+        assert tree.shape == (2, 16)
+        for u, kids in enumerate(t.children):  # siblings carry distinct tokens (the parent's distinct ranks)
+            if kids:
+                assert len({tuple(x) for x in tree[:, [k - 1 for k in kids]].T.tolist()}) == len(kids)
+
+
+@pytest.mark.parametrize("tree", ["default", "chain4", "wide"])
+def test_eagle_tree_engine_emits_dense_tokens(target, artifact, tree):
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+
+    t = {"default": DraftTree.default(), "chain4": DraftTree.chain(4),
+         "wide": DraftTree([(r,) for r in range(6)] + [(0, r) for r in range(4)] + [(0, 0, 0)])}[tree]
+    dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    want = dense.generate(PROMPTS, 30).tokens
+    eng = SpeculativeEngine(target, EagleDrafter(target, artifact), tree=t, eos_token_id=-1)
+    assert eng.gamma == t.max_depth
+    got = eng.generate(PROMPTS, 30)
+    assert got.tokens == want
+    assert eng.generate(PROMPTS[1:], 30).tokens == want[1:]  # a batch gives what each sequence gives alone
+    if tree == "chain4":  # a chain-shaped tree accepts what the chain accepts
+        chain = SpeculativeEngine(target, EagleDrafter(target, artifact), gamma=4, eos_token_id=-1, adaptive=False)
+        assert got.stats.mean_accepted_length == pytest.approx(chain.generate(PROMPTS, 30).stats.mean_accepted_length)
+    # with an EOS the sequences end at different steps; the tokens are still dense's
+    eos = want[0][7]
+    dense_eos = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=eos).generate(PROMPTS, 30).tokens
+    eng = SpeculativeEngine(target, EagleDrafter(target, artifact), tree=t, eos_token_id=eos)
+    assert eng.generate(PROMPTS, 30).tokens == dense_eos
+
+
+def test_tree_refusals(target, artifact):
+    from specdec.cache import KVCache
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.interfaces import AttentionBackend
+    from specdec.sampling import SamplingConfig
+
+    d = EagleDrafter(target, artifact)
+    with pytest.raises(SpecdecError, match="greedily"):
+        SpeculativeEngine(target, d, tree=True, sampling=SamplingConfig(temperature=0.7))
+    with pytest.raises(SpecdecError, match="cannot draft a tree"):
+        build_engine(target, PipelineConfig.make(method="magicdec"), tree=True)
+    with pytest.raises(SpecdecError, match="verified densely"):
+        cfg = PipelineConfig.make(method="dustin", budget=64, sinks=2, recent=4,
+                                  options={"draft": str(artifact), "lookup_min": 0})
+        build_engine(target, cfg, tree=True)
+    with pytest.raises(SpecdecError, match="DraftTree"):
+        SpeculativeEngine(target, d, tree=16)
+    t = DraftTree.default()
+    rows = torch.zeros(1, t.nodes + 1, dtype=torch.long)
+    with pytest.raises(SpecdecError, match="17 rows"):
+        target.forward(rows[:, :5], target.new_cache(1, 64), torch.tensor([3]), tree=t)
+    with pytest.raises(SpecdecError, match="sliding-window"):
+        target.forward(rows, KVCache(3, 1, 2, 64, 16, windows=(8, None, None)), torch.tensor([3]), tree=t)
+
+    class NoTree(AttentionBackend):
+        name = "no-tree"
+
+        def attend(self, q, k_cache, v_cache, meta):
+            raise AssertionError("refused before")
+
+    with target.using_backend(NoTree()):
+        with pytest.raises(SpecdecError, match="supports_tree"):
+            target.forward(rows, target.new_cache(1, 64), torch.tensor([3]), tree=t)
+
+
+def test_eagle_head_is_fed_the_accepted_path(target, artifact):
+    """After a round that accepted a non-argmax branch, the head's queued rows are the pending token and that
+    branch's tokens, and their features the target's for those rows (what the next draft's first forward reads)."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+
+    dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    want = dense.generate(PROMPTS, 12).tokens
+    truth = [p + w for p, w in zip(PROMPTS, want)]
+    d = EagleDrafter(target, artifact)
+    oracle = _Oracle(truth, (1, 0, 0))
+    real = d.draft_tree
+    d.draft_tree = lambda state, tree: (real(state, tree), oracle.draft_tree(state, tree))[1]
+    eng = SpeculativeEngine(target, d, tree=DraftTree.default(), eos_token_id=-1)
+    state, run = eng._start(PROMPTS, 12, None)
+    pending, L = state.pending.tolist(), state.lengths.clone()
+    eng._tree_round(state, run)
+    assert (state.lengths - L).tolist() == [4, 4]  # 3 drafts + the pending token
+    for b in range(2):
+        assert d._rows[b, :4].tolist() == [pending[b]] + want[b][1:4]  # (later columns: never read)
+    # the features: the target's own for those tokens, from a plain chain forward
+    chain = target.new_cache(1, 64)
+    ids = torch.tensor([truth[0][: len(PROMPTS[0]) + 4]])
+    target.forward(ids, chain, torch.zeros(1, dtype=torch.long))  # rows L .. L + 3: the pending token, 3 drafts
+    torch.testing.assert_close(d._hidden[0, :4], target.last_hidden[0, -4:], rtol=1e-4, atol=1e-4)
