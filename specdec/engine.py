@@ -296,6 +296,9 @@ class SpeculativeEngine:
         self.tree = _check_tree(tree, drafter, verifier, sampling)
         if self.tree is not None:
             gamma = self.tree.max_depth
+            tp = getattr(model, "tp", None)
+            if tp is not None and tp.world > 1:
+                raise SpecdecError("draft trees run on one device; use tree=None with tensor parallelism.")
         self.model = model
         self.drafter = drafter
         self.verifier = verifier or (FullVerifier(model) if drafter is not None else None)
@@ -439,6 +442,9 @@ class SpeculativeEngine:
         # adaptive γ_t (specdec.adaptive); its cost estimates carry over between calls of this shape
         pace = self._script or Pacing(self._controller(run.stats.gamma), run.stats.gamma, batch=B, context=longest)
         t_start = time.perf_counter()
+        if self.tree is not None and self.replay is not None:
+            raise SpecdecError("an acceptance replay drives chain drafts; set engine.replay = None or build the engine "
+                               "with tree=None.")
         while self.tree is not None and any(run.active):  # draft trees: γ is the tree's depth, no controller
             run.stats.iterations += 1
             self._tree_round(state, run)

@@ -212,6 +212,16 @@ def test_tree_refusals(target, artifact):
         build_engine(target, cfg, tree=True)
     with pytest.raises(SpecdecError, match="DraftTree"):
         SpeculativeEngine(target, d, tree=16)
+    tp, target.tp = target.tp, type("TP", (), {"world": 2})()  # (what specdec.parallel sets on a sharded model)
+    try:
+        with pytest.raises(SpecdecError, match="tensor parallelism"):
+            SpeculativeEngine(target, d, tree=True)
+    finally:
+        target.tp = tp
+    eng = SpeculativeEngine(target, d, tree=True, eos_token_id=-1)
+    eng.replay = object()  # (a benchmark's AcceptanceReplay): never silently ignored
+    with pytest.raises(SpecdecError, match="replay"):
+        eng.generate(PROMPTS, 4)
     t = DraftTree.default()
     rows = torch.zeros(1, t.nodes + 1, dtype=torch.long)
     with pytest.raises(SpecdecError, match="17 rows"):
