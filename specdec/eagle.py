@@ -713,14 +713,18 @@ class EagleDrafter(Drafter):
             ks.append(k.to(self.k_cache.dtype))
             vs.append(v.to(self.v_cache.dtype))
             owners += nxt
-            kk = torch.cat([self.k_cache, *ks], dim=2).repeat_interleave(H // Hkv, 1)  # (B, H, C + M, D)
-            vv = torch.cat([self.v_cache, *vs], dim=2).repeat_interleave(H // Hkv, 1)
+            # one softmax over the head's cache (read in place, each KV head once for its G query heads) and the
+            # scratch rows of the tree so far
+            m, G = len(nxt), H // Hkv
+            qg = q.reshape(B, Hkv, G * m, D).to(self.k_cache.dtype)
+            ksc, vsc = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # (B, Hkv, M, D)
+            s = torch.cat([qg @ self.k_cache.transpose(-1, -2), qg @ ksc.transpose(-1, -2)], dim=-1)
+            s = s.view(B, Hkv, G, m, -1).float() * D ** -0.5  # (B, Hkv, G, m, C + M)
             anc = mask[rows][:, torch.tensor(owners, device=tok.device)]  # (m, M): ancestors-or-self among rows
-            vis = torch.cat([seen_ctx.view(B, 1, C).expand(B, len(nxt), C),
-                             anc.view(1, len(nxt), -1).expand(B, -1, -1)], dim=2)  # (B, m, C + M)
-            s = torch.matmul(q.to(kk.dtype), kk.transpose(-1, -2)).float() * D ** -0.5  # (B, H, m, C + M)
-            p = torch.softmax(s.masked_fill(~vis.unsqueeze(1), float("-inf")), dim=-1)
-            att = torch.matmul(p.to(vv.dtype), vv)  # (B, H, m, D)
+            vis = torch.cat([seen_ctx.view(B, 1, C).expand(B, m, C), anc.view(1, m, -1).expand(B, -1, -1)], dim=2)
+            p = torch.softmax(s.masked_fill(~vis.view(B, 1, 1, m, -1), float("-inf")), dim=-1)
+            p = p.view(B, Hkv, G * m, -1).to(self.v_cache.dtype)
+            att = (p[..., :C] @ self.v_cache + p[..., C:] @ vsc).view(B, H, m, D)
             y = self.norm(_finish(layer, x, att.to(x.dtype)))  # (B, m, d)
             for i, c in enumerate(nxt):
                 preds[c] = y[:, i]

@@ -158,12 +158,20 @@ def test_eagle_tree_draft_is_the_chain_draft_along_the_argmax_path(target, artif
     t = DraftTree.default()
     chain_rows = [t.paths.index((0,) * k) for k in range(1, 5)]
     for d in (EagleDrafter(target, artifact),):
+        seen = []
+        orig = d._logits
+        d._logits = lambda f: seen.append(f.clone()) or orig(f)  # the predicted features the tokens come from
         eng = SpeculativeEngine(target, d, gamma=4, eos_token_id=-1, adaptive=False)
         state, _ = eng._start(PROMPTS, 16, None)
         chain, _ = d.draft(state, 4)
+        chain_feats, seen[:] = list(seen), []
         state, _ = eng._start(PROMPTS, 16, None)
         tree = d.draft_tree(state, t)
         torch.testing.assert_close(tree[:, chain_rows], chain, rtol=0, atol=0)
+        calls = [0] + [u for level in t.levels for u in level if t.widths[u]]  # rows whose prediction was read
+        for k, f in enumerate(chain_feats):  # step k + 1's feature = the prediction of the argmax path's row k
+            row = 0 if k == 0 else t.paths.index((0,) * k) + 1
+            torch.testing.assert_close(seen[calls.index(row)], f, rtol=1e-5, atol=1e-5)
         assert tree.shape == (2, 16)
         for u, kids in enumerate(t.children):  # siblings carry distinct tokens (the parent's distinct ranks)
             if kids:
