@@ -42,8 +42,8 @@ def _check_tree(tree, drafter, verifier, sampling):
     if not isinstance(tree, DraftTree):
         raise SpecdecError(f"tree must be a specdec.tree.DraftTree, True (the default tree) or None, not {tree!r}.")
     if drafter is None or not callable(getattr(drafter, "draft_tree", None)):
-        raise SpecdecError(f"the {type(drafter).__name__} drafter cannot draft a tree; use the EAGLE drafter "
-                           "(method 'eagle' or 'dustin' with its shipped head) or tree=None.")
+        raise SpecdecError(f"the {type(drafter).__name__} drafter cannot draft a tree; use "
+                           "specdec.eagle.EagleDrafter (an EAGLE head, e.g. the shipped one) or tree=None.")
     if verifier is not None and type(verifier) is not FullVerifier:
         raise SpecdecError(f"draft trees are verified densely; {type(verifier).__name__} is not the dense "
                            "FullVerifier: pass verifier=None (or a FullVerifier) or tree=None.")
