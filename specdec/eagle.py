@@ -672,7 +672,7 @@ class EagleDrafter(Drafter):
         depth, every node with children runs one head row — its parent's predicted feature and its own token at
         position ``L + depth - 1``, attending to the head's cache below ``L`` and to its ancestors' rows (a tree mask
         over scratch K/V: the head's cache is not written past ``L - 1``). Along the path of argmax tokens this is
-        exactly the chain draft. Eager, PyTorch attention; no lookahead signal (dense verification needs none)."""
+        the chain draft (its features up to float rounding: the softmax is split over cache and scratch). Eager, PyTorch attention; no lookahead signal (dense verification needs none)."""
         B = state.lengths.shape[0]
         first = (self._feat_last, self._hidden, self._rows, self._drafted_len, state.lengths, state.pending)
         pred, self._feat_last = self._first(*first)
