@@ -76,10 +76,6 @@ def best_tree(paths: list[tuple[int, ...]], n: int) -> set:
     return {p for p, _ in ranked[:n]}
 
 
-def chain(depth: int) -> set:
-    return {(0,) * (k + 1) for k in range(depth)}
-
-
 def windows(tok, text: str, context: int, new: int, n: int) -> list[torch.Tensor]:
     ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
     L = ids.shape[1]
@@ -103,6 +99,7 @@ def main() -> None:
     torch.set_num_threads(2)
     from specdec import SpecdecModel
     from specdec.eagle import build_head
+    from specdec.tree import DraftTree
     from specdec.train_draft import held_out_texts, held_out_topics, shipped_draft, training_texts
     from specdec.train_eagle import is_prose
 
@@ -139,7 +136,7 @@ def main() -> None:
         held.append((name, kind, Path(path).read_text(encoding="utf-8", errors="replace")))
     evals = [(n, k, run(n, k, t, a.windows)) for n, k, t in held]
     sizes = [int(x) for x in a.sizes.split(",")]
-    trees = {"chain": chain(a.depth)}
+    trees = {"chain": set(DraftTree.chain(a.depth).paths)}
     for kind in ("prose", "code", "both"):
         src = train["prose"] + train["code"] if kind == "both" else train[kind]
         for n in sizes:

@@ -677,7 +677,7 @@ class EagleDrafter(Drafter):
         first = (self._feat_last, self._hidden, self._rows, self._drafted_len, state.lengths, state.pending)
         pred, self._feat_last = self._first(*first)
         self._drafted_len = state.lengths.clone()
-        mask = tree.on(state.lengths.device)[3]
+        mask = tree.on(state.lengths.device)[2]
         n = tree.nodes + 1
         tok = torch.zeros(B, n, dtype=torch.long, device=state.lengths.device)
         tok[:, 0] = state.pending
@@ -687,22 +687,19 @@ class EagleDrafter(Drafter):
         seen_ctx = torch.arange(C, device=tok.device).view(1, C) < state.lengths.view(B, 1)  # head rows <= L - 1
         ks, vs, owners = [], [], []  # scratch K/V of the tree's head rows, and their tree rows
         flags = None
-        for d, level in enumerate([[0]] + tree.levels, start=0):
-            # tokens of this level's children: the parents' ranked predictions
-            for u in level:
-                w = tree.widths[u]
-                if not w:
-                    continue
+        for d in range(tree.max_depth):
+            # the tokens at depth d + 1: the ranked predictions of their parents (the root, then depth d's inner rows)
+            for u in [0] if d == 0 else tree.inner[d - 1]:
                 logits = self._logits(preds[u])
                 f = nonfinite_flags(logits)
                 flags = f if flags is None else flags | f
-                top = logits.topk(w, dim=-1).indices  # (B, w)
+                top = logits.topk(tree.widths[u], dim=-1).indices  # (B, w)
                 for c in tree.children[u]:
                     tok[:, c] = top[:, tree.paths[c - 1][-1]]
-            nxt = [c for c in (tree.levels[d] if d < len(tree.levels) else []) if tree.widths[c]]
+            nxt = tree.inner[d]
             if not nxt:
-                continue
-            # the head rows of the next level's inner nodes: (parent's prediction, own token) at L + d
+                break  # (no deeper node has children)
+            # the head rows of depth d + 1's inner nodes: (parent's prediction, own token) at L + d
             rows = torch.tensor(nxt, device=tok.device)
             feats = torch.stack([preds[tree.parent_of[c]] for c in nxt], dim=1)  # (B, m, d)
             x = self.head.inputs(self.embed(tok[:, rows]).to(dt), feats.to(dt))

@@ -505,7 +505,7 @@ class SpeculativeEngine:
         with timer("sample"):
             n_acc, nxt, path = accept_greedy(tree, rows, p_logits)
             state.cache.keep_path(state.lengths, path)
-            self.drafter.tree_verified(state, rows, path)  # before the commit: it reads the verified lengths
+            self.drafter.tree_verified(state, rows, path)  # the path's rows and features, for the next draft
             drafts = rows.gather(1, path)  # (B, D) the accepted path's tokens (past n_acc: never emitted)
         read = self._commit_launch(state, run, n_acc, nxt, drafts, flags)
         self._commit_read(state, run, read)

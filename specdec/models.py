@@ -809,7 +809,7 @@ class SpecdecModel:
             position_ids = lengths.view(-1, 1) + torch.arange(T, device=lengths.device)
             tmask = None
         else:
-            _, depth, _, tmask = tree.on(lengths.device)
+            _, depth, tmask, _ = tree.on(lengths.device)
             position_ids = lengths.view(-1, 1) + depth.view(1, -1)
         ctx = ForwardContext(cache=cache, lengths=lengths, backend=backend, plan=plan, requests=requests,
                              attention_request=attn_req, static=static, routed=routed, tree=tmask)

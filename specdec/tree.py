@@ -48,9 +48,9 @@ class DraftTree:
         paths: the paths, breadth-first (by depth, then lexicographically): node ``i + 1`` is ``paths[i]``.
         parent: ``(N + 1,)`` row of each row's parent (the root's is 0).
         depth: ``(N + 1,)`` depth of each row (the root 0).
-        rank: ``(N + 1,)`` the rank of each node's token among its parent's draft (the root's 0).
         mask: ``(N + 1, N + 1)`` bool, ``mask[u, j]``: row ``j`` is ``u`` or an ancestor of ``u``.
         levels: per depth ``1 .. D``, the rows at that depth.
+        inner: per depth ``1 .. D``, the rows at that depth that have children (the draft runs a head row for each).
         widths: per row, how many of the draft's top tokens its children need (0: a leaf).
         parent_of: per row, its parent's row (host ints; the root's 0).
         children: per row, its children's rows.
@@ -77,9 +77,10 @@ class DraftTree:
         self.paths = tuple(sorted(seen, key=lambda p: (len(p), p)))
         index = {p: i + 1 for i, p in enumerate(self.paths)}
         n = len(self.paths) + 1
-        self.parent = torch.tensor([0] + [index.get(p[:-1], 0) for p in self.paths], dtype=torch.long)
+        #: per row, its parent's row (host ints; the root's 0)
+        self.parent_of = [0] + [index.get(p[:-1], 0) for p in self.paths]
+        self.parent = torch.tensor(self.parent_of, dtype=torch.long)
         self.depth = torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long)
-        self.rank = torch.tensor([0] + [p[-1] for p in self.paths], dtype=torch.long)
         mask = torch.eye(n, dtype=torch.bool)
         for p, i in index.items():
             for k in range(1, len(p)):
@@ -93,8 +94,8 @@ class DraftTree:
             par = index.get(p[:-1], 0)
             widths[par] = max(widths[par], p[-1] + 1)
         self.widths = widths
-        #: per row, its parent's row (host ints) and its children's rows
-        self.parent_of = [0] + [index.get(p[:-1], 0) for p in self.paths]
+        self.inner = [[u for u in level if widths[u]] for level in self.levels]
+        #: per row, its children's rows
         self.children = [[] for _ in range(n)]
         for i, par in enumerate(self.parent_of[1:], start=1):
             self.children[par].append(i)
@@ -117,11 +118,12 @@ class DraftTree:
     def __repr__(self) -> str:
         return f"DraftTree(nodes={self.nodes}, depth={self.max_depth})"
 
-    def on(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(parent, depth, rank, mask)`` on ``device`` (kept per device)."""
+    def on(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``(parent, depth, mask, level rows)`` on ``device``, made once per device (a decode round makes none)."""
         key = str(device)
         if key not in self._dev:
-            self._dev[key] = tuple(t.to(device) for t in (self.parent, self.depth, self.rank, self.mask))
+            rows = [torch.tensor(level, device=device) for level in self.levels]
+            self._dev[key] = (self.parent.to(device), self.depth.to(device), self.mask.to(device), rows)
         return self._dev[key]
 
 
@@ -137,13 +139,12 @@ def accept_greedy(tree: DraftTree, tokens: torch.Tensor, logits: torch.Tensor):
         accepted row, and the rows of the accepted path at depths ``1 .. D`` (rows past ``n_accepted`` repeat the
         last accepted row; only ``path[:, :n_accepted]`` counts).
     """
-    parent, depth, _, _ = tree.on(tokens.device)
+    parent, depth, _, level_rows = tree.on(tokens.device)
     B = tokens.shape[0]
     y = logits.argmax(dim=-1)  # (B, N + 1) the target's greedy token after each row
     ok = torch.zeros_like(tokens, dtype=torch.bool)
     ok[:, 0] = True
-    for level in tree.levels:  # a node is accepted when its parent is and its token is the parent's greedy token
-        rows = torch.tensor(level, device=tokens.device)
+    for rows in level_rows:  # a node is accepted when its parent is and its token is the parent's greedy token
         par = parent[rows]
         ok[:, rows] = ok[:, par] & (tokens[:, rows] == y[:, par])
     # siblings carry distinct tokens, so at most one node per depth is accepted: the deepest is the path's end
