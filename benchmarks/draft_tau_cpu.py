@@ -1,7 +1,7 @@
 """τ of the shipped trained drafts (EAGLE head; layer skipping + adapter) with DENSE verification, per held-out document.
 
     python benchmarks/draft_tau_cpu.py --out benchmarks/results/cpu_draft_tau_DATE [--contexts 512,2048 --new 96
-        --gamma 4 --drafters eagle,skip --tree --no-adaptive]
+        --gamma 4 --drafters eagle,skip --tree --tree-lookup 4 --no-adaptive]
 
 Documents (never trained on, see specdec.train_draft): the held-out pydoc topics (prose) and the held-out
 standard-library modules (code). Dense verification makes the run lossless: tokens equal dense greedy
@@ -46,6 +46,9 @@ def main() -> None:
                     help="windows per document, their ends spread evenly over it (1: the window ending near its end)")
     ap.add_argument("--tree", action="store_true", help="also an eagle+tree row: the shipped head drafting the default "
                     "draft tree (specdec.tree.DEFAULT_PATHS, 16 nodes, depth 4; γ is then the tree's depth)")
+    ap.add_argument("--tree-lookup", type=int, default=0, metavar="K",
+                    help="also an eagle+lookup+tree row: the default tree plus a lookup branch of K nodes that prompt "
+                    "lookup fills (specdec.lookup.LookupDrafter.draft_tree; the first --lookup's MIN,MAX)")
     ap.add_argument("--no-adaptive", action="store_true", help="fixed γ for every row (a tree's γ is always fixed)")
     a = ap.parse_args()
     if a.windows < 1:
@@ -73,6 +76,7 @@ def main() -> None:
     from specdec.sampling import SamplingConfig
     from specdec.skip_drafter import SkipLayerDrafter
     from specdec.train_draft import held_out_texts, shipped_draft
+    from specdec.tree import DraftTree
     from specdec.verifiers import FullVerifier
 
     m = SpecdecModel.from_pretrained("smollm2-135m")
@@ -113,11 +117,15 @@ def main() -> None:
         drafters[f"early-exit-{a.early_exit}"] = EarlyExitDrafter(m, a.early_exit)
     trees = {}
     if a.tree:
-        from specdec.tree import DraftTree
-
         if "eagle" not in base:
             raise SystemExit("--tree needs the eagle drafter in --drafters")
         drafters["eagle+tree"], trees["eagle+tree"] = base["eagle"], DraftTree.default()
+    if a.tree_lookup:
+        if "eagle" not in base:
+            raise SystemExit("--tree-lookup needs the eagle drafter in --drafters")
+        label = "eagle+lookup+tree"
+        drafters[label] = LookupDrafter(base["eagle"], *looks[0][:2], periodic=looks[0][5])
+        trees[label] = DraftTree.default(lookup=a.tree_lookup)
     dense = SpeculativeEngine(m, method="dense", eos_token_id=-1)
     rows = []
     docs = [(n, t, "prose" if n.startswith("pydoc") else "code") for n, t in held_out_texts()
@@ -147,7 +155,8 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), contexts=a.contexts,
                 new_tokens=a.new, gamma=a.gamma, lookup=looks, files=a.file, windows=a.windows,
-                tree=[list(p) for p in trees["eagle+tree"].paths] if trees else None, adaptive=not a.no_adaptive,
+                tree=[list(p) for p in DraftTree.default().paths] if trees else None, tree_lookup=a.tree_lookup,
+                adaptive=not a.no_adaptive,
                 drafts={**{k: str(p) for k, p in paths.items()}, **dict(more_heads)},
                 machine="2-core shared CPU, float32, 1 thread")
     out = Path(a.out)

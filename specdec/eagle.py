@@ -672,7 +672,9 @@ class EagleDrafter(Drafter):
         depth, every node with children runs one head row — its parent's predicted feature and its own token at
         position ``L + depth - 1``, attending to the head's cache below ``L`` and to its ancestors' rows (a tree mask
         over scratch K/V: the head's cache is not written past ``L - 1``). Along the path of argmax tokens this is
-        the chain draft (its features up to float rounding: the softmax is split over cache and scratch). Eager, PyTorch attention; no lookahead signal (dense verification needs none)."""
+        the chain draft (its features up to float rounding: the softmax is split over cache and scratch). Eager, PyTorch attention; no lookahead signal (dense verification needs none).
+        A lookup branch (``tree.lookup``) gets the argmax chain's tokens (``tree.fallback``): a
+        :class:`~specdec.lookup.LookupDrafter` replaces them where the context has a match."""
         B = state.lengths.shape[0]
         first = (self._feat_last, self._hidden, self._rows, self._drafted_len, state.lengths, state.pending)
         pred, self._feat_last = self._first(*first)
@@ -725,6 +727,8 @@ class EagleDrafter(Drafter):
             y = self.norm(_finish(layer, x, att.to(x.dtype)))  # (B, m, d)
             for i, c in enumerate(nxt):
                 preds[c] = y[:, i]
+        if tree.lookup:  # a lookup branch (filled by a prompt-lookup wrapper): the argmax chain where no match
+            tok[:, tree.lookup_rows] = tok[:, tree.fallback]
         if flags is not None:
             self._flags = flags.clone()
         return tok[:, 1:]

@@ -30,6 +30,11 @@ from specdec.sampling import SamplingConfig, accept, check_finite, choose, nonfi
 PHASES = ("prefill", "draft", "select", "verify", "sample")
 
 
+#: ``tree=True`` with a prompt-lookup drafter: the default tree and a lookup branch this long (the tree's depth, so γ
+#: stays 4)
+DEFAULT_LOOKUP_BRANCH = 4
+
+
 def _check_tree(tree, drafter, verifier, sampling):
     """``tree`` as a :class:`~specdec.tree.DraftTree` (``None``: chain drafts), refused in one line where it cannot run."""
     from specdec.tree import DraftTree
@@ -37,13 +42,21 @@ def _check_tree(tree, drafter, verifier, sampling):
 
     if tree is None or tree is False:
         return None
+    looks = getattr(drafter, "lookup_branch", False) is True  # a prompt-lookup drafter fills a lookup branch
     if tree is True:
-        tree = DraftTree.default()
+        tree = DraftTree.default(lookup=DEFAULT_LOOKUP_BRANCH if looks else 0)
     if not isinstance(tree, DraftTree):
         raise SpecdecError(f"tree must be a specdec.tree.DraftTree, True (the default tree) or None, not {tree!r}.")
-    if drafter is None or not callable(getattr(drafter, "draft_tree", None)):
-        raise SpecdecError(f"the {type(drafter).__name__} drafter cannot draft a tree; use "
+    drafts = drafter.inner if looks else drafter  # (behind prompt lookup, the inner drafter drafts the tree)
+    if drafts is None or not callable(getattr(drafts, "draft_tree", None)):
+        raise SpecdecError(f"the {type(drafts).__name__} drafter cannot draft a tree; use "
                            "specdec.eagle.EagleDrafter (an EAGLE head, e.g. the shipped one) or tree=None.")
+    if tree.lookup and not looks:
+        raise SpecdecError(f"the tree's lookup branch is filled by prompt lookup, and the {type(drafter).__name__} "
+                           "drafter has none; wrap it (specdec.lookup.LookupDrafter(drafter)) or use lookup=0.")
+    if looks and not tree.lookup:
+        raise SpecdecError("the prompt-lookup drafter needs a tree with a lookup branch, e.g. "
+                           "DraftTree.default(lookup=4) or tree=True; or pass its inner drafter.")
     if verifier is not None and type(verifier) is not FullVerifier:
         raise SpecdecError(f"draft trees are verified densely; {type(verifier).__name__} is not the dense "
                            "FullVerifier: pass verifier=None (or a FullVerifier) or tree=None.")
@@ -270,9 +283,11 @@ class SpeculativeEngine:
             without synchronisation (:class:`PhaseTimer`).
         adaptive: adaptive γ and the dense fall-back (:mod:`specdec.adaptive`); ``None``: the default (on).
         tree: draft a tree instead of a chain (:mod:`specdec.tree`): a :class:`~specdec.tree.DraftTree`, or ``True``
-            for :meth:`DraftTree.default() <specdec.tree.DraftTree.default>`. Greedy, dense verification
-            (:class:`~specdec.verifiers.FullVerifier`) and a drafter with ``draft_tree`` (the EAGLE drafter);
-            γ becomes the tree's depth and stays fixed (no adaptive γ); eager forwards. Lossless as a chain.
+            for :meth:`DraftTree.default() <specdec.tree.DraftTree.default>` (with a prompt-lookup drafter,
+            :class:`~specdec.lookup.LookupDrafter`, and a lookup branch of :data:`DEFAULT_LOOKUP_BRANCH` nodes that it
+            fills). Greedy, dense verification (:class:`~specdec.verifiers.FullVerifier`) and a drafter with
+            ``draft_tree`` (the EAGLE drafter, alone or behind prompt lookup); γ becomes the tree's depth and stays
+            fixed (no adaptive γ); eager forwards. Lossless as a chain.
     """
 
     def __init__(

@@ -276,6 +276,33 @@ class LookupDrafter(Drafter):
             self._index.append(memo[key].copy())
         self._copied = None  # the device buffer (kept: its address keys a graph) is refilled at the first search
 
+    #: fills a draft tree's lookup branch (:meth:`draft_tree`; the engine checks this)
+    lookup_branch = True
+
+    @torch.no_grad()
+    def draft_tree(self, state, tree) -> torch.Tensor:
+        """A :class:`~specdec.tree.DraftTree`'s tokens ``(B, N)``: the inner drafter's tree (its ``draft_tree``), and on
+        the tree's lookup branch the continuation of each sequence's longest match (``min_n .. max_n`` tokens, the
+        latest; ``periodic`` as for a chain) where there is one. Every match is taken: the branch is verified beside
+        the inner drafter's nodes, never instead of them. Host search (:class:`NgramIndex`), one tensor write."""
+        if not tree.lookup:
+            raise SpecdecError("a prompt-lookup drafter drafts a tree with a lookup branch; use "
+                               "DraftTree(paths, lookup=4) (or tree=True), or draft the tree with the inner drafter.")
+        tokens = self.inner.draft_tree(state, tree).contiguous()  # (B, N): the branch repeats the argmax chain
+        B, k = tokens.shape[0], tree.lookup
+        vals, at, found = [], [], 0
+        for b in range(B):
+            prop, _ = self._index[b].propose(state.tokens[b], k, self.periodic)
+            vals += prop
+            at += [b * tokens.shape[1] + r - 1 for r in tree.lookup_rows[: len(prop)]]
+            found += bool(prop)
+        self.rounds += B
+        self._matched = found + (self._matched if self._matched is not None else 0)
+        if vals:
+            flat = torch.tensor(vals + at, dtype=torch.long).to(tokens.device)
+            tokens.view(-1).index_copy_(0, flat[len(vals):], flat[: len(vals)])
+        return tokens
+
     def chains(self, state) -> bool:
         """Whether this round drafts with the ``chain`` policy: asked for, greedy, and an inner drafter that can
         continue a chain from given tokens (``draft_chain``: the EAGLE head); otherwise ``replace``."""
@@ -479,7 +506,8 @@ class LookupDrafter(Drafter):
         return add(1, pos.clamp(max=la.shape[1] - 1), inside.to(la.dtype) * KEPT_MASS)
 
     def take_flags(self) -> torch.Tensor | None:
-        return self.inner.take_flags()
+        take = getattr(self.inner, "take_flags", None)  # (a duck-typed plugin drafter may not have it)
+        return take() if take is not None else None
 
     def draft_ahead(self, state, gamma: int) -> None:
         """The inner drafter's early start (the context search reads the host's token lists: it waits for

@@ -16,6 +16,12 @@ rank-path prefixes most often on the target's greedy path, counted for the shipp
 
 Rows are numbered ``0`` (the pending token, the root) and ``1 .. N`` (the nodes in breadth-first order, a
 node after its parent).
+
+A tree may also carry a **lookup branch** (``lookup=k``): a chain of ``k`` more nodes off the root, after the
+rank-path nodes, whose tokens a prompt-lookup drafter fills with what followed the latest earlier occurrence of the
+context's last tokens (:meth:`specdec.lookup.LookupDrafter.draft_tree`). The head's tree and the copied continuation
+are then verified in the same pass; where the context has no match, the branch repeats the head's argmax chain (the
+rank paths ``(0,)``, ``(0, 0)``, ..) and is never accepted deeper than it.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class DraftTree:
 
     Args:
         paths: prefix-closed rank paths (tuples of ranks ``>= 0``), in any order.
+        lookup: the length of a lookup branch (a chain off the root that a prompt-lookup drafter fills; 0: none).
 
     Attributes:
         paths: the paths, breadth-first (by depth, then lexicographically): node ``i + 1`` is ``paths[i]``.
@@ -53,10 +60,16 @@ class DraftTree:
         inner: per depth ``1 .. D``, the rows at that depth that have children (the draft runs a head row for each).
         widths: per row, how many of the draft's top tokens its children need (0: a leaf).
         parent_of: per row, its parent's row (host ints; the root's 0).
-        children: per row, its children's rows.
+        children: per row, its children's rows among the rank-path nodes.
+        lookup_rows: the lookup branch's rows, by depth (empty without one).
+        fallback: per lookup row, the rank-path row whose token it repeats where the context has no match (the
+            argmax chain's row at its depth; ``0`` where the tree has none: the branch then stops being accepted).
     """
 
-    def __init__(self, paths: Iterable[Sequence[int]]) -> None:
+    def __init__(self, paths: Iterable[Sequence[int]], lookup: int = 0) -> None:
+        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+            raise SpecdecError(f"a draft tree's lookup branch needs a length that is an int >= 0, got {lookup!r}; "
+                               "e.g. lookup=4 (0: no lookup branch).")
         seen = set()
         for p in paths:
             if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or not p:
@@ -72,23 +85,34 @@ class DraftTree:
             if len(p) > 1 and p[:-1] not in seen:
                 raise SpecdecError(f"draft-tree path {p} has no parent {p[:-1]} in the tree; the paths must be "
                                    "prefix-closed (add every prefix of every path).")
-        if len(seen) + 1 > MAX_ROWS:
-            raise SpecdecError(f"a draft tree of {len(seen)} nodes is too large; use at most {MAX_ROWS - 1}.")
+        if len(seen) + lookup + 1 > MAX_ROWS:
+            raise SpecdecError(f"a draft tree of {len(seen) + lookup} nodes is too large; use at most {MAX_ROWS - 1}.")
         self.paths = tuple(sorted(seen, key=lambda p: (len(p), p)))
         index = {p: i + 1 for i, p in enumerate(self.paths)}
-        n = len(self.paths) + 1
+        first = len(self.paths) + 1  # the lookup branch's first row
+        self.lookup = lookup
+        self.lookup_rows = list(range(first, first + lookup))
+        self.fallback = [index.get((0,) * (d + 1), 0) for d in range(lookup)]
+        if 0 in self.fallback:  # past the argmax chain: the branch repeats nothing the head drafted
+            cut = self.fallback.index(0)
+            self.fallback = self.fallback[:cut] + [0] * (lookup - cut)
+        n = first + lookup
         #: per row, its parent's row (host ints; the root's 0)
-        self.parent_of = [0] + [index.get(p[:-1], 0) for p in self.paths]
+        self.parent_of = [0] + [index.get(p[:-1], 0) for p in self.paths] + [0] + self.lookup_rows[:-1]
         self.parent = torch.tensor(self.parent_of, dtype=torch.long)
-        self.depth = torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long)
+        depths = [0] + [len(p) for p in self.paths] + list(range(1, lookup + 1))
+        self.depth = torch.tensor(depths, dtype=torch.long)
         mask = torch.eye(n, dtype=torch.bool)
-        for p, i in index.items():
-            for k in range(1, len(p)):
-                mask[i, index[p[:k]]] = True
-            mask[i, 0] = True
+        for i in range(1, n):  # every ancestor, up to the root
+            j = self.parent_of[i]
+            while True:
+                mask[i, j] = True
+                if j == 0:
+                    break
+                j = self.parent_of[j]
         self.mask = mask
-        self.max_depth = max(len(p) for p in self.paths)
-        self.levels = [[index[p] for p in self.paths if len(p) == d] for d in range(1, self.max_depth + 1)]
+        self.max_depth = max(depths)
+        self.levels = [[i for i in range(1, n) if depths[i] == d] for d in range(1, self.max_depth + 1)]
         widths = [0] * n
         for p in self.paths:
             par = index.get(p[:-1], 0)
@@ -97,7 +121,7 @@ class DraftTree:
         self.inner = [[u for u in level if widths[u]] for level in self.levels]
         #: per row, its children's rows
         self.children = [[] for _ in range(n)]
-        for i, par in enumerate(self.parent_of[1:], start=1):
+        for i, par in enumerate(self.parent_of[1:first], start=1):
             self.children[par].append(i)
         self._dev: dict[str, tuple[torch.Tensor, ...]] = {}
 
@@ -107,16 +131,18 @@ class DraftTree:
         return cls([(0,) * (k + 1) for k in range(gamma)])
 
     @classmethod
-    def default(cls) -> "DraftTree":
-        return cls(DEFAULT_PATHS)
+    def default(cls, lookup: int = 0) -> "DraftTree":
+        """:data:`DEFAULT_PATHS` (16 nodes, depth 4), with a lookup branch of ``lookup`` nodes."""
+        return cls(DEFAULT_PATHS, lookup=lookup)
 
     @property
     def nodes(self) -> int:
-        """Draft tokens per sequence (rows verified: ``nodes + 1``)."""
-        return len(self.paths)
+        """Draft tokens per sequence (rows verified: ``nodes + 1``), the lookup branch's included."""
+        return len(self.paths) + self.lookup
 
     def __repr__(self) -> str:
-        return f"DraftTree(nodes={self.nodes}, depth={self.max_depth})"
+        extra = f", lookup={self.lookup}" if self.lookup else ""
+        return f"DraftTree(nodes={self.nodes}, depth={self.max_depth}{extra})"
 
     def on(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """``(parent, depth, mask, level rows)`` on ``device``, made once per device (a decode round makes none)."""
@@ -147,7 +173,8 @@ def accept_greedy(tree: DraftTree, tokens: torch.Tensor, logits: torch.Tensor):
     for rows in level_rows:  # a node is accepted when its parent is and its token is the parent's greedy token
         par = parent[rows]
         ok[:, rows] = ok[:, par] & (tokens[:, rows] == y[:, par])
-    # siblings carry distinct tokens, so at most one node per depth is accepted: the deepest is the path's end
+    # rank siblings carry distinct tokens; a lookup node may repeat a rank node's token (then both are accepted with
+    # the same tokens above them): the deepest accepted node is the path's end, either of equals
     score = torch.where(ok, depth.view(1, -1), torch.full_like(depth.view(1, -1), -1))
     n_acc, last = score.max(dim=1)  # (B,)
     next_token = y.gather(1, last.view(B, 1))[:, 0]

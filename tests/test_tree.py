@@ -50,6 +50,23 @@ def test_tree_structure_and_errors():
             DraftTree(bad)
 
 
+def test_lookup_branch_structure_and_errors():
+    t = DraftTree.default(lookup=6)  # a chain of 6 off the root after the 16 rank nodes
+    assert t.nodes == 22 and t.max_depth == 6 and t.lookup_rows == list(range(17, 23)) and repr(t).endswith("lookup=6)")
+    assert t.parent_of[17:] == [0, 17, 18, 19, 20, 21] and t.depth[17:].tolist() == [1, 2, 3, 4, 5, 6]
+    assert set(torch.nonzero(t.mask[20])[:, 0].tolist()) == {0, 17, 18, 19, 20}
+    assert not t.mask[:17, 17:].any()  # no rank node sees the branch
+    assert [t.paths[r - 1] for r in t.fallback[:4]] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)] and t.fallback[4:] == [0, 0]
+    assert 17 not in t.children[0] and t.widths[0] == 3 and all(17 + i in t.levels[i] for i in range(6))
+    assert t.inner == DraftTree.default().inner + [[], []]  # the head runs no row for the branch
+    assert DraftTree([(1,)], lookup=2).fallback == [0, 0]  # no argmax chain to repeat
+    for bad in (-1, True, "2", 1.0):
+        with pytest.raises(SpecdecError, match="lookup branch needs a length"):
+            DraftTree(DEFAULT_PATHS, lookup=bad)
+    with pytest.raises(SpecdecError, match="too large"):
+        DraftTree(DEFAULT_PATHS, lookup=120)
+
+
 def test_accept_greedy_walks_the_matching_branch():
     t = DraftTree([(0,), (1,), (0, 0), (1, 0), (1, 0, 0)])  # rows: 1 (0,), 2 (1,), 3 (0,0), 4 (1,0), 5 (1,0,0)
     V = 20
@@ -78,12 +95,13 @@ def test_keep_path_moves_the_accepted_rows():
         ring.keep_path(torch.tensor([2]), torch.tensor([[1]]))
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch"])
-def test_tree_rows_equal_their_paths_run_as_chains(target, backend):
-    """Each node's logits (and the K/V it leaves) equal the last row of its root-to-node path run as a chain."""
+@pytest.mark.parametrize("backend,lookup", [("reference", 0), ("torch", 0), ("torch", 6)])
+def test_tree_rows_equal_their_paths_run_as_chains(target, backend, lookup):
+    """Each node's logits (and the K/V it leaves) equal the last row of its root-to-node path run as a chain (a lookup
+    branch deeper than the rank paths too)."""
     from specdec.registry import BACKENDS
 
-    t = DraftTree.default()
+    t = DraftTree.default(lookup=lookup)
     L0 = 21
     ctx = torch.tensor([list(range(3, 3 + L0)), [(7 * i) % 90 + 4 for i in range(L0)]])
     B = 2
@@ -246,6 +264,84 @@ def test_tree_refusals(target, artifact):
     with target.using_backend(NoTree()):
         with pytest.raises(SpecdecError, match="supports_tree"):
             target.forward(rows, target.new_cache(1, 64), torch.tensor([3]), tree=t)
+
+
+def test_lookup_branch_is_filled_from_the_context(target, artifact):
+    """LookupDrafter.draft_tree: the head's tree, and on the lookup branch what followed the latest earlier occurrence
+    of the context's last tokens; where nothing matches, the head's argmax chain (the branch adds nothing)."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+
+    t = DraftTree.default(lookup=5)
+    d = LookupDrafter(EagleDrafter(target, artifact), 2, 4)
+    eng = SpeculativeEngine(target, d, tree=t, eos_token_id=-1)
+    prompts = [[40, 41, 42, 43, 44, 45, 46, 50, 51, 52, 53, 42], list(range(3, 40))]
+    state, _ = eng._start(prompts, 16, None)
+    state.tokens[0][-1] = 43  # (the pending token, the list's last: "42 43" was seen before)
+    out = d.draft_tree(state, t)
+    head = [r - 1 for r in t.fallback[:4]]  # the argmax chain's columns
+    assert out[0, 16:].tolist() == [44, 45, 46, 50, 51]  # the continuation of the earlier "42 43"
+    assert out[1, 16:20].tolist() == out[1, head].tolist()  # no match in 3 .. 39: the argmax chain repeated
+    assert d.stats(reset=True)["matched"] == 1
+
+
+class _Context:
+    """A stand-in for a sequence's n-gram index whose "match" is dense greedy's continuation (``truth``)."""
+
+    def __init__(self, truth):
+        self.truth = truth
+
+    def propose(self, toks, k, periodic=True):
+        return self.truth[len(toks) : len(toks) + k], 4
+
+
+def test_an_oracle_lookup_branch_is_accepted_whole(target):
+    """The truth on the lookup branch only (every rank node wrong): every round accepts the whole branch (τ 5), with
+    dense's tokens — the branch's rows are verified at the right positions and its K/V kept."""
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+
+    dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    want = dense.generate(PROMPTS, 25).tokens
+    truth = [p + w for p, w in zip(PROMPTS, want)]
+    d = LookupDrafter(_Oracle(truth, (9,)), 2, 4)  # (no rank path starts with rank 9: every head node is wrong)
+    eng = SpeculativeEngine(target, d, tree=True, eos_token_id=-1)
+    assert eng.tree.lookup == 4 and eng.gamma == 4
+    real = d.prefill
+    d.prefill = lambda state: (real(state), d._index.__setitem__(slice(None), [_Context(x) for x in truth]))
+    res = eng.generate(PROMPTS, 25)
+    assert res.tokens == want
+    assert res.stats.iterations == 5 and res.stats.mean_accepted_length == pytest.approx(5.0)
+
+
+def test_lookup_tree_engine_emits_dense_tokens(target, artifact):
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+
+    prompts = PROMPTS + [[7, 8, 9, 10, 11] * 5]
+    for eos in (-1, 11):
+        want = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=eos).generate(prompts, 30).tokens
+        d = LookupDrafter(EagleDrafter(target, artifact), 1, 3)
+        got = SpeculativeEngine(target, d, tree=DraftTree.default(lookup=6), eos_token_id=eos).generate(prompts, 30)
+        assert got.tokens == want
+        assert d.stats()["matched"] > 0
+
+
+def test_lookup_tree_refusals(target, artifact):
+    from specdec.drafters import EarlyExitDrafter
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+
+    d = EagleDrafter(target, artifact)
+    with pytest.raises(SpecdecError, match="has none; wrap it"):
+        SpeculativeEngine(target, d, tree=DraftTree.default(lookup=4))
+    with pytest.raises(SpecdecError, match="needs a tree with a lookup branch"):
+        SpeculativeEngine(target, LookupDrafter(d), tree=DraftTree.default())
+    with pytest.raises(SpecdecError, match="EarlyExitDrafter drafter cannot draft a tree"):
+        SpeculativeEngine(target, LookupDrafter(EarlyExitDrafter(target, 1)), tree=True)
 
 
 def test_eagle_head_is_fed_the_accepted_path(target, artifact):
