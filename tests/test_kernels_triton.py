@@ -131,6 +131,44 @@ def test_sparse_matches_reference(dtype, budget, T, hkv, G):
     check(SMALL, q, k, v, lens, plan_indices=idx, dense_from=df)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("tree,hkv,G", [("default", 1, 3), ("lookup", 2, 3), ("wide", 1, 4)])
+@pytest.mark.parametrize("cfg", ["small", "auto"])
+def test_draft_tree_rows_match_reference(dtype, sparse, tree, hkv, G, cfg):
+    """Draft-tree rows (a tree mask among the new rows) in the split-K kernel: dense and sparse, one split and several,
+    with and without the fast loop's unmasked tiles; a row that saw its later siblings would differ."""
+    from specdec.tree import DraftTree
+
+    t = {"default": DraftTree.default(), "lookup": DraftTree([(0,), (1,), (0, 0)], lookup=3),
+         "wide": DraftTree([(r,) for r in range(6)] + [(0, 0), (0, 0, 0)])}[tree]
+    T = t.nodes + 1
+    lengths = [70, 33, 0] if not ON_GPU else [6000, 2500, 0]
+    q, k, v, lens = make_case(3, hkv, G, T, 64, max(lengths) + T + 3, dtype, lengths, seed=T)
+    kw = dict(tree=t.mask.to(DEV))
+    if sparse:
+        kw["plan_indices"], kw["dense_from"] = make_plan(3, hkv, 24, lengths, T)
+    check(SMALL if cfg == "small" else AUTO, q, k, v, lens, **kw)
+
+
+def test_draft_tree_rows_past_one_tile_and_with_scores():
+    """More rows than a packed tile, or scores asked: the torch backend's SDPA with the mask, the reference's
+    scores; the kernel itself refuses scores with a tree and a mask of the wrong shape."""
+    from specdec.tree import DraftTree
+
+    t = DraftTree([(r,) for r in range(20)])  # 21 rows x G 4 > 64
+    q, k, v, lens = make_case(2, 1, 4, 21, 16, 60, torch.float32, [30, 7], seed=2)
+    check(SMALL, q, k, v, lens, tree=t.mask.to(DEV))
+    t = DraftTree.default()
+    q, k, v, lens = make_case(2, 1, 3, 17, 16, 60, torch.float32, [30, 7], seed=3)
+    check(SMALL, q, k, v, lens, tree=t.mask.to(DEV), score_rows=[0], score_kind="softmax")
+    meta = AttentionMetadata(lens, 0.25)
+    with pytest.raises(ValueError, match="take no scores"):
+        splitk_attention(q, k, v, meta, row_weights=torch.ones(3, 17, device=DEV), tree=t.mask.to(DEV))
+    with pytest.raises(ValueError, match=r"is \(17, 17\)"):
+        splitk_attention(q, k, v, meta, tree=t.mask[:5, :5].to(DEV))
+
+
 @pytest.mark.parametrize("kind", ["logits", "softmax"])
 def test_sparse_with_scores(kind):
     lengths = [60, 21]

@@ -3,7 +3,7 @@
 One kernel serves three uses (``SPARSE`` and ``SCORE_MODE`` are compile-time switches):
 
 * **verify / decode** (dense): the ``T`` new rows of a sequence attend causally to positions
-  ``<= lengths[b] + t``. The ``T`` rows times the ``G`` query heads of one KV group are packed
+  ``<= lengths[b] + t`` (a draft tree's rows: to the cached positions and the new rows ``tree[t]`` allows). The ``T`` rows times the ``G`` query heads of one KV group are packed
   into the ``BLOCK_M`` rows of one tile (row ``m = g * T + t``), so each K/V tile is read from
   memory once per KV head, not once per query head and row.
 * **sparse** (draft steps, sparse verification): the positions come from an index list per
@@ -136,6 +136,7 @@ def _splitk_attn_kernel(
     SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
     ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False, SINK_FOLD: tl.constexpr = False,
     LOG2_FOLD: tl.constexpr = False, SPLIT_TILES: tl.constexpr = False,
+    TreeMask=None, TREE: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
         tl.extra.cuda.gdc_wait()
@@ -249,7 +250,14 @@ def _splitk_attn_kernel(
             if not LOG2_FOLD:
                 s = s * sm_scale
             if not SPLIT_TILES or phase == 1:
-                vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
+                if TREE:  # a draft tree: new row j (position length + j) is seen where TreeMask[t, j]
+                    jn = pos - length
+                    new_row = valid & (jn >= 0) & (jn < T)
+                    seen = tl.load(TreeMask + t[:, None] * T + jn[None, :], mask=row_valid[:, None] & new_row[None, :],
+                                   other=0)
+                    vis = valid[None, :] & ((pos[None, :] < length) | (seen != 0))
+                else:
+                    vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
                 s = tl.where(vis, s, float("-inf"))
                 s_ok = valid & (pos < n_ctx)  # where a position's score is stored
             if SCORE_MODE == 1:
@@ -818,6 +826,7 @@ def splitk_attention(
     score_dtype: torch.dtype = torch.float32,
     sink_anchors: str | None = None,
     score_store: str | None = None,
+    tree: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -864,6 +873,9 @@ def splitk_attention(
             fewer instructions per tile, the same scores up to rounding; the fold also runs in the interpreter);
             ``None``: ``cfg.score_store``, else the launch table's (``"direct"`` for the ``SINK_FEW_LONG``
             class, ``"shared"`` elsewhere).
+        tree: ``(T, T)`` bool, a draft tree's visibility among the new rows (:attr:`AttentionMetadata.tree`): row
+            ``t`` sees new row ``j`` where ``tree[t, j]`` instead of where ``j <= t`` (the cached positions as
+            always); no scores with it.
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -924,6 +936,12 @@ def splitk_attention(
     alloc = torch.zeros if sparse else torch.empty
     if score_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"score_dtype must be torch.float32 or torch.bfloat16, not {score_dtype}.")
+    if tree is not None:
+        if tree.shape != (T, T):
+            raise ValueError(f"a tree mask for {T} rows is ({T}, {T}), not {tuple(tree.shape)}.")
+        if row_weights is not None or row_slots is not None or row_queries is not None:
+            raise ValueError("draft-tree rows take no scores; score them with the reference backend.")
+        tree = tree.to(device=dev, dtype=torch.int8).contiguous()
     if sink_softmax and row_weights is None:
         raise ValueError("sink_softmax scores need row_weights (the weight of each (head, row)).")
     if row_weights is not None:
@@ -988,6 +1006,7 @@ def splitk_attention(
         SinkRef=sink_ref if sink_ref is not None else lse, ANCHOR_IN=anchor_in, DIRECT_STORE=direct_store,
         ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold,
         LOG2_FOLD=bool(cfg.fast_loop), SPLIT_TILES=split_tiles,
+        TreeMask=tree if tree is not None else lse, TREE=tree is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:

@@ -211,6 +211,9 @@ class TritonBackend(AttentionBackend):
     #: when this backend is): a local layer reads only its window, so SDPA over the ring is cheap
     supports_window = True
     supports_softcap = True
+    #: draft-tree rows (``meta.tree``) through the split-K kernel with the tree mask where they fit one packed tile
+    #: and ask no scores; otherwise through the torch backend (SDPA with the mask; scores: the reference)
+    supports_tree = True
 
     def __init__(self, config: TritonConfig | None = None) -> None:
         self.config = config or TritonConfig()
@@ -433,6 +436,11 @@ class TritonBackend(AttentionBackend):
         rows, kind, heads, per_row = meta.score_rows, meta.score_kind, meta.score_heads, meta.score_per_row
         if meta.window is not None or meta.softcap is not None:
             return self._window_delegate().attend(q, k_cache, v_cache, meta)
+        if meta.tree is not None:  # no peer, FlashAttention or chunked path knows the tree mask
+            if rows is None and T * (H // Hkv) <= self.config.max_packed_rows:
+                out, _, _, _ = splitk_attention(q, k_cache, v_cache, meta, cfg=self._launch, tree=meta.tree)
+                return out, None
+            return self._window_delegate().attend(q, k_cache, v_cache, meta)
 
         peer = self.peer_for(q, k_cache, meta)
         self.peer_calls[(peer, "sparse" if meta.sparse else ("decode" if T == 1 else "verify"), bool(meta.static))] += 1
@@ -485,7 +493,8 @@ class TritonBackend(AttentionBackend):
         return out, (scores if per_row else scores.view(B, Hkv, L))
 
     def _window_delegate(self):
-        """The torch backend that computes sliding-window / soft-capped calls (built once)."""
+        """The torch backend that computes sliding-window / soft-capped calls and draft trees past one tile (built
+        once)."""
         if getattr(self, "_torch_delegate", None) is None:
             from specdec.attention.torch_backend import TorchBackend, TorchConfig
 
