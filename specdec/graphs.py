@@ -79,6 +79,7 @@ class Step:
     hidden: bool = False  # the final hidden states are recorded too (``model.keep_hidden``, EAGLE drafters)
     hidden_layers: tuple = ()  # and these decoder layers' outputs (``model.hidden_layers``, fused features)
     chain: int = 0  # > 0: this many greedy steps of the forward in one graph (:meth:`GraphCache.greedy_chain`)
+    tree: tuple | None = None  # a draft tree's rows: the tree object's id, paths and lookup branch (its mask is read)
 
 
 def plan_description(plan: SparsePlan | None) -> tuple | None:
@@ -101,15 +102,16 @@ def backend_description(backend) -> tuple:
 
 
 def describe_step(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePlan | None,
-                  scores: tuple[ScoreRequest, ...], logits_to_keep: int) -> Step:
-    """The :class:`Step` of one forward (``plan`` already padded)."""
+                  scores: tuple[ScoreRequest, ...], logits_to_keep: int, tree=None) -> Step:
+    """The :class:`Step` of one forward (``plan`` already padded; ``tree``: a draft tree's rows)."""
     memory = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape), str(cache.k.dtype),
               _ring_memory(cache))
     return Step(rows=int(input_ids.shape[1]), batch=int(input_ids.shape[0]), cache=memory,
                 plan=plan_description(plan), scores=tuple(_score_key(r) for r in scores),
                 logits_to_keep=int(logits_to_keep), backend=backend_description(model.backend),
                 hidden=bool(getattr(model, "keep_hidden", False)),
-                hidden_layers=tuple(getattr(model, "hidden_layers", ())) if getattr(model, "keep_hidden", False) else ())
+                hidden_layers=tuple(getattr(model, "hidden_layers", ())) if getattr(model, "keep_hidden", False) else (),
+                tree=None if tree is None else (id(tree), tree.paths, tree.lookup))
 
 
 def _ring_memory(cache: KVCache) -> tuple | None:
@@ -172,6 +174,7 @@ class _Graph:
     backend: Any = None  # the backend captured (kept alive: the graph may read buffers it owns)
     hidden: torch.Tensor | None = None  # the captured final hidden states (``Step.hidden``)
     replan: Any = None  # the backend's token for ``before_replay`` (peers planned on the host: FlashInfer)
+    tree: Any = None  # the draft tree captured (kept alive: the graph reads its mask and depths in place)
 
 
 @dataclass
@@ -251,27 +254,29 @@ class GraphCache:
         plan: SparsePlan | None,
         scores: tuple[ScoreRequest, ...],
         logits_to_keep: int,
+        tree=None,
     ) -> torch.Tensor:
-        """Replay (capturing first if needed) the forward of this step shape; returns fresh logits."""
-        if input_ids.shape[1] > self.max_rows:
+        """Replay (capturing first if needed) the forward of this step shape; returns fresh logits. ``tree``: the rows
+        are a :class:`~specdec.tree.DraftTree`'s (any row count up to its size; one graph per tree object)."""
+        if input_ids.shape[1] > self.max_rows and tree is None:
             # prefill chunks are few and large (nothing to gain from a graph)
             return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
         if plan is not None:
             plan = self._pad_plan(plan)
-        key = describe_step(self.model, input_ids, cache, plan, scores, logits_to_keep)
+        key = describe_step(self.model, input_ids, cache, plan, scores, logits_to_keep, tree)
         if key in self.uncapturable:  # this step shape runs eagerly (e.g. a score path that syncs)
-            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
+            return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, tree=tree)
         g = lru_get(self.graphs, key)
         if g is None:
             if len(self.graphs) >= self.max_graphs:  # bound memory: drop the least recently used shape
                 self.graphs.pop(next(iter(self.graphs)))
             try:
-                g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep)
+                g = self._capture(key, input_ids, cache, lengths, plan, scores, logits_to_keep, tree)
             except RuntimeError as exc:
                 _EVENTS[0] += 1
                 self.uncapturable[key] = _reason(exc)
                 torch.cuda.synchronize()
-                return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep)
+                return self.model._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, tree=tree)
         else:
             g.ids.copy_(input_ids)
             g.lengths.copy_(lengths)
@@ -371,21 +376,21 @@ class GraphCache:
             replan = end() if end is not None else None
         return graph, out, replan
 
-    def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep) -> _Graph:
+    def _capture(self, key, input_ids, cache, lengths, plan, scores, logits_to_keep, tree=None) -> _Graph:
         ids = input_ids.clone()
         lens = lengths.clone()
         splan = None if plan is None else _own_plan(plan)
         reqs = tuple(_blank(r) for r in scores)
 
         def step():
-            return self.model._eager_forward(ids, cache, lens, splan, reqs, logits_to_keep, static=True)
+            return self.model._eager_forward(ids, cache, lens, splan, reqs, logits_to_keep, static=True, tree=tree)
 
         backend = self.model.backend
         graph, logits, replan = self._warm_and_capture(step)
         graph.replay()  # the captured run leaves outputs unset until the first replay
         hidden = self.model.last_hidden if key.hidden else None  # the captured run's buffer (the hook kept it)
         g = _Graph(graph=graph, ids=ids, lengths=lens, plan=splan, reqs=reqs, logits=logits, backend=backend,
-                   hidden=hidden, replan=replan)
+                   hidden=hidden, replan=replan, tree=tree)
         self.graphs[key] = g
         self.captures += 1
         _EVENTS[0] += 1

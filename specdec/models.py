@@ -746,7 +746,8 @@ class SpecdecModel:
             tree: a :class:`~specdec.tree.DraftTree` of ``T - 1`` nodes: the rows are its root and nodes, each at
                 position ``lengths + depth`` seeing only its ancestors among the rows (their K/V still land in
                 slots ``lengths .. lengths + T - 1``; :meth:`~specdec.cache.KVCache.keep_path` moves an accepted
-                path's). Eager (no CUDA graph); the backend must declare ``supports_tree``.
+                path's). One CUDA graph per tree with :meth:`enable_cuda_graphs` on a GPU (never compiled); the backend
+                must declare ``supports_tree``.
 
         Returns:
             ``(B, T or logits_to_keep, V)`` float32 logits.
@@ -760,6 +761,9 @@ class SpecdecModel:
             if cache.ring_k is not None:
                 raise SpecdecError("draft trees need a model without sliding-window layers (their rings keep no room "
                                    "for a tree's rows); use a chain draft (tree=None).")
+            if self._graphs is not None and input_ids.device.type == "cuda":
+                cache.check_capacity(lengths, input_ids.shape[1])  # the captured forward skips it
+                return self._graphs.run(input_ids, cache, lengths, plan, as_requests(scores), logits_to_keep, tree=tree)
             return self._eager_forward(input_ids, cache, lengths, plan, scores, logits_to_keep, tree=tree)
         if self._graphs is not None and input_ids.device.type == "cuda":
             cache.check_capacity(lengths, input_ids.shape[1])  # the captured forward skips it

@@ -38,6 +38,34 @@ def test_graph_replay_equals_eager(backend):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_tree_forward_replays_as_a_graph(backend):
+    """A draft tree's verify forward with graphs: one capture per tree, replays equal to the eager forward (the
+    Triton backend: the split-K kernel's tree mask inside the graph)."""
+    from specdec.tree import DraftTree
+
+    be = BACKENDS.build(backend, **({"static": True} if backend == "torch" else {}))
+    m = _cuda_tiny(be)
+    cache = m.new_cache(2, 96)
+    cache.k.normal_()
+    cache.v.normal_()
+    t = DraftTree.default(lookup=4)
+    m.enable_cuda_graphs()
+    try:
+        for seed, lens in ((0, [40, 70]), (1, [41, 66])):
+            L = torch.tensor(lens, device="cuda")
+            x = torch.randint(0, 96, (2, t.nodes + 1), device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+            got = m.forward(x, cache, L, tree=t)
+            graphs = m._graphs
+            m._graphs = None
+            eager = m.forward(x, cache, L, tree=t)
+            m._graphs = graphs
+            torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+        assert m._graphs.captures == 1 and m._graphs.replays == 1
+    finally:
+        m.disable_cuda_graphs()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_greedy_chain_replays_as_one_graph(backend):
     """``greedy_steps`` with graphs: the γ steps are one captured graph (``GraphCache.greedy_chain``) giving the tokens
     and flags of stepping eagerly, and its replays read new first tokens, lengths and plan values."""

@@ -79,6 +79,48 @@ def test_accept_greedy_walks_the_matching_branch():
     assert path[0].tolist() == [2, 4, 5] and tokens[0].gather(0, path[0]).tolist() == [4, 12, 13]
 
 
+def test_tree_forward_through_the_graph_cache(target, monkeypatch):
+    """GraphCache.run with a tree: captured once per tree object (its id, paths and branch in the step key), replayed
+    with new rows and lengths, the logits those rows give eagerly. The capture is emulated on the CPU: the "graph"
+    re-runs the captured function on its static inputs and writes into the captured output buffer, as a replay does."""
+    from specdec.attention.torch_backend import TorchBackend, TorchConfig
+    from specdec.graphs import GraphCache, describe_step
+
+    def fake_capture(self, fn):
+        out = fn()
+
+        class Replay:
+            def replay(self):
+                out.copy_(fn())
+
+        return Replay(), out, None
+
+    monkeypatch.setattr(GraphCache, "_warm_and_capture", fake_capture)
+    monkeypatch.setattr(target, "backend", TorchBackend(TorchConfig(static=True)))  # capture-safe
+    t = DraftTree.default(lookup=4)
+    B, L0 = 2, 21
+    ctx = torch.tensor([list(range(3, 3 + L0)), [(7 * i) % 90 + 4 for i in range(L0)]])
+    gen = torch.Generator().manual_seed(4)
+    cache = target.new_cache(B, 64)
+    target.forward(ctx, cache, torch.zeros(B, dtype=torch.long))
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    graphs = GraphCache(target, pool=object())  # (no CUDA memory pool on the CPU)
+    for lengths in ([L0, L0], [L0, L0 - 3], [L0 - 5, L0]):
+        lengths = torch.tensor(lengths)
+        rows = torch.randint(4, 90, (B, t.nodes + 1), generator=gen)
+        cache.k.copy_(k0)
+        cache.v.copy_(v0)
+        got = graphs.run(rows, cache, lengths, None, (), 0, tree=t)
+        cache.k.copy_(k0)
+        cache.v.copy_(v0)
+        want = target.forward(rows, cache, lengths, tree=t)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert graphs.captures == 1 and graphs.replays == 2
+    graphs.run(rows, cache, lengths, None, (), 0, tree=DraftTree.default(lookup=4))  # another tree object
+    assert graphs.captures == 2
+    assert describe_step(target, rows, cache, None, (), 0, t) != describe_step(target, rows, cache, None, (), 0)
+
+
 def test_keep_path_moves_the_accepted_rows():
     from specdec.cache import KVCache
 
