@@ -672,22 +672,35 @@ class EagleDrafter(Drafter):
         depth, every node with children runs one head row — its parent's predicted feature and its own token at
         position ``L + depth - 1``, attending to the head's cache below ``L`` and to its ancestors' rows (a tree mask
         over scratch K/V: the head's cache is not written past ``L - 1``). Along the path of argmax tokens this is
-        the chain draft (its features up to float rounding: the softmax is split over cache and scratch). Eager, PyTorch attention; no lookahead signal (dense verification needs none).
+        the chain draft (its features up to float rounding: the softmax is split over cache and scratch). PyTorch
+        attention; no lookahead signal (dense verification needs none). A fixed-shape function of tensors
+        (:meth:`_tree`): one CUDA graph replay per tree on a GPU with the target's graphs, as the chain's draft.
         A lookup branch (``tree.lookup``) gets the argmax chain's tokens (``tree.fallback``): a
         :class:`~specdec.lookup.LookupDrafter` replaces them where the context has a match."""
-        B = state.lengths.shape[0]
         first = (self._feat_last, self._hidden, self._rows, self._drafted_len, state.lengths, state.pending)
-        pred, self._feat_last = self._first(*first)
+        name = ("tree", id(tree), tree.paths, tree.lookup)
+        tok, self._feat_last, flags = self._call(name, lambda *t: self._tree(tree, *t), *first)
         self._drafted_len = state.lengths.clone()
-        mask = tree.on(state.lengths.device)[2]
+        if flags is not None:
+            self._flags = flags.clone()
+        return tok[:, 1:].clone()
+
+    def _tree(self, tree, *first_args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:meth:`draft_tree`'s device work: ``(tokens (B, N + 1) with the pending token in column 0, f_{L-1}, the
+        non-finite flags)``. Reads only its arguments, the head's cache and the tree's index tensors
+        (:meth:`~specdec.tree.DraftTree.draft_index`); no host read."""
+        lengths, pending = first_args[4], first_args[5]
+        pred, new_last = self._first(*first_args)
+        B = lengths.shape[0]
+        rows_d, anc_d, look_rows, fallback = tree.draft_index(lengths.device)
         n = tree.nodes + 1
-        tok = torch.zeros(B, n, dtype=torch.long, device=state.lengths.device)
-        tok[:, 0] = state.pending
+        tok = torch.zeros(B, n, dtype=torch.long, device=lengths.device)
+        tok[:, 0] = pending
         preds = {0: pred}  # row -> its predicted feature (B, d): what its children's tokens come from
         layer, dt = self.head.layer, self.head.fc.weight.dtype
         Hkv, C, D = self.k_cache.shape[1:]
-        seen_ctx = torch.arange(C, device=tok.device).view(1, C) < state.lengths.view(B, 1)  # head rows <= L - 1
-        ks, vs, owners = [], [], []  # scratch K/V of the tree's head rows, and their tree rows
+        seen_ctx = torch.arange(C, device=tok.device).view(1, C) < lengths.view(B, 1)  # head rows <= L - 1
+        ks, vs = [], []  # scratch K/V of the tree's head rows
         flags = None
         for d in range(tree.max_depth):
             # the tokens at depth d + 1: the ranked predictions of their parents (the root, then depth d's inner rows)
@@ -698,20 +711,18 @@ class EagleDrafter(Drafter):
                 top = logits.topk(tree.widths[u], dim=-1).indices  # (B, w)
                 for c in tree.children[u]:
                     tok[:, c] = top[:, tree.paths[c - 1][-1]]
-            nxt = tree.inner[d]
+            nxt = tree.inner[d] if d < len(rows_d) else []
             if not nxt:
                 break  # (no deeper node has children)
             # the head rows of depth d + 1's inner nodes: (parent's prediction, own token) at L + d
-            rows = torch.tensor(nxt, device=tok.device)
             feats = torch.stack([preds[tree.parent_of[c]] for c in nxt], dim=1)  # (B, m, d)
-            x = self.head.inputs(self.embed(tok[:, rows]).to(dt), feats.to(dt))
-            pos = (state.lengths + d).view(B, 1).expand(B, len(nxt))
+            x = self.head.inputs(self.embed(tok.index_select(1, rows_d[d])).to(dt), feats.to(dt))
+            pos = (lengths + d).view(B, 1).expand(B, len(nxt))
             cos, sin = rope(self.target, x, pos)
             q, k, v = _qkv(layer, x, cos, sin)  # (B, H, m, D), (B, Hkv, m, D)
             H = q.shape[1]
             ks.append(k.to(self.k_cache.dtype))
             vs.append(v.to(self.v_cache.dtype))
-            owners += nxt
             # one softmax over the head's cache (read in place, each KV head once for its G query heads) and the
             # scratch rows of the tree so far
             m, G = len(nxt), H // Hkv
@@ -719,7 +730,7 @@ class EagleDrafter(Drafter):
             ksc, vsc = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # (B, Hkv, M, D)
             s = torch.cat([qg @ self.k_cache.transpose(-1, -2), qg @ ksc.transpose(-1, -2)], dim=-1)
             s = s.view(B, Hkv, G, m, -1).float() * D ** -0.5  # (B, Hkv, G, m, C + M)
-            anc = mask[rows][:, torch.tensor(owners, device=tok.device)]  # (m, M): ancestors-or-self among rows
+            anc = anc_d[d]  # (m, M): ancestors-or-self among the scratch rows
             vis = torch.cat([seen_ctx.view(B, 1, C).expand(B, m, C), anc.view(1, m, -1).expand(B, -1, -1)], dim=2)
             p = torch.softmax(s.masked_fill(~vis.view(B, 1, 1, m, -1), float("-inf")), dim=-1)
             p = p.view(B, Hkv, G * m, -1).to(self.v_cache.dtype)
@@ -728,10 +739,8 @@ class EagleDrafter(Drafter):
             for i, c in enumerate(nxt):
                 preds[c] = y[:, i]
         if tree.lookup:  # a lookup branch (filled by a prompt-lookup wrapper): the argmax chain where no match
-            tok[:, tree.lookup_rows] = tok[:, tree.fallback]
-        if flags is not None:
-            self._flags = flags.clone()
-        return tok[:, 1:]
+            tok.index_copy_(1, look_rows, tok.index_select(1, fallback))
+        return tok, new_last, flags
 
     def tree_verified(self, state, rows: torch.Tensor, path: torch.Tensor) -> None:
         """After a tree's verification: queue the accepted path's rows (the pending token and the path's tokens

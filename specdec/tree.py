@@ -152,6 +152,24 @@ class DraftTree:
             self._dev[key] = (self.parent.to(device), self.depth.to(device), self.mask.to(device), rows)
         return self._dev[key]
 
+    def draft_index(self, device) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """What a tree draft indexes with, on ``device`` (made once per device; a CUDA graph reads them in place):
+        per depth ``d = 1 .. D``, the rows of its inner nodes (:attr:`inner`) and the ancestor-or-self mask of those
+        rows over every inner row of depths ``1 .. d`` (``(m_d, M_d)`` bool: the head's scratch rows so far); then the
+        lookup branch's rows and :attr:`fallback` rows."""
+        key = "draft:" + str(device)
+        if key not in self._dev:
+            rows, anc, owners = [], [], []
+            for level in self.inner:
+                if not level:
+                    break
+                owners += level
+                rows.append(torch.tensor(level, device=device))
+                anc.append(self.mask[level][:, owners].to(device))
+            self._dev[key] = (rows, anc, torch.tensor(self.lookup_rows, dtype=torch.long, device=device),
+                              torch.tensor(self.fallback, dtype=torch.long, device=device))
+        return self._dev[key]
+
 
 def accept_greedy(tree: DraftTree, tokens: torch.Tensor, logits: torch.Tensor):
     """Greedy acceptance over a verified tree.

@@ -130,6 +130,38 @@ def test_replayed_draft_gives_the_eager_tokens(target, artifact, method):
         assert calls.captures == len(names) and calls.replays >= 8, (calls.captures, calls.replays)
 
 
+@pytest.mark.parametrize("lookup", [0, 3])
+def test_replayed_tree_draft_gives_the_eager_tokens(target, artifact, lookup):
+    """The tree draft (``EagleDrafter._tree``) under the graph emulation: the same tokens and τ as eager (dense
+    greedy's), captured once per input shape and replayed; with a lookup branch, behind prompt lookup."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+    from specdec.tree import DraftTree
+
+    tree = DraftTree.default(lookup=lookup)
+
+    def run(replay):
+        head = EagleDrafter(target, artifact)
+        eng = SpeculativeEngine(target, LookupDrafter(head, 1, 3) if lookup else head, tree=tree, eos_token_id=-1)
+        calls = ReplayCalls() if replay else None
+        if replay:
+            head._captured = lambda: calls
+        out = []
+        for prompts in (PROMPTS, PROMPTS[:1] * 2):
+            r = eng.generate(prompts, 20)
+            out.append((r.tokens, r.stats.mean_accepted_length))
+        return out, calls
+
+    eager, _ = run(False)
+    got, calls = run(True)
+    assert got == eager
+    assert eager[0][0] == build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(
+        PROMPTS, 20).tokens
+    # one shape after the prefill (one queued row) and one after each verification (depth + 1 rows)
+    assert [k[0][1][0] for k in calls.graphs] == ["tree", "tree"] and calls.replays >= 6, (calls.captures, calls.replays)
+
+
 def test_replayed_sampling_draft_gives_the_eager_tokens(target, artifact):
     s = SamplingConfig(temperature=0.8, seed=11)
     eager, _, _ = _run(target, artifact, False, "eagle", sampling=s, new=12)
