@@ -28,7 +28,10 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
   where its first token equals the draft model's first draft (default 4 behind an EAGLE head, else 2).
   ``lookup_policy`` (``replace`` | ``chain``), ``lookup_candidates``, ``lookup_veto``, ``lookup_by_head``: how a
   match and the EAGLE head's draft combine (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup
-  policies"). ``lookup_search``: where the ``replace`` policy searches (``auto``: on the device on a GPU with CUDA graphs).
+  policies"). ``lookup_search``: where the ``replace`` policy searches (``auto``: on the device on a GPU with CUDA graphs);
+* ``verify``: ``sparse`` (Dustin's, the default) or ``dense`` (the whole context: lossless, the same drafts — how the
+  draft's τ is measured); ``tree``: with ``verify=dense``, the draft is a tree (:mod:`specdec.tree`), with a lookup
+  branch when prompt lookup is on.
 """
 
 from __future__ import annotations
@@ -122,6 +125,12 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
         default="auto", description="prompt lookup, replace: search the context on the device (no per-sequence host "
         "work, no host read) or in per-sequence dictionaries on the host; 'auto': device on a GPU with CUDA graphs, host "
         "elsewhere. The same drafts either way")
+    verify: Literal["sparse", "dense"] = Field(
+        default="sparse", description="'sparse': Dustin's verification on the hybrid signals (near-lossless); 'dense': "
+        "the whole context (FullVerifier: lossless, the same drafts; the budget and the sparse verifier's options do "
+        "not apply)")
+    tree: bool = Field(default=False, description="draft a tree (specdec.tree: the default 16-node tree, plus a 4-node "
+                       "lookup branch with prompt lookup on) instead of a chain; greedy, verify=dense and an EAGLE draft")
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -215,6 +224,22 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
         drafter = LookupDrafter(drafter, o.lookup_min, o.lookup_max, trust, policy=o.lookup_policy,
                                 veto=veto, candidates=o.lookup_candidates, by_head=o.lookup_by_head,
                                 keep=o.lookup_keep, search=o.lookup_search)
-    verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
-                              dense_first=o.dense_first, margin=o.margin)
+    if o.verify == "dense":
+        from specdec.verifiers import FullVerifier
+
+        sparse_only = sorted({"dense_every", "disagree", "dense_first", "margin"} & o.model_fields_set)
+        if sparse_only:
+            raise SpecdecError(f"option(s) {', '.join(sparse_only)} belong to Dustin's sparse verification; drop "
+                               "them with verify=dense (which reads the whole context).")
+        verifier = FullVerifier(model)
+    else:
+        if o.tree:
+            raise SpecdecError("a draft tree is verified densely; add the option verify=dense (lossless), or drop "
+                               "tree=true.")
+        verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
+                                  dense_first=o.dense_first, margin=o.margin)
+    if o.tree:
+        if cfg.sampling is not None and not cfg.sampling.greedy:
+            raise SpecdecError("a draft tree is accepted greedily; use temperature 0, or drop tree=true to sample.")
+        kw.setdefault("tree", True)  # the default tree (with a lookup branch behind prompt lookup)
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

@@ -386,6 +386,36 @@ def test_lookup_tree_refusals(target, artifact):
         SpeculativeEngine(target, LookupDrafter(EarlyExitDrafter(target, 1)), tree=True)
 
 
+def test_dustin_dense_verification_and_tree_options(target, artifact):
+    """``--method dustin`` with ``verify=dense`` (lossless: dense's tokens, stats.lossless) and ``tree=true`` (the
+    default tree plus a lookup branch behind prompt lookup); one-line refusals where they cannot apply."""
+    from specdec.lookup import LookupDrafter
+    from specdec.sampling import SamplingConfig
+
+    want = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(PROMPTS, 24).tokens
+    for opts in ({"verify": "dense"}, {"verify": "dense", "tree": True}, {"verify": "dense", "tree": True,
+                                                                         "lookup_min": 0}):
+        cfg = PipelineConfig.make(method="dustin", budget=16, sinks=2, recent=4,
+                                  options={"draft": str(artifact), **opts})
+        eng = build_engine(target, cfg, eos_token_id=-1)
+        res = eng.generate(PROMPTS, 24)
+        assert res.tokens == want and res.stats.lossless, opts
+        if opts.get("tree"):
+            looks = opts.get("lookup_min", 2) > 0
+            assert eng.tree.lookup == (4 if looks else 0) and isinstance(eng.drafter, LookupDrafter) == looks
+    for opts, what in [({"tree": True}, "add the option verify=dense"),
+                       ({"verify": "dense", "margin": 0.5, "dense_every": 2}, r"dense_every, margin belong"),
+                       ({"verify": "dense", "tree": True, "draft": "early-exit"}, "cannot draft a tree")]:
+        with pytest.raises(SpecdecError, match=what):
+            cfg = PipelineConfig.make(method="dustin", budget=16, sinks=2, recent=4,
+                                      options={"draft": str(artifact), **opts})
+            build_engine(target, cfg)
+    with pytest.raises(SpecdecError, match="accepted greedily; use temperature 0"):
+        cfg = PipelineConfig.make(method="dustin", budget=16, sinks=2, recent=4, sampling=SamplingConfig(temperature=0.5),
+                                  options={"draft": str(artifact), "verify": "dense", "tree": True})
+        build_engine(target, cfg)
+
+
 def test_eagle_head_is_fed_the_accepted_path(target, artifact):
     """After a round that accepted a non-argmax branch, the head's queued rows are the pending token and that
     branch's tokens, and their features the target's for those rows (what the next draft's first forward reads)."""
