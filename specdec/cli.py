@@ -94,6 +94,9 @@ def generate(
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=_COMPILE_HELP),
     fuse: Optional[bool] = typer.Option(None, "--fuse/--no-fuse", help=_FUSE_HELP),
     config_file: Optional[Path] = typer.Option(None, "--config", help="JSON config (e.g. from `specdec tune`)"),
+    option: list[str] = typer.Option(
+        [], "--option", help="a method option key=value, repeatable (e.g. --option draft=PATH; `specdec methods` lists "
+        "each method's); over the --config file's"),
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive",
         help="adapt γ per iteration and fall back to dense steps when drafting cannot pay "
@@ -122,7 +125,7 @@ def generate(
         raise SpecdecError(f"--batch-size must be >= 1 (got {batch_size}).")
     if context_tokens is not None and context_tokens < 1:
         raise SpecdecError(f"--context-tokens must be >= 1 (got {context_tokens}).")
-    cfg = pipeline_config(method, gamma, budget, budget_ratio, temperature, top_p, top_k, seed, config_file)
+    cfg = pipeline_config(method, gamma, budget, budget_ratio, temperature, top_p, top_k, seed, config_file, option)
     text = read_text_file(prompt_file, "--prompt-file", encoding, "--encoding")
     if not text.strip():
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")

@@ -261,26 +261,12 @@ def markdown(result: dict[str, Any], command: str, meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_options(items: Sequence[str]) -> dict[str, Any]:
-    """``["key=value", ...]`` → dict with JSON-decoded values where possible."""
-    out: dict[str, Any] = {}
-    for it in items:
-        if "=" not in it:
-            raise SpecdecError(f"--option {it!r} must look like key=value (e.g. dense_every=8).")
-        k, v = it.split("=", 1)
-        try:
-            out[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k.strip()] = v
-    return out
-
-
 def register(app) -> None:
     """Add ``specdec fidelity``."""
     import typer
 
     from specdec.friendly import friendly
-    from specdec.loading import load_model
+    from specdec.loading import load_model, parse_options
 
     @app.command("fidelity")
     @friendly

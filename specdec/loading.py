@@ -6,9 +6,10 @@ Library layer: the commands (``bench``, ``tune``, ``profile-srh``, ``fidelity``,
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from specdec.errors import SpecdecError
 
@@ -100,14 +101,22 @@ def pipeline_config(
     top_k: int,
     seed: Optional[int],
     config_file: Optional[Path] = None,
+    options: Sequence[str] = (),
 ):
-    """Merge ``--config FILE`` (JSON from ``specdec tune``) with the options given explicitly."""
+    """Merge ``--config FILE`` (JSON from ``specdec tune``) with the options given explicitly; ``options``: the
+    method's ``--option key=value`` items, over the file's ``options``."""
     from specdec.presets import PipelineConfig, get_method
     from specdec.sampling import SamplingConfig
 
     base: dict[str, Any] = {}
     if config_file is not None:
         base = read_config(config_file)
+    if options:
+        given_opts = parse_options(options)
+        file_opts = base.get("options") or {}
+        if not isinstance(file_opts, dict):
+            raise SpecdecError(f"config file {config_file}: 'options' must be a JSON object of method options.")
+        base["options"] = {**file_opts, **given_opts}
     given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
     if budget is not None or budget_ratio is not None:  # a budget given here replaces the file's
         base.pop("budget", None)
@@ -117,6 +126,21 @@ def pipeline_config(
     get_method(merged["method"])  # unknown names list the known ones
     merged["sampling"] = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     return PipelineConfig.make(**merged)
+
+
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` (``--option``, repeatable) → a dict, each value JSON-decoded where it parses (``8``,
+    ``true``, ``null``, ``0.5``), else the string."""
+    out: dict[str, Any] = {}
+    for it in items:
+        k, eq, v = it.partition("=")
+        if not eq or not k.strip():
+            raise SpecdecError(f"--option {it!r} must look like key=value (e.g. --option verify=dense).")
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
 
 
 #: top-level keys of ``--config`` besides the pipeline fields: a ``specdec tune`` report (its ``recommended``

@@ -21,6 +21,11 @@ from test_validation import save_tiny_dir
 # ``{x}`` placeholders name files of the ``files`` fixture.
 CASES = [
     ("unknown-method", "unknown method", ["--method", "nope"], "known: dense"),
+    ("option-no-eq", "--option without '='", ["--method", "dustin", "--option", "verify"], "must look like key=value"),
+    ("option-unknown", "an option the method does not take", ["--method", "magicdec", "--option", "tree=true"],
+     "unknown magicdec option 'tree'"),
+    ("option-bad-value", "an option value out of its set", ["--method", "dustin", "--option", "verify=fast"],
+     "'sparse' or 'dense'"),
     ("unknown-backend", "unknown backend", ["--backend", "nope"], "reference, torch"),
     ("unknown-dtype", "unknown dtype", ["--dtype", "float64"], "choose one of float32"),
     ("gamma-0", "γ < 1", ["--gamma", "0"], "'gamma'"),

@@ -50,6 +50,20 @@ def test_three_steps_on_synthetic_surface(tmp_path):
     assert cfg.gamma == 3  # explicit options win over the file
 
 
+def test_option_items_merge_over_the_config_files_options(tmp_path):
+    """generate --option key=value: JSON-decoded values, over the --config file's options (the file's others kept)."""
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"method": "dustin", "options": {"verify": "dense", "lookup_min": 3}}))
+    cfg = pipeline_config(None, None, None, None, 0.0, 1.0, 0, None, path, ["tree=true", "lookup_min=0",
+                                                                           "lookup_keep=null", "draft=a=b.st"])
+    assert cfg.options == {"verify": "dense", "lookup_min": 0, "tree": True, "lookup_keep": None, "draft": "a=b.st"}
+    cfg = pipeline_config("dustin", None, None, None, 0.0, 1.0, 0, None, None, ["margin=0.5"])
+    assert cfg.options == {"margin": 0.5}
+    for bad in (["verify"], ["=dense"]):
+        with pytest.raises(SpecdecError, match="must look like key=value"):
+            pipeline_config("dustin", None, None, None, 0.0, 1.0, 0, None, None, bad)
+
+
 @pytest.mark.parametrize("kw, field", [(dict(sparsities=[]), "sparsities"), (dict(sparsities=[1.5]), "sparsities"),
                                        (dict(gammas=[0]), "gammas"), (dict(plateau_tol=1.0), "plateau_tol")])
 def test_bad_sweeps_name_the_field(kw, field):
