@@ -171,6 +171,7 @@ def run_bench(
     dense_text: bool = False,
     interleave: bool = True,
     tp: int = 1,
+    method_options: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
@@ -194,6 +195,10 @@ def run_bench(
       ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded but
       detached from specdec's attention route (HF's own SDPA, :meth:`SpecdecModel.detached`)
       (``fuse`` fuses the projections, so HF runs the fused modules too).
+    - ``methods``: method names, or ``LABEL=METHOD`` for a variant of a method in the same run (``dense`` takes no
+      label); ``method_options``: ``{LABEL: {option: value}}``, each row's own method options (``options``: the same
+      for every method, for calls that time one). A row's ``method`` is its label; ``base_method`` and ``options``
+      say what ran.
     - ``documents``: file paths or built-in names (:func:`specdec.data.load_document`).
     - ``shape``: a random-weight model of that shape built on the device (:mod:`specdec.shapes`);
       its contexts are random token ids and its cache random values (no prefill).
@@ -242,15 +247,31 @@ def run_bench(
     if not methods or not contexts or not batch_sizes or not documents:
         raise SpecdecError("methods, contexts, batch sizes and documents each need at least one value.")
     check_output_dir(output_dir, "--output-dir")
+    base = method_labels(methods)  # label -> the registered method
+    extra = {k: v for k, v in (method_options or {}).items()}
+    unknown = sorted(set(extra) - set(base))
+    if unknown:
+        raise SpecdecError(f"method options for {', '.join(unknown)}, which --methods does not name; "
+                           f"use one of {', '.join(base)} (LABEL:key=value).")
+
+    def config(name):
+        cfg = pipeline_config(base[name], gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
+        opts = {**(options or {}), **extra.get(name, {})}
+        upd = {**({"adaptive": adaptive} if adaptive is not None else {}), **({"options": opts} if opts else {})}
+        return cfg.model_copy(update=upd)
+
+    from specdec.presets import method_options as check_options
+
+    methods = list(base)
     for name in methods:
-        pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)  # fail fast on bad input
+        check_options(config(name))  # fail fast on bad input (unknown options, values out of range)
     if tp < 1:
         raise SpecdecError(f"--tp must be >= 1 (got {tp}).")
     if tp > 1:
         from specdec.parallel import check_method
 
         for name in methods:
-            check_method(name)
+            check_method(base[name])
         if hf_baseline:
             raise SpecdecError("--hf-baseline does not run with --tp (Hugging Face generate is not sharded); drop one.")
     if isinstance(acceptance_trace, dict):
@@ -291,7 +312,8 @@ def run_bench(
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
                 replayed_tau={k: 1.0 + r.mean_accepted for k, r in replays.items()} or None,
                 adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive, windows=windows, interleave=interleave,
-                window_stride=window_stride if windows > 1 else None, tensor_parallel=tp)
+                window_stride=window_stride if windows > 1 else None, tensor_parallel=tp,
+                methods={name: dict(method=base[name], options=dict(config(name).options)) for name in methods})
 
     def save() -> None:  # after every row, each file replaced atomically (a complete file at any time)
         if not lead:
@@ -341,10 +363,7 @@ def run_bench(
                         return next((t for x, t in zip(rows, all_tokens) if x["method"] == "dense"
                                      and (x["document"], x["context"], x["batch"]) == (doc, ctx, bs)), None)
                     for name in methods:
-                        cfg = pipeline_config(name, gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
-                        upd = {**({"adaptive": adaptive} if adaptive is not None else {}),
-                               **({"options": options} if options else {})}
-                        cfg = cfg.model_copy(update=upd)
+                        cfg = config(name)
                         progress.update(task, description=f"{doc} ctx={ctx} B={bs} {name}")
                         eng = None  # the previous method's engine (its buffers, its last run's state) goes first
                         _free_memory(m.device)
@@ -366,6 +385,8 @@ def run_bench(
                                 context=ctx,
                                 batch=bs,
                                 method=name,
+                                **({"base_method": base[name]} if base[name] != name else {}),
+                                **({"options": dict(cfg.options)} if cfg.options else {}),
                                 replayed=s.replayed,
                                 tau=s.mean_accepted_length,
                                 tokens_per_second=tps["median"],
@@ -432,6 +453,28 @@ def run_bench(
     save()
     print(markdown_table(meta, rows))
     return rows
+
+
+def method_labels(methods: Sequence[str]) -> dict[str, str]:
+    """``{label: method}`` of ``--methods`` entries ``METHOD`` or ``LABEL=METHOD`` (a variant of a method in the same
+    run); labels are unique, ``dense`` takes no label and no label is ``dense`` or names another method."""
+    from specdec.presets import get_method, method_names
+
+    out: dict[str, str] = {}
+    for item in methods:
+        label, eq, method = (x.strip() for x in item.partition("="))
+        if not eq:
+            method = label
+        if not label or not method:
+            raise SpecdecError(f"--methods entry {item!r} must be METHOD or LABEL=METHOD (e.g. tree=dustin).")
+        get_method(method)  # unknown names list the known ones
+        if label in out:
+            raise SpecdecError(f"--methods names {label!r} twice; give variants their own labels (LABEL=METHOD).")
+        if eq and (method == "dense" or label in method_names()):
+            raise SpecdecError(f"--methods entry {item!r}: dense takes no label, and a label may not be a method's "
+                               "name; e.g. tree=dustin.")
+        out[label] = method
+    return out
 
 
 def divergence(tokens: list[list[int]], dense: list[list[int]]) -> dict[str, int]:
@@ -537,6 +580,8 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
          "(sequence b continues window b mod K)" if (meta.get("windows") or 1) > 1 else
          "- contexts: every sequence of a batch continues the same window"),
         *([f"- {meta['compile_skipped']}"] if meta.get("compile_skipped") else []),
+        *[f"- {label}: {v['method']}" + (f" with {json.dumps(v['options'])}" if v.get("options") else "")
+          for label, v in (meta.get("methods") or {}).items() if label != v["method"] or v.get("options")],
         *([f"- tensor parallel: the model split over {meta['tensor_parallel']} ranks (one device each; heads, MLP and "
            "KV cache sharded); rank 0's timings"] if (meta.get("tensor_parallel") or 1) > 1 else []),
         ("- speedup vs dense: dense and each method took turns (an untimed run, then a timed one, each turn); the "
