@@ -130,7 +130,7 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
         "the whole context (FullVerifier: lossless, the same drafts; the budget and the sparse verifier's options do "
         "not apply)")
     tree: bool = Field(default=False, description="draft a tree (specdec.tree: the default 16-node tree, plus a 4-node "
-                       "lookup branch with prompt lookup on) instead of a chain; greedy, verify=dense and an EAGLE draft")
+                       "lookup branch with prompt lookup on) instead of a chain; verify=dense and an EAGLE draft")
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -239,7 +239,5 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
         verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
                                   dense_first=o.dense_first, margin=o.margin)
     if o.tree:
-        if cfg.sampling is not None and not cfg.sampling.greedy:
-            raise SpecdecError("a draft tree is accepted greedily; use temperature 0, or drop tree=true to sample.")
         kw.setdefault("tree", True)  # the default tree (with a lookup branch behind prompt lookup)
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

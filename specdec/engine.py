@@ -60,8 +60,6 @@ def _check_tree(tree, drafter, verifier, sampling):
     if verifier is not None and type(verifier) is not FullVerifier:
         raise SpecdecError(f"draft trees are verified densely; {type(verifier).__name__} is not the dense "
                            "FullVerifier: pass verifier=None (or a FullVerifier) or tree=None.")
-    if sampling is not None and not sampling.greedy:
-        raise SpecdecError("draft trees are accepted greedily; use temperature 0 (greedy) or tree=None.")
     return tree
 
 
@@ -285,9 +283,10 @@ class SpeculativeEngine:
         tree: draft a tree instead of a chain (:mod:`specdec.tree`): a :class:`~specdec.tree.DraftTree`, or ``True``
             for :meth:`DraftTree.default() <specdec.tree.DraftTree.default>` (with a prompt-lookup drafter,
             :class:`~specdec.lookup.LookupDrafter`, and a lookup branch of :data:`DEFAULT_LOOKUP_BRANCH` nodes that it
-            fills). Greedy, dense verification (:class:`~specdec.verifiers.FullVerifier`) and a drafter with
+            fills). Dense verification (:class:`~specdec.verifiers.FullVerifier`) and a drafter with
             ``draft_tree`` (the EAGLE drafter, alone or behind prompt lookup); γ becomes the tree's depth and stays
-            fixed (no adaptive γ); eager forwards. Lossless as a chain.
+            fixed (no adaptive γ). Lossless as a chain: greedy acceptance (:func:`~specdec.tree.accept_greedy`) or,
+            sampling, rejection sampling over the tree (:func:`~specdec.tree.accept_sampled`).
     """
 
     def __init__(
@@ -508,7 +507,7 @@ class SpeculativeEngine:
         """One iteration with a draft tree: the drafter's tree, one dense target pass over its rows (tree mask), greedy
         acceptance along the tree (:func:`specdec.tree.accept_greedy`), the accepted path's K/V moved where a chain's
         would be (:meth:`~specdec.cache.KVCache.keep_path`), then the same commit as a chain's."""
-        from specdec.tree import accept_greedy
+        from specdec.tree import accept_greedy, accept_sampled
 
         B, timer, tree = state.lengths.shape[0], state.timer, self.tree
         with timer("draft"):
@@ -518,7 +517,11 @@ class SpeculativeEngine:
             p_logits = self.model.forward(rows, state.cache, state.lengths, tree=tree)
             flags = nonfinite_flags(p_logits)
         with timer("sample"):
-            n_acc, nxt, path = accept_greedy(tree, rows, p_logits)
+            if self.sampling.greedy:
+                n_acc, nxt, path = accept_greedy(tree, rows, p_logits)
+            else:  # a NaN probability must not reach torch.multinomial
+                check_finite(p_logits, "verifier")
+                n_acc, nxt, path = accept_sampled(tree, rows, p_logits, self.sampling, state.generator)
             state.cache.keep_path(state.lengths, path)
             self.drafter.tree_verified(state, rows, path)  # the path's rows and features, for the next draft
             drafts = rows.gather(1, path)  # (B, D) the accepted path's tokens (past n_acc: never emitted)

@@ -152,6 +152,18 @@ class DraftTree:
             self._dev[key] = (self.parent.to(device), self.depth.to(device), self.mask.to(device), rows)
         return self._dev[key]
 
+    def child_table(self, device) -> torch.Tensor:
+        """``(N + 1, K)`` each row's children in the order a sampled verification tries them — its rank children by
+        rank, then the lookup branch's next node — padded with ``-1`` (made once per device)."""
+        key = "children:" + str(device)
+        if key not in self._dev:
+            kids = [list(c) for c in self.children]
+            for i, r in enumerate(self.lookup_rows):  # the branch: a child of the root, then of each other
+                kids[0 if i == 0 else self.lookup_rows[i - 1]].append(r)
+            K = max(1, max(len(k) for k in kids))
+            self._dev[key] = torch.tensor([k + [-1] * (K - len(k)) for k in kids], dtype=torch.long, device=device)
+        return self._dev[key]
+
     def draft_index(self, device) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """What a tree draft indexes with, on ``device`` (made once per device; a CUDA graph reads them in place):
         per depth ``d = 1 .. D``, the rows of its inner nodes (:attr:`inner`) and the ancestor-or-self mask of those
@@ -207,3 +219,65 @@ def accept_greedy(tree: DraftTree, tokens: torch.Tensor, logits: torch.Tensor):
     fill = last.view(B, 1).expand(B, D)
     keep = torch.arange(1, D + 1, device=tokens.device).view(1, D) <= n_acc.view(B, 1)
     return n_acc, next_token, torch.where(keep, path, fill)
+
+
+def accept_sampled(tree: DraftTree, tokens: torch.Tensor, logits: torch.Tensor, cfg, gen: torch.Generator | None = None):
+    """Rejection sampling over a verified tree whose nodes are deterministic proposals (the draft's top-ranked tokens,
+    prompt lookup's copies): the target distribution is kept exactly (SpecInfer's multi-draft verification with
+    one-hot drafts, Miao et al. 2024).
+
+    From the root, at each accepted node with target distribution ``p`` (:func:`specdec.sampling.warp` of its row's
+    logits): its children are tried in order (:meth:`DraftTree.child_table`); child token ``x`` is accepted with
+    probability ``p(x) / Σp``, else ``p(x)`` is set to 0 and the next child is tried. An accepted child becomes the
+    node; when none is, the next token is drawn from what is left of ``p`` (a leaf: from ``p`` itself). Each token so
+    emitted has the target's distribution: ``P(child i) = p(x_i)`` for the children tried in turn, and the rest of
+    ``p`` for any other token. A child repeating a rejected sibling's token is rejected (its ``p`` is 0).
+
+    Args:
+        tokens: ``(B, N + 1)`` the verified rows' tokens; ``logits``: ``(B, N + 1, V)`` the target's logits of them.
+        cfg: the :class:`~specdec.sampling.SamplingConfig` (temperature, top-k, top-p); ``gen``: the generator.
+
+    Returns:
+        what :func:`accept_greedy` returns.
+    """
+    from specdec.sampling import warp
+
+    B, D = tokens.shape[0], tree.max_depth
+    dev = tokens.device
+    parent = tree.on(dev)[0]
+    kids = tree.child_table(dev)  # (N + 1, K)
+    probs = warp(logits, cfg)  # (B, N + 1, V)
+    at = torch.arange(B, device=dev)
+    cur = torch.zeros(B, dtype=torch.long, device=dev)
+    n_acc = torch.zeros(B, dtype=torch.long, device=dev)
+    nxt = torch.zeros(B, dtype=torch.long, device=dev)
+    alive = torch.ones(B, dtype=torch.bool, device=dev)
+    for _ in range(D + 1):  # depth D's node has no children: the last pass only draws the next token
+        p = probs[at, cur]  # (B, V) the current node's distribution (a copy: rejections zero it)
+        moved = torch.zeros(B, dtype=torch.bool, device=dev)
+        for c in range(kids.shape[1]):
+            row = kids[cur, c]  # (B,)
+            x = tokens.gather(1, row.clamp(min=0).view(B, 1))[:, 0]
+            px = p.gather(1, x.view(B, 1))[:, 0]
+            u = torch.rand(B, generator=gen, device=dev)
+            tried = alive & ~moved & (row >= 0)
+            ok = tried & (u * p.sum(dim=-1) < px)
+            cur = torch.where(ok, row, cur)
+            moved = moved | ok
+            p = torch.where((tried & ~ok).view(B, 1), p.scatter(1, x.view(B, 1), 0.0), p)
+        stop = alive & ~moved
+        mass = p.sum(dim=-1, keepdim=True)
+        rest = torch.where(mass > 0, p / mass.clamp(min=1e-30), probs[at, cur])  # (no mass left: p itself)
+        draw = torch.multinomial(rest, 1, generator=gen)[:, 0]
+        nxt = torch.where(stop, draw, nxt)
+        n_acc = n_acc + (alive & moved).long()
+        alive = alive & moved
+    # the accepted path, as accept_greedy gives it (rows past n_acc repeat the last accepted row)
+    path = torch.zeros(B, D, dtype=torch.long, device=dev)
+    walk = cur
+    for d in range(D, 0, -1):
+        here = n_acc >= d
+        path[:, d - 1] = torch.where(here, walk, torch.zeros_like(walk))
+        walk = torch.where(here, parent[walk], walk)
+    keep = torch.arange(1, D + 1, device=dev).view(1, D) <= n_acc.view(B, 1)
+    return n_acc, nxt, torch.where(keep, path, cur.view(B, 1).expand(B, D))

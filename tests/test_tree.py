@@ -121,6 +121,55 @@ def test_tree_forward_through_the_graph_cache(target, monkeypatch):
     assert describe_step(target, rows, cache, None, (), 0, t) != describe_step(target, rows, cache, None, (), 0)
 
 
+@pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.8, top_k=4)])
+def test_accept_sampled_keeps_the_target_distribution(warp):
+    """Rejection sampling over a tree of fixed proposals: the first emitted token has the root's distribution, and the
+    second, after a child, that child's — also with a lookup branch repeating a rank child's token."""
+    from specdec.sampling import SamplingConfig, warp as warp_fn
+    from specdec.tree import accept_sampled
+
+    t = DraftTree([(0,), (1,), (0, 0), (0, 1)], lookup=2)  # rows 1 (0,), 2 (1,), 3 (0,0), 4 (0,1), 5-6 the branch
+    V, B = 6, 60000
+    tokens = torch.tensor([[0, 1, 2, 3, 4, 2, 5]]).expand(B, -1)  # the branch's first node repeats row 2's token
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(1, t.nodes + 1, V, generator=g) * 1.5).expand(B, -1, -1)
+    cfg = SamplingConfig(seed=0, **warp)
+    p = warp_fn(logits[0], cfg)  # (N + 1, V)
+    n, nxt, path = accept_sampled(t, tokens, logits, cfg, torch.Generator().manual_seed(11))
+    tok = tokens.gather(1, path)  # (B, D) the accepted path's tokens
+    first = torch.where(n >= 1, tok[:, 0], nxt)
+    emp = torch.bincount(first, minlength=V).float() / B
+    sd = (p[0] * (1 - p[0]) / B).sqrt()
+    assert ((emp - p[0]).abs() <= 5 * sd + 1e-4).all(), (emp, p[0])
+    for row in (1, 2, 5):  # after each child of the root: the child's own distribution
+        via = (n >= 1) & (path[:, 0] == row)
+        if row == 5 or p[0, tokens[0, row]] == 0:  # the branch repeats row 2's token (rejected with it); a token
+            assert not via.any()                     # top-k cut off is never accepted
+            continue
+        second = torch.where(n[via] >= 2, tok[via, 1], nxt[via])
+        emp = torch.bincount(second, minlength=V).float() / int(via.sum())
+        sd = (p[row] * (1 - p[row]) / int(via.sum())).sqrt()
+        assert ((emp - p[row]).abs() <= 5 * sd + 1e-4).all(), (row, emp, p[row])
+    assert (n <= t.max_depth).all() and (path[n == 0] == 0).all()
+
+
+def test_sampled_tree_engine_is_seeded_and_emits_every_token(target, artifact):
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.lookup import LookupDrafter
+    from specdec.sampling import SamplingConfig
+
+    def run(seed):
+        d = LookupDrafter(EagleDrafter(target, artifact), 1, 3)
+        eng = SpeculativeEngine(target, d, tree=True, sampling=SamplingConfig(temperature=0.9, seed=seed),
+                                eos_token_id=-1)
+        return eng.generate(PROMPTS, 20)
+
+    a, b, c = run(5), run(5), run(6)
+    assert a.tokens == b.tokens and a.tokens != c.tokens
+    assert all(len(x) == 20 for x in a.tokens) and a.stats.mean_accepted_length > 1.0
+
+
 def test_keep_path_moves_the_accepted_rows():
     from specdec.cache import KVCache
 
@@ -270,8 +319,6 @@ def test_tree_refusals(target, artifact):
     from specdec.sampling import SamplingConfig
 
     d = EagleDrafter(target, artifact)
-    with pytest.raises(SpecdecError, match="greedily"):
-        SpeculativeEngine(target, d, tree=True, sampling=SamplingConfig(temperature=0.7))
     with pytest.raises(SpecdecError, match="cannot draft a tree"):
         build_engine(target, PipelineConfig.make(method="magicdec"), tree=True)
     with pytest.raises(SpecdecError, match="verified densely"):
@@ -410,10 +457,6 @@ def test_dustin_dense_verification_and_tree_options(target, artifact):
             cfg = PipelineConfig.make(method="dustin", budget=16, sinks=2, recent=4,
                                       options={"draft": str(artifact), **opts})
             build_engine(target, cfg)
-    with pytest.raises(SpecdecError, match="accepted greedily; use temperature 0"):
-        cfg = PipelineConfig.make(method="dustin", budget=16, sinks=2, recent=4, sampling=SamplingConfig(temperature=0.5),
-                                  options={"draft": str(artifact), "verify": "dense", "tree": True})
-        build_engine(target, cfg)
 
 
 def test_eagle_head_is_fed_the_accepted_path(target, artifact):
