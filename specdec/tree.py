@@ -21,7 +21,7 @@ A tree may also carry a **lookup branch** (``lookup=k``): a chain of ``k`` more 
 rank-path nodes, whose tokens a prompt-lookup drafter fills with what followed the latest earlier occurrence of the
 context's last tokens (:meth:`specdec.lookup.LookupDrafter.draft_tree`). The head's tree and the copied continuation
 are then verified in the same pass; where the context has no match, the branch repeats the head's argmax chain (the
-rank paths ``(0,)``, ``(0, 0)``, ..) and is never accepted deeper than it.
+rank paths ``(0,)``, ``(0, 0)``, ..).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class DraftTree:
         children: per row, its children's rows among the rank-path nodes.
         lookup_rows: the lookup branch's rows, by depth (empty without one).
         fallback: per lookup row, the rank-path row whose token it repeats where the context has no match (the
-            argmax chain's row at its depth; ``0`` where the tree has none: the branch then stops being accepted).
+            argmax chain's row at its depth; ``0`` past the argmax chain's depth: the pending token, a guess like
+            any other).
     """
 
     def __init__(self, paths: Iterable[Sequence[int]], lookup: int = 0) -> None:
@@ -98,7 +99,8 @@ class DraftTree:
             self.fallback = self.fallback[:cut] + [0] * (lookup - cut)
         n = first + lookup
         #: per row, its parent's row (host ints; the root's 0)
-        self.parent_of = [0] + [index.get(p[:-1], 0) for p in self.paths] + [0] + self.lookup_rows[:-1]
+        self.parent_of = ([0] + [index.get(p[:-1], 0) for p in self.paths]
+                          + ([0] + self.lookup_rows[:-1] if lookup else []))
         self.parent = torch.tensor(self.parent_of, dtype=torch.long)
         depths = [0] + [len(p) for p in self.paths] + list(range(1, lookup + 1))
         self.depth = torch.tensor(depths, dtype=torch.long)

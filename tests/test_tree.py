@@ -38,6 +38,7 @@ PROMPTS = [list(range(3, 40)), [5, 9, 17, 33, 2, 8] * 6]
 def test_tree_structure_and_errors():
     t = DraftTree(reversed(DEFAULT_PATHS))  # any order: breadth-first inside
     assert t.nodes == 16 and t.max_depth == 4 and t.paths[:3] == ((0,), (1,), (2,))
+    assert len(t.parent_of) == t.parent.shape[0] == t.depth.shape[0] == t.mask.shape[0] == 17
     assert t.widths[0] == 3 and t.parent_of[t.paths.index((1, 0)) + 1] == t.paths.index((1,)) + 1
     row = t.paths.index((0, 1, 0)) + 1
     anc = {0, row, t.paths.index((0,)) + 1, t.paths.index((0, 1)) + 1}
@@ -54,6 +55,7 @@ def test_lookup_branch_structure_and_errors():
     t = DraftTree.default(lookup=6)  # a chain of 6 off the root after the 16 rank nodes
     assert t.nodes == 22 and t.max_depth == 6 and t.lookup_rows == list(range(17, 23)) and repr(t).endswith("lookup=6)")
     assert t.parent_of[17:] == [0, 17, 18, 19, 20, 21] and t.depth[17:].tolist() == [1, 2, 3, 4, 5, 6]
+    assert len(t.parent_of) == t.parent.shape[0] == t.depth.shape[0] == 23
     assert set(torch.nonzero(t.mask[20])[:, 0].tolist()) == {0, 17, 18, 19, 20}
     assert not t.mask[:17, 17:].any()  # no rank node sees the branch
     assert [t.paths[r - 1] for r in t.fallback[:4]] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)] and t.fallback[4:] == [0, 0]
