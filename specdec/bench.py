@@ -248,7 +248,7 @@ def run_bench(
         raise SpecdecError("methods, contexts, batch sizes and documents each need at least one value.")
     check_output_dir(output_dir, "--output-dir")
     base = method_labels(methods)  # label -> the registered method
-    extra = {k: v for k, v in (method_options or {}).items()}
+    extra = dict(method_options or {})
     unknown = sorted(set(extra) - set(base))
     if unknown:
         raise SpecdecError(f"method options for {', '.join(unknown)}, which --methods does not name; "

@@ -35,7 +35,7 @@ PHASES = ("prefill", "draft", "select", "verify", "sample")
 DEFAULT_LOOKUP_BRANCH = 4
 
 
-def _check_tree(tree, drafter, verifier, sampling):
+def _check_tree(tree, drafter, verifier):
     """``tree`` as a :class:`~specdec.tree.DraftTree` (``None``: chain drafts), refused in one line where it cannot run."""
     from specdec.tree import DraftTree
     from specdec.verifiers import FullVerifier
@@ -307,7 +307,7 @@ class SpeculativeEngine:
 
         if gamma < 1:
             raise SpecdecError(f"gamma must be >= 1 (got {gamma}); use gamma=4 or so.")
-        self.tree = _check_tree(tree, drafter, verifier, sampling)
+        self.tree = _check_tree(tree, drafter, verifier)
         if self.tree is not None:
             gamma = self.tree.max_depth
             tp = getattr(model, "tp", None)
@@ -504,9 +504,10 @@ class SpeculativeEngine:
         return self._finish(run, timer, time.perf_counter() - t_start)
 
     def _tree_round(self, state: DecodeState, run: "_Run") -> None:
-        """One iteration with a draft tree: the drafter's tree, one dense target pass over its rows (tree mask), greedy
-        acceptance along the tree (:func:`specdec.tree.accept_greedy`), the accepted path's K/V moved where a chain's
-        would be (:meth:`~specdec.cache.KVCache.keep_path`), then the same commit as a chain's."""
+        """One iteration with a draft tree: the drafter's tree, one dense target pass over its rows (tree mask),
+        acceptance along the tree (greedy: :func:`specdec.tree.accept_greedy`; sampling:
+        :func:`specdec.tree.accept_sampled`), the accepted path's K/V moved where a chain's would be
+        (:meth:`~specdec.cache.KVCache.keep_path`), then the same commit as a chain's."""
         from specdec.tree import accept_greedy, accept_sampled
 
         B, timer, tree = state.lengths.shape[0], state.timer, self.tree

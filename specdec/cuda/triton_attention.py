@@ -3,9 +3,9 @@
 One kernel serves three uses (``SPARSE`` and ``SCORE_MODE`` are compile-time switches):
 
 * **verify / decode** (dense): the ``T`` new rows of a sequence attend causally to positions
-  ``<= lengths[b] + t`` (a draft tree's rows: to the cached positions and the new rows ``tree[t]`` allows). The ``T`` rows times the ``G`` query heads of one KV group are packed
-  into the ``BLOCK_M`` rows of one tile (row ``m = g * T + t``), so each K/V tile is read from
-  memory once per KV head, not once per query head and row.
+  ``<= lengths[b] + t`` (a draft tree's rows: to the cached positions and the new rows ``tree[t]`` allows). The
+  ``T`` rows times the ``G`` query heads of one KV group are packed into the ``BLOCK_M`` rows of one tile (row
+  ``m = g * T + t``), so each K/V tile is read from memory once per KV head, not once per query head and row.
 * **sparse** (draft steps, sparse verification): the positions come from an index list per
   (sequence, KV head) (page size 1) followed by the dense tail ``dense_from[b] ..
   lengths[b] + T - 1``. Plan entries ``>= dense_from[b]`` are skipped (the tail covers them), so
