@@ -171,7 +171,6 @@ def run_bench(
     dense_text: bool = False,
     interleave: bool = True,
     tp: int = 1,
-    method_options: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every combination; write ``<tag>.json`` and ``<tag>.md`` under ``output_dir``.
 
@@ -195,10 +194,10 @@ def run_bench(
       ``cache_implementation="static"``, each warmed up at the same shape, on the model as loaded but
       detached from specdec's attention route (HF's own SDPA, :meth:`SpecdecModel.detached`)
       (``fuse`` fuses the projections, so HF runs the fused modules too).
-    - ``methods``: method names, or ``LABEL=METHOD`` for a variant of a method in the same run (``dense`` takes no
-      label); ``method_options``: ``{LABEL: {option: value}}``, each row's own method options (``options``: the same
-      for every method, for calls that time one). A row's ``method`` is its label; ``base_method`` and ``options``
-      say what ran.
+    - ``methods``: method names, each optionally with its own options as ``name:key=value:...`` (as ``specdec eval``
+      takes them: ``dustin:verify=dense:tree=true``), so variants of one method run side by side against the same
+      dense engine; ``options``: options for every method (for calls that time one). A row's ``method`` is the entry
+      as given; ``base_method`` and ``options`` say what ran.
     - ``documents``: file paths or built-in names (:func:`specdec.data.load_document`).
     - ``shape``: a random-weight model of that shape built on the device (:mod:`specdec.shapes`);
       its contexts are random token ids and its cache random values (no prefill).
@@ -247,16 +246,12 @@ def run_bench(
     if not methods or not contexts or not batch_sizes or not documents:
         raise SpecdecError("methods, contexts, batch sizes and documents each need at least one value.")
     check_output_dir(output_dir, "--output-dir")
-    base = method_labels(methods)  # label -> the registered method
-    extra = dict(method_options or {})
-    unknown = sorted(set(extra) - set(base))
-    if unknown:
-        raise SpecdecError(f"method options for {', '.join(unknown)}, which --methods does not name; "
-                           f"use one of {', '.join(base)} (LABEL:key=value).")
+    specs = method_specs(methods)  # entry -> (the registered method, its own options)
+    base = {name: m for name, (m, _) in specs.items()}
 
     def config(name):
         cfg = pipeline_config(base[name], gamma, budget, budget_ratio, 0.0, 1.0, 0, None)
-        opts = {**(options or {}), **extra.get(name, {})}
+        opts = {**(options or {}), **specs[name][1]}
         upd = {**({"adaptive": adaptive} if adaptive is not None else {}), **({"options": opts} if opts else {})}
         return cfg.model_copy(update=upd)
 
@@ -455,25 +450,17 @@ def run_bench(
     return rows
 
 
-def method_labels(methods: Sequence[str]) -> dict[str, str]:
-    """``{label: method}`` of ``--methods`` entries ``METHOD`` or ``LABEL=METHOD`` (a variant of a method in the same
-    run); labels are unique, ``dense`` takes no label and no label is ``dense`` or names another method."""
-    from specdec.presets import get_method, method_names
+def method_specs(methods: Sequence[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """``{entry: (method, options)}`` of ``--methods`` entries ``name`` or ``name:key=value:...``
+    (:func:`specdec.loading.method_spec`); an entry given twice is refused."""
+    from specdec.loading import method_spec
 
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
     for item in methods:
-        label, eq, method = (x.strip() for x in item.partition("="))
-        if not eq:
-            method = label
-        if not label or not method:
-            raise SpecdecError(f"--methods entry {item!r} must be METHOD or LABEL=METHOD (e.g. tree=dustin).")
-        get_method(method)  # unknown names list the known ones
-        if label in out:
-            raise SpecdecError(f"--methods names {label!r} twice; give variants their own labels (LABEL=METHOD).")
-        if eq and (method == "dense" or label in method_names()):
-            raise SpecdecError(f"--methods entry {item!r}: dense takes no label, and a label may not be a method's "
-                               "name; e.g. tree=dustin.")
-        out[label] = method
+        item = item.strip()
+        if item in out:
+            raise SpecdecError(f"--methods names {item!r} twice; give each entry once.")
+        out[item] = method_spec(item)
     return out
 
 
@@ -580,8 +567,8 @@ def markdown_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
          "(sequence b continues window b mod K)" if (meta.get("windows") or 1) > 1 else
          "- contexts: every sequence of a batch continues the same window"),
         *([f"- {meta['compile_skipped']}"] if meta.get("compile_skipped") else []),
-        *[f"- {label}: {v['method']}" + (f" with {json.dumps(v['options'])}" if v.get("options") else "")
-          for label, v in (meta.get("methods") or {}).items() if label != v["method"] or v.get("options")],
+        *[f"- {label}: {v['method']} with options {json.dumps(v['options'])}"
+          for label, v in (meta.get("methods") or {}).items() if v.get("options")],
         *([f"- tensor parallel: the model split over {meta['tensor_parallel']} ranks (one device each; heads, MLP and "
            "KV cache sharded); rank 0's timings"] if (meta.get("tensor_parallel") or 1) > 1 else []),
         ("- speedup vs dense: dense and each method took turns (an untimed run, then a timed one, each turn); the "

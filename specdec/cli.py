@@ -18,7 +18,6 @@ from specdec.loading import (  # noqa: F401 - re-exported for scripts and tests
     CONFIG_SECTIONS_NOT_READ,
     check_budget,
     load_model,
-    parse_options,
     pipeline_config,
     read_config,
     resolve_device,
@@ -210,7 +209,8 @@ def demo(
 @app.command()
 @friendly
 def bench(
-    methods: str = typer.Option("dense,magicdec", "--methods", help="comma-separated methods to compare"),
+    methods: str = typer.Option("dense,magicdec", "--methods", help="comma-separated methods to compare, each with "
+                                "its own options as name:key=value:... (e.g. dustin:verify=dense:tree=true)"),
     contexts: str = typer.Option("2048", "--contexts", help="comma-separated context lengths"),
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="comma-separated batch sizes"),
     documents: str = typer.Option("pydoc", "--documents", help="comma-separated: file paths, pydoc, stdlib:<module>, long:prose, long:code (>= 40k tokens)"),
@@ -256,9 +256,6 @@ def bench(
     tp: int = typer.Option(1, "--tp", min=1,
                            help="tensor-parallel ranks (heads and KV cache split over processes); launch with "
                                 "`torchrun --nproc-per-node N -m specdec bench ... --tp N`; rank 0 writes the files"),
-    option: list[str] = typer.Option(
-        [], "--option", help="LABEL:key=value, repeatable: an option of one --methods entry (a method, or a variant "
-        "LABEL=METHOD), e.g. --methods dense,tree=dustin --option tree:verify=dense --option tree:tree=true"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
     from specdec.bench import run_bench
@@ -271,13 +268,6 @@ def bench(
             raise SpecdecError(f"{option} takes comma-separated integers (got {text!r}), e.g. 2048,8000.") from None
 
     names = parse_methods("--methods", methods)
-    per_method: dict[str, list[str]] = {}
-    for item in option:
-        label, colon, kv = item.partition(":")
-        if not colon or not label.strip() or "=" in label:
-            raise SpecdecError(f"bench --option {item!r} must look like LABEL:key=value, naming a --methods entry "
-                               "(e.g. --option dustin:verify=dense).")
-        per_method.setdefault(label.strip(), []).append(kv)
     if not tag or "/" in tag or tag in (".", ".."):
         raise SpecdecError(f"--tag {tag!r} must be a plain file name prefix (no '/').")
     check_output_dir(output_dir, "--output-dir")
@@ -307,7 +297,6 @@ def bench(
         repeats=repeats,
         shape=shape,
         acceptance_trace=_traces(acceptance_trace),
-        method_options={k: parse_options(v) for k, v in per_method.items()} or None,
         adaptive=adaptive,
         windows=windows,
         window_stride=window_stride,

@@ -264,25 +264,11 @@ class DenseTwin(Verifier):
 # the run
 # ---------------------------------------------------------------------------------------------------
 def parse_methods(spec: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    """``"vegas,dustin:draft=early-exit:dense_every=8"`` → ``{label: (method, options)}`` (checked names)."""
-    from specdec.presets import get_method
+    """``"vegas,dustin:draft=early-exit:dense_every=8"`` → ``{label: (method, options)}`` (checked names; each entry:
+    :func:`specdec.loading.method_spec`)."""
+    from specdec.loading import method_spec
 
-    out: dict[str, tuple[str, dict[str, Any]]] = {}
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        name, *opts = item.split(":")
-        get_method(name)  # unknown names list the known ones
-        options: dict[str, Any] = {}
-        for o in opts:
-            if "=" not in o:
-                raise SpecdecError(f"method option {o!r} in {item!r} must look like key=value (e.g. dustin:dense_every=8).")
-            k, v = o.split("=", 1)
-            try:
-                options[k] = json.loads(v)
-            except json.JSONDecodeError:
-                options[k] = v
-        out[item] = (name, options)
+    out = {item: method_spec(item) for item in (s.strip() for s in spec.split(",")) if item}
     if not out:
         raise SpecdecError("--methods is empty; name at least one method, e.g. --methods dustin.")
     return out

@@ -128,6 +128,26 @@ def pipeline_config(
     return PipelineConfig.make(**merged)
 
 
+def method_spec(item: str) -> tuple[str, dict[str, Any]]:
+    """``"dustin:verify=dense:tree=true"`` → ``("dustin", {"verify": "dense", "tree": True})``: a method entry of
+    ``--methods`` (``specdec bench``, ``specdec eval``) with its options, each value JSON-decoded where it parses; the
+    method name is checked (an unknown one lists the known ones)."""
+    from specdec.presets import get_method
+
+    name, *opts = (x.strip() for x in item.strip().split(":"))
+    get_method(name)
+    options: dict[str, Any] = {}
+    for o in opts:
+        k, eq, v = o.partition("=")
+        if not eq or not k.strip():
+            raise SpecdecError(f"method option {o!r} in {item!r} must look like key=value (e.g. dustin:dense_every=8).")
+        try:
+            options[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            options[k.strip()] = v
+    return name, options
+
+
 def parse_options(items: Sequence[str]) -> dict[str, Any]:
     """``["key=value", ...]`` (``--option``, repeatable) → a dict, each value JSON-decoded where it parses (``8``,
     ``true``, ``null``, ``0.5``), else the string."""
