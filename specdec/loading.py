@@ -128,39 +128,34 @@ def pipeline_config(
     return PipelineConfig.make(**merged)
 
 
+def _key_value(text: str, error: str) -> tuple[str, Any]:
+    """``"key=value"`` → ``(key, value)``, the value JSON-decoded where it parses (``8``, ``0.5``, ``true``, ``null``),
+    else the string; ``error`` (one line) when there is no ``=`` or no key."""
+    k, eq, v = text.partition("=")
+    if not eq or not k.strip():
+        raise SpecdecError(error)
+    try:
+        return k.strip(), json.loads(v)
+    except json.JSONDecodeError:
+        return k.strip(), v
+
+
 def method_spec(item: str) -> tuple[str, dict[str, Any]]:
     """``"dustin:verify=dense:tree=true"`` → ``("dustin", {"verify": "dense", "tree": True})``: a method entry of
-    ``--methods`` (``specdec bench``, ``specdec eval``) with its options, each value JSON-decoded where it parses; the
-    method name is checked (an unknown one lists the known ones)."""
+    ``--methods`` (``specdec bench``, ``specdec eval``) with its options (:func:`_key_value`); the method name is
+    checked (an unknown one lists the known ones)."""
     from specdec.presets import get_method
 
     name, *opts = (x.strip() for x in item.strip().split(":"))
     get_method(name)
-    options: dict[str, Any] = {}
-    for o in opts:
-        k, eq, v = o.partition("=")
-        if not eq or not k.strip():
-            raise SpecdecError(f"method option {o!r} in {item!r} must look like key=value (e.g. dustin:dense_every=8).")
-        try:
-            options[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            options[k.strip()] = v
-    return name, options
+    return name, dict(_key_value(o, f"method option {o!r} in {item!r} must look like key=value "
+                                    "(e.g. dustin:dense_every=8).") for o in opts)
 
 
 def parse_options(items: Sequence[str]) -> dict[str, Any]:
-    """``["key=value", ...]`` (``--option``, repeatable) → a dict, each value JSON-decoded where it parses (``8``,
-    ``true``, ``null``, ``0.5``), else the string."""
-    out: dict[str, Any] = {}
-    for it in items:
-        k, eq, v = it.partition("=")
-        if not eq or not k.strip():
-            raise SpecdecError(f"--option {it!r} must look like key=value (e.g. --option verify=dense).")
-        try:
-            out[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k.strip()] = v
-    return out
+    """``["key=value", ...]`` (``--option``, repeatable) → a dict (:func:`_key_value`)."""
+    return dict(_key_value(it, f"--option {it!r} must look like key=value (e.g. --option verify=dense).")
+                for it in items)
 
 
 #: top-level keys of ``--config`` besides the pipeline fields: a ``specdec tune`` report (its ``recommended``

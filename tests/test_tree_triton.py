@@ -56,43 +56,18 @@ def test_tree_forward_matches_reference(target, tree):
 
 
 def test_tree_engine_on_triton_emits_dense_tokens(target):
-    """A lookup drafter over a stand-in tree drafter (each node a token; the head's role is not under test here):
-    with the tree verified through the kernel, the tokens are dense greedy's."""
+    """A lookup drafter over an oracle tree drafter (dense greedy's tokens on the (1, 0, 0, 0) branch, wrong ones
+    elsewhere; the head's role is not under test here): with the tree verified through the kernel, the branch is
+    accepted whole every round and the tokens are dense greedy's."""
     from specdec.engine import SpeculativeEngine
     from specdec.lookup import LookupDrafter
-
-    class Ranks:  # node tokens from the dense run's continuation, shifted by rank: some branches right, most wrong
-        def __init__(self, truth, vocab):
-            self.truth, self.vocab = truth, vocab
-
-        def prefill(self, state):
-            pass
-
-        def draft(self, state, gamma):
-            raise AssertionError("a tree engine never asks for a chain")
-
-        def score_request(self, gamma):
-            return None
-
-        def on_verify(self, state, scores):
-            pass
-
-        def draft_tree(self, state, tree):
-            out = torch.zeros(len(state.tokens), tree.nodes, dtype=torch.long)
-            for b, toks in enumerate(state.tokens):
-                nxt = self.truth[b][len(toks) : len(toks) + tree.max_depth] + [0] * tree.max_depth
-                for i, p in enumerate(tree.paths):
-                    out[b, i] = (nxt[len(p) - 1] + (sum(p) + len(p) // 3) % 2 * (i + 1)) % self.vocab
-            return out
-
-        def tree_verified(self, state, rows, path):
-            pass
+    from test_tree import _Oracle
 
     dense = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1)
     want = dense.generate(PROMPTS, 20).tokens
     truth = [p + w for p, w in zip(PROMPTS, want)]
     with target.using_backend(_backend()):
-        eng = SpeculativeEngine(target, LookupDrafter(Ranks(truth, target.hf.config.vocab_size), 1, 3), tree=True, eos_token_id=-1)
+        eng = SpeculativeEngine(target, LookupDrafter(_Oracle(truth, (1, 0, 0, 0)), 1, 3), tree=True, eos_token_id=-1)
         res = eng.generate(PROMPTS, 20)
     assert res.tokens == want
-    assert res.stats.mean_accepted_length > 1.5  # the right branches were accepted through the kernel
+    assert res.stats.mean_accepted_length == pytest.approx(5.0)  # 1 + 4 x 5 = 20 + 1 (the branch accepted whole)
