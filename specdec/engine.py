@@ -49,8 +49,8 @@ def _check_tree(tree, drafter, verifier):
         raise SpecdecError(f"tree must be a specdec.tree.DraftTree, True (the default tree) or None, not {tree!r}.")
     drafts = drafter.inner if looks else drafter  # (behind prompt lookup, the inner drafter drafts the tree)
     if drafts is None or not callable(getattr(drafts, "draft_tree", None)):
-        raise SpecdecError(f"the {type(drafts).__name__} drafter cannot draft a tree; use "
-                           "specdec.eagle.EagleDrafter (an EAGLE head, e.g. the shipped one) or tree=None.")
+        raise SpecdecError(f"the {type(drafts).__name__} drafter cannot draft a tree; draft with an EAGLE head "
+                           "(specdec.eagle.EagleDrafter; Dustin's option draft=eagle) or without a tree.")
     if tree.lookup and not looks:
         raise SpecdecError(f"the tree's lookup branch is filled by prompt lookup, and the {type(drafter).__name__} "
                            "drafter has none; wrap it (specdec.lookup.LookupDrafter(drafter)) or use lookup=0.")
