@@ -1,11 +1,12 @@
-"""Draft trees: several continuations verified in one target pass (greedy, lossless).
+"""Draft trees: several continuations verified in one target pass (lossless, greedy or sampled).
 
 A chain draft of ``γ`` tokens is verified by ``γ + 1`` target rows; when the draft's first guess is wrong, the
 whole chain is lost. A **tree** drafts, at some nodes, the draft's second or third choice too, and verifies every
 node in the same pass: row ``u`` attends to the context and to its ancestors only (a tree mask) at position
 ``L + depth(u)``. The verifier's greedy token after a node decides which child (if any) is accepted; the longest
 accepted path is emitted, exactly the tokens plain greedy decoding would emit (SpecInfer, Miao et al. 2024;
-EAGLE-2's trees, Li et al. 2024; a static tree as Sequoia chooses one, Chen et al. 2024).
+EAGLE-2's trees, Li et al. 2024; a static tree as Sequoia chooses one, Chen et al. 2024). Sampling,
+:func:`accept_sampled` tries a node's children in turn by rejection sampling and keeps the target's distribution.
 
 A tree is given by **rank paths**: ``(r_1, .., r_d)`` is the node reached by taking the draft's ``r_1``-th most
 likely token after the pending one, then its ``r_2``-th most likely after that, ... (``0`` = the argmax; a chain of
