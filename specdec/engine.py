@@ -508,7 +508,7 @@ class SpeculativeEngine:
         acceptance along the tree (greedy: :func:`specdec.tree.accept_greedy`; sampling:
         :func:`specdec.tree.accept_sampled`), the accepted path's K/V moved where a chain's would be
         (:meth:`~specdec.cache.KVCache.keep_path`), then the same commit as a chain's."""
-        from specdec.tree import accept_greedy, accept_sampled
+        from specdec.tree import accept_sampled
 
         B, timer, tree = state.lengths.shape[0], state.timer, self.tree
         with timer("draft"):
@@ -519,15 +519,46 @@ class SpeculativeEngine:
             flags = nonfinite_flags(p_logits)
         with timer("sample"):
             if self.sampling.greedy:
-                n_acc, nxt, path = accept_greedy(tree, rows, p_logits)
+                n_acc, nxt, path, drafts = self._tree_accept(rows, p_logits.argmax(dim=-1))
             else:  # a NaN probability must not reach torch.multinomial
                 check_finite(p_logits, "verifier")
                 n_acc, nxt, path = accept_sampled(tree, rows, p_logits, self.sampling, state.generator)
+                drafts = rows.gather(1, path)  # (B, D) the accepted path's tokens (past n_acc: never emitted)
             state.cache.keep_path(state.lengths, path)
             self.drafter.tree_verified(state, rows, path)  # the path's rows and features, for the next draft
-            drafts = rows.gather(1, path)  # (B, D) the accepted path's tokens (past n_acc: never emitted)
         read = self._commit_launch(state, run, n_acc, nxt, drafts, flags)
         self._commit_read(state, run, read)
+
+    def _tree_accept(self, rows: torch.Tensor, y: torch.Tensor):
+        """Greedy acceptance over the tree (:func:`~specdec.tree.accept_greedy_targets`) and the accepted path's tokens
+        ``(n_accepted, next_token, path, drafts (B, D))`` from the verified rows and the target's greedy tokens ``y``:
+        ~40 small launches, replayed as one CUDA graph (:class:`~specdec.graphs.CapturedCall`) where the model
+        captures its forwards on a GPU. Outputs are fresh tensors either way."""
+        from specdec.tree import accept_greedy_targets
+
+        tree = self.tree
+
+        def accept(rows, y):
+            n_acc, nxt, path = accept_greedy_targets(tree, rows, y)
+            return n_acc, nxt, path, rows.gather(1, path)
+
+        calls = self._accept_calls(rows.device)
+        if calls is None:
+            return accept(rows, y)
+        out = calls(("tree-accept", id(tree), tree.paths, tree.lookup), accept, rows, y, keep=tree)
+        return tuple(t.clone() for t in out)  # (the graph's buffers: the next round overwrites them)
+
+    def _accept_calls(self, device: torch.device):
+        """The :class:`~specdec.graphs.CapturedCall` of :meth:`_tree_accept`, or ``None`` (eager): on a GPU where the
+        model captures its forwards (:meth:`SpecdecModel.enable_cuda_graphs`); new with new model graphs."""
+        g = getattr(self.model, "_graphs", None)
+        if g is None or device.type != "cuda":
+            return None
+        if getattr(self, "_accept_of", None) is not g:
+            from specdec.graphs import CapturedCall
+
+            self._accept_graphs, self._accept_of = CapturedCall(max_graphs=4), g
+        return self._accept_graphs
 
     @torch.no_grad()
     def warm_up(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 64, **kwargs) -> int:

@@ -198,9 +198,14 @@ def accept_greedy(tree: DraftTree, tokens: torch.Tensor, logits: torch.Tensor):
         accepted row, and the rows of the accepted path at depths ``1 .. D`` (rows past ``n_accepted`` repeat the
         last accepted row; only ``path[:, :n_accepted]`` counts).
     """
+    return accept_greedy_targets(tree, tokens, logits.argmax(dim=-1))
+
+
+def accept_greedy_targets(tree: DraftTree, tokens: torch.Tensor, y: torch.Tensor):
+    """:func:`accept_greedy` from the target's greedy tokens ``y (B, N + 1)`` (``logits.argmax(-1)``) instead of its
+    logits: a fixed-shape function of tensors with no host read, which the engine replays as one CUDA graph."""
     parent, depth, _, level_rows = tree.on(tokens.device)
     B = tokens.shape[0]
-    y = logits.argmax(dim=-1)  # (B, N + 1) the target's greedy token after each row
     ok = torch.zeros_like(tokens, dtype=torch.bool)
     ok[:, 0] = True
     for rows in level_rows:  # a node is accepted when its parent is and its token is the parent's greedy token

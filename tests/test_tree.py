@@ -519,3 +519,47 @@ def test_eagle_head_is_fed_the_accepted_path(target, artifact):
     ids = torch.tensor([truth[0][: len(PROMPTS[0]) + 4]])
     target.forward(ids, chain, torch.zeros(1, dtype=torch.long))  # rows L .. L + 3: the pending token, 3 drafts
     torch.testing.assert_close(d._hidden[0, :4], target.last_hidden[0, -4:], rtol=1e-4, atol=1e-4)
+
+
+class _FrozenCalls:
+    """A graph's contract for :meth:`SpeculativeEngine._tree_accept`: the function frozen at a key's first call, later
+    calls copy their inputs into the first call's buffers and write the same output buffers."""
+
+    def __init__(self):
+        self.graphs, self.captures, self.replays = {}, 0, 0
+
+    def __call__(self, key, fn, *inputs, keep=None):
+        full = (key, tuple(tuple(t.shape) for t in inputs))
+        if full not in self.graphs:
+            statics = tuple(t.clone() for t in inputs)
+            self.graphs[full] = (fn, statics, fn(*statics))
+            self.captures += 1
+            return self.graphs[full][2]
+        frozen, statics, outs = self.graphs[full]
+        for s, t in zip(statics, inputs):
+            s.copy_(t)
+        for o, n in zip(outs, frozen(*statics)):
+            o.copy_(n)
+        self.replays += 1
+        return outs
+
+
+def test_replayed_tree_acceptance_gives_the_eager_tokens(target, artifact):
+    """The greedy tree acceptance as one replayed function (a CUDA graph on a GPU): dense greedy's tokens and the
+    eager run's τ, one capture per tree and batch, its output buffers never handed out (cloned)."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+
+    def run(calls):
+        eng = SpeculativeEngine(target, EagleDrafter(target, artifact), tree=DraftTree.default(), eos_token_id=-1)
+        if calls is not None:
+            eng._accept_calls = lambda device: calls
+        r = eng.generate(PROMPTS, 30)
+        return r.tokens, r.stats.mean_accepted_length
+
+    eager = run(None)
+    calls = _FrozenCalls()
+    assert run(calls) == eager
+    assert eager[0] == build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(
+        PROMPTS, 30).tokens
+    assert calls.captures == 1 and calls.replays >= 5, (calls.captures, calls.replays)

@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu/dustin_draft_profile.py --gguf /tmp/m/smol.gguf --out DIR --document a.py [--ratio 0.05]
 
-Dustin (or ``--method``; defaults; 8k context, B = 64, 96 new tokens, γ 4, bf16, Triton, CUDA graphs, fused projections) after two
+Dustin (or ``--method``, with options; defaults; ``--context`` 8k, ``--batch`` 64, 96 new tokens, γ 4, bf16, Triton, CUDA graphs, fused projections) after two
 warm-up generations; ``torch.profiler`` over a third, with a ``record_function`` range around each engine phase
 (``draft``, ``verify``, ``select``, ``sample``). Writes ``DIR/profile.md`` (the phases' CUDA time per iteration and the
 top kernels by CUDA time, with calls per iteration) and ``DIR/profile.json``. ``--smoke``: the embedded model on the
@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", default="/tmp/m/smol.gguf")
     ap.add_argument("--out", required=True)
     ap.add_argument("--document", required=True)
-    ap.add_argument("--method", default="dustin", help="any method (the kernels of its iterations, by phase)")
+    ap.add_argument("--method", default="dustin", help="any method (the kernels of its iterations, by phase), with its "
+                    "options as in specdec bench --methods: dustin:verify=dense:tree=true")
+    ap.add_argument("--context", type=int, default=8000)
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--ratio", type=float, default=0.05)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--new", type=int, default=96)
@@ -47,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     gpu = not a.smoke
     model = load_model("smollm2-135m" if a.smoke else a.gguf, "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu",
                        "triton" if gpu else "reference", gpu, False, gpu)
-    ctx, B, new = (128, 2, 8) if a.smoke else (8000, 64, a.new)
+    ctx, B, new = (128, 2, 8) if a.smoke else (a.context, a.batch, a.new)
+    method, *options = a.method.split(":")
     ids = context_windows(model.tokenizer, load_document(a.document), ctx, 1, new + 16, 1000)[0]
     model.new_cache(B, cache_positions(len(ids), new, 4), reuse=True)
-    eng = build_engine(model, pipeline_config(a.method, 4, None, a.ratio, 0.0, 1.0, 0, None), eos_token_id=-1)
+    eng = build_engine(model, pipeline_config(method, 4, None, a.ratio, 0.0, 1.0, 0, None, options=options), eos_token_id=-1)
     pre = _prefilled(eng, model, [ids], B, random_cache=False)
     for _ in range(2):
         eng.generate(pre.ids, max_new_tokens=new, prefilled=pre)
@@ -88,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             with open(os.path.join(tmp, "t.json"), "rb") as f, gzip.open(Path(a.out, "trace.json.gz"), "wb") as g:
                 g.write(f.read())
     it = max(res.stats.iterations, 1)
+    graphs = getattr(model, "_graphs", None)
+    graph_state = None if graphs is None else dict(
+        captured=len(graphs.graphs), replays=graphs.replays,
+        uncapturable={str(k)[:300]: str(v)[:300] for k, v in graphs.uncapturable.items()})
+    print("graphs:", json.dumps(graph_state, indent=1))
     events = prof.key_averages()
     dev_time = (lambda e: e.device_time_total) if gpu else (lambda e: e.cpu_time_total)
     phases = {e.key: dev_time(e) / it for e in events if e.key.startswith("phase:")}
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [dict(name=e.key, us_per_iteration=dev_time(e) / it, calls_per_iteration=e.count / it,
                  share=dev_time(e) / total if total else 0.0) for e in kernels[: a.top]]
     by_phase = kernels_by_phase(prof, it, a.top) if gpu else {}
-    out = dict(argv=sys.argv, iterations=it, tau=res.stats.mean_accepted_length, kernels_by_phase=by_phase,
+    out = dict(argv=sys.argv, iterations=it, graphs=graph_state, tau=res.stats.mean_accepted_length, kernels_by_phase=by_phase,
                phase_ms_per_iteration={k: 1e3 * v / it for k, v in res.stats.phase_seconds.items() if v},
                profiler_phase_us_per_iteration=phases, kernel_us_per_iteration=total / it, kernels=rows)
     Path(a.out).mkdir(parents=True, exist_ok=True)
