@@ -299,7 +299,9 @@ class LookupDrafter(Drafter):
         self.rounds += B
         self._matched = found + (self._matched if self._matched is not None else 0)
         if vals:
-            flat = torch.tensor(vals + at, dtype=torch.long).to(tokens.device)
+            # pinned and queued: a pageable copy would hold the host until the GPU has finished the head's tree
+            flat = torch.tensor(vals + at, dtype=torch.long, pin_memory=tokens.is_cuda).to(tokens.device,
+                                                                                             non_blocking=True)
             tokens.view(-1).index_copy_(0, flat[len(vals):], flat[: len(vals)])
         return tokens
 

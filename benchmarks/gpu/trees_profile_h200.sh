@@ -6,6 +6,8 @@ set -x
 export PYTHONPATH=$PWD:/tmp/site PATH=$PATH:/tmp/site/bin PYTHONUNBUFFERED=1
 ls -la /tmp/m/smol.gguf || cat /tmp/m/part_aa /tmp/m/part_ab .model/c/part_ac > /tmp/m/smol.gguf
 md5sum /tmp/m/smol.gguf
+python3 benchmarks/gpu/tree_attention_time.py --batch 16 --context 8000 2>&1 | tail -5
+python3 benchmarks/gpu/tree_attention_time.py --batch 1 --context 8000 2>&1 | tail -5
 for m in dustin:verify=dense:tree=true dustin:verify=dense; do
   d=$OUT/prof_$(echo $m | tr ':=' '__')
   timeout 150 python3 benchmarks/gpu/dustin_draft_profile.py --gguf /tmp/m/smol.gguf --out $d --document .heldout/click_core.py \
