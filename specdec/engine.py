@@ -325,6 +325,7 @@ class SpeculativeEngine:
         self.adaptive = ADAPTIVE_DEFAULT if adaptive is None else adaptive
         self._controllers: dict[int, object] = {}  # γ → SpeculationController (kept between calls)
         self._script: ScriptedPacing | None = None  # warm_up's γ_t in place of the controller
+        self._accept_graphs = self._accept_of = None  # the tree acceptance's CUDA graphs, and the model's they follow
         #: record each round's accepted lengths in ``RunStats.acceptance_trace``
         self.record_acceptance = False
         #: an :class:`~specdec.adaptive.AcceptanceReplay` overriding acceptance lengths (benchmarks only)
@@ -554,7 +555,7 @@ class SpeculativeEngine:
         g = getattr(self.model, "_graphs", None)
         if g is None or device.type != "cuda":
             return None
-        if getattr(self, "_accept_of", None) is not g:
+        if self._accept_of is not g:
             from specdec.graphs import CapturedCall
 
             self._accept_graphs, self._accept_of = CapturedCall(max_graphs=4), g
