@@ -78,16 +78,17 @@ def _sink_anchor_ref(q, k_base, stride_kl, n_ctx, row_pos, sm_scale, offs_d, NA:
 
 @triton.jit
 def _packed_rows_q(Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV: tl.constexpr, T: tl.constexpr,
-                   G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr):
+                   G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr, row0=0):
     """The prologue of a program of (sequence, KV head) ``pid_bh`` over its packed rows (row ``m`` = query head
     ``h G + m // T`` at draft row ``m % T``): ``(b, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q)``
-    with ``q`` the ``(BLOCK_M, D)`` queries (zero past the ``G T`` rows; fp32 under ``UPCAST``)."""
+    with ``q`` the ``(BLOCK_M, D)`` queries (zero past the ``G T`` rows; fp32 under ``UPCAST``); ``row0``: the first
+    packed row of this program (a row block, see ``LaunchConfig.row_block``)."""
     b = pid_bh // HKV
     h = pid_bh % HKV
     b64 = b.to(tl.int64)
     length = tl.load(Lens + b)
     n_ctx = length + T
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = row0 + tl.arange(0, BLOCK_M)
     g = offs_m // T
     t = offs_m % T
     row_valid = offs_m < T * G
@@ -136,16 +137,21 @@ def _splitk_attn_kernel(
     SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
     ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False, SINK_FOLD: tl.constexpr = False,
     LOG2_FOLD: tl.constexpr = False, SPLIT_TILES: tl.constexpr = False,
-    TreeMask=None, TREE: tl.constexpr = False,
+    TreeMask=None, TREE: tl.constexpr = False, TREE_BITS: tl.constexpr = False, PART_M: tl.constexpr = 0,
 ):
     if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
+    # row blocks (PART_M > BLOCK_M): program (., ., r) takes packed rows [r BLOCK_M, (r + 1) BLOCK_M); the partials
+    # of a split hold all PART_M rows
     b, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q = _packed_rows_q(
-        Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV, T, G, D, BLOCK_M, UPCAST)
+        Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV, T, G, D, BLOCK_M, UPCAST,
+        tl.program_id(2) * BLOCK_M)
     row_pos = length + t
+    if TREE_BITS:  # a draft tree as one int64 per row: bit j set where row t sees new row j (no gather in the loop)
+        tree_row = tl.load(TreeMask + t, mask=row_valid, other=0)
 
     if SPARSE:
         df = tl.maximum(tl.load(DenseFrom + b), 0)
@@ -250,7 +256,11 @@ def _splitk_attn_kernel(
             if not LOG2_FOLD:
                 s = s * sm_scale
             if not SPLIT_TILES or phase == 1:
-                if TREE:  # a draft tree: new row j (position length + j) is seen where TreeMask[t, j]
+                if TREE_BITS:  # a draft tree: new row j (position length + j) is seen where bit j of the row's word
+                    jn = tl.minimum(tl.maximum(pos - length, 0), 63)
+                    seen = (tree_row[:, None] >> jn[None, :]) & 1
+                    vis = valid[None, :] & ((pos[None, :] < length) | (seen != 0))
+                elif TREE:  # a draft tree: new row j (position length + j) is seen where TreeMask[t, j]
                     jn = pos - length
                     new_row = valid & (jn >= 0) & (jn < T)
                     seen = tl.load(TreeMask + t[:, None] * T + jn[None, :], mask=row_valid[:, None] & new_row[None, :],
@@ -393,8 +403,9 @@ def _splitk_attn_kernel(
                 tl.store(Scores + pid_bh.to(tl.int64) * L + pos_e, sc, mask=ok)
     else:
         part = pid_bh.to(tl.int64) * NUM_SPLITS + pid_s
-        tl.store(PartO + (part * BLOCK_M + offs_m)[:, None] * D + offs_d[None, :], o)
-        tl.store(PartLse + part * BLOCK_M + offs_m, lse)
+        pm = PART_M if PART_M > 0 else BLOCK_M
+        tl.store(PartO + (part * pm + offs_m)[:, None] * D + offs_d[None, :], o)
+        tl.store(PartLse + part * pm + offs_m, lse)
         if FUSED_COMBINE:
             # the last program of this (sequence, KV head) to finish merges the splits: no combine launch.
             # Partials are stored, the block synchronises, then one thread's acq_rel atomic publishes
@@ -677,6 +688,9 @@ FAST_LOOP = True
 #: 2026-12-02 12:20 UTC: SmolLM2 verify at B 16 x 8k, ~3 tiles per split, 39.4 vs 37.1 us, at B 1 x 8k, 1 tile,
 #: 10.7 vs 9.8 us; 86 tiles per split at 8B B 16 x 32k level without scores, -2.6 % with sink scores)
 FAST_LOOP_MIN_TILES = 8
+#: ``LaunchConfig.row_block`` / ``tree_bits`` where a config leaves them at ``None`` (0: no row blocks)
+ROW_BLOCK = 0
+TREE_BITS = False
 
 
 @dataclass(frozen=True)
@@ -719,6 +733,13 @@ class LaunchConfig:
     # masks, the causal diagonal and a split's ragged end masked after them; False: one masked loop in
     # natural units (the kernel before 2026-12-02, kept for side-by-side timing); None: ``FAST_LOOP``
     fast_loop: bool | None = None
+    # packed rows per program: a call of more than this many packed rows (T G, a draft tree's 63) runs in row
+    # blocks of this many (a third grid dimension; each block reads the split's K/V tiles again, mostly from L2)
+    # instead of one tile of next_power_of_2(T G) rows; calls without scores only. None: ``ROW_BLOCK``
+    row_block: int | None = None
+    # a draft tree's mask as one int64 bit word per row, tested in registers (True), or gathered per tile from the
+    # (T, T) mask (False); None: ``TREE_BITS``
+    tree_bits: bool | None = None
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
                 length: int = 0, sink_scores: bool = False, rows: int | None = None) -> "LaunchConfig":
@@ -736,7 +757,8 @@ class LaunchConfig:
                             pick(self.v_early, auto[4]), pick(self.min_tiles, auto[5]),
                             pick(self.fused_combine, sparse and auto in FUSED_COMBINE_ROWS),
                             pick(self.sink_anchors, anchors), pick(self.score_store, store),
-                            pick(self.fast_loop, FAST_LOOP))  # explicit wins
+                            pick(self.fast_loop, FAST_LOOP), pick(self.row_block, ROW_BLOCK),
+                            pick(self.tree_bits, TREE_BITS))  # explicit wins
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -807,6 +829,25 @@ def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchCo
     s = max(1, math.ceil(target / max(bh, 1)))
     tiles = math.ceil(max(virtual_len, 1) / (cfg.block_n or 128))
     return max(1, min(s, math.ceil(tiles / max(1, cfg.min_tiles or 1))))
+
+
+_TREE_BITS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def tree_bit_rows(tree: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``(T,)`` int64: bit ``j`` of word ``t`` set where ``tree[t, j]`` (``T <= 64``), kept per mask tensor (a
+    :class:`~specdec.tree.DraftTree` makes its mask once per device, so a decode round converts nothing)."""
+    T = tree.shape[0]
+    if T > 64:
+        raise ValueError(f"a tree of {T} rows has no 64-bit row words; at most 64 rows.")
+    key = (tree.data_ptr(), str(device), T)
+    hit = _TREE_BITS.get(key)
+    if hit is not None and hit[0] is tree:
+        return hit[1]
+    weights = torch.ones(T, dtype=torch.int64, device=device) << torch.arange(T, device=device)
+    bits = (tree.to(device=device, dtype=torch.int64) * weights).sum(-1)
+    _TREE_BITS[key] = (tree, bits)
+    return bits
 
 
 def splitk_attention(
@@ -897,6 +938,16 @@ def splitk_attention(
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache/v_cache need a contiguous last dimension")
     block_m = max(16, triton.next_power_of_2(T * G))
+    scored = row_weights is not None or row_slots is not None or row_queries is not None
+    n_rb = 1
+    if cfg.row_block and not scored and block_m > cfg.row_block:
+        if cfg.row_block < 16 or cfg.row_block & (cfg.row_block - 1):
+            raise ValueError(f"row_block must be a power of two >= 16, not {cfg.row_block}.")
+        n_rb = triton.cdiv(T * G, cfg.row_block)
+        part_m = n_rb * cfg.row_block  # the partials' rows per split: every block's
+        block_m = cfg.row_block
+    else:
+        part_m = block_m
     sparse = plan_indices is not None
     if sparse:
         idx = plan_indices
@@ -920,13 +971,13 @@ def splitk_attention(
     else:
         out = torch.empty((B, H, T, D), dtype=q.dtype, device=dev)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=dev)
-    fused = bool(cfg.fused_combine) and not direct
+    fused = bool(cfg.fused_combine) and not direct and n_rb == 1
     sem = _semaphores(B * Hkv, dev) if fused else lse  # lse: a dummy, never touched
     if direct:  # the split kernel writes out/lse itself: no partials, no combine
         part_o = part_lse = lse  # dummies, never touched
     else:
-        part_o = torch.empty((B * Hkv * S, block_m, D), dtype=torch.float32, device=dev)
-        part_lse = torch.empty((B * Hkv * S, block_m), dtype=torch.float32, device=dev)
+        part_o = torch.empty((B * Hkv * S, part_m, D), dtype=torch.float32, device=dev)
+        part_lse = torch.empty((B * Hkv * S, part_m), dtype=torch.float32, device=dev)
 
     score_mode = 0
     scores = raw = None
@@ -941,7 +992,7 @@ def splitk_attention(
             raise ValueError(f"a tree mask for {T} rows is ({T}, {T}), not {tuple(tree.shape)}.")
         if row_weights is not None or row_slots is not None or row_queries is not None:
             raise ValueError("draft-tree rows take no scores; score them with the reference backend.")
-        tree = tree.to(device=dev, dtype=torch.int8).contiguous()
+        tree = tree_bit_rows(tree, dev) if cfg.tree_bits else tree.to(device=dev, dtype=torch.int8).contiguous()
     if sink_softmax and row_weights is None:
         raise ValueError("sink_softmax scores need row_weights (the weight of each (head, row)).")
     if row_weights is not None:
@@ -987,7 +1038,7 @@ def splitk_attention(
             num_warps=4,
         )
 
-    _splitk_attn_kernel[(B * Hkv, S)](
+    _splitk_attn_kernel[(B * Hkv, S, n_rb)](
         q, k_cache, v_cache, lengths, idx, df, rw, rs,
         part_o, part_lse, scores if scores is not None else lse, raw if raw is not None else lse, out, lse,
         float(scale),
@@ -1007,6 +1058,7 @@ def splitk_attention(
         ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold,
         LOG2_FOLD=bool(cfg.fast_loop), SPLIT_TILES=split_tiles,
         TreeMask=tree if tree is not None else lse, TREE=tree is not None,
+        TREE_BITS=tree is not None and bool(cfg.tree_bits), PART_M=part_m if n_rb > 1 else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:
@@ -1015,7 +1067,7 @@ def splitk_attention(
         part_o, part_lse, out, lse,
         out.stride(0), out.stride(1), out.stride(2),
         S,
-        HKV=Hkv, T=T, G=G, D=D, BLOCK_M=block_m, BLOCK_S=min(32, triton.next_power_of_2(S)),
+        HKV=Hkv, T=T, G=G, D=D, BLOCK_M=part_m, BLOCK_S=min(32, triton.next_power_of_2(S)),
         num_warps=cfg.combine_warps, **pdl_args(dev),
     )
     return out, lse, scores, raw

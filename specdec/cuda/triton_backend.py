@@ -109,6 +109,13 @@ class TritonConfig(ComponentConfig):
             in the sm_90 SASS (``benchmarks/sass_mix.py``). ``None`` (the default):
             ``triton_attention.FAST_LOOP`` (``True``); ``False`` runs the single masked loop of before 2026-12-02
             (the same results up to rounding; kept for side-by-side timing).
+        row_block: packed rows per program of a call without scores: a call of more packed rows (``T G``, e.g. a
+            draft tree's 21 rows x 3 heads) runs in row blocks of this many (a power of two >= 16), each reading the
+            split's K/V tiles again (mostly from L2), instead of one tile of ``next_power_of_2(T G)`` rows.
+            ``None`` (the default): ``triton_attention.ROW_BLOCK`` (0: one tile).
+        tree_bits: a draft tree's mask reaches the kernel as one 64-bit word per row, tested in registers, instead
+            of a ``(T, T)`` byte mask gathered in every masked tile. ``None`` (the default):
+            ``triton_attention.TREE_BITS``.
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
@@ -140,6 +147,8 @@ class TritonConfig(ComponentConfig):
     sink_anchors: Literal["tile", "pre", "loop"] | None = None
     score_store: Literal["shared", "direct", "lean"] | None = None
     fast_loop: bool | None = None
+    row_block: int | None = Field(default=None, ge=0)
+    tree_bits: bool | None = None
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
@@ -224,7 +233,8 @@ class TritonBackend(AttentionBackend):
                          sparse_single_split_at=c.sparse_single_split_at,
                          dense_single_split_at=c.dense_single_split_at, v_early=c.v_early,
                          min_tiles=c.min_tiles, fused_combine=c.fused_combine,
-                         sink_anchors=c.sink_anchors, score_store=c.score_store, fast_loop=c.fast_loop)
+                         sink_anchors=c.sink_anchors, score_store=c.score_store, fast_loop=c.fast_loop,
+                         row_block=c.row_block, tree_bits=c.tree_bits)
             if LaunchConfig is not None
             else None
         )
