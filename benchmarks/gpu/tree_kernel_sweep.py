@@ -17,35 +17,22 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # specdec
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # script_io
 
 
-def time_call(fn, calls: int, reps: int) -> float:
-    """Median µs per call of ``fn`` replayed ``calls`` times from one CUDA graph."""
+def time_call(fn, calls: int, reps: int) -> tuple[float, bool]:
+    """(median µs per call of ``fn`` run ``calls`` times in one CUDA graph replay, whether it ran eagerly instead)."""
     import torch
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    from script_io import graphed, timed
+
+    def many():
         for _ in range(calls):
             fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+
+    run = graphed(many, torch.device("cuda"))
+    return timed(run, reps, torch.device("cuda")) * 1e3 / calls, bool(getattr(many, "eager", False))
 
 
 def main() -> None:
@@ -58,6 +45,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import torch
+    from triton.runtime.errors import OutOfResources
 
     from specdec.cuda.triton_attention import LaunchConfig, splitk_attention
     from specdec.interfaces import AttentionMetadata
@@ -99,8 +87,8 @@ def main() -> None:
                 continue  # the sweep is for the chain's and the tree's shapes
             fn = lambda: splitk_attention(q, k, v, meta, cfg=cfg, tree=mask)  # noqa: E731
             try:
-                us = time_call(fn, a.calls, a.reps)
-            except Exception as e:  # a config that does not fit shared memory: say so, go on with the rest
+                us, eager = time_call(fn, a.calls, a.reps)
+            except OutOfResources as e:  # a config that does not fit shared memory: say so, go on with the rest
                 print(f"{name:14s} {cname:22s} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 rows.append({"case": name, "config": cname, "error": f"{type(e).__name__}: {str(e)[:200]}"})
                 continue
@@ -108,8 +96,9 @@ def main() -> None:
             if ref is None:
                 ref = out
             err = (out - ref).abs().max().item()
-            print(f"{name:14s} {cname:22s} {us:8.1f} us/call  (max |diff| vs table {err:.2e})", flush=True)
-            rows.append({"case": name, "rows": T, "config": cname, "us": us, "max_diff_vs_table": err})
+            tag = " [eager: the graph capture failed]" if eager else ""
+            print(f"{name:14s} {cname:22s} {us:8.1f} us/call  (max |diff| vs table {err:.2e}){tag}", flush=True)
+            rows.append({"case": name, "rows": T, "config": cname, "us": us, "max_diff_vs_table": err, "eager": eager})
     if a.json:
         Path(a.json).write_text(json.dumps({"batch": B, "context": a.context, "rows": rows}, indent=1))
 
