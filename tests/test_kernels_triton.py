@@ -155,6 +155,15 @@ def test_draft_tree_rows_match_reference(dtype, sparse, tree, hkv, G, cfg):
     check(cfgs[cfg], q, k, v, lens, **kw)
 
 
+def test_row_block_must_be_a_power_of_two():
+    """A row block that is no tile size is refused when the config is made, whatever the calls' row counts."""
+    with pytest.raises(ValueError, match="row_block must be 0 .* power of two >= 16"):
+        TritonConfig(row_block=20)
+    with pytest.raises(ValueError, match="row_block must be 0 .* power of two >= 16"):
+        TritonConfig(row_block=8)
+    assert TritonConfig(row_block=32).row_block == 32 and TritonConfig(row_block=0).row_block == 0
+
+
 def test_draft_tree_rows_past_one_tile_and_with_scores():
     """More rows than a packed tile, or scores asked: the torch backend's SDPA with the mask, the reference's
     scores; the kernel itself refuses scores with a tree and a mask of the wrong shape."""

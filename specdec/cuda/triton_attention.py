@@ -137,7 +137,7 @@ def _splitk_attn_kernel(
     SinkRef=None, ANCHOR_IN: tl.constexpr = False, DIRECT_STORE: tl.constexpr = False,
     ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False, SINK_FOLD: tl.constexpr = False,
     LOG2_FOLD: tl.constexpr = False, SPLIT_TILES: tl.constexpr = False,
-    TreeMask=None, TREE: tl.constexpr = False, TREE_BITS: tl.constexpr = False, PART_M: tl.constexpr = 0,
+    TreeMask=None, TREE: tl.constexpr = False, TREE_BITS: tl.constexpr = False, PART_M: tl.constexpr = None,
 ):
     if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
         tl.extra.cuda.gdc_wait()
@@ -145,7 +145,7 @@ def _splitk_attn_kernel(
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     # row blocks (PART_M > BLOCK_M): program (., ., r) takes packed rows [r BLOCK_M, (r + 1) BLOCK_M); the partials
-    # of a split hold all PART_M rows
+    # of a split hold all PART_M rows (PART_M = BLOCK_M: one block)
     b, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q = _packed_rows_q(
         Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV, T, G, D, BLOCK_M, UPCAST,
         tl.program_id(2) * BLOCK_M)
@@ -403,9 +403,8 @@ def _splitk_attn_kernel(
                 tl.store(Scores + pid_bh.to(tl.int64) * L + pos_e, sc, mask=ok)
     else:
         part = pid_bh.to(tl.int64) * NUM_SPLITS + pid_s
-        pm = PART_M if PART_M > 0 else BLOCK_M
-        tl.store(PartO + (part * pm + offs_m)[:, None] * D + offs_d[None, :], o)
-        tl.store(PartLse + part * pm + offs_m, lse)
+        tl.store(PartO + (part * PART_M + offs_m)[:, None] * D + offs_d[None, :], o)
+        tl.store(PartLse + part * PART_M + offs_m, lse)
         if FUSED_COMBINE:
             # the last program of this (sequence, KV head) to finish merges the splits: no combine launch.
             # Partials are stored, the block synchronises, then one thread's acq_rel atomic publishes
@@ -1058,7 +1057,7 @@ def splitk_attention(
         ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold,
         LOG2_FOLD=bool(cfg.fast_loop), SPLIT_TILES=split_tiles,
         TreeMask=tree if tree is not None else lse, TREE=tree is not None,
-        TREE_BITS=tree is not None and bool(cfg.tree_bits), PART_M=part_m if n_rb > 1 else 0,
+        TREE_BITS=tree is not None and bool(cfg.tree_bits), PART_M=part_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:

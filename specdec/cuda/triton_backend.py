@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Literal, Sequence
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from specdec.cuda import peers
 from specdec.errors import SpecdecError
@@ -149,6 +149,13 @@ class TritonConfig(ComponentConfig):
     fast_loop: bool | None = None
     row_block: int | None = Field(default=None, ge=0)
     tree_bits: bool | None = None
+
+    @field_validator("row_block")
+    @classmethod
+    def _row_block_power_of_two(cls, v: int | None) -> int | None:
+        if v and (v < 16 or v & (v - 1)):
+            raise ValueError(f"row_block must be 0 (one tile) or a power of two >= 16 (16, 32, 64), not {v}")
+        return v
 
 
 def _to_device(t: torch.Tensor, dev) -> tuple[torch.Tensor, ...]:
