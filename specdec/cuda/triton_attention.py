@@ -256,16 +256,26 @@ def _splitk_attn_kernel(
             if not LOG2_FOLD:
                 s = s * sm_scale
             if not SPLIT_TILES or phase == 1:
-                if TREE_BITS:  # a draft tree: new row j (position length + j) is seen where bit j of the row's word
-                    jn = tl.minimum(tl.maximum(pos - length, 0), 63)
-                    seen = (tree_row[:, None] >> jn[None, :]) & 1
-                    vis = valid[None, :] & ((pos[None, :] < length) | (seen != 0))
-                elif TREE:  # a draft tree: new row j (position length + j) is seen where TreeMask[t, j]
-                    jn = pos - length
-                    new_row = valid & (jn >= 0) & (jn < T)
-                    seen = tl.load(TreeMask + t[:, None] * T + jn[None, :], mask=row_valid[:, None] & new_row[None, :],
-                                   other=0)
-                    vis = valid[None, :] & ((pos[None, :] < length) | (seen != 0))
+                if TREE or TREE_BITS:
+                    # a draft tree's test runs only on a tile that reaches the new rows (positions >= length); the
+                    # tiles below see every valid position, as in a chain (a per-tile 2-D gather of the mask
+                    # otherwise runs on every tile of the cache)
+                    if SPARSE:
+                        reach = tl.max(tl.where(valid, pos, 0), axis=0) >= length
+                    else:
+                        reach = j0 + BLOCK_N > length
+                    if reach:
+                        if TREE_BITS:  # new row j (position length + j) is seen where bit j of the row's word
+                            jn = tl.minimum(tl.maximum(pos - length, 0), 63)
+                            seen = (tree_row[:, None] >> jn[None, :]) & 1
+                        else:  # new row j (position length + j) is seen where TreeMask[t, j]
+                            jn = pos - length
+                            new_row = valid & (jn >= 0) & (jn < T)
+                            seen = tl.load(TreeMask + t[:, None] * T + jn[None, :],
+                                           mask=row_valid[:, None] & new_row[None, :], other=0)
+                        vis = valid[None, :] & ((pos[None, :] < length) | (seen != 0))
+                    else:
+                        vis = valid[None, :] & (t[:, None] >= 0)
                 else:
                     vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
                 s = tl.where(vis, s, float("-inf"))
