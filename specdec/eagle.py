@@ -263,7 +263,7 @@ def describe(meta: dict) -> dict[str, Any]:
 # The drafter
 # ---------------------------------------------------------------------------------------------------
 
-from specdec.interfaces import Drafter, ScoreRequest  # noqa: E402
+from specdec.interfaces import AttentionMetadata, Drafter, ScoreRequest  # noqa: E402
 from specdec.sampling import check_finite, choose, nonfinite_flags  # noqa: E402
 
 
@@ -671,9 +671,14 @@ class EagleDrafter(Drafter):
         true features); a node's token is the ``rank``-th most likely token of its parent's prediction. Then, depth by
         depth, every node with children runs one head row — its parent's predicted feature and its own token at
         position ``L + depth - 1``, attending to the head's cache below ``L`` and to its ancestors' rows (a tree mask
-        over scratch K/V: the head's cache is not written past ``L - 1``). Along the path of argmax tokens this is
-        the chain draft (its features up to float rounding: the softmax is split over cache and scratch). PyTorch
-        attention; no lookahead signal (dense verification needs none). A fixed-shape function of tensors
+        over the tree's scratch rows). Along the path of argmax tokens this is the chain draft (its features up to
+        float rounding: the softmax is split over cache and scratch). The attention runs where the chain's does
+        (:meth:`attention_backend`): PyTorch matmuls over the cache and scratch K/V (the head's cache is not written
+        past ``L - 1``), or a backend with tree rows (on a GPU the Triton split-K kernel: the cache read once per
+        depth, no float32 logits over its capacity; the scratch rows then go into the head's cache at ``L, L + 1,
+        ..``, past what any row reads before the next draft rewrites them, and every scratch row so far is queried
+        with the tree's mask, :meth:`~specdec.tree.DraftTree.draft_masks`). No lookahead signal (dense
+        verification needs none). A fixed-shape function of tensors
         (:meth:`_tree`): one CUDA graph replay per tree on a GPU with the target's graphs, as the chain's draft.
         A lookup branch (``tree.lookup``) gets the argmax chain's tokens (``tree.fallback``): a
         :class:`~specdec.lookup.LookupDrafter` replaces them where the context has a match."""
@@ -701,6 +706,10 @@ class EagleDrafter(Drafter):
         Hkv, C, D = self.k_cache.shape[1:]
         seen_ctx = torch.arange(C, device=tok.device).view(1, C) < lengths.view(B, 1)  # head rows <= L - 1
         ks, vs = [], []  # scratch K/V of the tree's head rows
+        be = self.attention_backend()
+        if be is not None and not getattr(be, "supports_tree", False):
+            be = None  # a backend without tree rows: the matmuls
+        qs, done = [], 0  # (backend) the scratch rows' queries so far, and how many rows that is
         flags = None
         for d in range(tree.max_depth):
             # the tokens at depth d + 1: the ranked predictions of their parents (the root, then depth d's inner rows)
@@ -721,11 +730,30 @@ class EagleDrafter(Drafter):
             cos, sin = rope(self.target, x, pos)
             q, k, v = _qkv(layer, x, cos, sin)  # (B, H, m, D), (B, Hkv, m, D)
             H = q.shape[1]
+            m = len(nxt)
+            if be is not None:
+                # the backend's tree rows: scratch row j is written into the head's cache at position L + j (past
+                # what any row reads before the next draft rewrites it) and every scratch row so far is queried
+                # with the tree's mask among them; the cache is read once per depth by the kernel
+                M = done + m
+                at = (lengths.view(B, 1) + done + torch.arange(m, device=tok.device)).clamp(max=C - 1)
+                at = at.view(B, 1, m, 1).expand(B, Hkv, m, D)
+                self.k_cache.scatter_(2, at, k.to(self.k_cache.dtype))
+                self.v_cache.scatter_(2, at, v.to(self.v_cache.dtype))
+                qs.append(q.to(self.k_cache.dtype))
+                meta = AttentionMetadata(lengths=lengths.clamp(max=C - M), scale=D ** -0.5,
+                                         tree=tree.draft_masks(tok.device)[d], static=self.k_cache.is_cuda)
+                att, _ = be.attend(torch.cat(qs, dim=2), self.k_cache, self.v_cache, meta)
+                att, done = att[:, :, done:M], M
+                y = self.norm(_finish(layer, x, att.to(x.dtype)))  # (B, m, d)
+                for i, c in enumerate(nxt):
+                    preds[c] = y[:, i]
+                continue
             ks.append(k.to(self.k_cache.dtype))
             vs.append(v.to(self.v_cache.dtype))
             # one softmax over the head's cache (read in place, each KV head once for its G query heads) and the
             # scratch rows of the tree so far
-            m, G = len(nxt), H // Hkv
+            G = H // Hkv
             qg = q.reshape(B, Hkv, G * m, D).to(self.k_cache.dtype)
             ksc, vsc = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # (B, Hkv, M, D)
             s = torch.cat([qg @ self.k_cache.transpose(-1, -2), qg @ ksc.transpose(-1, -2)], dim=-1)

@@ -185,6 +185,22 @@ class DraftTree:
                               torch.tensor(self.fallback, dtype=torch.long, device=device))
         return self._dev[key]
 
+    def draft_masks(self, device) -> list[torch.Tensor]:
+        """Per depth ``d = 1 .. D``, the ancestor-or-self mask among every inner row of depths ``1 .. d``
+        (``(M_d, M_d)`` bool, rows in :meth:`draft_index`'s order: the head's scratch rows so far), as a backend's
+        :attr:`~specdec.interfaces.AttentionMetadata.tree` takes it; its last ``m_d`` rows are ``draft_index``'s
+        ``anc[d]``. Made once per device."""
+        key = "draft_masks:" + str(device)
+        if key not in self._dev:
+            masks, owners = [], []
+            for level in self.inner:
+                if not level:
+                    break
+                owners += level
+                masks.append(self.mask[owners][:, owners].to(device))
+            self._dev[key] = masks
+        return self._dev[key]
+
 
 def accept_greedy(tree: DraftTree, tokens: torch.Tensor, logits: torch.Tensor):
     """Greedy acceptance over a verified tree.

@@ -6,6 +6,7 @@ captured buffers and re-run that frozen function, outputs are the same buffers e
 function runs the drafter's per-iteration tensors are hidden (a graph reads only its inputs and buffers with
 fixed addresses). The GPU twin (real graphs, identical tokens) is in ``tests/test_dustin_gpu.py``."""
 
+import itertools
 import os
 
 import pytest
@@ -160,6 +161,62 @@ def test_replayed_tree_draft_gives_the_eager_tokens(target, artifact, lookup):
         PROMPTS, 20).tokens
     # one shape after the prefill (one queued row) and one after each verification (depth + 1 rows)
     assert [k[0][1][0] for k in calls.graphs] == ["tree", "tree"] and calls.replays >= 6, (calls.captures, calls.replays)
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_tree_draft_attention_on_a_backend_equals_the_matmuls(target, artifact, backend):
+    """The tree draft's head attention on a backend with tree rows (the Triton split-K kernel, as on a GPU; the
+    reference backend) against the PyTorch matmuls, at every draft of a tree run (ragged lengths, two batches):
+    from the same head cache, the same tokens, ``f_{L-1}`` and every predicted feature; each depth is one
+    backend call with the tree's mask. The run itself (dense verification) emits dense greedy's tokens."""
+    from specdec.attention.reference import ReferenceBackend
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.tree import DraftTree
+
+    be = _triton() if backend == "triton" else ReferenceBackend()
+    tree_calls = []
+    attend = be.attend
+
+    def counted(q, k, v, meta):
+        if meta.tree is not None:
+            tree_calls.append(tuple(meta.tree.shape))
+        return attend(q, k, v, meta)
+
+    be.attend = counted
+    tree = DraftTree.default()
+    head = EagleDrafter(target, artifact)
+    eng = SpeculativeEngine(target, head, tree=tree, eos_token_id=-1)
+    orig, drafts = head._tree, []
+
+    def both(tree_, *first):
+        kc, vc = head.k_cache.clone(), head.v_cache.clone()
+        outs = []
+        for mode in ("torch", be):
+            head.k_cache.copy_(kc)
+            head.v_cache.copy_(vc)
+            head.attention, feats = mode, []
+            hook = head.norm.register_forward_hook(lambda mod, inp, out: feats.append(out))
+            try:
+                outs.append((orig(tree_, *first), feats))
+            finally:
+                hook.remove()
+        (r0, f0), (r1, f1) = outs
+        assert torch.equal(r1[0], r0[0])
+        torch.testing.assert_close(r1[1], r0[1])
+        assert len(f1) == len(f0) > 1
+        for a, b in zip(f0, f1):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+        drafts.append(len(f0))
+        return r1
+
+    head._tree = both
+    got = eng.generate(PROMPTS, 16).tokens
+    assert got == build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(
+        PROMPTS, 16).tokens
+    inner = [len(level) for level in tree.inner if level]
+    assert len(drafts) >= 3 and len(tree_calls) == len(drafts) * len(inner), (drafts, tree_calls)
+    assert tree_calls[: len(inner)] == [(n, n) for n in itertools.accumulate(inner)]
 
 
 def test_replayed_sampling_draft_gives_the_eager_tokens(target, artifact):
