@@ -698,6 +698,7 @@ class EagleDrafter(Drafter):
         pred, new_last = self._first(*first_args)
         B = lengths.shape[0]
         rows_d, anc_d, look_rows, fallback = tree.draft_index(lengths.device)
+        picks = tree.draft_picks(lengths.device)
         n = tree.nodes + 1
         tok = torch.zeros(B, n, dtype=torch.long, device=lengths.device)
         tok[:, 0] = pending
@@ -712,14 +713,14 @@ class EagleDrafter(Drafter):
         qs, done = [], 0  # (backend) the scratch rows' queries so far, and how many rows that is
         flags = None
         for d in range(tree.max_depth):
-            # the tokens at depth d + 1: the ranked predictions of their parents (the root, then depth d's inner rows)
-            for u in [0] if d == 0 else tree.inner[d - 1]:
-                logits = self._logits(preds[u])
-                f = nonfinite_flags(logits)
-                flags = f if flags is None else flags | f
-                top = logits.topk(tree.widths[u], dim=-1).indices  # (B, w)
-                for c in tree.children[u]:
-                    tok[:, c] = top[:, tree.paths[c - 1][-1]]
+            # the tokens at depth d + 1: the ranked predictions of their parents (the root, then depth d's inner
+            # rows), one LM head and one top-k for all of them
+            parents, k_top, kids, flat = picks[d]
+            logits = self._logits(torch.stack([preds[u] for u in parents], dim=1))  # (B, P, V)
+            f = nonfinite_flags(logits)
+            flags = f if flags is None else flags | f
+            top = logits.topk(k_top, dim=-1).indices.view(B, -1)  # (B, P k)
+            tok.index_copy_(1, kids, top.index_select(1, flat))
             nxt = tree.inner[d] if d < len(rows_d) else []
             if not nxt:
                 break  # (no deeper node has children)

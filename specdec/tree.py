@@ -185,6 +185,26 @@ class DraftTree:
                               torch.tensor(self.fallback, dtype=torch.long, device=device))
         return self._dev[key]
 
+    def draft_picks(self, device) -> list[tuple[list[int], int, torch.Tensor, torch.Tensor]]:
+        """What a tree draft picks its tokens with, per depth ``d = 1 .. D``: ``(parents, k, rows, flat)`` -- the rows
+        whose predictions give depth ``d``'s tokens (the root, then depth ``d - 1``'s inner rows), the top-``k`` each
+        takes (the widest need), the rows of depth ``d``'s nodes and, for each, ``parent index · k + rank`` into the
+        ``(P, k)`` top-k indices of those predictions flattened. Made once per device."""
+        key = "draft_picks:" + str(device)
+        if key not in self._dev:
+            out = []
+            for d in range(self.max_depth):
+                parents = [0] if d == 0 else self.inner[d - 1]
+                if not parents:
+                    break
+                k = max(self.widths[u] for u in parents)
+                rows = [c for u in parents for c in self.children[u]]
+                flat = [i * k + self.paths[c - 1][-1] for i, u in enumerate(parents) for c in self.children[u]]
+                out.append((list(parents), k, torch.tensor(rows, dtype=torch.long, device=device),
+                            torch.tensor(flat, dtype=torch.long, device=device)))
+            self._dev[key] = out
+        return self._dev[key]
+
     def draft_masks(self, device) -> list[torch.Tensor]:
         """Per depth ``d = 1 .. D``, the ancestor-or-self mask among every inner row of depths ``1 .. d``
         (``(M_d, M_d)`` bool, rows in :meth:`draft_index`'s order: the head's scratch rows so far), as a backend's

@@ -313,6 +313,8 @@ def test_eagle_tree_draft_is_the_chain_draft_along_the_argmax_path(target, artif
         tree = d.draft_tree(state, t)
         torch.testing.assert_close(tree[:, chain_rows], chain, rtol=0, atol=0)
         calls = [0] + [u for level in t.levels for u in level if t.widths[u]]  # rows whose prediction was read
+        assert [f.shape[1] for f in seen] == [1] + [len(level) for level in t.inner if level]  # one LM head a depth
+        seen = [f[:, i] for f in seen for i in range(f.shape[1])]  # (B, P, d) per depth -> per row, in `calls` order
         for k, f in enumerate(chain_feats):  # step k + 1's feature = the prediction of the argmax path's row k
             row = 0 if k == 0 else t.paths.index((0,) * k) + 1
             torch.testing.assert_close(seen[calls.index(row)], f, rtol=1e-5, atol=1e-5)
