@@ -149,8 +149,25 @@ def run_in_process(args: list[str]):
     return CliRunner().invoke(app, args)
 
 
+def _import_kernels_interpreted() -> None:
+    """Import specdec's Triton kernel modules while ``TRITON_INTERPRET=1`` still holds: ``@triton.jit`` reads it when
+    a module is imported, so a module first imported inside a test below (interpreter off) would keep compiled-only
+    kernels for the rest of the worker process, and a later test on CPU tensors would fail with "0 active drivers"."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+        return
+    import specdec.cuda
+
+    for mod in pkgutil.iter_modules(specdec.cuda.__path__):
+        importlib.import_module(f"specdec.cuda.{mod.name}")
+
+
 @pytest.fixture(autouse=True)
 def _no_triton_interpreter(monkeypatch):
+    _import_kernels_interpreted()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # CI sets it; the triton case needs it off
 
 

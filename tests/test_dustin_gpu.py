@@ -218,6 +218,32 @@ def test_eagle_head_on_the_backend_drafts_as_the_matmuls(eagle_artifact, method)
     assert kernel == torch_way
 
 
+def test_eagle_tree_draft_on_the_kernel_replays_and_equals_the_matmuls(eagle_artifact):
+    """A tree run (dense verification) on a Triton target with graphs: the head's tree attention on the kernel
+    (the default there, one call per depth with the tree's mask) gives the tokens and τ of its PyTorch matmuls,
+    dense greedy's tokens, and its draft is captured and replayed with nothing refused."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.tree import DraftTree
+
+    out = {}
+    for attention in ("torch", "auto"):
+        m = make_tiny("llama", seed=5, num_hidden_layers=4)
+        m.hf.cuda()
+        m.backend = BACKENDS.build("triton")
+        head = EagleDrafter(m, eagle_artifact)
+        head.attention = attention
+        eng = SpeculativeEngine(m, head, tree=DraftTree.default(), eos_token_id=-1)
+        m.enable_cuda_graphs()
+        runs = [eng.generate(p, 24) for p in (PROMPTS, PROMPTS[:1] * 2, PROMPTS)]
+        out[attention] = [(r.tokens, r.stats.mean_accepted_length) for r in runs]
+        g = head.graphs
+        assert g is not None and not g.uncapturable and g.replays >= 10, g and (g.uncapturable, g.replays)
+    assert (head.attention_backend() is not None) and out["auto"] == out["torch"]
+    dense = build_engine(m, PipelineConfig.make(method="dense"), eos_token_id=-1)
+    assert out["auto"][0][0] == dense.generate(PROMPTS, 24).tokens
+
+
 def test_group_scores_kernel_bf16_at_a_real_shape():
     """The Triton SRH scores against group_attention on the GPU: SmolLM2's geometry, bf16 keys, ragged lengths."""
     from specdec.attention.recording import group_attention
