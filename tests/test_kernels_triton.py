@@ -137,8 +137,8 @@ def test_sparse_matches_reference(dtype, budget, T, hkv, G):
 @pytest.mark.parametrize("cfg", ["small", "auto", "rows16_bits", "rows32"])
 def test_draft_tree_rows_match_reference(dtype, sparse, tree, hkv, G, cfg):
     """Draft-tree rows (a tree mask among the new rows) in the split-K kernel: dense and sparse, one split and several,
-    with and without the fast loop's unmasked tiles, in one tile of packed rows or in row blocks of 16 / 32 (the mask
-    as bit words or bytes); a row that saw its later siblings would differ."""
+    with and without the fast loop's unmasked tiles, in one tile of packed rows or in row blocks of 16 / 32, the mask
+    as bit words (the default) or bytes ("small"); a row that saw its later siblings would differ."""
     from specdec.tree import DraftTree
 
     t = {"default": DraftTree.default(), "lookup": DraftTree([(0,), (1,), (0, 0)], lookup=3),
@@ -149,7 +149,7 @@ def test_draft_tree_rows_match_reference(dtype, sparse, tree, hkv, G, cfg):
     kw = dict(tree=t.mask.to(DEV))
     if sparse:
         kw["plan_indices"], kw["dense_from"] = make_plan(3, hkv, 24, lengths, T)
-    cfgs = {"small": SMALL, "auto": AUTO, "rows16_bits": TritonConfig(block_n=16, num_splits=3, row_block=16,
+    cfgs = {"small": TritonConfig(block_n=16, num_splits=3, tree_bits=False), "auto": AUTO, "rows16_bits": TritonConfig(block_n=16, num_splits=3, row_block=16,
                                                                      tree_bits=True),
             "rows32": TritonConfig(block_n=16, num_splits=1, row_block=32)}
     check(cfgs[cfg], q, k, v, lens, **kw)

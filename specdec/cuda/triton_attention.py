@@ -101,6 +101,21 @@ def _packed_rows_q(Q, Lens, pid_bh, stride_qb, stride_qh, stride_qt, HKV: tl.con
 
 
 @triton.jit
+def _tree_visible(TreeMask, tree_row, t, row_valid, pos, valid, length, T: tl.constexpr, TREE_BITS: tl.constexpr):
+    """``(BLOCK_M, BLOCK_N)`` bool: which positions ``pos`` of a tile the packed rows (draft-tree row ``t``) see: the
+    valid cached ones (``< length``) and new row ``j`` (position ``length + j``) where the tree says so -- bit ``j``
+    of the row's word ``tree_row`` (``TREE_BITS``) or ``TreeMask[t, j]`` (a gather)."""
+    if TREE_BITS:
+        jn = tl.minimum(tl.maximum(pos - length, 0), 63)
+        seen = (tree_row[:, None] >> jn[None, :]) & 1
+    else:
+        jn = pos - length
+        new_row = valid & (jn >= 0) & (jn < T)
+        seen = tl.load(TreeMask + t[:, None] * T + jn[None, :], mask=row_valid[:, None] & new_row[None, :], other=0)
+    return valid[None, :] & ((pos[None, :] < length) | (seen != 0))
+
+
+@triton.jit
 def _sink_anchor_kernel(
     Q, K, Lens, Ref, sm_scale,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kl,
@@ -152,6 +167,8 @@ def _splitk_attn_kernel(
     row_pos = length + t
     if TREE_BITS:  # a draft tree as one int64 per row: bit j set where row t sees new row j (no gather in the loop)
         tree_row = tl.load(TreeMask + t, mask=row_valid, other=0)
+    else:
+        tree_row = 0  # (unused)
 
     if SPARSE:
         df = tl.maximum(tl.load(DenseFrom + b), 0)
@@ -257,24 +274,11 @@ def _splitk_attn_kernel(
                 s = s * sm_scale
             if not SPLIT_TILES or phase == 1:
                 if TREE or TREE_BITS:
-                    # a draft tree's test runs only on a tile that reaches the new rows (positions >= length); the
-                    # tiles below see every valid position, as in a chain (a per-tile 2-D gather of the mask
-                    # otherwise runs on every tile of the cache)
-                    if SPARSE:
-                        reach = tl.max(tl.where(valid, pos, 0), axis=0) >= length
-                    else:
-                        reach = j0 + BLOCK_N > length
-                    if reach:
-                        if TREE_BITS:  # new row j (position length + j) is seen where bit j of the row's word
-                            jn = tl.minimum(tl.maximum(pos - length, 0), 63)
-                            seen = (tree_row[:, None] >> jn[None, :]) & 1
-                        else:  # new row j (position length + j) is seen where TreeMask[t, j]
-                            jn = pos - length
-                            new_row = valid & (jn >= 0) & (jn < T)
-                            seen = tl.load(TreeMask + t[:, None] * T + jn[None, :],
-                                           mask=row_valid[:, None] & new_row[None, :], other=0)
-                        vis = valid[None, :] & ((pos[None, :] < length) | (seen != 0))
-                    else:
+                    if SPARSE:  # (a plan's positions are not ordered: every tile takes the tree's test)
+                        vis = _tree_visible(TreeMask, tree_row, t, row_valid, pos, valid, length, T, TREE_BITS)
+                    elif j0 + BLOCK_N > length:  # dense: only the tiles that reach the new rows take it
+                        vis = _tree_visible(TreeMask, tree_row, t, row_valid, pos, valid, length, T, TREE_BITS)
+                    else:  # the tiles below see every valid position, as in a chain
                         vis = valid[None, :] & (t[:, None] >= 0)
                 else:
                     vis = valid[None, :] & (pos[None, :] <= row_pos[:, None])
@@ -697,9 +701,13 @@ FAST_LOOP = True
 #: 2026-12-02 12:20 UTC: SmolLM2 verify at B 16 x 8k, ~3 tiles per split, 39.4 vs 37.1 us, at B 1 x 8k, 1 tile,
 #: 10.7 vs 9.8 us; 86 tiles per split at 8B B 16 x 32k level without scores, -2.6 % with sink scores)
 FAST_LOOP_MIN_TILES = 8
-#: ``LaunchConfig.row_block`` / ``tree_bits`` where a config leaves them at ``None`` (0: no row blocks)
+#: ``LaunchConfig.row_block`` / ``tree_bits`` where a config leaves them at ``None`` (0: no row blocks). Measured on
+#: an H200 (2026-12-05 12:43 UTC, ``benchmarks/gpu/tree_kernel_sweep.py``, SmolLM2's attention, 8k, bf16, the kernel
+#: replayed from CUDA graphs; ``benchmarks/results/gpu_tree_kernel_2026-12-05.md``): the default tree (21 rows) took
+#: 50.3 / 104.8 / 13.0 us a call with bit words at B 16 / 64 / 1 against 128.4 / 119.9 / 23.9 with the byte mask and a
+#: 21-row causal chain's 50.4 / 100.9 / 10.9; row blocks of 16 or 32 were slower everywhere (76-334 us at B 16 / 64)
 ROW_BLOCK = 0
-TREE_BITS = False
+TREE_BITS = True
 
 
 @dataclass(frozen=True)
@@ -746,8 +754,9 @@ class LaunchConfig:
     # blocks of this many (a third grid dimension; each block reads the split's K/V tiles again, mostly from L2)
     # instead of one tile of next_power_of_2(T G) rows; calls without scores only. None: ``ROW_BLOCK``
     row_block: int | None = None
-    # a draft tree's mask as one int64 bit word per row, tested in registers (True), or gathered per tile from the
-    # (T, T) mask (False); None: ``TREE_BITS``
+    # a draft tree's mask as one int64 bit word per row, tested in registers (True; trees of <= 64 rows, a larger
+    # one takes the byte mask), or gathered from the (T, T) mask in the tiles that reach the new rows (False);
+    # None: ``TREE_BITS`` (True)
     tree_bits: bool | None = None
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
@@ -996,12 +1005,14 @@ def splitk_attention(
     alloc = torch.zeros if sparse else torch.empty
     if score_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"score_dtype must be torch.float32 or torch.bfloat16, not {score_dtype}.")
+    bits = False
     if tree is not None:
         if tree.shape != (T, T):
             raise ValueError(f"a tree mask for {T} rows is ({T}, {T}), not {tuple(tree.shape)}.")
         if row_weights is not None or row_slots is not None or row_queries is not None:
             raise ValueError("draft-tree rows take no scores; score them with the reference backend.")
-        tree = tree_bit_rows(tree, dev) if cfg.tree_bits else tree.to(device=dev, dtype=torch.int8).contiguous()
+        bits = bool(cfg.tree_bits) and T <= 64  # (a tree of more rows: the byte mask)
+        tree = tree_bit_rows(tree, dev) if bits else tree.to(device=dev, dtype=torch.int8).contiguous()
     if sink_softmax and row_weights is None:
         raise ValueError("sink_softmax scores need row_weights (the weight of each (head, row)).")
     if row_weights is not None:
@@ -1067,7 +1078,7 @@ def splitk_attention(
         ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold,
         LOG2_FOLD=bool(cfg.fast_loop), SPLIT_TILES=split_tiles,
         TreeMask=tree if tree is not None else lse, TREE=tree is not None,
-        TREE_BITS=tree is not None and bool(cfg.tree_bits), PART_M=part_m,
+        TREE_BITS=tree is not None and bits, PART_M=part_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:

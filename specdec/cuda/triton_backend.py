@@ -112,10 +112,12 @@ class TritonConfig(ComponentConfig):
         row_block: packed rows per program of a call without scores: a call of more packed rows (``T G``, e.g. a
             draft tree's 21 rows x 3 heads) runs in row blocks of this many (a power of two >= 16), each reading the
             split's K/V tiles again (mostly from L2), instead of one tile of ``next_power_of_2(T G)`` rows.
-            ``None`` (the default): ``triton_attention.ROW_BLOCK`` (0: one tile).
+            ``None`` (the default): ``triton_attention.ROW_BLOCK`` (0: one tile; on an H200 row blocks of 16 or 32
+            were slower than one tile for the default tree at B 1, 16 and 64).
         tree_bits: a draft tree's mask reaches the kernel as one 64-bit word per row, tested in registers, instead
-            of a ``(T, T)`` byte mask gathered in every masked tile. ``None`` (the default):
-            ``triton_attention.TREE_BITS``.
+            of a ``(T, T)`` byte mask gathered in the tiles that reach the new rows (a tree of more than 64 rows
+            always takes the byte mask). ``None`` (the default): ``triton_attention.TREE_BITS`` (``True``: on an
+            H200 the default tree's verify call at 8k, B 16, took 50 us with it, 128 us without, as a 21-row chain).
         peers: FlashAttention-4 / FlashInfer for the calls they serve (:mod:`specdec.cuda.peers`):
             ``"auto"`` the installed ones (and PyTorch SDPA for decode) where the measured table
             ``peers.PICKS`` says they are the fastest (ours elsewhere), ``"off"`` never,
