@@ -526,8 +526,12 @@ class SpeculativeEngine:
                 n_acc, nxt, path = accept_sampled(tree, rows, p_logits, self.sampling, state.generator)
                 drafts = rows.gather(1, path)  # (B, D) the accepted path's tokens (past n_acc: never emitted)
             state.cache.keep_path(state.lengths, path)
+            # the drafter's non-finite flags are taken for the commit's transfer first: tree_verified raises the
+            # flags nobody took, which is a host read (a wait for the whole round's device work) in every round
+            take = getattr(self.drafter, "take_flags", None)
+            dflags = take() if take is not None else None
             self.drafter.tree_verified(state, rows, path)  # the path's rows and features, for the next draft
-        read = self._commit_launch(state, run, n_acc, nxt, drafts, flags)
+        read = self._commit_launch(state, run, n_acc, nxt, drafts, flags, dflags=dflags, taken=True)
         self._commit_read(state, run, read)
 
     def _tree_accept(self, rows: torch.Tensor, y: torch.Tensor):
@@ -661,13 +665,15 @@ class SpeculativeEngine:
                    check=lambda got: got and raise_nonfinite(got[0], "target"))
 
     def _commit_launch(self, state: DecodeState, run: "_Run", n_accepted: torch.Tensor, next_token: torch.Tensor,
-                       drafts: torch.Tensor, flags: torch.Tensor) -> "_HostRead":
+                       drafts: torch.Tensor, flags: torch.Tensor, dflags: torch.Tensor | None = None,
+                       taken: bool = False) -> "_HostRead":
         """Queue the commit of an iteration: the emission's device side (:meth:`_emit_launch`) and its one host
-        transfer, with the non-finite flags of the verifier and the drafter riding along. :meth:`_commit_read`
-        completes it."""
+        transfer, with the non-finite flags of the verifier and the drafter riding along (``taken``: the caller
+        already took the drafter's, ``dflags``). :meth:`_commit_read` completes it."""
         # the drafter's non-finite flags (greedy) ride along in the same transfer
-        take = getattr(self.drafter, "take_flags", None)  # (a duck-typed plugin drafter may not have it)
-        dflags = take() if take is not None else None
+        if not taken:
+            take = getattr(self.drafter, "take_flags", None)  # (a duck-typed plugin drafter may not have it)
+            dflags = take() if take is not None else None
         read = self._emit_launch(state, run, next_token, n_accepted, drafts,
                                  extra=[flags] + ([dflags] if dflags is not None else []))
         read.drafter_flags = dflags is not None

@@ -252,6 +252,31 @@ def test_nonfinite_draft_is_refused_after_the_iteration(target, artifact):
         eng.generate(PROMPTS[:1], 8)
 
 
+def test_tree_round_reads_the_draft_flags_with_the_commit(target, artifact):
+    """A tree round takes the head's non-finite flags for the commit's one transfer before ``tree_verified``, which
+    would otherwise read them on the host (a wait for the round's device work, every round); non-finite draft logits
+    still raise after the iteration."""
+    from specdec.eagle import EagleDrafter
+    from specdec.engine import SpeculativeEngine
+    from specdec.tree import DraftTree
+
+    d = EagleDrafter(target, artifact)
+    pending = []
+    orig = d.raise_untaken_flags
+
+    def raise_untaken():
+        pending.append(d._flags is not None)
+        orig()
+
+    d.raise_untaken_flags = raise_untaken
+    eng = SpeculativeEngine(target, d, tree=DraftTree.default(), eos_token_id=-1)
+    eng.generate(PROMPTS, 12)
+    assert pending and not any(pending), pending
+    d._logits = lambda f: torch.full((*f.shape[:-1], target.dims.vocab_size), float("nan"))
+    with pytest.raises(FloatingPointError, match="drafter produced NaN"):
+        eng.generate(PROMPTS[:1], 8)
+
+
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_head_builds_from_a_fused_target(artifact, kernels):
     """A target whose projections were fused (``--fuse``, the GPU benchmarks) still loads the head (the
