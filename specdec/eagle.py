@@ -705,11 +705,12 @@ class EagleDrafter(Drafter):
         preds = {0: pred}  # row -> its predicted feature (B, d): what its children's tokens come from
         layer, dt = self.head.layer, self.head.fc.weight.dtype
         Hkv, C, D = self.k_cache.shape[1:]
-        seen_ctx = torch.arange(C, device=tok.device).view(1, C) < lengths.view(B, 1)  # head rows <= L - 1
-        ks, vs = [], []  # scratch K/V of the tree's head rows
         be = self.attention_backend()
         if be is not None and not getattr(be, "supports_tree", False):
             be = None  # a backend without tree rows: the matmuls
+        if be is None:
+            seen_ctx = torch.arange(C, device=tok.device).view(1, C) < lengths.view(B, 1)  # head rows <= L - 1
+        ks, vs = [], []  # (matmuls) scratch K/V of the tree's head rows
         qs, done = [], 0  # (backend) the scratch rows' queries so far, and how many rows that is
         flags = None
         for d in range(tree.max_depth):
@@ -746,24 +747,21 @@ class EagleDrafter(Drafter):
                                          tree=tree.draft_masks(tok.device)[d], static=self.k_cache.is_cuda)
                 att, _ = be.attend(torch.cat(qs, dim=2), self.k_cache, self.v_cache, meta)
                 att, done = att[:, :, done:M], M
-                y = self.norm(_finish(layer, x, att.to(x.dtype)))  # (B, m, d)
-                for i, c in enumerate(nxt):
-                    preds[c] = y[:, i]
-                continue
-            ks.append(k.to(self.k_cache.dtype))
-            vs.append(v.to(self.v_cache.dtype))
-            # one softmax over the head's cache (read in place, each KV head once for its G query heads) and the
-            # scratch rows of the tree so far
-            G = H // Hkv
-            qg = q.reshape(B, Hkv, G * m, D).to(self.k_cache.dtype)
-            ksc, vsc = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # (B, Hkv, M, D)
-            s = torch.cat([qg @ self.k_cache.transpose(-1, -2), qg @ ksc.transpose(-1, -2)], dim=-1)
-            s = s.view(B, Hkv, G, m, -1).float() * D ** -0.5  # (B, Hkv, G, m, C + M)
-            anc = anc_d[d]  # (m, M): ancestors-or-self among the scratch rows
-            vis = torch.cat([seen_ctx.view(B, 1, C).expand(B, m, C), anc.view(1, m, -1).expand(B, -1, -1)], dim=2)
-            p = torch.softmax(s.masked_fill(~vis.view(B, 1, 1, m, -1), float("-inf")), dim=-1)
-            p = p.view(B, Hkv, G * m, -1).to(self.v_cache.dtype)
-            att = (p[..., :C] @ self.v_cache + p[..., C:] @ vsc).view(B, H, m, D)
+            else:
+                ks.append(k.to(self.k_cache.dtype))
+                vs.append(v.to(self.v_cache.dtype))
+                # one softmax over the head's cache (read in place, each KV head once for its G query heads) and the
+                # scratch rows of the tree so far
+                G = H // Hkv
+                qg = q.reshape(B, Hkv, G * m, D).to(self.k_cache.dtype)
+                ksc, vsc = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # (B, Hkv, M, D)
+                s = torch.cat([qg @ self.k_cache.transpose(-1, -2), qg @ ksc.transpose(-1, -2)], dim=-1)
+                s = s.view(B, Hkv, G, m, -1).float() * D ** -0.5  # (B, Hkv, G, m, C + M)
+                anc = anc_d[d]  # (m, M): ancestors-or-self among the scratch rows
+                vis = torch.cat([seen_ctx.view(B, 1, C).expand(B, m, C), anc.view(1, m, -1).expand(B, -1, -1)], dim=2)
+                p = torch.softmax(s.masked_fill(~vis.view(B, 1, 1, m, -1), float("-inf")), dim=-1)
+                p = p.view(B, Hkv, G * m, -1).to(self.v_cache.dtype)
+                att = (p[..., :C] @ self.v_cache + p[..., C:] @ vsc).view(B, H, m, D)
             y = self.norm(_finish(layer, x, att.to(x.dtype)))  # (B, m, d)
             for i, c in enumerate(nxt):
                 preds[c] = y[:, i]

@@ -489,7 +489,8 @@ class SpeculativeEngine:
             # the emission's effect on the device state (lengths, active, pending) and the one host transfer are
             # queued; the next plan is queued behind the transfer, and the host emits into its lists while the GPU
             # builds the plan (the drafter's hook sees the new device state; the host lists grow after it)
-            read = self._commit_launch(state, run, acc.n_accepted, acc.next_token, drafts, flags)
+            read = self._commit_launch(state, run, acc.n_accepted, acc.next_token, drafts, flags,
+                                       self._take_drafter_flags())
             with timer("select"):  # next iteration's plan from this verification's scores
                 self.drafter.on_verify(state, request)
             ahead = getattr(self.drafter, "draft_ahead", None)  # (a duck-typed plugin drafter may not have it)
@@ -528,10 +529,9 @@ class SpeculativeEngine:
             state.cache.keep_path(state.lengths, path)
             # the drafter's non-finite flags are taken for the commit's transfer first: tree_verified raises the
             # flags nobody took, which is a host read (a wait for the whole round's device work) in every round
-            take = getattr(self.drafter, "take_flags", None)
-            dflags = take() if take is not None else None
+            dflags = self._take_drafter_flags()
             self.drafter.tree_verified(state, rows, path)  # the path's rows and features, for the next draft
-        read = self._commit_launch(state, run, n_acc, nxt, drafts, flags, dflags=dflags, taken=True)
+        read = self._commit_launch(state, run, n_acc, nxt, drafts, flags, dflags)
         self._commit_read(state, run, read)
 
     def _tree_accept(self, rows: torch.Tensor, y: torch.Tensor):
@@ -664,16 +664,17 @@ class SpeculativeEngine:
                    extra=[flags] if self.sampling.greedy else [],
                    check=lambda got: got and raise_nonfinite(got[0], "target"))
 
+    def _take_drafter_flags(self) -> torch.Tensor | None:
+        """The drafter's non-finite flags of its greedy draft (:meth:`~specdec.interfaces.Drafter.take_flags`), taken
+        for the commit's transfer, or ``None``."""
+        take = getattr(self.drafter, "take_flags", None)  # (a duck-typed plugin drafter may not have it)
+        return take() if take is not None else None
+
     def _commit_launch(self, state: DecodeState, run: "_Run", n_accepted: torch.Tensor, next_token: torch.Tensor,
-                       drafts: torch.Tensor, flags: torch.Tensor, dflags: torch.Tensor | None = None,
-                       taken: bool = False) -> "_HostRead":
+                       drafts: torch.Tensor, flags: torch.Tensor, dflags: torch.Tensor | None) -> "_HostRead":
         """Queue the commit of an iteration: the emission's device side (:meth:`_emit_launch`) and its one host
-        transfer, with the non-finite flags of the verifier and the drafter riding along (``taken``: the caller
-        already took the drafter's, ``dflags``). :meth:`_commit_read` completes it."""
-        # the drafter's non-finite flags (greedy) ride along in the same transfer
-        if not taken:
-            take = getattr(self.drafter, "take_flags", None)  # (a duck-typed plugin drafter may not have it)
-            dflags = take() if take is not None else None
+        transfer, with the non-finite flags of the verifier (``flags``) and of the drafter (``dflags``, from
+        :meth:`_take_drafter_flags`) riding along. :meth:`_commit_read` completes it."""
         read = self._emit_launch(state, run, next_token, n_accepted, drafts,
                                  extra=[flags] + ([dflags] if dflags is not None else []))
         read.drafter_flags = dflags is not None

@@ -273,7 +273,7 @@ def _splitk_attn_kernel(
             if not LOG2_FOLD:
                 s = s * sm_scale
             if not SPLIT_TILES or phase == 1:
-                if TREE or TREE_BITS:
+                if TREE:  # (TREE_BITS implies TREE)
                     if SPARSE:  # (a plan's positions are not ordered: every tile takes the tree's test)
                         vis = _tree_visible(TreeMask, tree_row, t, row_valid, pos, valid, length, T, TREE_BITS)
                     elif j0 + BLOCK_N > length:  # dense: only the tiles that reach the new rows take it
@@ -1078,7 +1078,7 @@ def splitk_attention(
         ANCHOR_LOOP=anchor_loop, SINK_FOLD=sink_fold,
         LOG2_FOLD=bool(cfg.fast_loop), SPLIT_TILES=split_tiles,
         TreeMask=tree if tree is not None else lse, TREE=tree is not None,
-        TREE_BITS=tree is not None and bits, PART_M=part_m,
+        TREE_BITS=bits, PART_M=part_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:
