@@ -30,13 +30,15 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
   match and the EAGLE head's draft combine (:class:`specdec.lookup.LookupDrafter`; docs page *Dustin*, "Lookup
   policies"). ``lookup_search``: where the ``replace`` policy searches (``auto``: on the device on a GPU with CUDA graphs);
 * ``verify``: ``sparse`` (Dustin's, the default) or ``dense`` (the whole context: lossless, the same drafts — how the
-  draft's τ is measured); ``tree``: with ``verify=dense``, the draft is a tree (:mod:`specdec.tree`), with a lookup
-  branch when prompt lookup is on.
+  draft's τ is measured); ``tree``: with ``verify=dense``, the draft is a tree (:mod:`specdec.tree`; ``true``: the
+  default tree, ``n``: the ``n`` most frequent rank paths, or a list of rank paths), with a lookup branch when prompt
+  lookup is on.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+import json
+from typing import Any, Literal, Optional, Union
 
 from pydantic import Field
 
@@ -129,8 +131,11 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
         default="sparse", description="'sparse': Dustin's verification on the hybrid signals (near-lossless); 'dense': "
         "the whole context (FullVerifier: lossless, the same drafts; the budget and the sparse verifier's options do "
         "not apply)")
-    tree: bool = Field(default=False, description="draft a tree (specdec.tree: the default 16-node tree, plus a 4-node "
-                       "lookup branch with prompt lookup on) instead of a chain; verify=dense and an EAGLE draft")
+    tree: Union[bool, int, list[list[int]]] = Field(
+        default=False, description="draft a tree (specdec.tree) instead of a chain: true for the default 16-node tree, "
+        "a node count n for the n most frequent rank paths (1 to 32; 8 verifies 13 rows a sequence where the default "
+        "verifies 21), or a list of rank paths such as [[0],[1],[0,0]]; plus a 4-node lookup branch with prompt lookup "
+        "on. Needs verify=dense and an EAGLE draft")
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
@@ -233,11 +238,11 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
                                "them with verify=dense (which reads the whole context).")
         verifier = FullVerifier(model)
     else:
-        if o.tree:
+        if o.tree is not False:
             raise SpecdecError("a draft tree is verified densely; add the option verify=dense (lossless), or drop "
-                               "tree=true.")
+                               f"tree={json.dumps(o.tree)}.")
         verifier = SparseVerifier(model, selector, drafter, dense_every=o.dense_every, disagree=o.disagree,
                                   dense_first=o.dense_first, margin=o.margin)
-    if o.tree:
-        kw.setdefault("tree", True)  # the default tree (with a lookup branch behind prompt lookup)
+    if o.tree is not False:  # true, a node count or rank paths (with a lookup branch behind prompt lookup)
+        kw.setdefault("tree", o.tree)
     return SpeculativeEngine(model, drafter, verifier, gamma=cfg.gamma, sampling=cfg.sampling, method=cfg.method, **kw)

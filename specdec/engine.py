@@ -43,10 +43,16 @@ def _check_tree(tree, drafter, verifier):
     if tree is None or tree is False:
         return None
     looks = getattr(drafter, "lookup_branch", False) is True  # a prompt-lookup drafter fills a lookup branch
+    branch = DEFAULT_LOOKUP_BRANCH if looks else 0
     if tree is True:
-        tree = DraftTree.default(lookup=DEFAULT_LOOKUP_BRANCH if looks else 0)
+        tree = DraftTree.default(lookup=branch)
+    elif isinstance(tree, int) and not isinstance(tree, bool):
+        tree = DraftTree.top(tree, lookup=branch)
+    elif isinstance(tree, (list, tuple)):
+        tree = DraftTree(tree, lookup=branch)
     if not isinstance(tree, DraftTree):
-        raise SpecdecError(f"tree must be a specdec.tree.DraftTree, True (the default tree) or None, not {tree!r}.")
+        raise SpecdecError(f"tree must be a specdec.tree.DraftTree, True (the default tree), a node count (the most "
+                           f"frequent rank paths), a list of rank paths or None, not {tree!r}.")
     drafts = drafter.inner if looks else drafter  # (behind prompt lookup, the inner drafter drafts the tree)
     if drafts is None or not callable(getattr(drafts, "draft_tree", None)):
         raise SpecdecError(f"the {type(drafts).__name__} drafter cannot draft a tree; draft with an EAGLE head "
@@ -280,10 +286,12 @@ class SpeculativeEngine:
             phase (slower: no overlap of host and GPU work). Default ``False``: phases are timed by CUDA events,
             without synchronisation (:class:`PhaseTimer`).
         adaptive: adaptive γ and the dense fall-back (:mod:`specdec.adaptive`); ``None``: the default (on).
-        tree: draft a tree instead of a chain (:mod:`specdec.tree`): a :class:`~specdec.tree.DraftTree`, or ``True``
-            for :meth:`DraftTree.default() <specdec.tree.DraftTree.default>` (with a prompt-lookup drafter,
-            :class:`~specdec.lookup.LookupDrafter`, and a lookup branch of :data:`DEFAULT_LOOKUP_BRANCH` nodes that it
-            fills). Dense verification (:class:`~specdec.verifiers.FullVerifier`) and a drafter with
+        tree: draft a tree instead of a chain (:mod:`specdec.tree`): a :class:`~specdec.tree.DraftTree`; ``True``
+            for :meth:`DraftTree.default() <specdec.tree.DraftTree.default>`; a node count ``n`` for
+            :meth:`DraftTree.top(n) <specdec.tree.DraftTree.top>` (the ``n`` most frequent rank paths, 1 to 32); or a
+            list of rank paths, e.g. ``[(0,), (1,), (0, 0)]``. With a prompt-lookup drafter
+            (:class:`~specdec.lookup.LookupDrafter`) the last three get a lookup branch of
+            :data:`DEFAULT_LOOKUP_BRANCH` nodes that it fills. Dense verification (:class:`~specdec.verifiers.FullVerifier`) and a drafter with
             ``draft_tree`` (the EAGLE drafter, alone or behind prompt lookup); γ becomes the tree's depth and stays
             fixed (no adaptive γ). Lossless as a chain: greedy acceptance (:func:`~specdec.tree.accept_greedy`) or,
             sampling, rejection sampling over the tree (:func:`~specdec.tree.accept_sampled`).

@@ -41,6 +41,19 @@ DEFAULT_PATHS: tuple[tuple[int, ...], ...] = (
     (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (1, 0, 0, 0),
 )
 
+#: the rank paths by how often they were on the target's greedy path (the count :data:`DEFAULT_PATHS` comes from):
+#: the first ``n`` form a prefix-closed tree of ``n`` nodes for any ``n`` (:meth:`DraftTree.top`). The counted trees of
+#: 4, 8, 12, 16, 24 and 32 nodes are exact prefixes (``cpu_tree_tau_2026-12-04.json``, ``both-N``); between two of
+#: them the paths follow breadth-first (their own counts are not recorded). The first 16 are :data:`DEFAULT_PATHS`.
+RANKED_PATHS: tuple[tuple[int, ...], ...] = (
+    (0,), (0, 0), (0, 0, 0), (0, 0, 0, 0),
+    (1,), (0, 1), (1, 0), (0, 0, 1),
+    (2,), (0, 1, 0), (1, 0, 0), (0, 0, 0, 1),
+    (0, 2), (0, 0, 1, 0), (0, 1, 0, 0), (1, 0, 0, 0),
+    (3,), (0, 4), (1, 1), (2, 0), (0, 0, 2), (0, 0, 3), (0, 2, 0), (2, 0, 0),
+    (4,), (6,), (0, 3), (0, 0, 0, 2), (0, 0, 0, 3), (0, 0, 2, 0), (0, 2, 0, 0), (2, 0, 0, 0),
+)
+
 #: the most rows a tree may verify at once (the root included)
 MAX_ROWS = 128
 
@@ -137,6 +150,15 @@ class DraftTree:
     def default(cls, lookup: int = 0) -> "DraftTree":
         """:data:`DEFAULT_PATHS` (16 nodes, depth 4), with a lookup branch of ``lookup`` nodes."""
         return cls(DEFAULT_PATHS, lookup=lookup)
+
+    @classmethod
+    def top(cls, nodes: int, lookup: int = 0) -> "DraftTree":
+        """The ``nodes`` most frequent rank paths (:data:`RANKED_PATHS`, 1 to 32; 4 is the chain of 4, 16 the default
+        tree), with a lookup branch of ``lookup`` nodes: a smaller tree verifies fewer rows, a larger one accepts more."""
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= len(RANKED_PATHS):
+            raise SpecdecError(f"a ranked draft tree has 1 to {len(RANKED_PATHS)} nodes, got {nodes!r}; e.g. tree=8 "
+                               "(16 is the default tree), or give the rank paths themselves.")
+        return cls(RANKED_PATHS[:nodes], lookup=lookup)
 
     @property
     def nodes(self) -> int:

@@ -7,7 +7,7 @@ import torch
 
 from specdec import PipelineConfig, build_engine
 from specdec.errors import SpecdecError
-from specdec.tree import DEFAULT_PATHS, DraftTree, accept_greedy
+from specdec.tree import DEFAULT_PATHS, RANKED_PATHS, DraftTree, accept_greedy
 
 from conftest import make_tiny
 
@@ -441,6 +441,21 @@ def test_an_oracle_lookup_branch_is_accepted_whole(target):
     assert res.stats.iterations == 5 and res.stats.mean_accepted_length == pytest.approx(5.0)
 
 
+def test_ranked_trees_are_prefix_closed_and_hold_the_counted_ones():
+    """``DraftTree.top(n)``: every ``n`` is a tree (the constructor refuses one that is not prefix-closed); 4 is the
+    chain of 4 and 16 the default tree; the counted 8-node tree of the 2026-12-04 run (``both-8``) is its first 8."""
+    for n in range(1, len(RANKED_PATHS) + 1):
+        assert DraftTree.top(n).nodes == n
+    assert set(DraftTree.top(4).paths) == set(DraftTree.chain(4).paths)
+    assert set(DraftTree.top(16).paths) == set(DEFAULT_PATHS)
+    assert set(DraftTree.top(8).paths) == {(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 1), (0, 1), (1,), (1, 0)}
+    assert len(set(RANKED_PATHS)) == len(RANKED_PATHS)
+    assert DraftTree.top(8, lookup=4).nodes == 12
+    for bad in (0, 33, True, 2.0):
+        with pytest.raises(SpecdecError, match="1 to 32 nodes"):
+            DraftTree.top(bad)
+
+
 def test_lookup_tree_engine_emits_dense_tokens(target, artifact):
     from specdec.eagle import EagleDrafter
     from specdec.engine import SpeculativeEngine
@@ -478,7 +493,8 @@ def test_dustin_dense_verification_and_tree_options(target, artifact):
 
     want = build_engine(target, PipelineConfig.make(method="dense"), eos_token_id=-1).generate(PROMPTS, 24).tokens
     for opts in ({"verify": "dense"}, {"verify": "dense", "tree": True}, {"verify": "dense", "tree": True,
-                                                                         "lookup_min": 0}):
+                                                                         "lookup_min": 0},
+                 {"verify": "dense", "tree": 8}, {"verify": "dense", "tree": [[0], [1], [0, 0]], "lookup_min": 0}):
         cfg = PipelineConfig.make(method="dustin", budget=16, sinks=2, recent=4,
                                   options={"draft": str(artifact), **opts})
         eng = build_engine(target, cfg, eos_token_id=-1)
@@ -487,7 +503,15 @@ def test_dustin_dense_verification_and_tree_options(target, artifact):
         if opts.get("tree"):
             looks = opts.get("lookup_min", 2) > 0
             assert eng.tree.lookup == (4 if looks else 0) and isinstance(eng.drafter, LookupDrafter) == looks
+            t = opts["tree"]
+            paths = DEFAULT_PATHS if t is True else RANKED_PATHS[:t] if isinstance(t, int) else t
+            assert set(eng.tree.paths) == {tuple(p) for p in paths}, opts
     for opts, what in [({"tree": True}, "add the option verify=dense"),
+                       ({"tree": 8}, "or drop tree=8"),
+                       ({"verify": "dense", "tree": 0}, "1 to 32 nodes, got 0"),
+                       ({"verify": "dense", "tree": 33}, "1 to 32 nodes, got 33"),
+                       ({"verify": "dense", "tree": [[1, 0]]}, r"has no parent \(1,\)"),
+                       ({"verify": "dense", "tree": []}, "needs at least one path"),
                        ({"verify": "dense", "margin": 0.5, "dense_every": 2}, r"dense_every, margin belong"),
                        ({"verify": "dense", "tree": True, "draft": "early-exit"}, "cannot draft a tree")]:
         with pytest.raises(SpecdecError, match=what):
