@@ -363,7 +363,10 @@ def test_tree_refusals(target, artifact):
                                   options={"draft": str(artifact), "lookup_min": 0})
         build_engine(target, cfg, tree=True)
     with pytest.raises(SpecdecError, match="DraftTree"):
-        SpeculativeEngine(target, d, tree=16)
+        SpeculativeEngine(target, d, tree="16")
+    with pytest.raises(SpecdecError, match="1 to 32 nodes, got 64"):
+        SpeculativeEngine(target, d, tree=64)
+    assert set(SpeculativeEngine(target, d, tree=16).tree.paths) == set(DEFAULT_PATHS)
     tp, target.tp = target.tp, type("TP", (), {"world": 2})()  # (what specdec.parallel sets on a sharded model)
     try:
         with pytest.raises(SpecdecError, match="tensor parallelism"):
