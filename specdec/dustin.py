@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from specdec.errors import SpecdecError
 from specdec.presets import PipelineConfig, register_method, selector_options
@@ -136,6 +136,20 @@ class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
         "a node count n for the n most frequent rank paths (1 to 32; 8 verifies 13 rows a sequence where the default "
         "verifies 21), or a list of rank paths such as [[0],[1],[0,0]]; plus a 4-node lookup branch with prompt lookup "
         "on. Needs verify=dense and an EAGLE draft")
+
+    @field_validator("tree", mode="before")
+    @classmethod
+    def _tree_value(cls, v: Any) -> Any:
+        from specdec.tree import RANKED_PATHS
+
+        ok = (isinstance(v, bool) or (isinstance(v, int) and 1 <= v <= len(RANKED_PATHS))
+              or (isinstance(v, (list, tuple)) and all(isinstance(p, (list, tuple)) and p
+                                                       and all(isinstance(r, int) and not isinstance(r, bool)
+                                                               for r in p) for p in v)))
+        if not ok:
+            raise ValueError("takes true / false, a node count (1 to 32) or a list of rank paths such as "
+                             "[[0],[1],[0,0]]")
+        return v
 
 
 def default_heads(n_layers: int, n_heads: int, draft_layers: int) -> tuple[list, list]:
