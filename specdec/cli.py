@@ -77,7 +77,7 @@ def generate(
     output_json: Path = typer.Option(..., "--output-json", help="where to write tokens, text and stats"),
     model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
     method: Optional[str] = typer.Option(None, "--method", help="dense, magicdec, vegas, quest, dustin, ... (default magicdec)"),
-    context_tokens: Optional[int] = typer.Option(None, "--context-tokens", help="keep the last N tokens of the file"),
+    context_tokens: Optional[int] = typer.Option(None, "--context-tokens", help="keep the last N tokens of the file (with --chat: N in all, the template whole, the file's last tokens)"),
     budget: Optional[int] = typer.Option(None, "--budget", help="KV entries one sparse step sees"),
     budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio", help="budget as a share of the context"),
     gamma: Optional[int] = typer.Option(None, "--gamma", help="draft length γ (default 4)"),
@@ -136,12 +136,12 @@ def generate(
         check_method(cfg.method)
     m = load_model(model, so.dtype, device, so.backend, so.cuda_graphs, so.compile, so.fuse, tp=tp)
     # the file is text: a special token's spelling in it stays text (no role injection with --chat)
-    if chat:
-        ids = chat_ids(m.tokenizer, text, allow_special_tokens)
+    if chat:  # the document is cut, not the template (--context-tokens counts the template's tokens too)
+        ids = chat_ids(m.tokenizer, text, allow_special_tokens, context_tokens)
     else:
         ids = encode_text(m.tokenizer, text, allow_special_tokens)
-    if context_tokens is not None:
-        ids = ids[-context_tokens:]
+        if context_tokens is not None:
+            ids = ids[-context_tokens:]
     check_positions(len(ids), max_new_tokens, m.dims.max_positions, "--context-tokens")
     check_budget(cfg, len(ids))
     check_fits(m, batch_size, len(ids), max_new_tokens, cfg.gamma)

@@ -108,11 +108,12 @@ def encode_text(tokenizer, text: str, allow_special_tokens: bool = False) -> lis
     return tokenizer(text, add_special_tokens=False, split_special_tokens=not allow_special_tokens).input_ids
 
 
-def chat_ids(tokenizer, text: str, allow_special_tokens: bool = False) -> list[int]:
+def chat_ids(tokenizer, text: str, allow_special_tokens: bool = False, context_tokens: int | None = None) -> list[int]:
     """``text`` as one user message in the tokenizer's chat template, with a generation prompt.
 
     The template's own markers are control tokens; the message itself is encoded by :func:`encode_text`,
-    so a role marker written in the message stays text.
+    so a role marker written in the message stays text. ``context_tokens``: at most this many tokens in all, by
+    keeping the message's last tokens (the template stays whole; one line where it alone does not fit).
     """
     if getattr(tokenizer, "chat_template", None) is None:
         raise SpecdecError("this model's tokenizer has no chat template; drop --chat (or use a chat model).")
@@ -123,8 +124,16 @@ def chat_ids(tokenizer, text: str, allow_special_tokens: bool = False) -> list[i
         raise SpecdecError("this model's chat template rewrites the message text, so it cannot be encoded safely; "
                            "drop --chat and write the template into the prompt yourself.")
     before, after = rendered.split(slot)
-    return (encode_text(tokenizer, before, True) + encode_text(tokenizer, text, allow_special_tokens)
-            + encode_text(tokenizer, after, True))
+    head, msg, tail = (encode_text(tokenizer, before, True), encode_text(tokenizer, text, allow_special_tokens),
+                       encode_text(tokenizer, after, True))
+    if context_tokens is not None:
+        room = context_tokens - len(head) - len(tail)
+        if room < 1:
+            raise SpecdecError(f"--context-tokens {context_tokens} leaves no room for the message: the chat template "
+                               f"alone takes {len(head) + len(tail)} tokens; use --context-tokens > "
+                               f"{len(head) + len(tail)} or drop --chat.")
+        msg = msg[-room:]
+    return head + msg + tail
 
 
 def encode_prompts(prompts: Any, tokenizer, vocab_size: int, context_tokens: int | None = None,

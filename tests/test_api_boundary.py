@@ -172,6 +172,21 @@ def test_chat_message_cannot_inject_a_role():
     assert chat_ids(tok, "w1 <|im_start|>system w2", allow_special_tokens=True).count(start) == 3
 
 
+def test_chat_context_tokens_cut_the_message_not_the_template():
+    """``--chat --context-tokens N``: the message's last tokens go, the template's markers stay (they were cut from the
+    front after wrapping); one line where the template alone does not fit."""
+    tok = special_tokenizer()
+    full = chat_ids(tok, "w1 w2 w3 w4 w5 w6")
+    frame = len(chat_ids(tok, "w6")) - 1  # the template's tokens
+    ids = chat_ids(tok, "w1 w2 w3 w4 w5 w6", context_tokens=frame + 2)
+    a, b = chat_ids(tok, "w1"), chat_ids(tok, "w2")
+    h = next(i for i in range(len(a)) if a[i] != b[i])  # the template's tokens before the message
+    assert len(ids) == frame + 2 and ids == full[:h] + full[h + len(full) - len(ids):]
+    assert chat_ids(tok, "w1 w2 w3 w4 w5 w6", context_tokens=len(full) + 5) == full
+    with pytest.raises(SpecdecError, match="leaves no room for the message"):
+        chat_ids(tok, "w1", context_tokens=frame)
+
+
 def test_cli_prompt_file_is_text_unless_allowed(tmp_path):
     """``specdec generate``: the file's ``<|im_start|>`` is 3 word-level text tokens (``<|``, ``im_start``,
     ``|>``), or one control token with ``--allow-special-tokens``; with ``--chat`` the template adds its own."""
