@@ -53,7 +53,10 @@ def load_document(name: str) -> str:
         return Path(spec.origin).read_text(encoding="utf-8")
     path = Path(name)
     if path.is_file():
-        text = path.read_text(encoding="utf-8", errors="replace")
+        from specdec.inputs import read_text_file
+
+        # as strict as --prompt-file: no binary file, no bytes that are not UTF-8 (never replaced silently)
+        text = read_text_file(path, "document file")
         if not text.strip():
             raise SpecdecError(f"document file {path} is empty or whitespace only; give it some text.")
         return text

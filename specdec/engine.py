@@ -406,6 +406,8 @@ class SpeculativeEngine:
         and ``allow_special_tokens`` as in :meth:`generate`."""
         _, context_tokens = check_generate_args(1, context_tokens, allow_special_tokens)
         ids = self._encode(prompts, context_tokens, allow_special_tokens)
+        # the prompt alone must fit the positions (generate checks it with its max_new_tokens again)
+        check_positions(max(len(p) for p in ids), 0, self.model.dims.max_positions, "context_tokens=")
         cache = self.model.new_cache(len(ids), max(len(p) for p in ids))
         lengths = torch.tensor([len(p) for p in ids], device=self.model.device)
         state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,

@@ -31,8 +31,12 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.interfaces import ScoreRequest, Verifier
+from specdec.prompts import check_positions
 
 TASKS = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "variable_tracking", "common_words")
+#: the new tokens each task's samples ask for (the answer's room)
+TASK_NEW_TOKENS = {"passkey": 8, "niah_single": 12, "niah_multikey": 12, "niah_multivalue": 48,
+                   "variable_tracking": 32, "common_words": 48}
 #: held-out documents for agreement (never trained on by ``specdec train-draft``): prose and code
 DOCUMENTS = ("pydoc", "stdlib:argparse", "stdlib:typing", "stdlib:inspect", "stdlib:tarfile")
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
@@ -116,17 +120,17 @@ def make_sample(task: str, tokenizer, context: int, seed: int) -> dict[str, Any]
             break
         body = [t for p in items for t in p]
         body += enc(" ") * (room - len(body)) if room > len(body) else []
-        return dict(prompt=(body + q)[-context:], answers=common, max_new_tokens=48)
+        return dict(prompt=(body + q)[-context:], answers=common, max_new_tokens=TASK_NEW_TOKENS[task])
     if task == "passkey":
         key = num(5)
         needles = [f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n"]
-        question, answers, new = "\n\nWhat is the pass key? The pass key is", [key], 8
+        question, answers, new = "\n\nWhat is the pass key? The pass key is", [key], TASK_NEW_TOKENS[task]
     elif task == "niah_single":
         w, v = rng.choice(words), num(7)
         needles = [f"\nOne of the special magic numbers for {w} is: {v}.\n"]
         question = (f"\n\nWhat is the special magic number for {w} mentioned in the provided text? "
                     f"The special magic number for {w} mentioned in the provided text is")
-        answers, new = [v], 12
+        answers, new = [v], TASK_NEW_TOKENS[task]
     elif task == "niah_multikey":
         keys = rng.sample(words, 4)
         vals = [num(7) for _ in keys]
@@ -135,14 +139,14 @@ def make_sample(task: str, tokenizer, context: int, seed: int) -> dict[str, Any]
         w, v = keys[0], vals[0]
         question = (f"\n\nWhat is the special magic number for {w} mentioned in the provided text? "
                     f"The special magic number for {w} mentioned in the provided text is")
-        answers, new = [v], 12
+        answers, new = [v], TASK_NEW_TOKENS[task]
     elif task == "niah_multivalue":
         w = rng.choice(words)
         vals = [num(7) for _ in range(4)]
         needles = [f"\nOne of the special magic numbers for {w} is: {v}.\n" for v in vals]
         question = (f"\n\nWhat are all the special magic numbers for {w} mentioned in the provided text? "
                     f"The special magic numbers for {w} mentioned in the provided text are")
-        answers, new = vals, 48
+        answers, new = vals, TASK_NEW_TOKENS[task]
     else:  # variable_tracking
         names = ["".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)) for _ in range(5)]
         v = num(5)
@@ -150,7 +154,7 @@ def make_sample(task: str, tokenizer, context: int, seed: int) -> dict[str, Any]
         question = (f"\n\nFind all variables that are assigned the value {v} in the text above. Answer: According to "
                     f"the chain(s) of variable assignment in the text above, 5 variables are assigned the value {v}, "
                     "they are:")
-        answers, new = names, 32
+        answers, new = names, TASK_NEW_TOKENS[task]
     intro, q = enc(INTRO), enc(question)
     hay = _haystack_insert(enc, context - len(intro) - len(q), [enc(n) for n in needles], rng)
     return dict(prompt=intro + hay + q, answers=answers, max_new_tokens=new)
@@ -301,6 +305,13 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
         raise SpecdecError(f"need samples >= 1 and context >= 256 (got {samples}, {context}).")
     if budget is not None and budget > context:
         raise SpecdecError(f"budget {budget} exceeds the context of {context} tokens; use a budget <= {context}.")
+    # before any prefill: a context past the model's positions would run for minutes before failing
+    task_new = max((TASK_NEW_TOKENS[t] for t in tasks), default=0)
+    task_new = task_new if max_new_tokens is None else min(task_new, max_new_tokens)
+    if tasks:
+        check_positions(context, task_new, model.dims.max_positions, "--context-tokens")
+    if documents:
+        check_positions(doc_context or context, doc_tokens, model.dims.max_positions, "--context-tokens")
 
     dense = SpeculativeEngine(model, method="dense", eos_token_id=-1)
 

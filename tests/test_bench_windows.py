@@ -133,3 +133,18 @@ def test_each_row_is_checked_against_dense_when_it_is_saved(tmp_path, monkeypatc
               "float32", "cpu", False, tmp_path, "c", repeats=1, adaptive=False)
     first_with_both = next(rows for rows in saved if len(rows) == 2)  # saved right after magicdec was timed
     assert [r.get("same_tokens_as_dense") for r in first_with_both] == [True, True]
+
+
+def test_document_files_are_read_as_strictly_as_prompt_files(tmp_path):
+    """``--documents PATH`` (bench, eval): a binary file or bytes that are not UTF-8 are refused in one line, as
+    ``--prompt-file`` refuses them (they were decoded with replacement characters without a word)."""
+    from specdec.data import load_document
+
+    (tmp_path / "bin").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
+    (tmp_path / "latin").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (tmp_path / "ok").write_text("café au lait\n", encoding="utf-8")
+    with pytest.raises(SpecdecError, match="NUL byte at offset 7: it is a binary file"):
+        load_document(str(tmp_path / "bin"))
+    with pytest.raises(SpecdecError, match=r"not valid utf-8 text \(byte 0xe9 at offset 3\)"):
+        load_document(str(tmp_path / "latin"))
+    assert load_document(str(tmp_path / "ok")) == "café au lait\n"

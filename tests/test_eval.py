@@ -93,6 +93,26 @@ def test_lossless_methods_score_exactly_dense_and_plugins_run(tok, tiny_vocab, t
     json.dumps(res)  # JSON-serialisable
 
 
+def test_a_context_past_the_models_positions_is_refused_before_any_prefill(tok, tiny_vocab, monkeypatch):
+    """``eval --context-tokens`` past the model's positions: one line at once (it ran for minutes, then failed)."""
+    from specdec.engine import SpeculativeEngine
+
+    def no_prefill(*a, **k):
+        raise AssertionError("prefilled before the positions were checked")
+
+    eng = SpeculativeEngine(tiny_vocab, method="dense")
+    n = tiny_vocab.dims.max_positions
+    with pytest.raises(SpecdecError, match=f"prompt of {n + 1} tokens \\+ max_new_tokens 0 exceeds"):
+        eng.prefill([list(range(5, n + 6))])  # (the engine's own prefill: refused before the forward)
+    monkeypatch.setattr(SpeculativeEngine, "prefill", no_prefill)
+    with pytest.raises(SpecdecError, match=f"exceeds the model's {n} positions; .*--context-tokens {n - 8}"):
+        run_eval(tiny_vocab, parse_methods("magicdec"), ["passkey"], context=n, samples=1, documents=[],
+                 tokenizer=tok, log=lambda s: None)
+    with pytest.raises(SpecdecError, match=f"exceeds the model's {n} positions; .*--context-tokens {n - 64}"):
+        run_eval(tiny_vocab, parse_methods("magicdec"), [], context=256, doc_context=n, samples=1,
+                 documents=["pydoc"], tokenizer=tok, log=lambda s: None)
+
+
 def test_sparse_verification_shows_tv(tok, tiny_vocab):
     """The TV probe can fail: a tiny-budget Dustin verifies sparsely, so its distributions differ from dense."""
     res = run_eval(tiny_vocab, parse_methods("dustin:draft=early-exit"), ["passkey"], context=256, samples=1,
