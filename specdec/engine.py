@@ -194,7 +194,9 @@ class RunStats:
         gamma: draft length γ (0 for dense decoding).
         iterations: decode iterations (draft + verify rounds, or dense steps).
         generated_tokens: tokens emitted over all sequences.
-        mean_accepted_length: τ, tokens gained per sequence and iteration (accepted drafts + 1).
+        mean_accepted_length: τ, tokens gained per sequence and iteration (accepted drafts + 1), counted as the
+            verifier accepted them: before an emission stops at EOS or ``max_new_tokens``, so in the last round of a
+            sequence it may count tokens that were not emitted (τ measures the draft, ``generated_tokens`` the output).
         acceptance_per_position: share of iterations whose draft ``i`` was accepted.
         decode_seconds: wall time after the prefill.
         tokens_per_second: ``(generated_tokens - B) / decode_seconds`` (the first token comes from the prefill).
