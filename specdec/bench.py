@@ -256,6 +256,7 @@ def run_bench(
         return cfg.model_copy(update=upd)
 
     from specdec.presets import method_options as check_options
+    from specdec.selectors.base import BudgetConfig
 
     methods = list(base)
     for name in methods:
@@ -301,7 +302,9 @@ def run_bench(
         )
     meta = dict(command=" ".join(shlex.quote(a) for a in (["specdec", *argv[1:]] if argv else [])),
                 machine=machine_info(str(m.device)), model=shape or model, backend=backend, dtype=dtype, gamma=gamma,
-                budget=budget, budget_ratio=budget_ratio, max_new_tokens=max_new_tokens,
+                # the budget the sparse methods used: BudgetConfig's default ratio where none was given
+                budget=budget, budget_ratio=budget_ratio if budget is not None or budget_ratio is not None else
+                BudgetConfig().budget_ratio, max_new_tokens=max_new_tokens,
                 cuda_graphs=cuda_graphs, compile=compile and getattr(m, "compile_skipped", None) is None,
                 compile_skipped=getattr(m, "compile_skipped", None), fuse=fuse, warmup=warmup, repeats=repeats,
                 shape=shape, acceptance_trace=str(acceptance_trace) if acceptance_trace else None,
