@@ -21,6 +21,7 @@ from specdec.loading import (  # noqa: F401 - re-exported for scripts and tests
     pipeline_config,
     read_config,
     resolve_device,
+    unused_settings,
 )
 
 
@@ -126,6 +127,8 @@ def generate(
     if context_tokens is not None and context_tokens < 1:
         raise SpecdecError(f"--context-tokens must be >= 1 (got {context_tokens}).")
     cfg = pipeline_config(method, gamma, budget, budget_ratio, temperature, top_p, top_k, seed, config_file, option)
+    for line in unused_settings(cfg, gamma, budget, budget_ratio, temperature, top_p, top_k, seed):
+        typer.echo(f"note: {line}", err=True)
     text = read_text_file(prompt_file, "--prompt-file", encoding, "--encoding")
     if not text.strip():
         raise SpecdecError(f"prompt file {prompt_file} is empty or whitespace only; give it some text.")

@@ -128,6 +128,25 @@ def pipeline_config(
     return PipelineConfig.make(**merged)
 
 
+def unused_settings(cfg, gamma: Optional[int], budget: Optional[int], budget_ratio: Optional[float],
+                    temperature: float, top_p: float, top_k: int, seed: Optional[int]) -> list[str]:
+    """The settings given on the command line that this run cannot use, one line each (printed as notes: nothing a
+    user gave is dropped without a word)."""
+    out = []
+    given = [f for f, v in (("--gamma", gamma), ("--budget", budget), ("--budget-ratio", budget_ratio)) if v is not None]
+    if cfg.method == "dense" and given:
+        out.append(f"{' and '.join(given)} do not apply to --method dense (no drafts, full attention).")
+    elif (cfg.method.startswith("dustin") and (cfg.options or {}).get("verify") == "dense"
+          and (budget is not None or budget_ratio is not None)):
+        out.append("--budget / --budget-ratio do not apply with --option verify=dense (the whole context is verified).")
+    sampling = [f for f, used in (("--top-p", top_p != 1.0), ("--top-k", top_k != 0), ("--seed", seed is not None))
+                if used]
+    if temperature == 0 and sampling:
+        out.append(f"{', '.join(sampling)} only shape sampling; with --temperature 0 decoding is greedy (give "
+                   "--temperature > 0 to sample).")
+    return out
+
+
 def _key_value(text: str, error: str) -> tuple[str, Any]:
     """``"key=value"`` → ``(key, value)``, the value JSON-decoded where it parses (``8``, ``0.5``, ``true``, ``null``),
     else the string; ``error`` (one line) when there is no ``=`` or no key."""

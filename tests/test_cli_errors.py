@@ -266,3 +266,22 @@ def test_fuse_option_gives_the_same_tokens(files, tmp_path):
         assert res.exit_code == 0, res.stdout + res.stderr
         tokens.append(json.loads(out.read_text())["tokens"])
     assert tokens[0] == tokens[1]
+
+
+def test_settings_a_run_cannot_use_are_named_in_notes():
+    """``generate``: a budget or γ for dense, a budget with Dustin's dense verification and sampling flags at
+    temperature 0 are each named in one note (they were dropped without a word); nothing for a run that uses them."""
+    from specdec.loading import pipeline_config, unused_settings
+
+    def notes(method, gamma=None, budget=None, ratio=None, t=0.0, p=1.0, k=0, seed=None, options=()):
+        cfg = pipeline_config(method, gamma, budget, ratio, t, p, k, seed, None, list(options))
+        return unused_settings(cfg, gamma, budget, ratio, t, p, k, seed)
+
+    assert notes("dense", gamma=8, budget=64) == ["--gamma and --budget do not apply to --method dense (no drafts, "
+                                                  "full attention)."]
+    assert "verify=dense" in notes("dustin", budget=64, options=["verify=dense"])[0]
+    assert notes("magicdec", k=5, seed=3)[0].startswith("--top-k, --seed only shape sampling")
+    assert notes("magicdec", p=0.9)[0].startswith("--top-p only shape sampling")
+    for quiet in (notes("magicdec", gamma=8, budget=64), notes("vegas", t=0.7, p=0.9, k=5, seed=1), notes("dense"),
+                  notes("dustin", budget=64)):
+        assert quiet == []
