@@ -78,7 +78,9 @@ def generate(
     output_json: Path = typer.Option(..., "--output-json", help="where to write tokens, text and stats"),
     model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
     method: Optional[str] = typer.Option(None, "--method", help="dense, magicdec, vegas, quest, dustin, ... (default magicdec)"),
-    context_tokens: Optional[int] = typer.Option(None, "--context-tokens", help="keep the last N tokens of the file (with --chat: N in all, the template whole, the file's last tokens)"),
+    context_tokens: Optional[int] = typer.Option(
+        None, "--context-tokens",
+        help="keep the last N tokens of the file (with --chat: N in all, the template whole, the file's last tokens)"),
     budget: Optional[int] = typer.Option(None, "--budget", help="KV entries one sparse step sees"),
     budget_ratio: Optional[float] = typer.Option(None, "--budget-ratio", help="budget as a share of the context"),
     gamma: Optional[int] = typer.Option(None, "--gamma", help="draft length γ (default 4)"),

@@ -292,10 +292,10 @@ class SpeculativeEngine:
             for :meth:`DraftTree.default() <specdec.tree.DraftTree.default>`; a node count ``n`` for
             :meth:`DraftTree.top(n) <specdec.tree.DraftTree.top>` (the ``n`` most frequent rank paths, 1 to 32); or a
             list of rank paths, e.g. ``[(0,), (1,), (0, 0)]``. With a prompt-lookup drafter
-            (:class:`~specdec.lookup.LookupDrafter`) the last three get a lookup branch of
-            :data:`DEFAULT_LOOKUP_BRANCH` nodes that it fills. Dense verification (:class:`~specdec.verifiers.FullVerifier`) and a drafter with
-            ``draft_tree`` (the EAGLE drafter, alone or behind prompt lookup); γ becomes the tree's depth and stays
-            fixed (no adaptive γ). Lossless as a chain: greedy acceptance (:func:`~specdec.tree.accept_greedy`) or,
+            (:class:`~specdec.lookup.LookupDrafter`) each but a ``DraftTree`` gets a lookup branch of
+            :data:`DEFAULT_LOOKUP_BRANCH` nodes that it fills. Dense verification
+            (:class:`~specdec.verifiers.FullVerifier`) and a drafter with ``draft_tree`` (the EAGLE drafter, alone or
+            behind prompt lookup); γ becomes the tree's depth and stays fixed (no adaptive γ). Lossless as a chain: greedy acceptance (:func:`~specdec.tree.accept_greedy`) or,
             sampling, rejection sampling over the tree (:func:`~specdec.tree.accept_sampled`).
     """
 

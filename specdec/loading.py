@@ -133,7 +133,8 @@ def unused_settings(cfg, gamma: Optional[int], budget: Optional[int], budget_rat
     """The settings given on the command line that this run cannot use, one line each (printed as notes: nothing a
     user gave is dropped without a word)."""
     out = []
-    given = [f for f, v in (("--gamma", gamma), ("--budget", budget), ("--budget-ratio", budget_ratio)) if v is not None]
+    given = [f for f, v in (("--gamma", gamma), ("--budget", budget), ("--budget-ratio", budget_ratio))
+             if v is not None]
     if cfg.method == "dense" and given:
         out.append(f"{' and '.join(given)} do not apply to --method dense (no drafts, full attention).")
     elif (cfg.method.startswith("dustin") and (cfg.options or {}).get("verify") == "dense"

@@ -154,7 +154,8 @@ class DraftTree:
     @classmethod
     def top(cls, nodes: int, lookup: int = 0) -> "DraftTree":
         """The ``nodes`` most frequent rank paths (:data:`RANKED_PATHS`, 1 to 32; 4 is the chain of 4, 16 the default
-        tree), with a lookup branch of ``lookup`` nodes: a smaller tree verifies fewer rows, a larger one accepts more."""
+        tree), with a lookup branch of ``lookup`` nodes: a smaller tree verifies fewer rows, a larger one accepts
+        more."""
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= len(RANKED_PATHS):
             raise SpecdecError(f"a ranked draft tree has 1 to {len(RANKED_PATHS)} nodes, got {nodes!r}; e.g. tree=8 "
                                "(16 is the default tree), or give the rank paths themselves.")
