@@ -233,8 +233,11 @@ def run_bench(
 
     from specdec.adaptive import AcceptanceReplay
 
-    if any(c < 1 for c in contexts) or any(b < 1 for b in batch_sizes):
-        raise SpecdecError("contexts and batch sizes must be >= 1.")
+    for opt, values in (("--contexts", contexts), ("--batch-sizes", batch_sizes)):
+        bad = [v for v in values if v < 1]
+        if bad:
+            raise SpecdecError(f"{opt} must be >= 1 each (got {bad[0]}); e.g. {opt} "
+                               f"{'2048,8192' if opt == '--contexts' else '1,16'}.")
     if repeats < 1:
         raise SpecdecError(f"--repeats must be >= 1 (got {repeats}); use 3 or more for a median.")
     if windows < 1 or window_stride < 1:

@@ -63,6 +63,11 @@ def test_bench_windows_on_the_embedded_model(tmp_path):
     for r in rows:
         assert f"| {r['method']} | {r['tau']:.2f} | {r['iterations']} |" in md
     assert rows[0]["iterations"] == 5 and 1 <= rows[1]["iterations"] <= 5  # dense: a step per token after the first
+    for ctx, bs, what in (([48, 0], [1], r"--contexts must be >= 1 each \(got 0\)"),
+                          ([48], [1, -2], r"--batch-sizes must be >= 1 each \(got -2\)")):
+        with pytest.raises(SpecdecError, match=what):
+            run_bench(["dense"], ctx, bs, ["x"], 4, 16, None, 3, "x", "reference", "float32", "cpu", False, tmp_path,
+                      "s")
     with pytest.raises(SpecdecError, match="--windows and --window-stride must be >= 1"):
         run_bench(["dense"], [48], [1], ["x"], 4, 16, None, 3, "x", "reference", "float32", "cpu", False, tmp_path,
                   "s", windows=0)
