@@ -17,6 +17,7 @@ rows with ``context``/``batch``) and ``benchmarks/e2e_gpu.py`` (``args``, ``gpu`
 from __future__ import annotations
 
 import base64
+import collections
 import io
 import json
 import re
@@ -182,8 +183,10 @@ def summary_parts(results: Path) -> tuple[str, str]:
     if not picked:
         return "*No end-to-end results yet: run `specdec bench` (see below).*\n", ""
     methods = sorted({r["method"] for r, _ in picked}, key=_method_key)
+    # GPUs before the CPU, the most-measured machine first (a machine lent once for one run goes after it)
+    cells = collections.Counter(run.machine for _, run in picked)
     shapes = sorted({(run.machine, r["context"], r["batch"]) for r, run in picked},
-                    key=lambda s: ("CPU" in s[0], s[0], -int(s[1] or 0), -int(s[2] or 0)))
+                    key=lambda s: ("CPU" in s[0], -cells[s[0]], s[0], -int(s[1] or 0), -int(s[2] or 0)))
     cell = {(run.machine, r["context"], r["batch"], r["method"]): (r, run) for r, run in picked}
     sources: list[str] = []  # run file names, in order of first use
 
