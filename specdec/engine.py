@@ -295,8 +295,9 @@ class SpeculativeEngine:
             (:class:`~specdec.lookup.LookupDrafter`) each but a ``DraftTree`` gets a lookup branch of
             :data:`DEFAULT_LOOKUP_BRANCH` nodes that it fills. Dense verification
             (:class:`~specdec.verifiers.FullVerifier`) and a drafter with ``draft_tree`` (the EAGLE drafter, alone or
-            behind prompt lookup); γ becomes the tree's depth and stays fixed (no adaptive γ). Lossless as a chain: greedy acceptance (:func:`~specdec.tree.accept_greedy`) or,
-            sampling, rejection sampling over the tree (:func:`~specdec.tree.accept_sampled`).
+            behind prompt lookup); γ becomes the tree's depth and stays fixed (no adaptive γ). Lossless as a chain:
+            greedy acceptance (:func:`~specdec.tree.accept_greedy`) or, sampling, rejection sampling over the tree
+            (:func:`~specdec.tree.accept_sampled`).
     """
 
     def __init__(
@@ -408,9 +409,10 @@ class SpeculativeEngine:
         and ``allow_special_tokens`` as in :meth:`generate`."""
         _, context_tokens = check_generate_args(1, context_tokens, allow_special_tokens)
         ids = self._encode(prompts, context_tokens, allow_special_tokens)
+        longest = max(len(p) for p in ids)
         # the prompt alone must fit the positions (generate checks it with its max_new_tokens again)
-        check_positions(max(len(p) for p in ids), 0, self.model.dims.max_positions, "context_tokens=")
-        cache = self.model.new_cache(len(ids), max(len(p) for p in ids))
+        check_positions(longest, 0, self.model.dims.max_positions, "context_tokens=")
+        cache = self.model.new_cache(len(ids), longest)
         lengths = torch.tensor([len(p) for p in ids], device=self.model.device)
         state = DecodeState(self.model, cache, lengths, lengths, [], lengths, self.sampling, None,
                             PhaseTimer(self.model.device, False))
