@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -336,11 +337,16 @@ def list_methods() -> None:
     from specdec.presets import get_method, method_names
     from specdec.registry import BACKENDS, SELECTORS
 
-    for name in method_names():
+    names = method_names()
+    width = max(len(n) for n in names)
+    indent = " " * (width + 16)  # under the description
+    for name in names:
         spec = get_method(name)
-        typer.echo(f"{name:12s} {'lossless' if spec.lossless else 'near-lossless':14s} {spec.description}")
+        row = f"{name:{width}s} {'lossless' if spec.lossless else 'near-lossless':14s} {spec.description}"
+        typer.echo(textwrap.fill(row, 100, subsequent_indent=indent, break_on_hyphens=False))
         if spec.options.model_fields:
-            typer.echo(f"{'':27s} options: {', '.join(spec.options.model_fields)}")
+            typer.echo(textwrap.fill(f"options: {', '.join(spec.options.model_fields)}", 100, initial_indent=indent,
+                                     subsequent_indent=indent + " " * 9, break_on_hyphens=False))
     typer.echo(f"selectors: {', '.join(SELECTORS.names())}")
     typer.echo(f"backends:  {', '.join(BACKENDS.names())}")
 

@@ -135,11 +135,14 @@ def unused_settings(cfg, gamma: Optional[int], budget: Optional[int], budget_rat
     out = []
     given = [f for f, v in (("--gamma", gamma), ("--budget", budget), ("--budget-ratio", budget_ratio))
              if v is not None]
+    verb = "does" if len(given) == 1 else "do"
     if cfg.method == "dense" and given:
-        out.append(f"{' and '.join(given)} do not apply to --method dense (no drafts, full attention).")
-    elif (cfg.method.startswith("dustin") and (cfg.options or {}).get("verify") == "dense"
-          and (budget is not None or budget_ratio is not None)):
-        out.append("--budget / --budget-ratio do not apply with --option verify=dense (the whole context is verified).")
+        out.append(f"{' and '.join(given)} {verb} not apply to --method dense (no drafts, full attention).")
+    elif not budget_applies(cfg) and (budget is not None or budget_ratio is not None):
+        given = [f for f in given if f != "--gamma"]
+        verb = "does" if len(given) == 1 else "do"
+        out.append(f"{' and '.join(given)} {verb} not apply with --option verify=dense (the whole context is "
+                   "verified).")
     sampling = [f for f, used in (("--top-p", top_p != 1.0), ("--top-k", top_k != 0), ("--seed", seed is not None))
                 if used]
     if temperature == 0 and sampling:
@@ -200,8 +203,19 @@ def read_config(config_file: Path) -> dict[str, Any]:
     return dict(base)
 
 
+def budget_applies(cfg) -> bool:
+    """Whether the run reads a KV budget: not dense decoding, not Dustin with ``verify=dense`` (its drafter is a
+    model or head of its own, and it verifies the whole context)."""
+    if cfg.method == "dense":
+        return False
+    return not (cfg.method.startswith("dustin") and (cfg.options or {}).get("verify") == "dense")
+
+
 def check_budget(cfg, context: int) -> None:
-    """The budget fits the context; explicitly given sinks + recent fit the budget and the context."""
+    """The budget fits the context; explicitly given sinks + recent fit the budget and the context. Nothing is
+    checked for a run that reads no budget (:func:`budget_applies`; ``generate`` prints a note for it instead)."""
+    if not budget_applies(cfg):
+        return
     if cfg.budget is not None and cfg.budget > context:
         raise SpecdecError(
             f"--budget {cfg.budget} exceeds the context of {context} tokens; use a budget <= {context} or --budget-ratio."

@@ -279,9 +279,42 @@ def test_settings_a_run_cannot_use_are_named_in_notes():
 
     assert notes("dense", gamma=8, budget=64) == ["--gamma and --budget do not apply to --method dense (no drafts, "
                                                   "full attention)."]
-    assert "verify=dense" in notes("dustin", budget=64, options=["verify=dense"])[0]
+    assert notes("dense", budget=64) == ["--budget does not apply to --method dense (no drafts, full attention)."]
+    assert notes("dustin", gamma=4, budget=64, options=["verify=dense"]) == [
+        "--budget does not apply with --option verify=dense (the whole context is verified)."]
     assert notes("magicdec", k=5, seed=3)[0].startswith("--top-k, --seed only shape sampling")
     assert notes("magicdec", p=0.9)[0].startswith("--top-p only shape sampling")
     for quiet in (notes("magicdec", gamma=8, budget=64), notes("vegas", t=0.7, p=0.9, k=5, seed=1), notes("dense"),
                   notes("dustin", budget=64)):
         assert quiet == []
+
+
+def test_a_budget_larger_than_the_prompt_is_refused_only_where_a_budget_is_read():
+    """``check_budget``: ``--budget`` beyond the context is an error for a sparse method, and no error for dense
+    decoding or Dustin's dense verification, which read no budget (they get a note; the run goes on)."""
+    from specdec.errors import SpecdecError
+    from specdec.loading import check_budget, pipeline_config
+
+    def check(method, options=()):
+        check_budget(pipeline_config(method, None, 4096, None, 0.0, 1.0, 0, None, None, list(options)), 8)
+
+    check("dense")
+    check("dustin", ["verify=dense"])
+    for method in ("vegas", "magicdec", "dustin"):
+        with pytest.raises(SpecdecError, match="exceeds the context of 8 tokens"):
+            check(method)
+
+
+def test_methods_listing_keeps_its_columns_and_wraps_the_options(capsys):
+    """``specdec methods``: every name fits its column (``dustin-adaptive`` pushed its row out of line), the
+    near-lossless / lossless column starts at one place, and the option lists wrap at 100 characters."""
+    from specdec.cli import list_methods
+    from specdec.presets import method_names
+
+    list_methods()
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(x) for x in lines) <= 100, max(lines, key=len)
+    rows = [x for x in lines if x.split(" ", 1)[0] in method_names()]
+    assert len(rows) == len(method_names())
+    starts = {len(x) - len(x.split(" ", 1)[1].lstrip()) for x in rows}  # where the second column begins
+    assert len(starts) == 1, rows
