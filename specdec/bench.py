@@ -343,7 +343,8 @@ def run_bench(
             text = load_document(doc) if shape is None else None
             for ctx in contexts:
                 if shape is None:
-                    wins = context_windows(m.tokenizer, text, ctx, windows, max_new_tokens + 16, window_stride)
+                    wins = context_windows(m.tokenizer, text, ctx, windows, max_new_tokens + 16, window_stride,
+                                           name=f"document {doc!r}", context_option="--contexts")
                     ids = wins[0]
                 else:
                     g = torch.Generator().manual_seed(ctx)

@@ -85,15 +85,22 @@ def _pydoc_part(name: str) -> str:
 
 
 def context_windows(tokenizer, text: str, context_tokens: int, count: int, offset: int, stride: int,
-                    option: str = "--windows") -> list[list[int]]:
+                    option: str = "--windows", name: str = "the document",
+                    context_option: str = "context") -> list[list[int]]:
     """``count`` windows of ``context_tokens`` tokens of ``text``, window ``k`` ending ``offset + k * stride`` tokens
-    before its end (window 0 is :func:`context_ids`' window); a document too short for them is a one-line error."""
+    before its end (window 0 is :func:`context_ids`' window); a document too short for them is a one-line error
+    naming ``name``, and ``option`` / ``context_option`` as what to lower."""
     ids = tokenizer(text, add_special_tokens=False).input_ids
     need = context_tokens + offset + (count - 1) * stride
     if len(ids) < need:
+        if count == 1:
+            raise SpecdecError(
+                f"{name} has {len(ids)} tokens, fewer than the {need} that a context of {context_tokens} tokens and "
+                f"{offset} after it need; use a longer document or a smaller {context_option}."
+            )
         raise SpecdecError(
-            f"the document has {len(ids)} tokens, fewer than the {need} that {count} windows of {context_tokens} "
-            f"tokens {stride} apart need; use a longer document, fewer {option} or a smaller stride or context."
+            f"{name} has {len(ids)} tokens, fewer than the {need} that {count} windows of {context_tokens} "
+            f"tokens {stride} apart need; use a longer document, fewer {option} or a smaller stride or {context_option}."
         )
     ends = [len(ids) - offset - k * stride for k in range(count)]
     return [ids[e - context_tokens : e] for e in ends]

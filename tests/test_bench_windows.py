@@ -27,6 +27,10 @@ def test_context_windows_end_stride_apart_and_short_documents_fail():
     assert w == [list(range(85, 95)), list(range(65, 75)), list(range(45, 55))]
     with pytest.raises(SpecdecError, match=r"fewer than the 106 that 3 windows of 10 tokens 46 apart need; .*--windows"):
         context_windows(_Tok(), "x" * 100, 10, 3, offset=4, stride=46)
+    with pytest.raises(SpecdecError, match=r"^document 'a.txt' has 100 tokens, fewer than the 106 that a context of "
+                       r"100 tokens and 6 after it need; use a longer document or a smaller --contexts\.$"):
+        context_windows(_Tok(), "x" * 100, 100, 1, offset=6, stride=1000, name="document 'a.txt'",
+                        context_option="--contexts")
 
 
 def test_prefilled_windows_cycle_over_the_batch_and_decode_like_plain_prompts():
