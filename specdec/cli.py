@@ -182,8 +182,11 @@ def generate(
         payload["tensor_parallel"] = m.tp.world
     write_text(output_json, json.dumps(payload, indent=2), "--output-json")
     s = res.stats
+    # the first token of each sequence comes from the prefill: a rate needs at least one decode step
+    rate = (f"{s.tokens_per_second:.2f} tok/s" if s.generated_tokens > s.batch_size
+            else "no decode step (the prefill gave each token)")
     typer.echo(
-        f"{cfg.method}: {s.generated_tokens} tokens, τ={s.mean_accepted_length:.2f}, {s.tokens_per_second:.2f} tok/s"
+        f"{cfg.method}: {s.generated_tokens} tokens, τ={s.mean_accepted_length:.2f}, {rate}"
         f"{'' if s.lossless else ' (near-lossless: sparse verification)'} → {output_json}"
     )
 

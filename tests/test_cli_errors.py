@@ -318,3 +318,13 @@ def test_methods_listing_keeps_its_columns_and_wraps_the_options(capsys):
     assert len(rows) == len(method_names())
     starts = {len(x) - len(x.split(" ", 1)[1].lstrip()) for x in rows}  # where the second column begins
     assert len(starts) == 1, rows
+
+
+def test_one_new_token_reports_no_rate(files, tmp_path):
+    """``--max-new-tokens 1``: the token comes from the prefill, so there is no decode step to time; the summary says
+    so instead of printing 0.00 tok/s. Two tokens print a rate."""
+    for n, want in ((1, "no decode step (the prefill gave each token)"), (2, " tok/s")):
+        out = tmp_path / f"o{n}.json"
+        res = run_in_process(build_args(files, ["--method", "dense", "--max-new-tokens", str(n)], out))
+        assert res.exit_code == 0, res.stdout + res.stderr
+        assert want in res.stdout and "0.00 tok/s" not in res.stdout, res.stdout
