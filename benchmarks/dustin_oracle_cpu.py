@@ -3,7 +3,8 @@
 Every verification pass first runs densely with every layer's attention recorded over the whole context (the
 *oracle*: this very pass's attention), then verifies sparsely over the top entries of that attention:
 ``shared`` = one set for every layer and KV head (Dustin's global importance map), ``per`` = a set per layer and KV
-head; ``+n`` keeps the first n layers dense. Teacher-forced on dense's trajectory (:class:`DenseTwin`).
+head; ``+n`` keeps the first n layers dense; ``default`` is Dustin's own selection (no oracle), for comparison in the
+same run. Teacher-forced on dense's trajectory (:class:`DenseTwin`).
 
     python benchmarks/dustin_oracle_cpu.py 512 64 stdlib:difflib shared,per,shared+2 0.25
     DEVICE=cuda MODEL=/tmp/m/smol.gguf python benchmarks/dustin_oracle_cpu.py 4096 64 stdlib:calendar shared,per 0.25
@@ -65,8 +66,9 @@ for doc in docs:
         name, dl = (mode.split("+") + ["0"])[:2]
         eng = build_engine(m, PipelineConfig.make(method="dustin", gamma=4, budget_ratio=ratio), eos_token_id=-1)
         inner = eng.verifier
-        o = Oracle(inner, name, int(dl))
-        inner.verify = lambda state, tokens, scores, o=o, inner=inner: (inner._reset(state) if inner._state is not state else None, o(state, tokens, scores))[1]
+        if name != "default":
+            o = Oracle(inner, name, int(dl))
+            inner.verify = lambda state, tokens, scores, o=o, inner=inner: (inner._reset(state) if inner._state is not state else None, o(state, tokens, scores))[1]
         eng.verifier = DenseTwin(inner, forced=[ids + ref.tokens[0]])
         t = time.time(); r = eng.generate([ids], new, prefilled=pre)
         print(doc, mode, json.dumps({k: round(v, 4) for k, v in eng.verifier.summary().items()}), f"{time.time()-t:.0f}s", flush=True)
