@@ -3,7 +3,8 @@
 Every verification pass first runs densely with every layer's attention recorded over the whole context (the
 *oracle*: this very pass's attention), then verifies sparsely over the top entries of that attention:
 ``shared`` = one set for every layer and KV head (Dustin's global importance map), ``per`` = a set per layer and KV
-head; ``+n`` keeps the first n layers dense; ``default`` is Dustin's own selection (no oracle), for comparison in the
+head; ``fromL`` = layers 0..L dense and one set from layer L's attention for the layers after it (a re-selection
+layer, as TidalDecode's); ``+n`` keeps the first n layers dense; ``default`` is Dustin's own selection (no oracle), for comparison in the
 same run. Teacher-forced on dense's trajectory (:class:`DenseTwin`).
 
     python benchmarks/dustin_oracle_cpu.py 512 64 stdlib:difflib shared,per,shared+2 0.25
@@ -36,8 +37,9 @@ class Oracle:
         L = int(state.lengths.max()); B = tokens.shape[0]
         budget = c.budget_for(state.lengths)
         _, room = fixed_positions(state.lengths, budget, c.sinks, c.recent)
-        if self.mode == "shared":
-            s = sum(req.scores[l].sum(1) / req.scores[l].sum((1, 2)).clamp(min=1e-30).unsqueeze(-1) for l in range(N))
+        if self.mode == "shared" or self.mode.startswith("from"):
+            src = range(N) if self.mode == "shared" else [int(self.mode[4:])]  # fromL: layer L's attention only
+            s = sum(req.scores[l].sum(1) / req.scores[l].sum((1, 2)).clamp(min=1e-30).unsqueeze(-1) for l in src)
             idx = hybrid_select(state.lengths, budget, c.sinks, c.recent, None, s, torch.zeros_like(room))
             ind = idx.view(1, B, 1, -1).expand(1, B, state.cache.n_kv_heads, -1)
         else:  # per layer and KV head
@@ -64,6 +66,8 @@ for doc in docs:
     pre = dense.prefill([ids]); ref = dense.generate([ids], new, prefilled=pre)
     for mode in modes:
         name, dl = (mode.split("+") + ["0"])[:2]
+        if name.startswith("from") and dl == "0":  # a re-selection layer: it and the layers before it run dense
+            dl = str(int(name[4:]) + 1)
         eng = build_engine(m, PipelineConfig.make(method="dustin", gamma=4, budget_ratio=ratio), eos_token_id=-1)
         inner = eng.verifier
         if name != "default":
