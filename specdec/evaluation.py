@@ -54,6 +54,19 @@ def _words() -> tuple[str, ...]:
     return tuple(sorted(set(re.findall(r"\b[a-z]{5,10}\b", load_document("pydoc")))))
 
 
+def task_source() -> dict[str, str]:
+    """What fixes the synthetic tasks' text besides task, index and seed: the Python that runs (its ``pydoc_data``
+    is the haystack and the word list) and a digest of that text. Recorded in ``specdec eval``'s settings: two runs
+    whose digests differ have other samples (e.g. Python 3.11 against 3.12)."""
+    import hashlib
+    import platform
+
+    from specdec.data import load_document
+
+    digest = hashlib.sha256(load_document("pydoc").encode()).hexdigest()[:12]
+    return dict(python=platform.python_version(), pydoc_sha256=digest)
+
+
 def _haystack_insert(enc, room: int, needles: list[list[int]], rng: random.Random) -> list[int]:
     """``room`` tokens of pydoc prose from a random offset with the needles inserted at spread depths."""
     from specdec.data import load_document
@@ -556,7 +569,7 @@ def register(app) -> None:
         meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     command=" ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]]), model=model, context=context,
                     samples=samples, budget=budget, budget_ratio=budget_ratio, gamma=gamma,
-                    adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive)
+                    adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive, task_text=task_source())
         write_text(output_json, json.dumps(dict(meta=meta, **res), indent=1), "--output-json")
         md = markdown(res, meta)
         if output_md is not None:

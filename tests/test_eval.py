@@ -182,3 +182,32 @@ def test_pydoc_parts_are_held_out_prose():
     assert "\n\n".join(parts) == full and all(len(p) > len(full) // 8 for p in parts)
     with pytest.raises(SpecdecError, match="pydoc:<i>/<n>"):
         load_document("pydoc:5/4")
+
+
+def test_the_task_text_is_recorded_with_the_python_that_made_it(tmp_path, monkeypatch):
+    """The synthetic tasks' haystack and words are the running Python's ``pydoc_data``: ``specdec eval`` records the
+    Python version and a digest of that text in its settings (JSON and Markdown), so runs on 3.11 and 3.12 — which
+    have other samples — can be told apart. The digest follows the text."""
+    import platform
+
+    from typer.testing import CliRunner
+
+    import specdec.data
+    import specdec.evaluation as ev
+    import specdec.loading
+    from specdec.cli import app
+
+    src = ev.task_source()
+    assert src["python"] == platform.python_version() and len(src["pydoc_sha256"]) == 12
+    real = specdec.data.load_document
+    with monkeypatch.context() as mp:
+        mp.setattr(specdec.data, "load_document", lambda n: real(n) + " changed" if n == "pydoc" else real(n))
+        assert ev.task_source()["pydoc_sha256"] != src["pydoc_sha256"]
+
+    monkeypatch.setattr(specdec.loading, "load_model", lambda *a, **k: object())  # no model: the run is faked
+    monkeypatch.setattr(ev, "run_eval", lambda *a, **k: dict(tasks=[], documents=[], summary={}))
+    out, md = tmp_path / "e.json", tmp_path / "e.md"
+    r = CliRunner().invoke(app, ["eval", "--output-json", str(out), "--output-md", str(md), "--documents", ""])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["meta"]["task_text"] == src
+    assert f'"pydoc_sha256": "{src["pydoc_sha256"]}"' in md.read_text()
