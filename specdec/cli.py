@@ -104,7 +104,7 @@ def generate(
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive",
         help="adapt γ per iteration and fall back to dense steps when drafting cannot pay "
-             "(default: specdec.adaptive.ADAPTIVE_DEFAULT; lossless)"),
+             "(default: on; lossless methods only)"),
     record_acceptance: Optional[Path] = typer.Option(
         None, "--record-acceptance",
         help="write each round's accepted lengths as JSON (replay: bench --acceptance-trace); records at fixed γ "
@@ -249,7 +249,7 @@ def bench(
         help="replay accepted lengths recorded by generate --record-acceptance: FILE, or method=FILE,method=FILE"),
     adaptive: Optional[bool] = typer.Option(
         None, "--adaptive/--no-adaptive",
-        help="adaptive γ and dense fall-back (default: specdec.adaptive.ADAPTIVE_DEFAULT; lossless)"),
+        help="adaptive γ and dense fall-back (default: on; lossless methods only)"),
     windows: int = typer.Option(1, "--windows", help="different windows of each document in a batch (sequence b "
                                 "continues window b mod K; 1: every sequence the same window)"),
     window_stride: int = typer.Option(1000, "--window-stride", help="tokens between the ends of consecutive windows"),

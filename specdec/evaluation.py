@@ -523,7 +523,8 @@ def register(app) -> None:
         output_md: Optional[Path] = typer.Option(None, "--output-md", help="also write the Markdown tables here"),
         output_plot: Optional[Path] = typer.Option(None, "--output-plot", help="also write a PNG bar chart here"),
         model: str = typer.Option("smollm2-135m", "--model", help="embedded name, local dir, .gguf file or cached hub id"),
-        tasks: str = typer.Option(",".join(TASKS), "--tasks", help="comma-separated synthetic tasks"),
+        tasks: str = typer.Option(",".join(TASKS), "--tasks", show_default=False,
+                                  help=f"comma-separated synthetic tasks (default: all six: {', '.join(TASKS)})"),
         context: int = typer.Option(1024, "--context-tokens", help="prompt length of every task and document, in tokens"),
         samples: int = typer.Option(2, "--samples", help="samples per task"),
         budget: Optional[int] = typer.Option(None, "--budget", help="KV entries a sparse step sees (default: the method's)"),
@@ -535,7 +536,7 @@ def register(app) -> None:
         device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
         adaptive: Optional[bool] = typer.Option(
             None, "--adaptive/--no-adaptive",
-            help="adaptive γ and dense fall-back of lossless methods (default: specdec.adaptive.ADAPTIVE_DEFAULT)"),
+            help="adaptive γ and dense fall-back of lossless methods (default: on)"),
     ) -> None:
         """Quality of methods vs dense decoding: RULER-style tasks + agreement and TV distance on documents."""
         import datetime as dt

@@ -215,3 +215,16 @@ def test_record_acceptance_records_fixed_gamma_unless_adaptive(tiny_dir, tmp_pat
     assert got["config"]["adaptive"] is on and t["adaptive"] is on and bool(made) is on
     if not on:
         assert t["gamma_per_round"] == [GAMMA] * got["stats"]["iterations"] == [GAMMA] * len(t["rounds"])
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "eval"])
+def test_the_help_states_the_adaptive_default_in_words(command):
+    """``--help`` said "default: specdec.adaptive.ADAPTIVE_DEFAULT" (a name a user cannot read off); it says on or
+    off now, and that must follow the constant."""
+    from typer.testing import CliRunner
+
+    from specdec.adaptive import ADAPTIVE_DEFAULT
+    from specdec.cli import app
+
+    out = " ".join(CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output.split())
+    assert f"(default: {'on' if ADAPTIVE_DEFAULT else 'off'}" in out and "ADAPTIVE_DEFAULT" not in out
