@@ -6,6 +6,7 @@ from contextlib import contextmanager
 
 import torch
 
+from specdec.errors import SpecdecError
 from specdec.interfaces import Drafter, KVSelector, ScoreRequest
 from specdec.models import SpecdecModel
 from specdec.planner import planner_for
@@ -29,6 +30,11 @@ class SparseSelfDrafter(Drafter):
     drafts_ahead = True
 
     def __init__(self, model: SpecdecModel, selector: KVSelector) -> None:
+        if not all(callable(getattr(selector, n, None)) for n in ("plan", "reset", "on_verify")):
+            hint = f"SELECTORS.build({selector!r}, budget=256)" if isinstance(selector, str) else \
+                "SELECTORS.build('sliding_window', budget=256)"
+            raise SpecdecError(f"selector must be a KV selector (with plan, reset and on_verify); got "
+                               f"{type(selector).__name__}: use e.g. {hint}.")
         self.model = model
         self.selector = selector
         self._plan = None  # the next draft's plan, built by on_verify

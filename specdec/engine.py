@@ -12,6 +12,7 @@ sequence. Rolling back rejected drafts is lowering that length; finished sequenc
 
 from __future__ import annotations
 
+import numbers
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -272,6 +273,17 @@ class GenerationResult:
     stats: RunStats
 
 
+def _check_parts(drafter, verifier) -> None:
+    """A drafter / verifier passed to the engine is one (duck-typed: the methods the engine calls), so a selector
+    or a name given in its place is one error here, not an ``AttributeError`` inside the first ``generate``."""
+    for what, obj, need, hint in (
+            ("drafter", drafter, ("prefill", "draft"), "drafter=SparseSelfDrafter(model, selector)"),
+            ("verifier", verifier, ("prefill", "verify"), "verifier=FullVerifier(model), or leave it out")):
+        if obj is not None and not all(callable(getattr(obj, n, None)) for n in need):
+            raise SpecdecError(f"{what} must be a specdec {what.capitalize()} (with {' and '.join(need)}); got "
+                               f"{type(obj).__name__}: use {hint}.")
+
+
 class SpeculativeEngine:
     """Speculative (or, without a drafter, plain autoregressive) decoding on one engine.
 
@@ -316,6 +328,10 @@ class SpeculativeEngine:
     ) -> None:
         from specdec.verifiers import FullVerifier
 
+        _check_parts(drafter, verifier)
+        if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral):
+            raise SpecdecError(f"gamma must be an int (got {gamma!r}); use gamma=4 or so.")
+        gamma = int(gamma)
         if gamma < 1:
             raise SpecdecError(f"gamma must be >= 1 (got {gamma}); use gamma=4 or so.")
         self.tree = _check_tree(tree, drafter, verifier)

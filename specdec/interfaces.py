@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Sequence
 
 import torch
 
+from specdec.errors import SpecdecError
+
 if TYPE_CHECKING:  # pragma: no cover
     from specdec.cache import KVCache
 
@@ -47,6 +49,21 @@ class SparsePlan:
     indices: torch.Tensor
     dense_from: torch.Tensor
     static_size: bool = False
+
+    def __post_init__(self) -> None:
+        # shapes only (no value is read: plans are built inside captured graphs); a plugin's 2-D indices failed
+        # later inside a backend with "tuple index out of range"
+        i, d = self.indices, self.dense_from
+        if i is None and type(self) is not SparsePlan:
+            return  # a plan kind that fills its fields itself
+        if not isinstance(i, torch.Tensor) or i.dim() != 4 or i.dtype.is_floating_point or i.dtype == torch.bool:
+            got = f"a {i.dtype} tensor of shape {tuple(i.shape)}" if isinstance(i, torch.Tensor) else type(i).__name__
+            raise SpecdecError(f"SparsePlan.indices must be an integer tensor (N or 1, B, H_kv or 1, K) with -1 "
+                               f"padding; got {got}.")
+        if not isinstance(d, torch.Tensor) or d.dim() != 1 or d.shape[0] != i.shape[1]:
+            got = f"shape {tuple(d.shape)}" if isinstance(d, torch.Tensor) else type(d).__name__
+            raise SpecdecError(f"SparsePlan.dense_from must be a (B,) tensor with B = {i.shape[1]} (indices' "
+                               f"second dimension); got {got}.")
 
     def for_layer(self, layer: int) -> torch.Tensor:
         """``(B, H_kv, K)`` indices of one layer."""

@@ -16,6 +16,7 @@ import torch
 from pydantic import Field, model_validator
 
 from specdec.cache import KVCache
+from specdec.errors import SpecdecError
 from specdec.interfaces import KVSelector, SparsePlan
 from specdec.registry import ComponentConfig
 
@@ -166,6 +167,21 @@ class BudgetConfig(ComponentConfig):
         return torch.minimum(k, lengths)
 
 
+def _checked_score(selector, s, batch: int, cache: KVCache | None):
+    """``s`` if it has the shape a selector's :meth:`~BudgetSelector.score` promises, else one error naming the
+    selector and the shape it returned (a plugin's wrong shape failed deep inside ``torch.cat`` / ``topk``). Shape
+    checks only: no value of ``s`` is read (no host sync; plans are captured on a GPU)."""
+    want = (f"a float tensor (N or 1, B={batch}, H_kv or 1, L), L at least the longest sequence; see "
+            "docs/guides/selector-plugin.md")
+    name = type(selector).__name__
+    if not isinstance(s, torch.Tensor):
+        raise SpecdecError(f"{name}.score() returned {type(s).__name__}; it must return {want}.")
+    heads_ok = cache is None or s.dim() != 4 or s.shape[2] in (1, cache.n_kv_heads)
+    if s.dim() != 4 or s.shape[1] != batch or not heads_ok or s.dtype == torch.bool:
+        raise SpecdecError(f"{name}.score() returned a {s.dtype} tensor of shape {tuple(s.shape)}; it must return {want}.")
+    return s
+
+
 def fixed_positions(lengths: torch.Tensor, budget: torch.Tensor, sinks: int, recent: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Always-kept positions (sinks + recent window) and how many top-k slots remain per sequence.
 
@@ -247,6 +263,7 @@ class BudgetSelector(KVSelector):
         fused = fused_select(lengths.device)
         if fused is not None and (cache is None or self.max_selected(cache.capacity) > 0):
             s, sum_heads = self.fused_scores(cache, lengths)  # (N', B, H, L)
+            s = _checked_score(self, s, B, cache)
             k_sel = min(self.max_selected(s.shape[-1] if cache is None else cache.capacity), s.shape[-1])
             if _setting() == "auto":  # scores or slots the kernel refuses: the torch path below
                 fused = fused_select(lengths.device, s, k_sel)
@@ -259,7 +276,7 @@ class BudgetSelector(KVSelector):
         fixed, room = fixed_positions(lengths, budget, c.sinks, c.recent)
         if cache is not None and self.max_selected(cache.capacity) == 0:
             return SparsePlan(indices=fixed.view(1, B, 1, -1), dense_from=lengths.clone(), static_size=True)
-        s = self.score(cache, lengths).float()  # (N', B, Hs, L)
+        s = _checked_score(self, self.score(cache, lengths), B, cache).float()  # (N', B, Hs, L)
         Np, _, Hs, L = s.shape
         k_sel = min(self.max_selected(L if cache is None else cache.capacity), L)
         if k_sel == 0:

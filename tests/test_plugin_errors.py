@@ -1,0 +1,72 @@
+"""A selector plugin's wrong output is one error naming what it returned and what it must return — not a raw
+``torch.cat`` / ``topk`` / indexing error from deep inside a plan or a backend (a new user's report, 2026-12-05)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import BudgetConfig, BudgetSelector
+from specdec.errors import SpecdecError
+from specdec.interfaces import SparsePlan
+
+
+def _selector(score):
+    cls = type("BadScores", (BudgetSelector,), {"Config": BudgetConfig, "score": lambda self, cache, lengths:
+                                                 score(lengths)})
+    return cls(BudgetConfig(budget=8, sinks=1, recent=2))
+
+
+@pytest.mark.parametrize("score, said", [
+    (lambda n: torch.rand(2, 40), "of shape (2, 40)"),                 # (B, L) instead of 4-D
+    (lambda n: torch.rand(1, 3, 1, 40), "of shape (1, 3, 1, 40)"),     # another batch size
+    (lambda n: None, "returned NoneType"),
+    (lambda n: torch.ones(1, 2, 1, 40, dtype=torch.bool), "torch.bool"),
+])
+def test_a_score_of_the_wrong_shape_is_one_error_naming_the_selector(score, said):
+    sel = _selector(score)
+    with pytest.raises(SpecdecError, match=r"^BadScores\.score\(\) returned .*") as e:
+        sel.plan(None, torch.tensor([30, 40]))
+    msg = str(e.value)
+    assert said in msg and "(N or 1, B=2, H_kv or 1, L)" in msg and "\n" not in msg
+
+
+def test_a_good_score_still_plans():
+    plan = _selector(lambda n: torch.rand(1, 2, 1, 40)).plan(None, torch.tensor([30, 40]))
+    assert plan.indices.shape[:3] == (1, 2, 1)
+
+
+def test_a_plan_of_the_wrong_shape_is_refused_where_it_is_made():
+    with pytest.raises(SpecdecError, match=r"indices must be an integer tensor .* got a torch.int64 tensor of shape "
+                                           r"\(2, 8\)"):
+        SparsePlan(indices=torch.zeros(2, 8, dtype=torch.long), dense_from=torch.tensor([30, 40]))
+    with pytest.raises(SpecdecError, match="got a torch.float32 tensor"):
+        SparsePlan(indices=torch.zeros(1, 2, 1, 8), dense_from=torch.tensor([30, 40]))
+    with pytest.raises(SpecdecError, match=r"dense_from must be a \(B,\) tensor with B = 2 .* got shape \(3,\)"):
+        SparsePlan(indices=torch.zeros(1, 2, 1, 8, dtype=torch.long), dense_from=torch.tensor([1, 2, 3]))
+    SparsePlan(indices=torch.zeros(1, 2, 1, 8, dtype=torch.int32), dense_from=torch.tensor([30, 40]))
+
+
+def test_parts_of_the_wrong_kind_are_refused_when_the_engine_is_built():
+    """A selector passed as the drafter, a selector's name passed to the drafter, or ``gamma="4"`` failed only inside
+    the first ``generate`` (``AttributeError`` / ``TypeError``); each is one error at construction now."""
+    from conftest import make_tiny
+
+    from specdec import SparseSelfDrafter, SpeculativeEngine
+    from specdec.registry import SELECTORS
+
+    model = make_tiny("llama")
+    sel = SELECTORS.build("sliding_window", budget=16)
+    with pytest.raises(SpecdecError, match=r"^drafter must be a specdec Drafter .* got SlidingWindow: use "
+                                           r"drafter=SparseSelfDrafter\(model, selector\)\.$"):
+        SpeculativeEngine(model, drafter=sel)
+    with pytest.raises(SpecdecError, match=r"^verifier must be a specdec Verifier .* got str"):
+        SpeculativeEngine(model, drafter=SparseSelfDrafter(model, sel), verifier="full")
+    with pytest.raises(SpecdecError, match=r"got str: use e\.g\. SELECTORS\.build\('sliding_window', budget=256\)\.$"):
+        SparseSelfDrafter(model, "sliding_window")
+    for bad in ("4", 4.0, True):
+        with pytest.raises(SpecdecError, match=r"^gamma must be an int \(got "):
+            SpeculativeEngine(model, drafter=SparseSelfDrafter(model, sel), gamma=bad)
+    import numpy as np
+
+    assert SpeculativeEngine(model, drafter=SparseSelfDrafter(model, sel), gamma=np.int64(3)).gamma == 3
