@@ -100,7 +100,8 @@ def context_windows(tokenizer, text: str, context_tokens: int, count: int, offse
             )
         raise SpecdecError(
             f"{name} has {len(ids)} tokens, fewer than the {need} that {count} windows of {context_tokens} "
-            f"tokens {stride} apart need; use a longer document, fewer {option} or a smaller stride or {context_option}."
+            f"tokens {stride} apart need; use a longer document, fewer {option} or a smaller stride or "
+            f"{context_option}."
         )
     ends = [len(ids) - offset - k * stride for k in range(count)]
     return [ids[e - context_tokens : e] for e in ends]

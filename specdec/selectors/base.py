@@ -178,7 +178,8 @@ def _checked_score(selector, s, batch: int, cache: KVCache | None):
         raise SpecdecError(f"{name}.score() returned {type(s).__name__}; it must return {want}.")
     heads_ok = cache is None or s.dim() != 4 or s.shape[2] in (1, cache.n_kv_heads)
     if s.dim() != 4 or s.shape[1] != batch or not heads_ok or s.dtype == torch.bool:
-        raise SpecdecError(f"{name}.score() returned a {s.dtype} tensor of shape {tuple(s.shape)}; it must return {want}.")
+        raise SpecdecError(f"{name}.score() returned a {s.dtype} tensor of shape {tuple(s.shape)}; it must return "
+                           f"{want}.")
     return s
 
 
@@ -263,7 +264,7 @@ class BudgetSelector(KVSelector):
         fused = fused_select(lengths.device)
         if fused is not None and (cache is None or self.max_selected(cache.capacity) > 0):
             s, sum_heads = self.fused_scores(cache, lengths)  # (N', B, H, L)
-            s = _checked_score(self, s, B, cache)
+            s = _checked_score(self, s, B, None)  # H may be query heads here (sum_heads): no head check
             k_sel = min(self.max_selected(s.shape[-1] if cache is None else cache.capacity), s.shape[-1])
             if _setting() == "auto":  # scores or slots the kernel refuses: the torch path below
                 fused = fused_select(lengths.device, s, k_sel)
