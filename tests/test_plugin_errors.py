@@ -70,3 +70,20 @@ def test_parts_of_the_wrong_kind_are_refused_when_the_engine_is_built():
     import numpy as np
 
     assert SpeculativeEngine(model, drafter=SparseSelfDrafter(model, sel), gamma=np.int64(3)).gamma == 3
+
+
+def test_a_selector_takes_its_config_fields_as_keywords():
+    """``SlidingWindow(budget=64)`` (the natural guess) was a ``TypeError``; every registered selector now takes its
+    config's fields as keywords, the same config as ``SELECTORS.build``; a bad field is one line naming it."""
+    from specdec import SlidingWindow
+    from specdec.registry import SELECTORS
+
+    for name in SELECTORS.names():
+        built = SELECTORS.build(name, budget=32, sinks=2)
+        assert type(built)(budget=32, sinks=2).config == built.config, name
+    with pytest.raises(SpecdecError, match=r"^SlidingWindow config: field 'budget' input should be greater than 0"):
+        SlidingWindow(budget=0)
+    with pytest.raises(SpecdecError, match=r"^SlidingWindow config: unknown field 'bugdet'; known: budget, "):
+        SlidingWindow(bugdet=64)
+    with pytest.raises(SpecdecError, match=r"pass a config or its fields as keywords \(budget\), not both"):
+        SlidingWindow(SlidingWindow.Config(budget=8), budget=64)

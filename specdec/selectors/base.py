@@ -167,6 +167,24 @@ class BudgetConfig(ComponentConfig):
         return torch.minimum(k, lengths)
 
 
+def selector_config(cls, config, fields: dict):
+    """A selector's config: ``config`` as given, or ``cls.Config(**fields)`` (``SlidingWindow(budget=64)`` as well as
+    ``SlidingWindow(SlidingWindow.Config(budget=64))``); a bad field is one line naming it."""
+    from pydantic import ValidationError
+
+    from specdec.registry import format_validation_error
+
+    if config is not None:
+        if fields:
+            raise SpecdecError(f"{cls.__name__}: pass a config or its fields as keywords ({', '.join(fields)}), "
+                               "not both.")
+        return config
+    try:
+        return cls.Config(**fields)
+    except ValidationError as exc:
+        raise SpecdecError(format_validation_error(f"{cls.__name__} config", exc, cls.Config)) from None
+
+
 def _checked_score(selector, s, batch: int, cache: KVCache | None):
     """``s`` if it has the shape a selector's :meth:`~BudgetSelector.score` promises, else one error naming the
     selector and the shape it returned (a plugin's wrong shape failed deep inside ``torch.cat`` / ``topk``). Shape
@@ -213,8 +231,8 @@ class BudgetSelector(KVSelector):
 
     Config = BudgetConfig
 
-    def __init__(self, config: BudgetConfig | None = None) -> None:
-        self.config = config or self.Config()
+    def __init__(self, config: BudgetConfig | None = None, **fields) -> None:
+        self.config = selector_config(type(self), config, fields)
 
     def score(self, cache: KVCache, lengths: torch.Tensor) -> torch.Tensor:
         """Importance of each cached position: ``(N or 1, B, H_kv or 1, L)``; higher is kept first.

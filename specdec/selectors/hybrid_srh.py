@@ -25,7 +25,7 @@ from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import KVSelector, SparsePlan
 from specdec.registry import SELECTORS
-from specdec.selectors.base import BudgetConfig, fixed_positions
+from specdec.selectors.base import BudgetConfig, fixed_positions, selector_config
 from specdec.selectors.quest import Quest, QuestConfig, QuestPlan, blocked_positions, page_counts
 
 Heads = list[tuple[int, int]]
@@ -164,8 +164,8 @@ class HybridSRHSelector(KVSelector):
     role = "verify"
     Config = HybridSRHConfig
 
-    def __init__(self, config: HybridSRHConfig | None = None) -> None:
-        self.config = config or HybridSRHConfig()
+    def __init__(self, config: HybridSRHConfig | None = None, **fields) -> None:
+        self.config = selector_config(type(self), config, fields)
         c = self.config
         self.grid = torch.linspace(0, 1, c.m_grid)
         self.reset(None)

@@ -206,8 +206,8 @@ class Quest(BudgetSelector):
 
     Config = QuestConfig
 
-    def __init__(self, config: QuestConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(self, config: QuestConfig | None = None, **fields) -> None:
+        super().__init__(config, **fields)
         self.kmin: torch.Tensor | None = None
         self.kmax: torch.Tensor | None = None
         self._valid: torch.Tensor | None = None  # (B,) positions whose metadata matches the cache

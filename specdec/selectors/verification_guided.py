@@ -138,8 +138,8 @@ class VerificationGuidedSelector(BudgetSelector):
 
     Config = VerificationGuidedConfig
 
-    def __init__(self, config: VerificationGuidedConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(self, config: VerificationGuidedConfig | None = None, **fields) -> None:
+        super().__init__(config, **fields)
         self._scores: torch.Tensor | None = None  # (N, B, H_kv or 1, L)
         self._lengths: torch.Tensor | None = None  # (B,) lengths when the last request was made
         self._gamma = 0  # γ of the last score request (0: none yet; an int, never None: see reset)
