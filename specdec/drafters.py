@@ -91,8 +91,6 @@ class SparseSelfDrafter(Drafter):
 def check_same_tokenizer(target: SpecdecModel, draft: SpecdecModel) -> None:
     """Refuse a draft whose tokenizer maps tokens to ids differently from the target's (same vocabulary
     size is not enough: two tokenizers of 49152 entries can disagree on every id)."""
-    from specdec.errors import SpecdecError
-
     if draft.dims.vocab_size != target.dims.vocab_size:
         raise SpecdecError(
             f"the draft model has a vocabulary of {draft.dims.vocab_size}, the target {target.dims.vocab_size}; "

@@ -135,14 +135,12 @@ def unused_settings(cfg, gamma: Optional[int], budget: Optional[int], budget_rat
     out = []
     given = [f for f, v in (("--gamma", gamma), ("--budget", budget), ("--budget-ratio", budget_ratio))
              if v is not None]
-    verb = "does" if len(given) == 1 else "do"
+    flags = lambda fs: f"{' and '.join(fs)} {'does' if len(fs) == 1 else 'do'}"  # noqa: E731
     if cfg.method == "dense" and given:
-        out.append(f"{' and '.join(given)} {verb} not apply to --method dense (no drafts, full attention).")
+        out.append(f"{flags(given)} not apply to --method dense (no drafts, full attention).")
     elif not budget_applies(cfg) and (budget is not None or budget_ratio is not None):
-        given = [f for f in given if f != "--gamma"]
-        verb = "does" if len(given) == 1 else "do"
-        out.append(f"{' and '.join(given)} {verb} not apply with --option verify=dense (the whole context is "
-                   "verified).")
+        out.append(f"{flags([f for f in given if f != '--gamma'])} not apply with --option verify=dense (the whole "
+                   "context is verified).")
     sampling = [f for f, used in (("--top-p", top_p != 1.0), ("--top-k", top_k != 0), ("--seed", seed is not None))
                 if used]
     if temperature == 0 and sampling:
