@@ -284,6 +284,22 @@ def _check_parts(drafter, verifier) -> None:
                                f"{type(obj).__name__}: use {hint}.")
 
 
+def _composed_name(drafter, verifier) -> str:
+    """``stats.method`` of a hand-composed engine: its drafter's class and selector, and a verifier other than the
+    full one (``"SparseSelfDrafter(SlidingWindow)"``); the named methods pass their own name."""
+    if drafter is None:
+        return "dense"
+
+    def part(x):
+        sel = getattr(x, "selector", None)
+        return type(x).__name__ + (f"({type(sel).__name__})" if sel is not None else "")
+
+    name = part(drafter)
+    if verifier is not None and type(verifier).__name__ != "FullVerifier":
+        name += "+" + part(verifier)
+    return name
+
+
 class SpeculativeEngine:
     """Speculative (or, without a drafter, plain autoregressive) decoding on one engine.
 
@@ -293,7 +309,8 @@ class SpeculativeEngine:
         verifier: checks the γ+1 rows; defaults to :class:`specdec.verifiers.FullVerifier`.
         gamma: draft length γ.
         sampling: greedy (temperature 0) or sampling settings.
-        method: a name for the stats.
+        method: a name for the stats (default: ``"dense"`` without a drafter, else the parts' classes, e.g.
+            ``"SparseSelfDrafter(SlidingWindow)"``, ``"EagleDrafter+SparseVerifier(HybridSRHSelector)"``).
         prefill_chunk: prompt tokens per prefill forward (bounds memory at long context).
         eos_token_id: stop a sequence at these ids (default: the model's; ``-1``: never stop early).
         sync_timing: on a GPU, synchronise at every phase edge so that ``phase_seconds`` is host + GPU wall time per
@@ -345,7 +362,7 @@ class SpeculativeEngine:
         self.verifier = verifier or (FullVerifier(model) if drafter is not None else None)
         self.gamma = gamma
         self.sampling = sampling or SamplingConfig()
-        self.method = method or ("dense" if drafter is None else type(drafter).__name__)
+        self.method = method or _composed_name(drafter, verifier)
         self.prefill_chunk = prefill_chunk
         self.sync_timing = sync_timing
         #: adaptive γ per iteration and dense fall-back (:mod:`specdec.adaptive`); lossless either way

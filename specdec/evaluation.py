@@ -302,7 +302,8 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
     ``adaptive``: adaptive γ / dense fall-back of the lossless methods (:mod:`specdec.adaptive`; ``None``: its
     default, ``ADAPTIVE_DEFAULT``); it changes their τ and speed, never their tokens.
 
-    Returns ``{"tasks": [...per sample...], "documents": [...], "summary": {...}}``.
+    Returns ``{"tasks": [...per sample...], "documents": [...], "summary": {...}, "task_text": {...}}``
+    (``task_text``: :func:`task_source`, the Python whose ``pydoc_data`` made the samples).
     """
     from specdec.data import context_ids, load_document
     from specdec.engine import SpeculativeEngine
@@ -394,6 +395,7 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
                                   f"TV {v['tv_mean']:.4f}" for k, v in row["methods"].items()))
     result = dict(tasks=task_rows, documents=doc_rows)
     result["summary"] = summarize(result, list(methods))
+    result["task_text"] = task_source()  # the samples follow the running Python's pydoc_data (see task_source)
     return result
 
 
@@ -570,7 +572,8 @@ def register(app) -> None:
         meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     command=" ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]]), model=model, context=context,
                     samples=samples, budget=budget, budget_ratio=budget_ratio, gamma=gamma,
-                    adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive, task_text=task_source())
+                    adaptive=ADAPTIVE_DEFAULT if adaptive is None else adaptive,
+                    task_text=res.pop("task_text", None) or task_source())  # in the settings, not twice
         write_text(output_json, json.dumps(dict(meta=meta, **res), indent=1), "--output-json")
         md = markdown(res, meta)
         if output_md is not None:

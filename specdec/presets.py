@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import Field, ValidationError, create_model, model_validator
+from pydantic import Field, ValidationError, create_model
 
 from specdec.adaptive import ADAPTIVE_DEFAULT
 from specdec.errors import SpecdecError
@@ -39,21 +39,15 @@ class PipelineConfig(BudgetConfig):
     adaptive: bool = Field(default=ADAPTIVE_DEFAULT, description="adaptive γ per iteration and dense fall-back (specdec.adaptive); default: specdec.adaptive.ADAPTIVE_DEFAULT")
     options: dict[str, Any] = Field(default_factory=dict, description="method-specific options")
 
-    @model_validator(mode="after")
-    def _fixed_fits(self):
-        # the one-budget rule and the 0.05 default are BudgetConfig's; this one is the pipeline's own
-        if self.budget is not None and {"sinks", "recent"} & self.model_fields_set and self.sinks + self.recent > self.budget:
-            raise ValueError(f"sinks {self.sinks} + recent {self.recent} exceed the budget {self.budget}; "
-                             f"use sinks + recent <= budget")
-        return self
-
     def budget_config(self) -> BudgetConfig:
         """The budget part, as the :class:`~specdec.selectors.base.BudgetConfig` every selector takes."""
         return BudgetConfig(**self.budget_kwargs())
 
     def budget_kwargs(self) -> dict[str, Any]:
-        """The budget fields as keyword arguments (for a selector config that extends ``BudgetConfig``)."""
-        return {name: getattr(self, name) for name in BudgetConfig.model_fields}
+        """The budget fields given to this config, as keyword arguments (for a selector config that extends
+        ``BudgetConfig``): the others keep the selector config's defaults, the same values, so its rules read
+        "given" as the user gave it (explicit sinks + recent must fit an explicit budget; defaults shrink)."""
+        return {name: getattr(self, name) for name in BudgetConfig.model_fields if name in self.model_fields_set}
 
     @classmethod
     def make(cls, **kw: Any) -> "PipelineConfig":

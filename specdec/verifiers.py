@@ -120,6 +120,14 @@ class SparseVerifier(Verifier):
         if margin is not None and not margin >= 0:
             raise SpecdecError(f"margin must be >= 0 (got {margin}); e.g. 2.0 (logits), 0 to record margins only, "
                                "or leave it unset.")
+        need = ("check_heads", "target_heads", "target_signal", "observe_target", "observe_draft", "mark",
+                "disagreement")
+        missing = [n for n in need if not hasattr(selector, n)]
+        if missing:  # a plain selector failed at the first pass with an AttributeError ('check_heads')
+            raise SpecdecError(f"SparseVerifier needs Dustin's hybrid selector (HybridSRHSelector: retrieval heads and "
+                               f"a target history); {type(selector).__name__} has no {', '.join(missing)}. Build one "
+                               "with SELECTORS.build('hybrid_srh', ...) or build_engine(model, "
+                               "PipelineConfig(method='dustin')).")
         selector.check_heads(model.dims.n_global, model.dims.n_heads, "target")  # heads index global layers
         self.model = model
         self.selector = selector

@@ -7,7 +7,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.evaluation import (TASKS, bootstrap_ci, make_sample, markdown, parse_methods, plot, run_eval, score,
-                                sign_test)
+                                sign_test, task_source)
 
 from conftest import make_tiny
 
@@ -91,6 +91,7 @@ def test_lossless_methods_score_exactly_dense_and_plugins_run(tok, tiny_vocab, t
     png = plot(res, tmp_path / "e.png")
     assert png.stat().st_size > 1000
     json.dumps(res)  # JSON-serialisable
+    assert res["task_text"] == task_source()  # recorded from the Python API too, not only by the CLI
 
 
 def test_a_context_past_the_models_positions_is_refused_before_any_prefill(tok, tiny_vocab, monkeypatch):

@@ -87,3 +87,52 @@ def test_a_selector_takes_its_config_fields_as_keywords():
         SlidingWindow(bugdet=64)
     with pytest.raises(SpecdecError, match=r"pass a config or its fields as keywords \(budget\), not both"):
         SlidingWindow(SlidingWindow.Config(budget=8), budget=64)
+
+
+def test_explicit_sinks_and_recent_beyond_an_explicit_budget_are_refused_not_clamped():
+    """``SlidingWindow(budget=8, sinks=32)`` kept 8 sinks and no window without a word (the plan clamps sinks and
+    recent to each sequence's budget); a selector config now refuses what ``PipelineConfig`` refused, and the
+    pipeline hands a selector only the budget fields it was given, so its defaults (4 + 16) still shrink to a
+    small budget (``--budget 8``) as they do to a short sequence's ratio budget."""
+    from specdec import SlidingWindow
+    from specdec.presets import PipelineConfig
+    from specdec.registry import SELECTORS
+
+    with pytest.raises(SpecdecError, match=r"^SlidingWindow config: sinks 32 \+ recent 16 \(default\) exceed the "
+                                           r"budget 8; use sinks \+ recent <= budget"):
+        SlidingWindow(budget=8, sinks=32)
+    with pytest.raises(SpecdecError, match=r"sinks 4 \(default\) \+ recent 6 exceed the budget 8"):
+        SlidingWindow(budget=8, recent=6)
+    assert SlidingWindow(budget=8).config.sinks == 4  # the defaults: no error, the plan shrinks them
+    assert SlidingWindow(budget=20, sinks=4, recent=16).config.budget == 20  # exactly the budget: fine
+    assert SlidingWindow(budget_ratio=0.01, sinks=32).config.sinks == 32  # a ratio budget varies per sequence
+    with pytest.raises(SpecdecError, match=r"exceed the budget 8"):
+        PipelineConfig.make(method="magicdec", budget=8, sinks=32)
+    cfg = PipelineConfig.make(method="vegas", budget=8)
+    assert cfg.budget_kwargs() == {"budget": 8}
+    for name in SELECTORS.names():  # every built-in selector builds from a small pipeline budget
+        SELECTORS.build(name, **cfg.budget_kwargs())
+    ratio = PipelineConfig.make(method="vegas")
+    assert SELECTORS.build("sliding_window", **ratio.budget_kwargs()).config.budget_ratio == ratio.budget_ratio == 0.05
+
+
+def test_a_hand_composed_engine_names_its_parts_in_the_stats():
+    """``stats.method`` of ``SpeculativeEngine(model, SparseSelfDrafter(model, SlidingWindow(...)))`` was
+    ``"SparseSelfDrafter"`` whatever the selector; it names the selector (and a verifier other than the full one)."""
+    from specdec import SlidingWindow, SparseSelfDrafter, SpeculativeEngine
+    from specdec.testing import tiny_model
+    from specdec.verifiers import SparseVerifier
+
+    m = tiny_model("qwen2")
+    eng = SpeculativeEngine(m, SparseSelfDrafter(m, SlidingWindow(budget=16)), gamma=2, eos_token_id=-1)
+    assert eng.generate([list(range(3, 40))], max_new_tokens=3).stats.method == "SparseSelfDrafter(SlidingWindow)"
+    from specdec.registry import SELECTORS
+    hybrid = SELECTORS.build("hybrid_srh", budget=24, target_heads=[(0, 0)], draft_heads=[], layer_map=[])
+    sparse = SpeculativeEngine(m, SparseSelfDrafter(m, SlidingWindow(budget=16)), SparseVerifier(m, hybrid))
+    assert sparse.method == "SparseSelfDrafter(SlidingWindow)+SparseVerifier(HybridSRHSelector)"
+    # a plain selector is not a sparse verifier's (it failed at the first pass with AttributeError 'check_heads')
+    with pytest.raises(SpecdecError, match=r"^SparseVerifier needs Dustin's hybrid selector .*SlidingWindow has no "
+                                           r"check_heads, .*SELECTORS.build\('hybrid_srh'"):
+        SparseVerifier(m, SlidingWindow(budget=24))
+    assert SpeculativeEngine(m).method == "dense"
+    assert SpeculativeEngine(m, SparseSelfDrafter(m, SlidingWindow(budget=16)), method="mine").method == "mine"

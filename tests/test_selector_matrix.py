@@ -54,8 +54,16 @@ class _PeeksAhead(SlidingWindow):
         return p
 
 
+class _NaNScores(SlidingWindow):
+    def score(self, cache, lengths):  # a plugin dividing by a zero norm: every plan is still a valid set
+        s = super().score(cache, lengths).clone()
+        s[..., 5] = float("nan")
+        return s
+
+
 @pytest.mark.parametrize("cls, match", [
     (_DropsASink, "sinks"), (_Duplicates, "twice"), (_PeeksAhead, "outside"), (_OneShort, "the budget is"),
+    (_NaNScores, r"_NaNScores.score\(\) is NaN for sequence 0 at position 5 \(1 NaN of 40"),
 ])
 def test_the_matrix_catches_broken_selectors(cls, match, model):
     with pytest.raises(AssertionError, match=match):

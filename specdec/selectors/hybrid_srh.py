@@ -369,7 +369,7 @@ class HybridSRHSelector(KVSelector):
         c = self.config
         q = self._quest
         if q is None or q.config.page_size != c.page_size or q.config.kernels != c.page_kernels:
-            q = self._quest = Quest(QuestConfig(page_size=c.page_size, sinks=c.sinks, recent=c.recent, budget=1,
+            q = self._quest = Quest(QuestConfig(page_size=c.page_size, sinks=c.sinks, recent=c.recent, budget_ratio=1.0,
                                                 kernels=c.page_kernels))
         return q
 

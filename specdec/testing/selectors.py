@@ -85,6 +85,23 @@ def check_recorded(selector: KVSelector, seen, n_layers: int, n_kv_heads: int) -
         check_visible_set(selector, lengths, idx, n_kv_heads, where=f"layer {layer}")
 
 
+def check_scores(selector: KVSelector, cache, lengths: torch.Tensor) -> None:
+    """A :class:`~specdec.selectors.base.BudgetSelector`'s ``score()`` holds no NaN at a verified position: top-k
+    of NaN scores is a valid plan of arbitrary positions (the plan checks pass, the selection means nothing)."""
+    from specdec.selectors.base import BudgetSelector
+
+    if not isinstance(selector, BudgetSelector) or type(selector).score is BudgetSelector.score:
+        return  # not a scoring selector (Quest plans pages itself)
+    s = selector.score(cache, lengths)
+    for b in range(lengths.shape[0]):
+        nan = torch.isnan(s[:, min(b, s.shape[1] - 1), :, : int(lengths[b])].float())
+        if bool(nan.any()):
+            pos = int(nan.nonzero()[0, -1])
+            raise AssertionError(f"{type(selector).__name__}.score() is NaN for sequence {b} at position {pos} "
+                                 f"({int(nan.sum())} NaN of {nan.numel()} verified scores); return numbers: top-k "
+                                 "over NaN picks arbitrary positions")
+
+
 def check_selector(make: Callable[[int], KVSelector] | str, model=None, budgets=(8, 24, 10_000)) -> None:
     """The selector conformance matrix; raises ``AssertionError`` naming the first broken rule.
 
@@ -130,6 +147,7 @@ def check_selector(make: Callable[[int], KVSelector] | str, model=None, budgets=
     lengths = torch.tensor([40, 90], device=model.device)
     selector.reset(cache)
     selector.on_verify(None, lengths)
+    check_scores(selector, cache, lengths)
     plan = selector.plan(cache, lengths)
     q = torch.randn(2, d.n_heads, 1, d.head_dim, generator=torch.Generator().manual_seed(0)).to(model.device)
     for layer in range(d.n_global):
