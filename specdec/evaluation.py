@@ -291,6 +291,28 @@ def parse_methods(spec: str) -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
+def check_eval_args(tasks: Sequence[str], context: int, samples: int, budget: int | None, budget_ratio: float | None,
+                    cli: bool = False) -> None:
+    """One line for a bad task name, context, sample count or budget; ``cli``: named by their ``specdec eval`` flags,
+    else by :func:`run_eval`'s arguments."""
+    f = (lambda flag, arg: flag if cli else arg)  # noqa: E731
+    ctx, smp, bud, rat = f("--context-tokens", "context"), f("--samples", "samples"), f("--budget", "budget"), \
+        f("--budget-ratio", "budget_ratio")
+    if budget is not None and budget_ratio is not None:
+        raise SpecdecError(f"{bud} {budget} and {rat} {budget_ratio} were both given; pass only one.")
+    if budget_ratio is not None and not 0 < budget_ratio <= 1:
+        raise SpecdecError(f"{rat} must be in (0, 1] (got {budget_ratio}).")
+    if budget is not None and budget < 1:
+        raise SpecdecError(f"{bud} must be >= 1 (got {budget}).")
+    for t in tasks:
+        if t not in TASKS:
+            raise SpecdecError(f"unknown task {t!r}; known: {', '.join(TASKS)}.")
+    if context < 256 or samples < 1:
+        raise SpecdecError(f"{ctx} must be >= 256 and {smp} >= 1 (got {context}, {samples}).")
+    if budget is not None and budget > context:
+        raise SpecdecError(f"{bud} {budget} exceeds {ctx} {context}; use a budget <= {context}.")
+
+
 def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Sequence[str] = TASKS, context: int = 1024,
              samples: int = 2, budget: int | None = None, budget_ratio: float | None = None, gamma: int = 4,
              documents: Sequence[str] = DOCUMENTS[:2], doc_context: int | None = None, doc_tokens: int = 64,
@@ -312,13 +334,7 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
     tok = tokenizer or model.tokenizer
     if tok is None:
         raise SpecdecError("specdec eval needs a tokenizer (the model has none); pass tokenizer=.")
-    for t in tasks:
-        if t not in TASKS:
-            raise SpecdecError(f"unknown task {t!r}; known: {', '.join(TASKS)}.")
-    if samples < 1 or context < 256:
-        raise SpecdecError(f"need samples >= 1 and context >= 256 (got {samples}, {context}).")
-    if budget is not None and budget > context:
-        raise SpecdecError(f"budget {budget} exceeds the context of {context} tokens; use a budget <= {context}.")
+    check_eval_args(tasks, context, samples, budget, budget_ratio)
     # before any prefill: a context past the model's positions would run for minutes before failing
     task_new = max((TASK_NEW_TOKENS[t] for t in tasks), default=0)
     task_new = task_new if max_new_tokens is None else min(task_new, max_new_tokens)
@@ -547,21 +563,9 @@ def register(app) -> None:
 
         from specdec.outputs import check_outputs, write_bytes, write_text
 
-        if budget is not None and budget_ratio is not None:
-            raise SpecdecError(f"--budget {budget} and --budget-ratio {budget_ratio} were both given; pass only one.")
-        if budget_ratio is not None and not 0 < budget_ratio <= 1:
-            raise SpecdecError(f"--budget-ratio must be in (0, 1] (got {budget_ratio}).")
-        if budget is not None and budget < 1:
-            raise SpecdecError(f"--budget must be >= 1 (got {budget}).")
         mspec = parse_methods(methods)
         tl = [t.strip() for t in tasks.split(",") if t.strip()]
-        for t in tl:
-            if t not in TASKS:
-                raise SpecdecError(f"unknown task {t!r}; known: {', '.join(TASKS)}.")
-        if context < 256 or samples < 1:
-            raise SpecdecError(f"--context-tokens must be >= 256 and --samples >= 1 (got {context}, {samples}).")
-        if budget is not None and budget > context:
-            raise SpecdecError(f"--budget {budget} exceeds --context-tokens {context}; use a budget <= {context}.")
+        check_eval_args(tl, context, samples, budget, budget_ratio, cli=True)  # before the model loads
         check_outputs([(output_json, "--output-json"), (output_md, "--output-md"), (output_plot, "--output-plot")])
         m = load_model(model, "float32", device, "reference")
         res = run_eval(m, mspec, tl, context, samples, budget, budget_ratio, gamma,

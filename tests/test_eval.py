@@ -212,3 +212,18 @@ def test_the_task_text_is_recorded_with_the_python_that_made_it(tmp_path, monkey
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["meta"]["task_text"] == src
     assert f'"pydoc_sha256": "{src["pydoc_sha256"]}"' in md.read_text()
+
+
+@pytest.mark.parametrize("kw, said", [
+    (dict(budget=0), r"^budget must be >= 1 \(got 0\)\.$"),
+    (dict(budget=64, budget_ratio=0.1), r"^budget 64 and budget_ratio 0.1 were both given; pass only one\.$"),
+    (dict(budget_ratio=1.5), r"^budget_ratio must be in \(0, 1\] \(got 1.5\)\.$"),
+    (dict(budget=999), r"^budget 999 exceeds context 256; use a budget <= 256\.$"),
+    (dict(samples=0), r"^context must be >= 256 and samples >= 1 \(got 256, 0\)\.$"),
+])
+def test_run_eval_names_its_own_arguments(tok, tiny_vocab, kw, said):
+    """The Python API checks what the CLI checks (``budget_ratio``, ``budget`` < 1 and both budgets were the CLI's
+    alone), naming ``run_eval``'s arguments rather than the CLI's flags; nothing is prefilled first."""
+    with pytest.raises(SpecdecError, match=said):
+        run_eval(tiny_vocab, parse_methods("magicdec"), ["passkey"], **{"context": 256, "samples": 1, **kw},
+                 documents=[], tokenizer=tok, log=lambda s: None)
