@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from specdec.errors import SpecdecError
-from specdec.friendly import EXIT_INTERRUPTED, INTERRUPTED, OneLineErrors, fail, friendly  # noqa: F401 - re-exported
+from specdec.friendly import EXIT_INTERRUPTED, INTERRUPTED, OneLineErrors, SpecdecTyper, fail, friendly  # noqa: F401 - re-exported
 from specdec.loading import (  # noqa: F401 - re-exported for scripts and tests
     CONFIG_SECTIONS_NOT_READ,
     check_budget,
@@ -26,7 +26,7 @@ from specdec.loading import (  # noqa: F401 - re-exported for scripts and tests
 )
 
 
-app = typer.Typer(
+app = SpecdecTyper(
     cls=OneLineErrors, add_completion=False, no_args_is_help=True, help="Long-context speculative decoding with sparse attention."
 )
 

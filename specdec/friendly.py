@@ -7,6 +7,7 @@ Commands layer (docs/architecture.md): the command modules (:mod:`specdec.bench`
 
 from __future__ import annotations
 
+import shutil
 import sys
 from functools import wraps
 from importlib import import_module
@@ -14,7 +15,7 @@ from typing import Any, Callable
 
 import typer
 from pydantic import ValidationError
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from specdec.errors import SpecdecError
 
@@ -26,6 +27,31 @@ _NO_ARGS = getattr(_CLICK, "NoArgsIsHelpError", ())  # click < 8.2 prints the he
 #: Ctrl-C: one line, exit code 130 (128 + SIGINT, the shell convention), no partial output file
 INTERRUPTED = "error: interrupted."
 EXIT_INTERRUPTED = 130
+
+
+#: below this terminal width ``--help`` is click's plain text (wrapped, nothing cut); typer's rich panels cut long
+#: option names and words to fit ("--record-accept…", "Llama/Qwen2/Qwe…") at 80 columns or in a pipe
+RICH_HELP_MIN_COLUMNS = 100
+
+
+def _plain_help() -> bool:
+    return shutil.get_terminal_size().columns < RICH_HELP_MIN_COLUMNS
+
+
+class HelpCommand(TyperCommand):
+    """A command whose ``--help`` is plain, wrapped text on a terminal narrower than :data:`RICH_HELP_MIN_COLUMNS`."""
+
+    def format_help(self, ctx, formatter):  # noqa: ANN001
+        if _plain_help():
+            return super(TyperCommand, self).format_help(ctx, formatter)  # click's: wraps, never cuts
+        return super().format_help(ctx, formatter)
+
+
+class SpecdecTyper(typer.Typer):
+    """``typer.Typer`` whose commands are :class:`HelpCommand` unless one names another class."""
+
+    def command(self, *args: Any, cls: Any = None, **kw: Any):  # noqa: ANN201
+        return super().command(*args, cls=cls or HelpCommand, **kw)
 
 
 class OneLineErrors(TyperGroup):
