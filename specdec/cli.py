@@ -14,7 +14,9 @@ from typing import Optional
 import typer
 
 from specdec.errors import SpecdecError
-from specdec.friendly import EXIT_INTERRUPTED, INTERRUPTED, OneLineErrors, SpecdecTyper, fail, friendly  # noqa: F401 - re-exported
+from specdec.friendly import (  # noqa: F401 - re-exported
+    EXIT_INTERRUPTED, INTERRUPTED, OneLineErrors, SpecdecTyper, fail, friendly,
+)
 from specdec.loading import (  # noqa: F401 - re-exported for scripts and tests
     CONFIG_SECTIONS_NOT_READ,
     check_budget,
