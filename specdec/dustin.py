@@ -21,6 +21,9 @@ Pipeline (the Dustin paper; docs page *Dustin*)::
 * ``dense_first``: the first verification of a generation is dense (default true; it seeds the target history);
 * ``layer_share`` / ``page_size``: a share of the free slots chosen per layer and KV head by Quest page bounds of
   the verify rows' queries (beyond the paper; 0 = the paper's one shared set);
+* ``layer_scores`` / ``key_rank``: how the per-layer part ranks tokens: Quest page bounds (``pages``, default) or the
+  verify rows' queries against rank-``key_rank`` keys (``keys``, Loki-style, :mod:`specdec.selectors.key_rank`;
+  beyond the paper; with ``layer_share > 0``);
 * ``margin``: confidence-gated dense re-verification of a pass whose deciding rows have a small logit margin;
 * ``lookup_min`` / ``lookup_max``: prompt lookup (:mod:`specdec.lookup`): where the context holds an earlier
   occurrence of the last ``n`` tokens (``n = lookup_max .. lookup_min``), its continuation is the draft, else
@@ -87,7 +90,8 @@ def default_lookup(drafter):
 
 class DustinOptions(selector_options(HybridSRHConfig, "_HybridOptions",
                                       include={"m", "m_ratio", "m_grid", "history_decay", "adaptive",
-                                               "layer_share", "page_size", "page_kernels"})):
+                                               "layer_share", "page_size", "page_kernels", "layer_scores",
+                                               "key_rank"})):
     """Options of ``dustin`` / ``dustin-adaptive``. The split and history fields are
     :class:`~specdec.selectors.hybrid_srh.HybridSRHConfig`'s (defaults there); an unset ``m_ratio``
     comes from the ``srh`` artifact when one is given; an unset ``adaptive`` is the method's
@@ -217,7 +221,7 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
             raise SpecdecError("dustin's early-exit drafter needs a target with at least 2 layers; pass draft_model.")
         drafter = EarlyExitDrafter(model, min(max(1, round(0.3 * N), first_global), N - 1) if o.draft_layers is None else o.draft_layers)
     split = {k: getattr(o, k) for k in ("m", "m_ratio", "m_grid", "history_decay", "layer_share", "page_size",
-                                    "page_kernels")
+                                    "page_kernels", "layer_scores", "key_rank")
              if k in o.model_fields_set}
     sel_kw: dict[str, Any] = dict(cfg.budget_kwargs(), **split)
     sel_kw["adaptive"] = o.adaptive if "adaptive" in o.model_fields_set else cfg.method == "dustin-adaptive"
@@ -231,6 +235,9 @@ def build_dustin(model, cfg: PipelineConfig, options: DustinOptions, **kw: Any):
         t_heads, d_heads = default_heads(Ng, model.dims.n_heads, drafter.n_layers)
         sel_kw.update(target_heads=[tuple(x) for x in t_heads], draft_heads=[tuple(x) for x in d_heads],
                       layer_map=drafter.layer_map(Ng))
+    if sel_kw.get("layer_scores") == "keys" and sel_kw.get("key_rank", 16) > model.dims.head_dim:  # before the prefill
+        raise SpecdecError(f"key_rank {sel_kw.get('key_rank', 16)} exceeds the head dimension {model.dims.head_dim}; "
+                           f"use key_rank <= {model.dims.head_dim}.")
     selector = SELECTORS.build("hybrid_srh", **sel_kw)
     selector.check_heads(drafter.n_layers, drafter.draft_model.dims.n_heads, "draft")
     drafter.set_heads(selector.draft_heads)

@@ -47,13 +47,14 @@ def srh_scores(req: ScoreRequest | None, like: torch.Tensor) -> torch.Tensor:
 
 
 def plan_reads(plan, lengths: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` KV entries one layer and KV head of a sparse pass reads: the plan's positions, plus for a plan
-    with a per-layer part (:class:`~specdec.selectors.hybrid_srh.LayerSetPlan`) its ``room`` entries and the
-    page key bounds it scores (min and max keys of a page: one K+V entry's worth per page)."""
-    read = (plan.indices[0, :, 0] >= 0).sum(1)
+    """``(B,)`` float64 KV entries one layer and KV head of a sparse pass reads: the plan's positions, plus for a plan
+    with a per-layer part its ``room`` entries and what it reads to rank them (``plan.scoring_reads``: the page key
+    bounds of a :class:`~specdec.selectors.hybrid_srh.LayerSetPlan`, one K+V entry's worth per page; the low-rank keys
+    of a :class:`~specdec.selectors.key_rank.KeyRankPlan`, ``key_rank / 2D`` of an entry per token)."""
+    read = (plan.indices[0, :, 0] >= 0).sum(1).to(torch.float64)
     room = getattr(plan, "room", None)
     if room is not None:
-        read = read + room.to(read.dtype) + (lengths + plan.page_size - 1) // plan.page_size
+        read = read + room.to(torch.float64) + plan.scoring_reads(lengths).to(torch.float64)
     return read
 
 
@@ -208,7 +209,7 @@ class SparseVerifier(Verifier):
             logits, redo = self._margin_valve(state, tokens, logits, scores, like)
             read = read + redo
         dt = time.perf_counter() - t1
-        self.last_read = torch.stack([read, dense_read]).to(self._kv.dtype)  # this pass's (read, dense read)
+        self.last_read = torch.stack([read.to(self._kv.dtype), dense_read.to(self._kv.dtype)])  # (read, dense read)
         self._kv += self.last_read
         st["passes"] += 1
         if reason:

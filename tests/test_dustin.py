@@ -221,7 +221,7 @@ def test_layer_share_sets_differ_per_layer_and_head_within_the_budget(target):
 
     # the cost counts the shared part, the per-layer slots and the page bounds read (one K+V entry per page)
     want = (p.indices[0, :, 0] >= 0).sum(1) + p.room + (p.lengths + 3) // 4
-    assert torch.equal(plan_reads(p, p.lengths), want)
+    assert torch.equal(plan_reads(p, p.lengths), want.to(torch.float64))
     rep = eng.verifier.report()
     assert 0 < rep["kv_read_vs_dense"] < 1
 
@@ -271,3 +271,95 @@ def test_margin_valve_deciding_rows():
     v.selector = SimpleNamespace(target_heads={})
     out, redo = v._margin_valve(state, tokens, logits, None, torch.zeros(1, 10))
     assert called and torch.equal(out, torch.ones(1, 4, 5)) and int(redo) == 10
+
+
+# -- per-layer sets ranked by low-rank keys (layer_scores="keys") -------------------------------------------------
+def test_key_rank_plan_at_full_rank_picks_the_top_attention_mass():
+    """At ``key_rank = D`` the ranking is the exact softmax attention of the rows' queries over the verified keys,
+    summed over the group's heads and the rows: the plan's per-layer part is its top ``room`` outside the shared part
+    (brute force here), within ``new``, never past a sequence's length."""
+    from specdec.cache import KVCache
+    from specdec.selectors.key_rank import KeyRankIndex, KeyRankPlan
+
+    g = torch.Generator().manual_seed(0)
+    N, B, H, C, D, Hq, T = 2, 2, 2, 40, 8, 4, 3
+    cache = KVCache(N, B, H, C, D)
+    cache.k.copy_(torch.randn(N, B, H, C, D, generator=g))
+    lengths = torch.tensor([30, 37])
+    index = KeyRankIndex(D)
+    index.update(cache, lengths)
+    shared = torch.tensor([[0, 1, 26, 27, 28, 29, -1], [0, 1, 33, 34, 35, 36, 12]])
+    new = torch.arange(C).view(1, C) < lengths.view(B, 1)
+    new[:, :2] = False
+    new[0, 26:] = False
+    new[1, 33:] = False
+    new[1, 12] = False
+    room = torch.tensor([5, 3])
+    plan = KeyRankPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths, room=room,
+                       basis=index.basis, keys=index.keys, new=new, k_sel=5)
+    q = torch.randn(B, Hq, T, D, generator=g)
+    for layer in range(N):
+        got = plan.indices_for(layer, q)
+        assert got.shape == (B, H, 7 + 5)
+        for b in range(B):
+            L = int(lengths[b])
+            for h in range(H):
+                k = cache.k[layer, b, h, :L]
+                qs = q[b, h * (Hq // H):(h + 1) * (Hq // H)]  # (G, T, D)
+                mass = torch.softmax(qs @ k.T * D ** -0.5, -1).sum((0, 1))
+                mass[~new[b, :L]] = float("-inf")
+                want = set(mass.topk(int(room[b])).indices.tolist())
+                sel = [int(i) for i in got[b, h, 7:] if i >= 0]
+                assert set(sel) == want and len(sel) == int(room[b]), (layer, b, h)
+                assert got[b, h, :7].tolist() == shared[b].tolist()
+    # low rank: the projected keys follow the cache as it grows (only the newly verified positions are projected)
+    low = KeyRankIndex(3)
+    low.update(cache, lengths)
+    cache.k[:, 0, :, 30:33] += 1.0
+    low.update(cache, torch.tensor([33, 37]))
+    assert torch.allclose(low.keys[:, 0, :, 30:33], torch.einsum("nhcd,nhdr->nhcr", cache.k[:, 0, :, 30:33],
+                                                                  low.basis[:, 0]), atol=1e-5)
+    assert low.basis.shape == (N, B, H, D, 3)
+
+
+def test_key_rank_sets_stay_in_the_budget_and_a_full_budget_equals_dense(target):
+    from specdec.selectors.key_rank import KeyRankPlan
+    from specdec.verifiers import plan_reads
+
+    eng = engine(target, budget=16, layer_share=1.0, layer_scores="keys", key_rank=4)
+    seen = _plans(eng)
+    try:
+        out = eng.generate(PROMPTS, max_new_tokens=8)
+    finally:
+        del eng.verifier.model.forward
+    assert seen and all(isinstance(p, KeyRankPlan) for p in seen)
+    assert out.stats.method == "dustin" and not out.stats.lossless
+    p = seen[-1]
+    D = target.dims.head_dim
+    distinct = set()
+    for layer in range(target.dims.n_global):
+        idx = p.indices_for(layer, torch.randn(len(PROMPTS), target.dims.n_heads, 4, D))
+        for b in range(idx.shape[0]):
+            L = int(p.lengths[b])
+            for h in range(idx.shape[1]):
+                s = [int(i) for i in idx[b, h] if i >= 0]
+                assert len(s) == len(set(s)) == 16 and max(s) < L  # no duplicate, exactly the budget, cached only
+                assert {0, 1} | set(range(L - 4, L)) <= set(s)
+                distinct.add(tuple(sorted(s)))
+    assert len(distinct) > 1  # the per-layer part follows each layer's and KV head's queries
+    # the cost: the entries attended to plus key_rank / 2D of an entry per verified token (the ranking's read)
+    want = (p.indices[0, :, 0] >= 0).sum(1) + p.room + p.lengths * (4 / (2 * D))
+    assert torch.allclose(plan_reads(p, p.lengths), want.to(torch.float64))
+    assert 0 < eng.verifier.report()["kv_read_vs_dense"] < 1
+    dense = SpeculativeEngine(target, eos_token_id=-1).generate(PROMPTS, max_new_tokens=10).tokens
+    full = engine(target, budget=10_000, layer_share=1.0, layer_scores="keys", key_rank=4)
+    assert full.generate(PROMPTS, max_new_tokens=10).tokens == dense
+
+
+def test_key_rank_options_are_refused_where_they_cannot_work(target):
+    with pytest.raises(SpecdecError, match=r"layer_scores='keys' ranks the per-layer part, which layer_share 0 turns "
+                                           r"off; set layer_share > 0"):
+        engine(target, layer_scores="keys")
+    D = target.dims.head_dim
+    with pytest.raises(SpecdecError, match=rf"^key_rank {D + 1} exceeds the head dimension {D}; use key_rank <= {D}"):
+        engine(target, layer_share=1.0, layer_scores="keys", key_rank=D + 1)

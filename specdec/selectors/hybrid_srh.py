@@ -19,13 +19,14 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import KVSelector, SparsePlan
 from specdec.registry import SELECTORS
 from specdec.selectors.base import BudgetConfig, fixed_positions, selector_config
+from specdec.selectors.key_rank import KeyRankIndex, KeyRankPlan
 from specdec.selectors.quest import Quest, QuestConfig, QuestPlan, blocked_positions, page_counts
 
 Heads = list[tuple[int, int]]
@@ -54,6 +55,17 @@ class HybridSRHConfig(BudgetConfig):
     page_size: int = Field(default=16, gt=0, le=4096, description="tokens per page of the per-layer part (layer_share > 0)")
     page_kernels: Literal["auto", "torch", "triton"] = Field(default="auto", description="page bounds of the per-layer "
                                                              "part: Triton kernels as Quest's ('auto': on CUDA)")
+    layer_scores: Literal["pages", "keys"] = Field(default="pages", description="how the per-layer part ranks tokens: "
+                                                   "Quest page bounds ('pages') or the queries against rank-key_rank "
+                                                   "keys ('keys', Loki-style; eager, reference torch)")
+    key_rank: int = Field(default=16, ge=1, le=1024, description="dimensions of the low-rank keys (layer_scores='keys')")
+
+    @model_validator(mode="after")
+    def _keys_need_a_layer_part(self):
+        if self.layer_scores == "keys" and self.layer_share == 0:
+            raise ValueError("layer_scores='keys' ranks the per-layer part, which layer_share 0 turns off; "
+                             "set layer_share > 0 (1.0: every free slot per layer)")
+        return self
 
 
 def heads_by_layer(heads: Heads | None) -> dict[int, list[int]]:
@@ -179,7 +191,10 @@ class HybridSRHSelector(KVSelector):
         self._last: tuple | None = None  # (lengths, draft, target) of the last plan
         if getattr(self, "_quest", None) is None:
             self._quest: Quest | None = None  # page bounds of the per-layer part (layer_share > 0)
-        if cache is not None and self.config.layer_share > 0:
+        self._keys: KeyRankIndex | None = None  # low-rank keys of the per-layer part (layer_scores="keys")
+        if self.config.layer_scores == "keys":
+            self._keys = KeyRankIndex(self.config.key_rank)
+        elif cache is not None and self.config.layer_share > 0:
             # zero the cache's page bounds in place even when this selector has not planned yet: another selector's
             # plan graph on this (reused) cache may serve its plans, and it reads these buffers from their state
             self._layer_quest().reset(cache)
@@ -304,7 +319,7 @@ class HybridSRHSelector(KVSelector):
         (static ``m``; per-layer sets with their page bounds kept by the Triton kernels): the planner then replays
         it as one CUDA graph (:class:`PlanGraphs`)."""
         c = self.config
-        return not c.adaptive and (c.layer_share == 0 or c.page_kernels != "torch")
+        return not c.adaptive and (c.layer_share == 0 or (c.layer_scores == "pages" and c.page_kernels != "torch"))
 
     def max_room(self, capacity: int) -> int:
         """Most free slots (budget - sinks - recent) of any plan of a cache of ``capacity`` positions (host)."""
@@ -348,9 +363,17 @@ class HybridSRHSelector(KVSelector):
                                bounds=(cache.capacity, m_max, r_max))  # (B, F)
         if c.adaptive:  # only adapt() reads it; a captured plan must not modify the selector
             self.mark(lengths)
+        B = lengths.shape[0]
+        if c.layer_scores == "keys":
+            self._keys.update(cache, lengths)
+            C = cache.capacity
+            new = ~blocked_positions(lengths, C, c.sinks, c.recent)
+            new = torch.nn.functional.pad(new, (0, 1))  # column C takes the shared part's -1 pads
+            new.scatter_(1, torch.where(shared < 0, torch.full_like(shared, C), shared), False)
+            return KeyRankPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
+                               room=per, basis=self._keys.basis, keys=self._keys.keys, new=new[:, :C], k_sel=k_sel)
         q = self._layer_quest()
         q.update(cache, lengths)
-        B = lengths.shape[0]
         ps = c.page_size
         P = q.kmin.shape[3]
         # the tokens the per-layer part may add: cached, outside sinks and recent, not in the shared part
@@ -435,3 +458,7 @@ class LayerSetPlan(QuestPlan):
     Its ``new`` / ``counts`` mark the tokens outside the shared part (as well as outside sinks, recent and the
     uncached positions): the per-layer part never repeats a shared position.
     """
+
+    def scoring_reads(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` K+V entries' worth one layer and KV head reads to rank: a page's min and max keys per page."""
+        return (lengths + self.page_size - 1) // self.page_size

@@ -1,0 +1,102 @@
+"""Per-layer verification sets ranked by the verify rows' own queries against low-rank keys (``layer_scores="keys"``).
+
+Beyond the Dustin paper, after Loki (Singhania et al., 2024): the per-layer part of
+:class:`~specdec.selectors.hybrid_srh.HybridSRHSelector` (``layer_share`` of the free slots) ranks every cached token
+by the attention the verify rows' queries would give it, computed in a rank-``key_rank`` projection of the keys: per
+layer and KV head the softmax over the verified positions of ``(q P)·(k P)ᵀ / √D`` (``P`` the ``key_rank`` leading
+principal directions of that layer's and head's prompt keys), summed over the KV group's query heads and the rows.
+The default, ``"pages"``, ranks Quest pages by their key bounds instead.
+
+:class:`KeyRankIndex` keeps the basis (taken once per generation, at the first sparse plan, from the keys then
+cached) and the projected keys ``(N, B, H_kv, capacity, key_rank)``, brought up to date at each plan. It reads lengths
+on the host, so a plan with this part is built eagerly (not replayed as a CUDA graph), and the ranking is plain torch:
+the reference path, written for fidelity, not yet for speed. Per pass a layer reads ``key_rank / (2 D)`` of a dense
+pass's K+V bytes for the ranking, on top of the entries it attends to (:func:`specdec.verifiers.plan_reads`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.errors import SpecdecError
+from specdec.interfaces import SparsePlan
+
+
+class KeyRankIndex:
+    """The low-rank key basis and projected keys of one cache (per global layer, sequence and KV head)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.basis: torch.Tensor | None = None  # (N, B, H_kv, D, r) float32
+        self.keys: torch.Tensor | None = None  # (N, B, H_kv, capacity, r), the cache's dtype
+        self.done: torch.Tensor | None = None  # (B,) positions projected so far
+
+    def reset(self) -> None:
+        self.basis = self.keys = self.done = None
+
+    def update(self, cache: KVCache, lengths: torch.Tensor) -> None:
+        """Take the basis from the cached keys ``[0, lengths)`` on the first call, then project the positions
+        verified since the last call (eager: reads ``lengths`` on the host)."""
+        N, B, H, C, D = cache.k.shape
+        if self.rank > D:
+            raise SpecdecError(f"key_rank {self.rank} exceeds the head dimension {D}; use key_rank <= {D}.")
+        if self.basis is None or self.basis.shape[1] != B or self.keys.shape[3] != C:
+            pos = torch.arange(C, device=lengths.device)
+            mask = (pos.view(1, C) < lengths.view(B, 1)).to(torch.float32)  # (B, C)
+            k = cache.k.float() * mask.view(1, B, 1, C, 1)
+            gram = torch.einsum("nbhcd,nbhce->nbhde", k, k)  # (N, B, H, D, D)
+            _, vecs = torch.linalg.eigh(gram)  # ascending eigenvalues: the last r columns are the top directions
+            self.basis = vecs[..., D - self.rank:].flip(-1).contiguous()
+            self.keys = torch.zeros(N, B, H, C, self.rank, dtype=cache.k.dtype, device=cache.k.device)
+            self.done = torch.zeros_like(lengths)
+        lo, hi = int(self.done.min()), int(lengths.max())
+        if hi > lo:
+            k = cache.k[:, :, :, lo:hi].float()
+            self.keys[:, :, :, lo:hi] = torch.einsum("nbhcd,nbhdr->nbhcr", k, self.basis).to(self.keys.dtype)
+        self.done = lengths.clone()
+
+
+@dataclass
+class KeyRankPlan(SparsePlan):
+    """A verification plan whose per-layer part is ranked by low-rank attention (:mod:`specdec.selectors.key_rank`).
+
+    ``indices`` ``(1, B, 1, F)`` is the shared part (sinks + recent + the hybrid set, ``-1`` padded); in each layer
+    :meth:`indices_for` adds, per KV head, the ``room`` tokens of ``new`` with the most low-rank attention mass of
+    this step's queries. ``new`` ``(B, capacity)`` marks the tokens the part may add (cached, outside sinks, recent
+    and the shared part), so no position appears twice.
+    """
+
+    lengths: torch.Tensor = None  # type: ignore[assignment]
+    room: torch.Tensor = None  # type: ignore[assignment]
+    basis: torch.Tensor = None  # type: ignore[assignment]
+    keys: torch.Tensor = None  # type: ignore[assignment]
+    new: torch.Tensor = None  # type: ignore[assignment]
+    k_sel: int = 0
+
+    def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """``(B, H_kv, F + k_sel)``: the shared part and this layer's best ``room`` new tokens per KV head."""
+        shared = self.indices[0, :, 0]  # (B, F)
+        keys = self.keys[layer]  # (B, H_kv, C, r)
+        B, H, C, r = keys.shape
+        out = shared.view(B, 1, -1).expand(B, H, -1)
+        if self.k_sel == 0:
+            return out
+        Hq, T, D = q.shape[1], q.shape[2], q.shape[3]
+        qr = torch.einsum("bhgtd,bhdr->bhgtr", q.float().view(B, H, Hq // H, T, D), self.basis[layer])
+        logits = torch.einsum("bhgtr,bhcr->bhgtc", qr, keys.float()) * D ** -0.5
+        seen = torch.arange(C, device=q.device).view(1, C) < self.lengths.view(B, 1)  # the verified positions
+        logits = logits.masked_fill(~seen.view(B, 1, 1, 1, C), float("-inf"))
+        mass = torch.softmax(logits, -1).sum((2, 3)).masked_fill(~self.new.view(B, 1, C), float("-inf"))
+        top, idx = mass.topk(min(self.k_sel, C), dim=-1)  # (B, H_kv, k_sel)
+        slot = torch.arange(idx.shape[-1], device=q.device).view(1, 1, -1)
+        ok = torch.isfinite(top) & (slot < self.room.view(B, 1, 1))
+        return torch.cat([out, torch.where(ok, idx, torch.full_like(idx, -1))], dim=-1)
+
+    def scoring_reads(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` K+V entries' worth of bytes one layer and KV head reads to rank: ``key_rank`` of ``2 D`` per
+        verified token."""
+        D = self.basis.shape[-2]
+        return lengths.to(torch.float64) * (self.keys.shape[-1] / (2 * D))
