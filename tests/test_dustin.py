@@ -363,3 +363,20 @@ def test_key_rank_options_are_refused_where_they_cannot_work(target):
     D = target.dims.head_dim
     with pytest.raises(SpecdecError, match=rf"^key_rank {D + 1} exceeds the head dimension {D}; use key_rank <= {D}"):
         engine(target, layer_share=1.0, layer_scores="keys", key_rank=D + 1)
+
+
+def test_key_rank_buffers_belong_to_the_planner(target):
+    """The projected keys are the cache planner's buffers: loading a plan does not copy them (they hold
+    ``N x B x H_kv x capacity x key_rank`` values), as Quest's page bounds."""
+    from specdec.planner import planner_for
+
+    eng = engine(target, budget=16, layer_share=1.0, layer_scores="keys", key_rank=4)
+    seen = _plans(eng)
+    try:
+        eng.generate(PROMPTS, max_new_tokens=8)
+    finally:
+        del eng.verifier.model.forward
+    p = seen[-1]
+    keys = eng.verifier.selector._keys
+    assert p.keys is keys.keys and p.basis is keys.basis
+    assert planner_for(eng.verifier._state.cache).owns(p.keys)

@@ -23,6 +23,7 @@ import torch
 from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import SparsePlan
+from specdec.planner import planner_for
 
 
 class KeyRankIndex:
@@ -49,9 +50,12 @@ class KeyRankIndex:
             k = cache.k.float() * mask.view(1, B, 1, C, 1)
             gram = torch.einsum("nbhcd,nbhce->nbhde", k, k)  # (N, B, H, D, D)
             _, vecs = torch.linalg.eigh(gram)  # ascending eigenvalues: the last r columns are the top directions
-            self.basis = vecs[..., D - self.rank:].flip(-1).contiguous()
-            self.keys = torch.zeros(N, B, H, C, self.rank, dtype=cache.k.dtype, device=cache.k.device)
-            self.done = torch.zeros_like(lengths)
+            # the planner's buffers: a plan points at them and is not copied (Quest's page bounds do the same)
+            planner = planner_for(cache)
+            self.basis = planner.buffer("key_rank.basis", (N, B, H, D, self.rank), torch.float32)
+            self.basis.copy_(vecs[..., D - self.rank:].flip(-1))
+            self.keys = planner.buffer("key_rank.keys", (N, B, H, C, self.rank), cache.k.dtype)
+            self.done = torch.zeros_like(lengths)  # every verified position is projected at the first update
         lo, hi = int(self.done.min()), int(lengths.max())
         if hi > lo:
             k = cache.k[:, :, :, lo:hi].float()
