@@ -47,6 +47,26 @@ def test_layer_sets_triton_attention_and_page_kernels_match_reference():
     torch.testing.assert_close(tri_m, ref_m, atol=1e-3, rtol=1e-4)  # the sparse logits themselves agree
 
 
+@pytest.mark.skipif(os.environ.get("SPECDEC_TEST_DEVICE", "cpu") != "cpu", reason="the tiny model runs on the CPU")
+def test_key_rank_layer_sets_through_the_triton_attention_match_reference():
+    """``layer_scores="keys"``: the plan kind's own torch ranking, executed by the Triton backend's attention (a
+    query-aware plan per layer and KV head), gives the reference backend's tokens and margins."""
+    model = make_tiny("qwen2", seed=2, num_hidden_layers=2)
+
+    def run():
+        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=20, sinks=2, recent=4,
+                                  options=dict(layer_share=1.0, layer_scores="keys", key_rank=4, margin=0))
+        eng = build_engine(model, cfg, eos_token_id=-1)
+        out = eng.generate(PROMPTS, max_new_tokens=4).tokens
+        return out, eng.verifier.last_margin.clone()
+
+    ref_tokens, ref_m = run()
+    with model.using_backend(TritonBackend(TritonConfig(block_n=16, num_splits=3))):
+        tri_tokens, tri_m = run()
+    assert tri_tokens == ref_tokens
+    torch.testing.assert_close(tri_m, ref_m, atol=1e-3, rtol=1e-4)
+
+
 def _brute_pages(page, new, room, fixed, k_sel, ps):
     """The definition: per (sequence, KV head) the room[b] new tokens ranked by their page's score, ties by position."""
     B, Hkv, P = page.shape
