@@ -107,15 +107,18 @@ def context_windows(tokenizer, text: str, context_tokens: int, count: int, offse
     return [ids[e - context_tokens : e] for e in ends]
 
 
-def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0) -> list[int]:
-    """Tokenize ``text`` and keep ``context_tokens`` tokens ending ``offset`` tokens before its end."""
+def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0, name: str | None = None) -> list[int]:
+    """Tokenize ``text`` and keep ``context_tokens`` tokens ending ``offset`` tokens before its end (``name``: the
+    document, for the error)."""
     ids = tokenizer(text, add_special_tokens=False).input_ids
     if context_tokens is None:
         return ids
     end = len(ids) - offset
     if end < context_tokens:
+        doc = f"document {name!r}" if name else "document"
+        after = f" ({context_tokens} of context + {offset} after it)" if offset else ""
         raise SpecdecError(
-            f"the document has {len(ids)} tokens, fewer than the {context_tokens + offset} requested; "
+            f"the {doc} has {len(ids)} tokens, fewer than the {context_tokens + offset} requested{after}; "
             "use a longer document or a smaller --context-tokens."
         )
     return ids[end - context_tokens : end]

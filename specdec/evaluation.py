@@ -285,7 +285,11 @@ def parse_methods(spec: str) -> dict[str, tuple[str, dict[str, Any]]]:
     :func:`specdec.loading.method_spec`)."""
     from specdec.loading import method_spec
 
-    out = {item: method_spec(item) for item in (s.strip() for s in spec.split(",")) if item}
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    twice = sorted({i for i in items if items.count(i) > 1})
+    if twice:  # one column each: "vegas,vegas" ran one
+        raise SpecdecError(f"--methods names {', '.join(twice)} more than once; name each method once.")
+    out = {item: method_spec(item) for item in items}
     if not out:
         raise SpecdecError("--methods is empty; name at least one method, e.g. --methods dustin.")
     return out
@@ -334,6 +338,12 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
     tok = tokenizer or model.tokenizer
     if tok is None:
         raise SpecdecError("specdec eval needs a tokenizer (the model has none); pass tokenizer=.")
+    if not isinstance(methods, dict) or not all(isinstance(v, tuple) and len(v) == 2 for v in methods.values()):
+        raise SpecdecError(f"methods must be a dict {{label: (method, options)}}, got {type(methods).__name__}; build "
+                           "it with specdec.evaluation.parse_methods('vegas,dustin:draft=early-exit').")
+    for name, value in (("tasks", tasks), ("documents", documents)):
+        if isinstance(value, str):  # iterated per character: "unknown task 'p'"
+            raise SpecdecError(f"{name} must be a list of names, not the string {value!r}; e.g. {name}=[{value!r}].")
     check_eval_args(tasks, context, samples, budget, budget_ratio)
     # before any prefill: a context past the model's positions would run for minutes before failing
     task_new = max((TASK_NEW_TOKENS[t] for t in tasks), default=0)
@@ -343,6 +353,9 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
     if documents:
         check_positions(doc_context or context, doc_tokens, model.dims.max_positions, "--context-tokens")
 
+    dctx = doc_context or context
+    # every document before any prefill (a short or unknown last one failed after the tasks had run)
+    doc_ids = {doc: context_ids(tok, load_document(doc), dctx, offset=doc_tokens + 16, name=doc) for doc in documents}
     dense = SpeculativeEngine(model, method="dense", eos_token_id=-1)
 
     def engine(method, opts):
@@ -358,6 +371,8 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
             eng.verifier = DenseTwin(eng.verifier)
         return eng
 
+    for method, opts in methods.values():  # a method that cannot be built fails before any run, not after dense's
+        engine(method, opts)
     task_rows = []
     for task in tasks:
         for i in range(samples):
@@ -377,9 +392,8 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
             task_rows.append(row)
             log(f"{task} #{i}: dense {row['dense']:.2f} " + " ".join(f"{k} {v['score']:.2f}" for k, v in row["methods"].items()))
     doc_rows = []
-    dctx = doc_context or context
     for doc in documents:
-        ids = context_ids(tok, load_document(doc), dctx, offset=doc_tokens + 16)
+        ids = doc_ids[doc]
         pre = dense.prefill([ids])
         ref = dense.generate([ids], doc_tokens, prefilled=pre)
         row = dict(document=doc, context=dctx, new_tokens=doc_tokens, methods={})
@@ -566,10 +580,15 @@ def register(app) -> None:
         mspec = parse_methods(methods)
         tl = [t.strip() for t in tasks.split(",") if t.strip()]
         check_eval_args(tl, context, samples, budget, budget_ratio, cli=True)  # before the model loads
+        from specdec.data import load_document
+
+        docs = [d.strip() for d in documents.split(",") if d.strip()]
+        for d in docs:  # an unknown last document failed after every task had run
+            load_document(d)
         check_outputs([(output_json, "--output-json"), (output_md, "--output-md"), (output_plot, "--output-plot")])
         m = load_model(model, "float32", device, "reference")
         res = run_eval(m, mspec, tl, context, samples, budget, budget_ratio, gamma,
-                       [d.strip() for d in documents.split(",") if d.strip()], None, doc_tokens, seed,
+                       docs, None, doc_tokens, seed,
                        log=lambda s: typer.echo(s, err=True), adaptive=adaptive)
         from specdec.adaptive import ADAPTIVE_DEFAULT
 

@@ -152,14 +152,25 @@ def run_fidelity(model, documents: Sequence[str], context: int, budgets: Sequenc
     from specdec.data import context_ids, load_document
     from specdec.engine import SpeculativeEngine
     from specdec.presets import build_engine
+    from specdec.prompts import check_positions
 
+    # before any prefill: the positions, every document (a short or unknown last one failed after the others ran)
+    # and every variant's engine (a bad srh artifact failed after the dense run)
+    check_positions(max(context, passkey_context or 0) if passkey_trials else context, max_new_tokens,
+                    model.dims.max_positions, "--context-tokens")
+    doc_ids = {doc: None if prefills and doc in prefills else
+               context_ids(model.tokenizer, load_document(doc), context, offset=max_new_tokens + 16, name=doc)
+               for doc in documents}
+    for method, opts in variants.values():
+        for budget in budgets:
+            build_engine(model, method_config(method, gamma, budget, opts))
     dense_eng = SpeculativeEngine(model, method="dense")
     rows: list[dict[str, Any]] = []
     for doc in documents:
         if prefills and doc in prefills:
             ids, pre = prefills[doc]
         else:
-            ids = context_ids(model.tokenizer, load_document(doc), context, offset=max_new_tokens + 16)
+            ids = doc_ids[doc]
             pre = dense_eng.prefill([ids])
         ref = dense_eng.generate([ids], max_new_tokens=max_new_tokens, prefilled=pre)
         log(f"{doc}: dense {ref.stats.tokens_per_second:.2f} tok/s")
@@ -282,7 +293,8 @@ def register(app) -> None:
         srh: Optional[Path] = typer.Option(None, "--srh", help="SRH artifact from `specdec profile-srh`"),
         adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="also run dustin-adaptive"),
         option: list[str] = typer.Option([], "--option", help="extra dustin option key=value (repeatable)"),
-        passkey_trials: int = typer.Option(0, "--passkey-trials", help="pass-key retrieval trials per budget (0 = none)"),
+        passkey_trials: int = typer.Option(0, "--passkey-trials", min=0,
+                                           help="pass-key retrieval trials per budget (0 = none)"),
         device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
     ) -> None:
         """Agreement with dense verification, TV distance, ARR per layer and passkey accuracy of Dustin."""
@@ -294,8 +306,18 @@ def register(app) -> None:
 
         check_outputs([(output_json, "--output-json"), (output_md, "--output-md")])
         opts = parse_options(option)
+        if opts.get("verify") == "dense":  # it failed with AttributeError: FullVerifier has no selector
+            raise SpecdecError("specdec fidelity measures Dustin's sparse verification against dense; --option "
+                               "verify=dense verifies densely, so there is nothing to compare: drop it.")
+        if "adaptive" in opts:  # the row labelled "static" ran the adaptive split
+            raise SpecdecError("--option adaptive=... would change the 'static' row; fidelity runs the static split and, "
+                               "with --adaptive (the default), dustin-adaptive beside it: use --adaptive/--no-adaptive.")
         if srh is not None:
+            if "srh" in opts:
+                raise SpecdecError(f"--srh {srh} and --option srh={opts['srh']} were both given; pass one.")
             opts["srh"] = str(srh)
+        if context < 16:
+            raise SpecdecError(f"--context-tokens must be >= 16 (got {context}).")
         try:
             bl = [int(b) for b in budgets.split(",") if b.strip()]
         except ValueError:
@@ -305,10 +327,16 @@ def register(app) -> None:
         variants = {"static": ("dustin", opts)}
         if adaptive:
             variants["adaptive"] = ("dustin-adaptive", opts)
+        docs = [d.strip() for d in documents.split(",") if d.strip()]
+        if not docs:
+            raise SpecdecError("--documents is empty; give at least one document (e.g. pydoc,stdlib:argparse).")
+        from specdec.data import load_document
+
+        for d in docs:  # a typo in the last document failed after the others had run
+            load_document(d)
         m = load_model(model, "float32", device, "reference")
         console = Console()
-        res = run_fidelity(m, [d.strip() for d in documents.split(",") if d.strip()], context, bl, variants, gamma,
-                           max_new_tokens, passkey_trials, log=console.print)
+        res = run_fidelity(m, docs, context, bl, variants, gamma, max_new_tokens, passkey_trials, log=console.print)
         meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), model=model, context=context,
                     budgets=bl, gamma=gamma, max_new_tokens=max_new_tokens, options=opts)
         cmd = " ".join(shlex.quote(a) for a in ["specdec", *sys.argv[1:]])

@@ -328,3 +328,22 @@ def test_one_new_token_reports_no_rate(files, tmp_path):
         res = run_in_process(build_args(files, ["--method", "dense", "--max-new-tokens", str(n)], out))
         assert res.exit_code == 0, res.stdout + res.stderr
         assert want in res.stdout and "0.00 tok/s" not in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--option", "verify=dense"], "verifies densely, so there is nothing to compare"),  # was an AttributeError
+    (["--option", "adaptive=true"], "use --adaptive/--no-adaptive"),  # the 'static' row ran the adaptive split
+    (["--srh", "a.json", "--option", "srh=b.json"], "--srh a.json and --option srh=b.json were both given"),
+    (["--documents", "pydoc,nosuch.txt"], "unknown document 'nosuch.txt'"),  # was found after pydoc had run
+    (["--documents", ""], "--documents is empty"),
+    (["--passkey-trials", "-2"], "'--passkey-trials'"),  # ran as 0
+    (["--context-tokens", "0", "--budgets", "64"], "--context-tokens must be >= 16 (got 0)"),
+])
+def test_fidelity_refuses_what_it_cannot_run_before_loading_the_model(extra, said, tmp_path):
+    """``--model`` is a missing path: each error must come before any model work (a new user's report)."""
+    res = run_in_process(["fidelity", "--output-json", str(tmp_path / "f.json"), "--model", str(tmp_path / "nowhere"),
+                          "--device", "cpu", *extra])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], res.stderr
+    assert not (tmp_path / "f.json").exists()

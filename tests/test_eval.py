@@ -227,3 +227,55 @@ def test_run_eval_names_its_own_arguments(tok, tiny_vocab, kw, said):
     with pytest.raises(SpecdecError, match=said):
         run_eval(tiny_vocab, parse_methods("magicdec"), ["passkey"], **{"context": 256, "samples": 1, **kw},
                  documents=[], tokenizer=tok, log=lambda s: None)
+
+
+def test_a_bad_document_or_method_fails_before_any_run(tok, tiny_vocab, monkeypatch, tmp_path):
+    """An unknown or short document given last, or a method that cannot be built, failed only after every task and
+    the earlier documents had run (57 s in a tiny run, nothing written); they fail before the first prefill now,
+    naming the document. A list or a string where a dict / list belongs is one line too."""
+    from specdec.engine import SpeculativeEngine
+
+    def no_prefill(*a, **k):
+        raise AssertionError("prefilled before the inputs were checked")
+
+    monkeypatch.setattr(SpeculativeEngine, "prefill", no_prefill)
+    short = tmp_path / "short.txt"
+    short.write_text("only a few words here")
+    kw = dict(context=256, samples=1, tokenizer=tok, log=lambda s: None)
+    with pytest.raises(SpecdecError, match=r"unknown document 'nosuch.txt'"):
+        run_eval(tiny_vocab, parse_methods("magicdec"), ["passkey"], documents=["pydoc", "nosuch.txt"], **kw)
+    with pytest.raises(SpecdecError, match=rf"the document '{short}' has \d+ tokens, fewer than the 336 requested "
+                                           r"\(256 of context \+ 80 after it\)"):
+        run_eval(tiny_vocab, parse_methods("magicdec"), ["passkey"], documents=[str(short)], **kw)
+    with pytest.raises(SpecdecError, match=r"srh"):
+        run_eval(tiny_vocab, parse_methods(f"magicdec,dustin:srh={tmp_path / 'none.json'}"), ["passkey"],
+                 documents=[], **kw)
+    with pytest.raises(SpecdecError, match=r"^methods must be a dict \{label: \(method, options\)\}, got list"):
+        run_eval(tiny_vocab, ["vegas"], ["passkey"], documents=[], **kw)
+    with pytest.raises(SpecdecError, match=r"^tasks must be a list of names, not the string 'passkey'"):
+        run_eval(tiny_vocab, parse_methods("vegas"), "passkey", documents=[], **kw)
+    with pytest.raises(SpecdecError, match=r"^--methods names vegas more than once"):
+        parse_methods("vegas,magicdec,vegas")
+
+
+def test_fidelity_checks_positions_documents_and_variants_before_any_prefill(tok, tiny_vocab, monkeypatch, tmp_path):
+    """``run_fidelity`` (``specdec fidelity``): a context past the model's positions ran its prefills for minutes
+    before failing; an unknown or short document given last failed after the others ran; a variant that cannot be
+    built failed after the dense run."""
+    from specdec.engine import SpeculativeEngine
+    from specdec.fidelity import run_fidelity
+
+    def no_prefill(*a, **k):
+        raise AssertionError("prefilled before the inputs were checked")
+
+    monkeypatch.setattr(SpeculativeEngine, "prefill", no_prefill)
+    monkeypatch.setattr(tiny_vocab, "tokenizer", tok, raising=False)
+    n = tiny_vocab.dims.max_positions
+    variants = {"static": ("dustin", {"draft": "early-exit"})}
+    with pytest.raises(SpecdecError, match=f"exceeds the model's {n} positions; .*--context-tokens {n - 8}"):
+        run_fidelity(tiny_vocab, ["pydoc"], n, [64], variants, max_new_tokens=8, log=lambda s: None)
+    with pytest.raises(SpecdecError, match=r"unknown document 'nosuch.txt'"):
+        run_fidelity(tiny_vocab, ["pydoc", "nosuch.txt"], 256, [64], variants, max_new_tokens=8, log=lambda s: None)
+    with pytest.raises(SpecdecError, match=r"srh"):
+        run_fidelity(tiny_vocab, ["pydoc"], 256, [64], {"static": ("dustin", {"srh": str(tmp_path / "no.json")})},
+                     max_new_tokens=8, log=lambda s: None)
