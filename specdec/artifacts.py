@@ -35,8 +35,15 @@ def model_identity(model) -> dict[str, Any]:
 
 
 def _describe(ident: dict) -> str:
-    ee = f", early exit at {ident['early_exit_layers']}" if "early_exit_layers" in ident else ""
-    return f"{ident.get('model_type')} {ident.get('n_layers')}L/{ident.get('n_heads')}H #{ident.get('fingerprint')}{ee}"
+    if "eagle_head" in ident:
+        kind = f", EAGLE head {ident['eagle_head']}"
+    elif "skip_tail_layers" in ident:
+        kind = f", layer-skipping draft ({ident['early_exit_layers']} + {ident['skip_tail_layers']} tail layers)"
+    elif "early_exit_layers" in ident:
+        kind = f", early exit at {ident['early_exit_layers']}"
+    else:
+        kind = ""
+    return f"{ident.get('model_type')} {ident.get('n_layers')}L/{ident.get('n_heads')}H #{ident.get('fingerprint')}{kind}"
 
 
 def read_draft_artifact(path: str | Path, train: str) -> tuple[Any, dict]:
@@ -86,8 +93,13 @@ def load_srh(path: str | Path, target=None, drafter=None) -> dict[str, Any]:
             f"{_describe(model_identity(target))}; run `specdec profile-srh` for this model pair."
         )
     if drafter is not None and data["draft"] != drafter.identity():
-        raise SpecdecError(
-            f"SRH artifact {path} was profiled for draft {_describe(data['draft'])}, not "
-            f"{_describe(drafter.identity())}; run `specdec profile-srh` for this model pair."
-        )
+        was, now = data["draft"], drafter.identity()
+        if set(was) - {"early_exit_layers"} == set(now) - {"early_exit_layers", "eagle_head", "skip_tail_layers"} \
+                and "early_exit_layers" in was and "skip_tail_layers" not in was:
+            # profile-srh profiles early-exit drafts; Dustin's default draft for the embedded model is the EAGLE head
+            fix = (f"use it with the draft it was made for (--option draft_layers={was['early_exit_layers']}), or run "
+                   "`specdec profile-srh` for this draft")
+        else:
+            fix = "run `specdec profile-srh` for this model pair"
+        raise SpecdecError(f"SRH artifact {path} was profiled for draft {_describe(was)}, not {_describe(now)}; {fix}.")
     return data

@@ -55,6 +55,22 @@ def test_artifact_round_trip_and_identity(tmp_path, target):
         build_engine(other, PipelineConfig.make(method="dustin", budget=12, options=dict(srh=str(path), draft_layers=2)))
 
 
+def test_an_early_exit_artifact_with_the_eagle_head_names_both_drafts_and_the_fix(tmp_path, target):
+    """profile-srh profiles early-exit drafts; Dustin's default draft for the embedded model is the EAGLE head. The
+    refusal printed both drafts alike (", early exit at 2" the only difference) and told the user to re-run
+    profile-srh, which cannot profile the head: it names the head and the option that uses the artifact."""
+    from types import SimpleNamespace
+
+    path = save_srh(tmp_path / "srh.json", payload(target, EarlyExitDrafter(target, 2)))
+    eagle = SimpleNamespace(identity=lambda: {**model_identity(target), "eagle_head": "smollm2-135m-eagle.safetensors"})
+    with pytest.raises(SpecdecError, match=r"early exit at 2, not .*, EAGLE head smollm2-135m-eagle.safetensors; use it "
+                                           r"with the draft it was made for \(--option draft_layers=2\)"):
+        load_srh(path, target, eagle)
+    skip = SimpleNamespace(identity=lambda: {**model_identity(target), "early_exit_layers": 1, "skip_tail_layers": 1})
+    with pytest.raises(SpecdecError, match=r"layer-skipping draft \(1 \+ 1 tail layers\)"):
+        load_srh(path, target, skip)
+
+
 def test_bad_artifacts_are_one_clear_error(tmp_path, target):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
