@@ -264,6 +264,15 @@ def run_bench(
     methods = list(base)
     for name in methods:
         check_options(config(name))  # fail fast on bad input (unknown options, values out of range)
+    from specdec.loading import budget_applies
+
+    reads = [name for name in methods if budget_applies(config(name))]
+    if budget is not None and reads and budget > min(contexts):  # it ran, with the table saying budget=1024
+        raise SpecdecError(f"--budget {budget} exceeds the context {min(contexts)} (--contexts) that {reads[0]} would "
+                           f"read it at; use --budget <= {min(contexts)} or --budget-ratio.")
+    if windows > 1 and windows > max(batch_sizes):  # sequence b continues window b mod K: a batch of 1 reads one
+        raise SpecdecError(f"--windows {windows} needs a batch of at least {windows} sequences (sequence b continues "
+                           f"window b mod {windows}); the largest --batch-sizes is {max(batch_sizes)}.")
     if tp < 1:
         raise SpecdecError(f"--tp must be >= 1 (got {tp}).")
     if tp > 1:

@@ -47,7 +47,10 @@ def load_document(name: str) -> str:
         return _pydoc_part(name)
     if name.startswith("stdlib:"):
         mod = name.split(":", 1)[1]
-        spec = importlib.util.find_spec(mod)
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ImportError, ValueError):  # stdlib:nosuch.sub (its parent does not exist), stdlib:..x
+            spec = None
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             raise SpecdecError(f"no pure-Python standard-library module {mod!r}; try stdlib:argparse.")
         return Path(spec.origin).read_text(encoding="utf-8")
@@ -60,6 +63,9 @@ def load_document(name: str) -> str:
         if not text.strip():
             raise SpecdecError(f"document file {path} is empty or whitespace only; give it some text.")
         return text
+    if path.exists():  # a directory, a FIFO, a device: "not an existing file" was wrong
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise SpecdecError(f"document {name!r} is {kind}; give a text file, 'pydoc' or 'stdlib:<module>'.")
     raise SpecdecError(f"unknown document {name!r}: not an existing file, 'pydoc', 'stdlib:<module>' or one of " + ", ".join(LONG_DOCUMENTS) + " "
                        f"(e.g. {', '.join(BENCH_DOCUMENTS)}).")
 

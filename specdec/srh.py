@@ -336,7 +336,8 @@ def profile_srh(target, drafter, documents: Sequence[str], context: int, budget:
     parts = []
     steps = len(documents) + (1 if retrieval else 0)
     for i, doc in enumerate(documents):
-        ids = context_ids(target.tokenizer, load_document(doc), context, offset=2000)
+        # the window ends 2,000 tokens before the document's end: the end is what fidelity and eval read
+        ids = context_ids(target.tokenizer, load_document(doc), context, offset=2000, name=doc)
         parts.append(calibrate(target, drafter, ids, gamma, points))
         if progress:
             progress("calibrate", (i + 1) / steps)
@@ -399,12 +400,27 @@ def register(app) -> None:
             raise SpecdecError("--budget, --gamma, --points and --max-heads must be >= 1.")
         if retrieval < 0:
             raise SpecdecError(f"--retrieval must be >= 0 (got {retrieval}).")
+        if context < 24:
+            raise SpecdecError(f"--context-tokens must be >= 24 (got {context}).")
+        if budget >= context:  # every head recalls everything: an artifact of arbitrary heads (ARR 1.000)
+            raise SpecdecError(f"--budget {budget} must be smaller than --context-tokens {context}: a budget holding "
+                               "the whole context selects nothing to rank the heads by.")
+        if budget <= 4 + 16:  # the sinks and the recent window the calibration keeps
+            raise SpecdecError(f"--budget {budget} leaves no slot after the 4 sinks and the 16 recent tokens "
+                               "always kept; use --budget > 20.")
+        docs = [d.strip() for d in documents.split(",") if d.strip()]
+        if not docs and not retrieval:
+            raise SpecdecError("nothing to calibrate on: --documents is empty and --retrieval is 0; give a document "
+                               "or pass-key probes.")
+        from specdec.data import load_document
+
+        for d in docs:  # before the model loads
+            load_document(d)
         target = load_model(model, "float32", device, "reference")
         if draft_model:
             drafter = ModelDrafter(load_model(draft_model, "float32", device, "reference"))
         else:
             drafter = EarlyExitDrafter(target, draft_layers)
-        docs = [d.strip() for d in documents.split(",") if d.strip()]
         with Progress() as bar:
             task = bar.add_task("profile-srh", total=1.0)
 

@@ -347,3 +347,26 @@ def test_fidelity_refuses_what_it_cannot_run_before_loading_the_model(extra, sai
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], res.stderr
     assert not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["bench", "--methods", "dense,magicdec", "--contexts", "512", "--budget", "1024"],
+     "--budget 1024 exceeds the context 512 (--contexts) that magicdec would read it at"),  # ran, table said 1024
+    (["bench", "--methods", "dense,magicdec", "--windows", "4", "--batch-sizes", "1"],
+     "--windows 4 needs a batch of at least 4 sequences"),  # reported 4 windows, used one
+    (["bench", "--methods", "dense", "--documents", "stdlib:nosuch.sub"],
+     "no pure-Python standard-library module 'nosuch.sub'"),  # was a ModuleNotFoundError traceback
+    (["bench", "--methods", "dense", "--documents", "{tmp}"], "is a directory"),  # was "not an existing file"
+    (["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "256", "--budget", "1024"],
+     "--budget 1024 must be smaller than --context-tokens 256"),  # wrote an artifact of arbitrary heads
+    (["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "256", "--budget", "8"],
+     "leaves no slot after the 4 sinks and the 16 recent tokens"),
+    (["profile-srh", "--output", "{tmp}/s.json", "--documents", "", "--retrieval", "0"],
+     "nothing to calibrate on"),  # was a ValueError traceback
+    (["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "-10"], "--context-tokens must be >= 24"),
+])
+def test_bench_and_profile_srh_refuse_before_loading_the_model(args, said, tmp_path):
+    res = run_in_process([a.format(tmp=tmp_path) for a in args] + ["--model", str(tmp_path / "nowhere")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], res.stderr
