@@ -296,10 +296,15 @@ def parse_methods(spec: str) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def check_eval_args(tasks: Sequence[str], context: int, samples: int, budget: int | None, budget_ratio: float | None,
-                    cli: bool = False) -> None:
-    """One line for a bad task name, context, sample count or budget; ``cli``: named by their ``specdec eval`` flags,
-    else by :func:`run_eval`'s arguments."""
+                    cli: bool = False, gamma: int = 4, documents: Sequence[str] = ("pydoc",)) -> None:
+    """One line for a bad task name, context, sample count, budget or γ, or nothing to evaluate; ``cli``: named by
+    their ``specdec eval`` flags, else by :func:`run_eval`'s arguments."""
     f = (lambda flag, arg: flag if cli else arg)  # noqa: E731
+    if not 1 <= gamma <= 64:  # the pipeline config's bound, named as the user wrote it (it failed after the model load)
+        raise SpecdecError(f"{f('--gamma', 'gamma')} must be between 1 and 64 (got {gamma}).")
+    if not tasks and not documents:  # it loaded the model and wrote an empty report
+        raise SpecdecError(f"nothing to evaluate: {f('--tasks', 'tasks')} and {f('--documents', 'documents')} are "
+                           "both empty; give a task or a document.")
     ctx, smp, bud, rat = f("--context-tokens", "context"), f("--samples", "samples"), f("--budget", "budget"), \
         f("--budget-ratio", "budget_ratio")
     if budget is not None and budget_ratio is not None:
@@ -344,7 +349,7 @@ def run_eval(model, methods: dict[str, tuple[str, dict[str, Any]]], tasks: Seque
     for name, value in (("tasks", tasks), ("documents", documents)):
         if isinstance(value, str):  # iterated per character: "unknown task 'p'"
             raise SpecdecError(f"{name} must be a list of names, not the string {value!r}; e.g. {name}=[{value!r}].")
-    check_eval_args(tasks, context, samples, budget, budget_ratio)
+    check_eval_args(tasks, context, samples, budget, budget_ratio, gamma=gamma, documents=documents)
     # before any prefill: a context past the model's positions would run for minutes before failing
     task_new = max((TASK_NEW_TOKENS[t] for t in tasks), default=0)
     task_new = task_new if max_new_tokens is None else min(task_new, max_new_tokens)
@@ -579,10 +584,10 @@ def register(app) -> None:
 
         mspec = parse_methods(methods)
         tl = [t.strip() for t in tasks.split(",") if t.strip()]
-        check_eval_args(tl, context, samples, budget, budget_ratio, cli=True)  # before the model loads
+        docs = [d.strip() for d in documents.split(",") if d.strip()]
+        check_eval_args(tl, context, samples, budget, budget_ratio, cli=True, gamma=gamma, documents=docs)
         from specdec.data import load_document
 
-        docs = [d.strip() for d in documents.split(",") if d.strip()]
         for d in docs:  # an unknown last document failed after every task had run
             load_document(d)
         check_outputs([(output_json, "--output-json"), (output_md, "--output-md"), (output_plot, "--output-plot")])

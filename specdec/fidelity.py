@@ -318,6 +318,8 @@ def register(app) -> None:
             opts["srh"] = str(srh)
         if context < 16:
             raise SpecdecError(f"--context-tokens must be >= 16 (got {context}).")
+        if not 1 <= gamma <= 64:  # named as the user wrote it (it was "pipeline config: field 'gamma'" after the load)
+            raise SpecdecError(f"--gamma must be between 1 and 64 (got {gamma}).")
         try:
             bl = [int(b) for b in budgets.split(",") if b.strip()]
         except ValueError:

@@ -338,6 +338,7 @@ def test_one_new_token_reports_no_rate(files, tmp_path):
     (["--documents", ""], "--documents is empty"),
     (["--passkey-trials", "-2"], "'--passkey-trials'"),  # ran as 0
     (["--context-tokens", "0", "--budgets", "64"], "--context-tokens must be >= 16 (got 0)"),
+    (["--gamma", "100"], "--gamma must be between 1 and 64 (got 100)"),  # "pipeline config: field 'gamma'", late
 ])
 def test_fidelity_refuses_what_it_cannot_run_before_loading_the_model(extra, said, tmp_path):
     """``--model`` is a missing path: each error must come before any model work (a new user's report)."""
@@ -367,6 +368,19 @@ def test_fidelity_refuses_what_it_cannot_run_before_loading_the_model(extra, sai
 ])
 def test_bench_and_profile_srh_refuse_before_loading_the_model(args, said, tmp_path):
     res = run_in_process([a.format(tmp=tmp_path) for a in args] + ["--model", str(tmp_path / "nowhere")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], res.stderr
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--gamma", "100"], "--gamma must be between 1 and 64 (got 100)"),
+    (["--tasks", "", "--documents", ""], "nothing to evaluate: --tasks and --documents are both empty"),
+    (["--documents", "pydoc,{tmp}"], "is a directory"),
+])
+def test_eval_refuses_before_loading_the_model(extra, said, tmp_path):
+    res = run_in_process(["eval", "--output-json", str(tmp_path / "e.json"), "--model", str(tmp_path / "nowhere"),
+                          "--device", "cpu", *[a.format(tmp=tmp_path) for a in extra]])
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], res.stderr
