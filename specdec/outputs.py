@@ -42,9 +42,10 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _check_parent(path: Path, option: str) -> None:
-    """The nearest existing ancestor of ``path`` is a writable directory."""
+def _check_parent(path: Path, option: str, shown: Path | None = None) -> None:
+    """The nearest existing ancestor of ``path`` is a writable directory (errors name ``shown``, default ``path``)."""
     parent = path.parent
+    path = shown if shown is not None else path
     while True:
         try:
             st = os.stat(parent)
@@ -58,9 +59,21 @@ def _check_parent(path: Path, option: str) -> None:
             continue
         if not stat.S_ISDIR(st.st_mode):
             raise SpecdecError(f"{option} {path}: {parent} is a file, not a directory; choose a path in a directory.")
-        if not os.access(parent, os.W_OK | os.X_OK):
+        if not os.access(parent, os.W_OK | os.X_OK) or not _can_create_in(parent):
             raise SpecdecError(f"{option} {path}: directory {parent} is not writable; choose a writable directory.")
         return
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in ``folder``: ``os.access`` says yes to root everywhere (``/proc``, a full or
+    otherwise refusing file system), and the run then failed at its final write, after all its work."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".specdec-probe.", suffix=".tmp")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(tmp)
+    return True
 
 
 def check_output(path: str | os.PathLike, option: str) -> Path:
@@ -98,10 +111,10 @@ def check_output_dir(path: str | os.PathLike, option: str) -> Path:
         if not stat.S_ISDIR(os.stat(p).st_mode):
             kind = "a file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
             raise SpecdecError(f"{option} {p} is {kind}, not a directory; pass a directory path.")
-        if not os.access(p, os.W_OK | os.X_OK):
+        if not os.access(p, os.W_OK | os.X_OK) or not _can_create_in(p):
             raise SpecdecError(f"{option} {p}: directory {p} is not writable; choose a writable directory.")
         return p
-    _check_parent(p / "x", option)
+    _check_parent(p / "x", option, shown=p)
     return p
 
 
@@ -121,8 +134,11 @@ def check_outputs(paths: Iterable[tuple[str | os.PathLike | None, str]]) -> None
 def write_bytes(path: str | os.PathLike, data: bytes, option: str = "output") -> Path:
     """Write ``data`` to ``path`` atomically (unique temp file in its folder + ``os.replace``); no stray file on failure."""
     p = check_output(path, option)  # again: the path may have changed since the preflight check
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as exc:  # it named the temporary file ("file not found: /proc/.h.safetensors.axjy2try.tmp")
+        raise SpecdecError(f"cannot write {option} {p}: {exc.strerror or exc}; choose a writable folder.") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -133,11 +149,13 @@ def write_bytes(path: str | os.PathLike, data: bytes, option: str = "output") ->
             os.umask(umask)
             os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):  # a full disk, a file system that refuses: the user's path, not the temp file's
+            raise SpecdecError(f"cannot write {option} {p}: {exc.strerror or exc}; choose another folder.") from None
         raise
     return p
 

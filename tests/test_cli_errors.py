@@ -384,3 +384,37 @@ def test_eval_refuses_before_loading_the_model(extra, said, tmp_path):
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], res.stderr
+
+
+def test_an_output_folder_that_refuses_files_is_found_before_the_work(tmp_path, monkeypatch):
+    """``os.access`` says yes to root in ``/proc`` or on a file system that refuses files: the run failed at its
+    final write, naming the temporary file ("file not found: /proc/.h.safetensors.axjy2try.tmp"). The output check
+    makes (and removes) a probe file; a write that fails still names the user's path."""
+    import tempfile as tf
+
+    from specdec.errors import SpecdecError
+    from specdec.outputs import check_output, check_output_dir, write_text
+
+    real = tf.mkstemp
+
+    def refuse(*a, dir=None, **k):
+        if str(dir).startswith(str(tmp_path / "ro")):
+            raise PermissionError(13, "Permission denied")
+        return real(*a, dir=dir, **k)
+
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(tf, "mkstemp", refuse)
+    with pytest.raises(SpecdecError, match=r"^--output-json .*/ro/o.json: directory .*/ro is not writable"):
+        check_output(tmp_path / "ro" / "o.json", "--output-json")
+    with pytest.raises(SpecdecError, match=r"^--output-dir .*/ro: directory .*/ro is not writable"):
+        check_output_dir(tmp_path / "ro", "--output-dir")
+    with pytest.raises(SpecdecError, match=r"^--output-dir .*/ro/new: directory .*/ro is not writable"):
+        check_output_dir(tmp_path / "ro" / "new", "--output-dir")
+    assert check_output(tmp_path / "o.json", "--output-json") == tmp_path / "o.json"
+    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".specdec-probe")]  # the probe is removed
+
+    import specdec.outputs as outputs
+
+    monkeypatch.setattr(outputs, "check_output", lambda p, o: outputs.Path(p))  # the folder changed after the check
+    with pytest.raises(SpecdecError, match=r"^cannot write --out .*/ro/d.safetensors: Permission denied"):
+        write_text(tmp_path / "ro" / "d.safetensors", "x", "--out")
