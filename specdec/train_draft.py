@@ -25,6 +25,7 @@ The ``specdec train-draft`` command around :func:`train` is :mod:`specdec.train_
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,9 @@ def load_draft(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
     path = Path(path)
     meta, tensors = read_draft_artifact(path, "specdec train-draft")
+    if isinstance(meta, dict) and meta.get("kind") == "eagle":
+        raise SpecdecError(f"{path} is an EAGLE head, not a layer-skipping draft; pass one written by "
+                           "`specdec train-draft --kind skip`.")
     if not isinstance(meta, dict) or not {"k", "t", "rank", "target"} <= set(meta):
         raise SpecdecError(f"{path} is not a specdec draft artifact (no k/t/rank/target metadata); "
                            "pass a file written by `specdec train-draft`.")
@@ -346,6 +350,43 @@ def check_trainable(sm, name: str) -> None:
                            "Use Dustin's early-exit draft for it (--option draft=early-exit).")
 
 
+def check_sequence(seq: int, tokens: int, max_positions: int, seq_option: str | None = "--seq") -> None:
+    """Refuse a training sequence longer than the model's positions and a ``tokens`` budget below one sequence
+    (the collection cuts whole sequences: fewer tokens would still train on one). ``seq_option``: the option that
+    sets the sequence length (``None``: it is fixed)."""
+    fix = f"lower {seq_option}" if seq_option else "pick a model with more positions"
+    if seq > max_positions:
+        what = f"{seq_option} {seq}" if seq_option else f"the training sequence of {seq} tokens"
+        raise SpecdecError(f"{what} exceeds the model's {max_positions} positions; {fix} (at most {max_positions}).")
+    if tokens < seq:
+        what = f"one training sequence (--seq {seq})" if seq_option else f"one training sequence ({seq} tokens)"
+        raise SpecdecError(f"--tokens {tokens} is less than {what}; pass --tokens {seq} or more.")
+
+
+def no_training_rows(seq: int, tokens: int, hint: str = "raise --tokens") -> SpecdecError:
+    """The error for training texts that give no whole ``seq``-token sequence within ``tokens``."""
+    return SpecdecError(f"no training text gives a whole {seq}-token sequence within --tokens {tokens}, so there is "
+                        f"nothing to train on; {hint}.")
+
+
+def _check_init(init: str | Path, sm, k: int, t: int, rank: int) -> None:
+    """Refuse, before any collection, a warm start that is not a layer-skipping draft of this target and shape."""
+    from specdec.artifacts import _describe, model_identity, read_draft_artifact
+
+    meta, _ = read_draft_artifact(init, "specdec train-draft --kind skip")
+    if isinstance(meta, dict) and meta.get("kind") == "eagle":
+        raise SpecdecError(f"--init {init} is an EAGLE head; --kind skip needs a layer-skipping draft (one written by "
+                           "`specdec train-draft --kind skip`), or leave --init out.")
+    meta, _ = load_draft(init)
+    if meta["target"] != model_identity(sm):
+        raise SpecdecError(f"--init {init} was trained for {_describe(meta['target'])}, not this target; pass a draft "
+                           "trained for it or leave --init out.")
+    have, want = (meta["k"], meta["t"], meta["rank"]), (k, t, rank)
+    if tuple(int(x) for x in have) != want:
+        raise SpecdecError(f"--init {init} has k={have[0]}, t={have[1]}, rank={have[2]}, this run k={k}, t={t}, "
+                           f"rank={rank}; pass --k {have[0]} --t {have[1]} --rank {have[2]} or leave --init out.")
+
+
 def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, tokens: int = 30_000,
           eval_tokens: int = 1024, seq: int = 256, batch: int = 4, candidates: int = 64, minutes: float = 4.0,
           lr: float = 2e-3, out: str | Path | None = None, seed: int = 0, log=print, full_vocab: float = 0.0,
@@ -359,15 +400,22 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
     t0 = time.perf_counter()
     c0 = time.process_time()
     torch.manual_seed(seed)
+    if tokens < seq:  # before the model loads (the positions are checked once it has)
+        check_sequence(seq, tokens, 1 << 62, None)
     sm = SpecdecModel.from_pretrained(model)
     hf, tok = sm.hf, sm.tokenizer
     N = sm.dims.n_layers
     check_trainable(sm, model)
     if not (1 <= k and 1 <= t and k + t < N):
         raise SpecdecError(f"need 1 <= k, 1 <= t and k + t < {N} layers (got k={k}, t={t}).")
+    check_sequence(seq, tokens, sm.dims.max_positions, None)
+    if init is not None:  # checked before the collection's minutes
+        _check_init(init, sm, k, t, rank)
     hf.requires_grad_(False)
     d = hf.config.hidden_size
     train_ids = _chunks(tok, training_texts(tokens * 6), seq, tokens)
+    if not len(train_ids):
+        raise no_training_rows(seq, tokens)
     eval_ids = _chunks(tok, held_out_texts(), seq, eval_tokens)
 
     budget = minutes * 60
@@ -381,13 +429,22 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
         return data
 
     eval_data = collect(eval_ids, 1.0)
+    used = time.process_time() - c0
+    if used > 0.55 * budget:  # the training collection would stop before its first batch
+        more = math.ceil(used / 0.55 * 2 / 60 * 10) / 10
+        raise SpecdecError(f"--minutes {minutes:g} ({budget:.0f} CPU s) ran out before any training tokens were "
+                           f"collected: loading the model and the {eval_ids.numel()} held-out tokens took {used:.0f} "
+                           f"CPU s, past the collection's share ({0.55 * budget:.0f} s); raise --minutes "
+                           f"(e.g. --minutes {more:g}).")
     train_data = collect(train_ids, 0.55)
     n_train = sum(x[0].shape[0] * x[0].shape[1] for x in train_data)
     t_collect = time.process_time() - c0
+    if not n_train:  # nothing to fit: an error, not an untrained artifact
+        raise SpecdecError(f"no training tokens were collected within --minutes {minutes:g}; raise --minutes.")
     log(f"collected {n_train} training / {eval_ids.numel()} held-out tokens in {t_collect:.0f} CPU s "
         f"({time.perf_counter() - t0:.0f} s wall)")
     adapter = SkipAdapter(d, rank)
-    if init is not None:  # warm start from an artifact of the same shape
+    if init is not None:  # warm start from an artifact of the same shape (checked before the collection)
         _, tensors = load_draft(init)
         adapter.load_state_dict({k_: v.float() for k_, v in tensors.items()})
     base = full_agreement(hf, adapter, eval_data, t)
@@ -421,6 +478,8 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
             g["lr"] *= 0.7
         if time.process_time() + per_epoch > deadline:
             break
+    if not step:  # defensive: never write an adapter no optimizer step has touched
+        raise SpecdecError("no optimizer step ran, so nothing was trained and nothing is written; raise --minutes.")
     meta = dict(k=k, t=t, rank=rank, target=model_identity(sm), model=model, tokens=int(n_train),
                 full_vocab=full_vocab, warm_start=str(init) if init else None,
                 seq=seq, candidates=candidates, epochs=epoch, heldout_top1=history[-1]["heldout_top1"] if history else base,

@@ -49,7 +49,8 @@ from torch import nn
 
 from specdec.eagle import EagleHead, _finish, _qkv, default_feature_layers, feature_norm, save_eagle
 from specdec.errors import SpecdecError
-from specdec.train_draft import HELD_OUT_MODULES, _chunks, _draft_layer, _target_layer, check_trainable, held_out_texts, training_texts
+from specdec.train_draft import (HELD_OUT_MODULES, _chunks, _draft_layer, _target_layer, check_sequence,
+                                  check_trainable, held_out_texts, no_training_rows, training_texts)
 
 
 @torch.no_grad()
@@ -273,6 +274,8 @@ def train(model: str = "smollm2-135m", tokens: int = 100_000, eval_tokens: int =
         rc["selfgen"] = tuple(selfgen)
     if rc["teacher"] not in ("top", "full"):
         raise SpecdecError(f"teacher must be top or full (got {rc['teacher']!r}).")
+    if rc["seq"] < 2:
+        raise SpecdecError(f"--seq must be >= 2 (got {rc['seq']}).")
     clock = time.process_time if device == "cpu" else time.perf_counter
     t0, c0 = time.perf_counter(), clock()
     torch.manual_seed(seed)
@@ -296,6 +299,7 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     sm = SpecdecModel.from_pretrained(model, device=device)
     hf, tok = sm.hf, sm.tokenizer
     check_trainable(sm, model)
+    check_sequence(seq, tokens, sm.dims.max_positions)  # before the collection's minutes (the positions first)
     hf.requires_grad_(False)
     n_layers = len(hf.model.layers)
     fl = default_feature_layers(n_layers) if rc.get("fused") else None
@@ -305,7 +309,12 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
         start, rc["init"] = _init_weights(sm, init, fl)
     texts = training_texts(tokens * 6, wide=rc["wide"])
     train_ids = _chunks(tok, texts, seq, tokens, pack=rc.get("pack", False))
+    if not len(train_ids):
+        raise no_training_rows(seq, tokens, "raise --tokens or lower --seq" + (
+            "" if rc.get("pack") else ", or pick --recipe v3 or later (it packs short texts into whole sequences)"))
     eval_ids = _chunks(tok, held_out_texts(), seq, max(eval_tokens, seq))
+    if not len(eval_ids):
+        raise SpecdecError(f"no held-out document gives a whole {seq}-token sequence to evaluate on; lower --seq.")
     n_gen = 0
     if rc.get("selfgen"):  # at most half the collection budget: the features of every row are collected after it
         seg, gen = rc["selfgen"]
@@ -342,6 +351,8 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
     train_data = collect(train_ids, collect_share)
     n_train = sum(x[0].numel() for x in train_data)
     t_collect = clock() - c0
+    if not n_train:  # nothing to fit: an error, not an untrained head
+        raise SpecdecError("no training tokens were collected; raise --tokens or --minutes.")
     log(f"recipe {recipe} ({rc}): collected target features on {n_train} training / "
         f"{sum(x[0].numel() for x in eval_data)} held-out tokens in {t_collect:.0f} s "
         f"({time.perf_counter() - t0:.0f} s wall)")
@@ -404,6 +415,8 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
             msg = f", with its continuations {', '.join(f'{x:.3f}' for x in eg)}"
         log(f"epoch {epoch}: loss {tot / max(n_b, 1):.3f} train top-1 {acc / max(n_b, 1):.3f} held-out top-1 "
             f"per step {', '.join(f'{x:.3f}' for x in ev)}{msg} ({e_est:.0f} s)")
+        if not step:  # defensive: never write a head no optimizer step has touched
+            raise SpecdecError("no optimizer step ran, so nothing was trained and nothing is written; raise --minutes.")
         if out is not None:  # a checkpoint per epoch: a stopped run still leaves a usable head
             save_eagle(out, head, _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step,
                                         history, c0, t0, clock, device, recipe, rc))
