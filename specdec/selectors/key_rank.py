@@ -35,9 +35,6 @@ class KeyRankIndex:
         self.keys: torch.Tensor | None = None  # (N, B, H_kv, capacity, r), the cache's dtype
         self.done: torch.Tensor | None = None  # (B,) positions projected so far
 
-    def reset(self) -> None:
-        self.basis = self.keys = self.done = None
-
     def update(self, cache: KVCache, lengths: torch.Tensor) -> None:
         """Take the basis from the cached keys ``[0, lengths)`` on the first call, then project the positions
         verified since the last call (eager: reads ``lengths`` on the host)."""
