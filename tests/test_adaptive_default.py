@@ -177,7 +177,8 @@ def test_eval_is_adaptive_unless_switched_off(m, made, adaptive, monkeypatch):
     import specdec.evaluation as ev
 
     # a document of the tiny model's own token ids (run_eval imports these two when it runs)
-    monkeypatch.setattr(specdec.data, "context_ids", lambda tok, text, n, offset=0: [(i % 90) + 3 for i in range(n)])
+    monkeypatch.setattr(specdec.data, "context_ids",
+                        lambda tok, text, n, offset=0, name=None: [(i % 90) + 3 for i in range(n)])
     monkeypatch.setattr(specdec.data, "load_document", lambda name: "")
     res = ev.run_eval(m, {"vegas": ("vegas", {})}, [], context=256, samples=1, budget=12, gamma=GAMMA,
                       documents=["pydoc"], doc_tokens=6, tokenizer=object(), log=lambda s: None, adaptive=adaptive)
