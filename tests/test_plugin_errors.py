@@ -98,15 +98,16 @@ def test_explicit_sinks_and_recent_beyond_an_explicit_budget_are_refused_not_cla
     from specdec.presets import PipelineConfig
     from specdec.registry import SELECTORS
 
-    with pytest.raises(SpecdecError, match=r"^SlidingWindow config: sinks 32 \+ recent 16 \(default\) exceed the "
-                                           r"budget 8; use sinks \+ recent <= budget"):
+    with pytest.raises(SpecdecError, match=r"^SlidingWindow config: sinks 32 exceeds the budget 8; use sinks \+ "
+                                           r"recent <= budget"):
         SlidingWindow(budget=8, sinks=32)
-    with pytest.raises(SpecdecError, match=r"sinks 4 \(default\) \+ recent 6 exceed the budget 8"):
-        SlidingWindow(budget=8, recent=6)
+    with pytest.raises(SpecdecError, match=r"sinks 4 \+ recent 6 exceed the budget 8"):
+        SlidingWindow(budget=8, sinks=4, recent=6)
     assert SlidingWindow(budget=8).config.sinks == 4  # the defaults: no error, the plan shrinks them
+    assert SlidingWindow(budget=8, sinks=2).config.recent == 16  # a default beside a given value shrinks as well
     assert SlidingWindow(budget=20, sinks=4, recent=16).config.budget == 20  # exactly the budget: fine
     assert SlidingWindow(budget_ratio=0.01, sinks=32).config.sinks == 32  # a ratio budget varies per sequence
-    with pytest.raises(SpecdecError, match=r"exceed the budget 8"):
+    with pytest.raises(SpecdecError, match=r"^pipeline config: sinks 32 exceeds the budget 8"):
         PipelineConfig.make(method="magicdec", budget=8, sinks=32)
     cfg = PipelineConfig.make(method="vegas", budget=8)
     assert cfg.budget_kwargs() == {"budget": 8}

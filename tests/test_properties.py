@@ -80,7 +80,11 @@ def plan_indices(plan, layer: int, B: int, seed: int) -> torch.Tensor:
     seed=st.integers(0, 2**16),
 )
 def test_plan_is_within_budget_with_sinks_and_recent(name, lengths, budget, sinks, recent, gamma, seed):
-    selector = SELECTORS.build(name, budget=budget, sinks=sinks, recent=recent)
+    if sinks + recent > budget:  # explicit values that do not fit are refused; the defaults (4 + 16) shrink to it
+        selector = SELECTORS.build(name, budget=budget)
+        sinks, recent = selector.config.sinks, selector.config.recent
+    else:
+        selector = SELECTORS.build(name, budget=budget, sinks=sinks, recent=recent)
     g = torch.Generator().manual_seed(seed)
     L_cap = max(lengths) + gamma + 2
     cache = KVCache(N_LAYERS, len(lengths), H_KV, L_cap, D)

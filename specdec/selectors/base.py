@@ -147,13 +147,13 @@ class BudgetConfig(ComponentConfig):
             object.__setattr__(self, "budget_ratio", 0.05)
         if self.budget is not None and self.budget_ratio is not None:
             raise ValueError("budget and budget_ratio (--budget, --budget-ratio) were both given; pass only one, budget or budget_ratio")
-        # explicit sinks / recent must fit an explicit budget (they were clamped to it without a word); the
-        # defaults (4 + 16) shrink to a smaller budget, as they do to a short sequence's ratio budget
-        given_fixed = {"sinks", "recent"} & self.model_fields_set
-        if self.budget is not None and given_fixed and self.sinks + self.recent > self.budget:
-            given = lambda n: "" if n in self.model_fields_set else " (default)"  # noqa: E731
-            raise ValueError(f"sinks {self.sinks}{given('sinks')} + recent {self.recent}{given('recent')} exceed the "
-                             f"budget {self.budget}; use sinks + recent <= budget")
+        # the sinks / recent given must fit an explicit budget (they were clamped to it without a word); a default
+        # (4 sinks, 16 recent) shrinks to what the budget leaves, as both do to a short sequence's ratio budget
+        given = [(n, getattr(self, n)) for n in ("sinks", "recent") if n in self.model_fields_set]
+        if self.budget is not None and sum(v for _, v in given) > self.budget:
+            what = " + ".join(f"{n} {v}" for n, v in given)
+            raise ValueError(f"{what} exceed{'s' if len(given) == 1 else ''} the budget {self.budget}; "
+                             f"use sinks + recent <= budget")
         return self
 
     def max_room(self, capacity: int) -> int:
