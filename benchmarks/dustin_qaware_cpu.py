@@ -1,5 +1,6 @@
 """How close a query-aware sparse verification comes to dense: every layer picks its own set with this pass's own
-queries (a diagnostic; not a method yet).
+queries (the diagnostic that preceded Dustin's ``layer_scores=keys`` option, which builds the same ranking in the
+selector; kept for the full-rank ``q64`` ceiling).
 
 Each verification pass runs sparsely; at every global layer the plan scores the verified positions with the layer's
 queries (after RoPE) against the cached keys, exactly (``q64`` for a 64-dim head: the in-pass oracle of this pass's
