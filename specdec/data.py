@@ -113,7 +113,8 @@ def context_windows(tokenizer, text: str, context_tokens: int, count: int, offse
     return [ids[e - context_tokens : e] for e in ends]
 
 
-def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0, name: str | None = None) -> list[int]:
+def context_ids(tokenizer, text: str, context_tokens: int | None, offset: int = 0,
+                name: str | None = None) -> list[int]:
     """Tokenize ``text`` and keep ``context_tokens`` tokens ending ``offset`` tokens before its end (``name``: the
     document, for the error)."""
     ids = tokenizer(text, add_special_tokens=False).input_ids
