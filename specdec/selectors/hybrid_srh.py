@@ -366,21 +366,14 @@ class HybridSRHSelector(KVSelector):
         B = lengths.shape[0]
         if c.layer_scores == "keys":
             self._keys.update(cache, lengths)
-            C = cache.capacity
-            new = ~blocked_positions(lengths, C, c.sinks, c.recent)
-            new = torch.nn.functional.pad(new, (0, 1))  # column C takes the shared part's -1 pads
-            new.scatter_(1, torch.where(shared < 0, torch.full_like(shared, C), shared), False)
+            new = _addable(lengths, shared, cache.capacity, c.sinks, c.recent)
             return KeyRankPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
-                               room=per, basis=self._keys.basis, keys=self._keys.keys, new=new[:, :C], k_sel=k_sel)
+                               room=per, basis=self._keys.basis, keys=self._keys.keys, new=new, k_sel=k_sel)
         q = self._layer_quest()
         q.update(cache, lengths)
         ps = c.page_size
         P = q.kmin.shape[3]
-        # the tokens the per-layer part may add: cached, outside sinks and recent, not in the shared part
-        new = ~blocked_positions(lengths, P * ps, c.sinks, c.recent)
-        new = torch.nn.functional.pad(new, (0, 1))  # column P * ps takes the shared part's -1 pads
-        new.scatter_(1, torch.where(shared < 0, torch.full_like(shared, P * ps), shared), False)
-        new = new[:, : P * ps]
+        new = _addable(lengths, shared, P * ps, c.sinks, c.recent)
         counts = page_counts(new, ps)
         return LayerSetPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
                             room=per, kmin=q.kmin, kmax=q.kmax, width=P * ps, k_sel=k_sel, page_size=ps,
@@ -446,6 +439,15 @@ class HybridSRHSelector(KVSelector):
             both.scatter_add_(1, torch.where(idx < 0, torch.full_like(idx, L), idx), torch.ones_like(idx, dtype=torch.float32))
         overlap = (both[:, :L] >= 2).sum(1) - (budget - room)  # the fixed positions are in both
         return torch.where(room > 0, 1 - overlap.float() / room.clamp(min=1).float(), torch.zeros_like(overlap, dtype=torch.float32))
+
+
+def _addable(lengths: torch.Tensor, shared: torch.Tensor, width: int, sinks: int, recent: int) -> torch.Tensor:
+    """``(B, width)`` bool: the tokens a per-layer part may add — cached, outside sinks and recent, not in the shared
+    part ``shared`` ``(B, F)`` (``-1`` padded)."""
+    new = ~blocked_positions(lengths, width, sinks, recent)
+    new = torch.nn.functional.pad(new, (0, 1))  # column ``width`` takes the shared part's -1 pads
+    new.scatter_(1, torch.where(shared < 0, torch.full_like(shared, width), shared), False)
+    return new[:, :width]
 
 
 class LayerSetPlan(QuestPlan):
