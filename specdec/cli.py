@@ -269,7 +269,8 @@ def bench(
                                 "`torchrun --nproc-per-node N -m specdec bench ... --tp N`; rank 0 writes the files"),
 ) -> None:
     """Methods × context lengths × batch sizes × documents → JSON + a Markdown table."""
-    from specdec.bench import run_bench
+    from specdec.bench import method_specs, run_bench
+    from specdec.loading import unused_budget
     from specdec.outputs import check_output_dir, check_outputs
 
     def ints(option: str, text: str) -> list[int]:
@@ -279,6 +280,8 @@ def bench(
             raise SpecdecError(f"{option} takes comma-separated integers (got {text!r}), e.g. 2048,8000.") from None
 
     names = parse_methods("--methods", methods)
+    for line in unused_budget(method_specs(names), budget, budget_ratio):
+        typer.echo(f"note: {line}", err=True)  # as generate notes it
     if not tag or "/" in tag or tag in (".", ".."):
         raise SpecdecError(f"--tag {tag!r} must be a plain file name prefix (no '/').")
     check_output_dir(output_dir, "--output-dir")

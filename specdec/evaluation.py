@@ -583,6 +583,10 @@ def register(app) -> None:
         from specdec.outputs import check_outputs, write_bytes, write_text
 
         mspec = parse_methods(methods)
+        from specdec.loading import unused_budget
+
+        for line in unused_budget(mspec, budget, budget_ratio):  # as generate notes it
+            typer.echo(f"note: {line}", err=True)
         tl = [t.strip() for t in tasks.split(",") if t.strip()]
         docs = [d.strip() for d in documents.split(",") if d.strip()]
         check_eval_args(tl, context, samples, budget, budget_ratio, cli=True, gamma=gamma, documents=docs)

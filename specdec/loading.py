@@ -149,6 +149,25 @@ def unused_settings(cfg, gamma: Optional[int], budget: Optional[int], budget_rat
     return out
 
 
+def unused_budget(entries: dict[str, tuple[str, dict[str, Any]]], budget: Optional[int],
+                  budget_ratio: Optional[float]) -> list[str]:
+    """``eval`` / ``bench``: the ``--methods`` entries (``{entry: (method, options)}``) that read no budget, one line
+    each, when ``--budget`` / ``--budget-ratio`` was given (:func:`unused_settings`' wording for ``generate``)."""
+    from types import SimpleNamespace
+
+    given = [f for f, v in (("--budget", budget), ("--budget-ratio", budget_ratio)) if v is not None]
+    if not given:
+        return []
+    flags = f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'}"
+    out = []
+    for entry, (method, opts) in entries.items():
+        if budget_applies(SimpleNamespace(method=method, options=opts)):
+            continue
+        why = "no drafts, full attention" if method == "dense" else "verify=dense: the whole context is verified"
+        out.append(f"{flags} not apply to {entry} in --methods ({why}).")
+    return out
+
+
 def _key_value(text: str, error: str) -> tuple[str, Any]:
     """``"key=value"`` → ``(key, value)``, the value JSON-decoded where it parses (``8``, ``0.5``, ``true``, ``null``),
     else the string; ``error`` (one line) when there is no ``=`` or no key."""

@@ -305,6 +305,29 @@ def test_a_budget_larger_than_the_prompt_is_refused_only_where_a_budget_is_read(
             check(method)
 
 
+@pytest.mark.parametrize("args, said", [
+    (["eval", "--methods", "dense", "--budget", "64", "--output-json", "{tmp}/e.json", "--device", "cpu"],
+     ["--budget does not apply to dense in --methods (no drafts, full attention)."]),
+    (["eval", "--methods", "vegas,dustin:verify=dense", "--budget-ratio", "0.1", "--output-json", "{tmp}/e.json",
+      "--device", "cpu"],
+     ["--budget-ratio does not apply to dustin:verify=dense in --methods (verify=dense: the whole context is "
+      "verified)."]),
+    (["bench", "--methods", "dense,magicdec,dustin:verify=dense", "--budget", "64", "--output-dir", "{tmp}/b",
+      "--device", "cpu"],
+     ["--budget does not apply to dense in --methods (no drafts, full attention).",
+      "--budget does not apply to dustin:verify=dense in --methods (verify=dense: the whole context is verified)."]),
+    (["bench", "--methods", "dense,magicdec", "--output-dir", "{tmp}/b", "--device", "cpu"], []),
+])
+def test_eval_and_bench_note_a_budget_a_method_does_not_read(args, said, tmp_path):
+    """Finding 25 of a new user's walk: a budget for dense (or Dustin's verify=dense) in ``eval`` / ``bench`` was
+    dropped without the note ``generate`` prints; the notes come before the model loads (a missing one here)."""
+    res = run_in_process([a.format(tmp=tmp_path) for a in args] + ["--model", str(tmp_path / "nowhere")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert lines[:-1] == [f"note: {x}" for x in said], res.stderr
+    assert lines[-1].startswith("error: ") and "nowhere" in lines[-1], res.stderr
+
+
 def test_methods_listing_keeps_its_columns_and_wraps_the_options(capsys):
     """``specdec methods``: every name fits its column (``dustin-adaptive`` pushed its row out of line), the
     near-lossless / lossless column starts at one place, and the option lists wrap at 100 characters."""
