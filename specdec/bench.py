@@ -6,6 +6,7 @@ import datetime as _dt
 import json
 import platform
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -225,7 +226,7 @@ def run_bench(
     from rich.progress import Progress
 
     from specdec.loading import load_model, pipeline_config
-    from specdec.data import context_windows, load_document
+    from specdec.data import check_documents, context_windows, load_document
     from specdec.memory import check_fits
     from specdec.outputs import check_output_dir, write_text
     from specdec.presets import build_engine
@@ -296,8 +297,9 @@ def run_bench(
         if hf_baseline:
             raise SpecdecError("--hf-baseline needs a real model (a random-weight --shape has no tokenizer); drop one.")
     else:
-        for doc in documents:
-            load_document(doc)  # a missing file fails before the model loads
+        # a missing file fails before the model loads; one named twice ran twice (two identical rows)
+        for line in check_documents(documents):
+            print(f"note: {line}", file=sys.stderr, flush=True)
     if isinstance(model, str):
         m = load_model(model, dtype, device, backend, cuda_graphs, compile, fuse, shape=shape, tp=tp)
     else:  # a SpecdecModel loaded by the caller (benchmark scripts reuse one across calls)

@@ -15,7 +15,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
+from typing import Sequence
 
 from specdec.errors import SpecdecError
 
@@ -68,6 +70,31 @@ def load_document(name: str) -> str:
         raise SpecdecError(f"document {name!r} is {kind}; give a text file, 'pydoc' or 'stdlib:<module>'.")
     raise SpecdecError(f"unknown document {name!r}: not an existing file, 'pydoc', 'stdlib:<module>' or one of " + ", ".join(LONG_DOCUMENTS) + " "
                        f"(e.g. {', '.join(BENCH_DOCUMENTS)}).")
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is read as a built-in document (:func:`load_document` tries these before a path)."""
+    return name in LONG_DOCUMENTS or name == "pydoc" or name.startswith(("pydoc:", "stdlib:"))
+
+
+def check_documents(names: Sequence[str], option: str = "--documents") -> list[str]:
+    """Load every document of ``names`` (one line for a bad one) and refuse one named twice (a file under two
+    spellings too: each would run and report the same rows twice). Returns a note line for each built-in name that is
+    also an existing path: the built-in document is read, and ``./name`` reads the file."""
+    seen: dict[str, str] = {}
+    notes = []
+    for name in names:
+        load_document(name)
+        key = name if is_builtin(name) else "file:" + os.path.realpath(name)
+        if key in seen:
+            how = "" if seen[key] == name else f" (as {seen[key]!r} and {name!r}, the same file)"
+            raise SpecdecError(f"{option} names {name!r} twice{how}; give each document once.")
+        seen[key] = name
+        if is_builtin(name) and os.path.lexists(name):
+            local = name if os.path.isabs(name) else f"./{name}"
+            notes.append(f"{option} {name} is the built-in document; a file {name} exists here too: pass {local} "
+                         "to read the file.")
+    return notes
 
 
 def _pydoc_part(name: str) -> str:

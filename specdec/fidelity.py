@@ -332,10 +332,10 @@ def register(app) -> None:
         docs = [d.strip() for d in documents.split(",") if d.strip()]
         if not docs:
             raise SpecdecError("--documents is empty; give at least one document (e.g. pydoc,stdlib:argparse).")
-        from specdec.data import load_document
+        from specdec.data import check_documents
 
-        for d in docs:  # a typo in the last document failed after the others had run
-            load_document(d)
+        for line in check_documents(docs):  # a typo in the last document failed after the others had run
+            typer.echo(f"note: {line}", err=True)
         m = load_model(model, "float32", device, "reference")
         console = Console()
         res = run_fidelity(m, docs, context, bl, variants, gamma, max_new_tokens, passkey_trials, log=console.print)

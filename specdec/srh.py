@@ -412,10 +412,10 @@ def register(app) -> None:
         if not docs and not retrieval:
             raise SpecdecError("nothing to calibrate on: --documents is empty and --retrieval is 0; give a document "
                                "or pass-key probes.")
-        from specdec.data import load_document
+        from specdec.data import check_documents
 
-        for d in docs:  # before the model loads
-            load_document(d)
+        for line in check_documents(docs):  # before the model loads
+            typer.echo(f"note: {line}", err=True)
         target = load_model(model, "float32", device, "reference")
         if draft_model:
             drafter = ModelDrafter(load_model(draft_model, "float32", device, "reference"))

@@ -287,7 +287,7 @@ def register(app) -> None:  # noqa: ANN001 - typer app
         encoding: str = typer.Option("utf-8", "--encoding", help="text encoding of --prompt-file"),
     ) -> None:
         """Find the budget ratio and γ of a sparse self-speculative method (Vegas' three steps)."""
-        from specdec.data import context_ids, load_document
+        from specdec.data import check_documents, context_ids, load_document
         from specdec.inputs import read_text_file
         from specdec.prompts import check_positions
 
@@ -306,6 +306,7 @@ def register(app) -> None:  # noqa: ANN001 - typer app
             if not text.strip():
                 raise SpecdecError(f"prompt file {prompt_file} is empty; give it some text.")
         else:
+            notes += check_documents([document], "--document") if document is not None else []
             text = load_document(document or "pydoc")
         m = load_model(model, dtype, device, backend)
         ids = context_ids(m.tokenizer, text, None)[-context_tokens:]

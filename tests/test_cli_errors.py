@@ -328,6 +328,53 @@ def test_eval_and_bench_note_a_budget_a_method_does_not_read(args, said, tmp_pat
     assert lines[-1].startswith("error: ") and "nowhere" in lines[-1], res.stderr
 
 
+@pytest.mark.parametrize("args", [
+    ["bench", "--methods", "dense", "--output-dir", "{tmp}/b"],
+    ["eval", "--output-json", "{tmp}/e.json"],
+    ["fidelity", "--output-json", "{tmp}/f.json"],
+    ["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "256", "--budget", "64"],
+])
+@pytest.mark.parametrize("docs, said", [
+    ("a.txt,a.txt", "--documents names 'a.txt' twice; give each document once."),
+    ("a.txt,./a.txt", "--documents names './a.txt' twice (as 'a.txt' and './a.txt', the same file); give each "
+                      "document once."),
+    ("pydoc,stdlib:argparse,pydoc", "--documents names 'pydoc' twice; give each document once."),
+])
+def test_a_document_named_twice_is_refused_before_loading_the_model(args, docs, said, tmp_path, monkeypatch):
+    """Finding 27: ``bench --documents a.txt,a.txt`` ran the document twice and printed two identical rows (``eval``
+    kept one); every command with ``--documents`` refuses it in one line, as ``eval`` refuses a method named twice."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("some text to read " * 50)
+    res = run_in_process([a.format(tmp=tmp_path) for a in args] + ["--documents", docs, "--device", "cpu",
+                                                                   "--model", str(tmp_path / "nowhere")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert lines == [f"error: {said}"], res.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "--methods", "dense", "--output-dir", "{tmp}/b", "--documents"],
+    ["eval", "--output-json", "{tmp}/e.json", "--documents"],
+    ["fidelity", "--output-json", "{tmp}/f.json", "--documents"],
+    ["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "256", "--budget", "64", "--documents"],
+])
+def test_a_file_named_like_a_built_in_document_is_noted(args, tmp_path, monkeypatch):
+    """Finding 28: a file ``./pydoc`` (or ``long:prose``) in the working folder was shadowed by the built-in document
+    without a word. The built-in one is still read (scripts keep their meaning); a note says how to read the file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pydoc").write_text("my own notes " * 50)
+    (tmp_path / "long:prose").write_text("my own prose " * 50)
+    res = run_in_process([a.format(tmp=tmp_path) for a in args] + ["pydoc,./pydoc,long:prose", "--device", "cpu",
+                                                                   "--model", str(tmp_path / "nowhere")])
+    assert res.exit_code == 2, res.output  # the missing model, after the notes
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert lines[:-1] == [
+        "note: --documents pydoc is the built-in document; a file pydoc exists here too: pass ./pydoc to read the file.",
+        "note: --documents long:prose is the built-in document; a file long:prose exists here too: pass ./long:prose "
+        "to read the file."], res.stderr
+    assert lines[-1].startswith("error: ") and "nowhere" in lines[-1], res.stderr
+
+
 def test_methods_listing_keeps_its_columns_and_wraps_the_options(capsys):
     """``specdec methods``: every name fits its column (``dustin-adaptive`` pushed its row out of line), the
     near-lossless / lossless column starts at one place, and the option lists wrap at 100 characters."""
