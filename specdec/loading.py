@@ -152,16 +152,19 @@ def unused_settings(cfg, gamma: Optional[int], budget: Optional[int], budget_rat
 def unused_budget(entries: dict[str, tuple[str, dict[str, Any]]], budget: Optional[int],
                   budget_ratio: Optional[float]) -> list[str]:
     """``eval`` / ``bench``: the ``--methods`` entries (``{entry: (method, options)}``) that read no budget, one line
-    each, when ``--budget`` / ``--budget-ratio`` was given (:func:`unused_settings`' wording for ``generate``)."""
+    each, when ``--budget`` / ``--budget-ratio`` was given (:func:`unused_settings`' wording for ``generate``).
+    ``dense`` beside an entry that reads the budget is the usual baseline (``bench --methods dense,magicdec``) and
+    gets no line; ``dustin:verify=dense`` always does (that its budget goes unread is not obvious)."""
     from types import SimpleNamespace
 
     given = [f for f, v in (("--budget", budget), ("--budget-ratio", budget_ratio)) if v is not None]
     if not given:
         return []
+    reads = {e: budget_applies(SimpleNamespace(method=m, options=o)) for e, (m, o) in entries.items()}
     flags = f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'}"
     out = []
     for entry, (method, opts) in entries.items():
-        if budget_applies(SimpleNamespace(method=method, options=opts)):
+        if reads[entry] or (method == "dense" and any(reads.values())):
             continue
         why = "no drafts, full attention" if method == "dense" else "verify=dense: the whole context is verified"
         out.append(f"{flags} not apply to {entry} in --methods ({why}).")

@@ -312,11 +312,15 @@ def test_a_budget_larger_than_the_prompt_is_refused_only_where_a_budget_is_read(
       "--device", "cpu"],
      ["--budget-ratio does not apply to dustin:verify=dense in --methods (verify=dense: the whole context is "
       "verified)."]),
-    (["bench", "--methods", "dense,magicdec,dustin:verify=dense", "--budget", "64", "--output-dir", "{tmp}/b",
+    (["bench", "--methods", "dense,dustin:verify=dense", "--budget", "64", "--output-dir", "{tmp}/b",
       "--device", "cpu"],
      ["--budget does not apply to dense in --methods (no drafts, full attention).",
       "--budget does not apply to dustin:verify=dense in --methods (verify=dense: the whole context is verified)."]),
-    (["bench", "--methods", "dense,magicdec", "--output-dir", "{tmp}/b", "--device", "cpu"], []),
+    (["bench", "--methods", "dense,magicdec,dustin:verify=dense", "--budget", "64", "--output-dir", "{tmp}/b",
+      "--device", "cpu"],  # dense beside a method that reads it: the usual baseline, no note
+     ["--budget does not apply to dustin:verify=dense in --methods (verify=dense: the whole context is verified)."]),
+    (["bench", "--methods", "dense,magicdec", "--budget-ratio", "0.1", "--output-dir", "{tmp}/b", "--device", "cpu"],
+     []),
 ])
 def test_eval_and_bench_note_a_budget_a_method_does_not_read(args, said, tmp_path):
     """Finding 25 of a new user's walk: a budget for dense (or Dustin's verify=dense) in ``eval`` / ``bench`` was
