@@ -100,6 +100,18 @@ class Calibration:
                            dict(parts[0].meta))
 
 
+def probe_positions(C: int, gamma: int) -> int:
+    """How many distinct probe points a context of ``C`` tokens has: the positions of its second half that leave
+    ``γ + 1`` tokens after them."""
+    return max(0, C - gamma - 1 - C // 2 + 1)
+
+
+def probe_points(C: int, gamma: int, points: int) -> list[int]:
+    """``points`` probe points spread evenly over :func:`probe_positions`, each once (more points than positions
+    give every position once: ``linspace(...).round()`` repeated them, each measured and weighted twice)."""
+    return sorted(set(torch.linspace(C // 2, C - gamma - 1, points).round().long().tolist()))
+
+
 @torch.no_grad()
 def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefilled=None,
               probes: Sequence[int] | None = None) -> Calibration:
@@ -127,8 +139,7 @@ def calibrate(target, drafter, ids: list[int], gamma: int, points: int, prefille
         cache = target.new_cache(1, C)
         cache.k.copy_(pre.k[..., :C, :])
         cache.v.copy_(pre.v[..., :C, :])
-    lo, hi = C // 2, C - gamma - 1
-    probe = list(probes) if probes is not None else torch.linspace(lo, hi, points).round().long().tolist()
+    probe = list(probes) if probes is not None else probe_points(C, gamma, points)
     truths, hists, looks, lens = [], [], [], []
     draft_model = drafter.draft_model
     for p in probe:
@@ -353,7 +364,9 @@ def profile_srh(target, drafter, documents: Sequence[str], context: int, budget:
         target=model_identity(target), draft=drafter.identity(),
         target_heads=res["target_heads"], draft_heads=res["draft_heads"], layer_map=layer_map,
         m_ratio=res["m_ratio"],
-        calibration=dict(documents=list(documents), context=context, budget=budget, gamma=gamma, points=points,
+        # the probe points measured per document (each position once: fewer than ``points`` past the positions)
+        calibration=dict(documents=list(documents), context=context, budget=budget, gamma=gamma,
+                         points=len(probe_points(context, gamma, points)),
                          sinks=sinks, recent=recent, retrieval=retrieval, retrieval_filler=retrieval_filler),
         search=dict(mean_arr=res["arr"], trace=res["trace"], solo_target_best=res["solo_target_best"],
                     solo_draft_best=res["solo_draft_best"]),
@@ -383,7 +396,8 @@ def register(app) -> None:
         context: int = typer.Option(2048, "--context-tokens", help="calibration context length in tokens"),
         budget: int = typer.Option(512, "--budget", help="verification budget the heads are chosen for (KV entries)"),
         gamma: int = typer.Option(4, "--gamma", help="draft length γ"),
-        points: int = typer.Option(12, "--points", help="probe points per document"),
+        points: int = typer.Option(12, "--points", help="probe points per document (at most the distinct "
+                                  "positions: the context's second half less γ + 1 at its end)"),
         max_heads: int = typer.Option(8, "--max-heads", help="most heads the greedy search picks per model"),
         retrieval: int = typer.Option(8, "--retrieval", help="pass-key probes added to the calibration (0 = prose only)"),
         device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
@@ -402,6 +416,11 @@ def register(app) -> None:
             raise SpecdecError(f"--retrieval must be >= 0 (got {retrieval}).")
         if context < 24:
             raise SpecdecError(f"--context-tokens must be >= 24 (got {context}).")
+        n = probe_positions(context, gamma)
+        if points > n:  # linspace(...).round() measured positions twice
+            raise SpecdecError(f"--points {points} exceeds the {n} distinct probe positions of --context-tokens "
+                               f"{context} (its second half, less γ + 1 = {gamma + 1} at the end); use --points <= {n} "
+                               "or a longer --context-tokens.")
         if budget >= context:  # every head recalls everything: an artifact of arbitrary heads (ARR 1.000)
             raise SpecdecError(f"--budget {budget} must be smaller than --context-tokens {context}: a budget holding "
                                "the whole context selects nothing to rank the heads by.")

@@ -439,6 +439,8 @@ def test_fidelity_refuses_what_it_cannot_run_before_loading_the_model(extra, sai
     (["profile-srh", "--output", "{tmp}/s.json", "--documents", "", "--retrieval", "0"],
      "nothing to calibrate on"),  # was a ValueError traceback
     (["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "-10"], "--context-tokens must be >= 24"),
+    (["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "256", "--budget", "64", "--points", "200"],
+     "--points 200 exceeds the 124 distinct probe positions of --context-tokens 256"),  # measured duplicates (29)
 ])
 def test_bench_and_profile_srh_refuse_before_loading_the_model(args, said, tmp_path):
     res = run_in_process([a.format(tmp=tmp_path) for a in args] + ["--model", str(tmp_path / "nowhere")])

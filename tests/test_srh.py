@@ -124,6 +124,16 @@ def test_explicit_probe_points_are_checked(target):
     assert c.lengths.tolist() == [40, 60]
 
 
+def test_more_points_than_probe_positions_measure_each_position_once(target):
+    """Finding 29 of a new user's walk: ``--points`` past the distinct probe positions came from
+    ``linspace(...).round()`` with repeats, each measured and weighted twice; each position is measured once."""
+    ids = list(range(3, 43))  # 40 tokens, γ 3: positions 20 .. 36, 17 of them
+    c = calibrate(target, EarlyExitDrafter(target, 2), ids, gamma=3, points=30)
+    assert c.lengths.tolist() == list(range(20, 37))
+    c = calibrate(target, EarlyExitDrafter(target, 2), ids, gamma=3, points=5)
+    assert c.lengths.tolist() == [20, 24, 28, 32, 36]
+
+
 def test_retrieval_calibration_probes_the_answer(smol):
     """Pass-key probes: the target's dense attention at the answer rows lands on the hidden key
     in some layers (what makes the search value retrieval heads)."""
