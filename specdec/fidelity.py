@@ -324,8 +324,16 @@ def register(app) -> None:
             bl = [int(b) for b in budgets.split(",") if b.strip()]
         except ValueError:
             raise SpecdecError(f"--budgets must be comma-separated integers (got {budgets!r}).") from None
-        if not bl or min(bl) < 1 or max(bl) > context:
-            raise SpecdecError(f"--budgets must be between 1 and --context-tokens {context} (got {budgets}).")
+        if not bl:  # it said "(got )"
+            raise SpecdecError(f"--budgets {budgets!r} names no budget; pass comma-separated integers, e.g. "
+                               "--budgets 512,1024.")
+        bad = next((b for b in bl if not 1 <= b <= context), None)
+        if bad is not None:  # the value at fault, not the whole list
+            raise SpecdecError(f"--budgets {bad} is outside 1 .. --context-tokens {context}; give budgets from 1 to "
+                               f"{context} (or a longer --context-tokens).")
+        if len(set(bl)) < len(bl):  # each would run (and report) twice
+            twice = next(b for b in bl if bl.count(b) > 1)
+            raise SpecdecError(f"--budgets names {twice} twice; give each budget once.")
         variants = {"static": ("dustin", opts)}
         if adaptive:
             variants["adaptive"] = ("dustin-adaptive", opts)

@@ -436,6 +436,10 @@ def register(app) -> None:
         for line in check_documents(docs):  # before the model loads
             typer.echo(f"note: {line}", err=True)
         target = load_model(model, "float32", device, "reference")
+        top = target.dims.max_positions  # it failed in the prefill, naming max_new_tokens and context_tokens=
+        if context > top:
+            raise SpecdecError(f"--context-tokens {context} exceeds the model's {top} positions; use "
+                               f"--context-tokens <= {top}.")
         if draft_model:
             drafter = ModelDrafter(load_model(draft_model, "float32", device, "reference"))
         else:

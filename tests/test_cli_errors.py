@@ -413,6 +413,10 @@ def test_one_new_token_reports_no_rate(files, tmp_path):
     (["--passkey-trials", "-2"], "'--passkey-trials'"),  # ran as 0
     (["--context-tokens", "0", "--budgets", "64"], "--context-tokens must be >= 16 (got 0)"),
     (["--gamma", "100"], "--gamma must be between 1 and 64 (got 100)"),  # "pipeline config: field 'gamma'", late
+    (["--budgets", ""], "--budgets '' names no budget"),  # finding 33: "(got )"
+    (["--budgets", " , "], "--budgets ' , ' names no budget"),
+    (["--context-tokens", "256", "--budgets", "64,4096"], "--budgets 4096 is outside 1 .. --context-tokens 256"),
+    (["--budgets", "64,64"], "--budgets names 64 twice"),  # ran (and reported) twice
 ])
 def test_fidelity_refuses_what_it_cannot_run_before_loading_the_model(extra, said, tmp_path):
     """``--model`` is a missing path: each error must come before any model work (a new user's report)."""
@@ -447,6 +451,19 @@ def test_bench_and_profile_srh_refuse_before_loading_the_model(args, said, tmp_p
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], res.stderr
+
+
+def test_profile_srh_names_a_context_beyond_the_model_positions(files, tmp_path):
+    """Finding 32: ``--context-tokens 100000`` failed in the prefill naming ``max_new_tokens 0`` (not a profile-srh
+    option) and ``context_tokens=8192``; it names the user's option and value and the model's limit."""
+    res = run_in_process(["profile-srh", "--output", str(tmp_path / "s.json"), "--model", files["model"],
+                          "--device", "cpu", "--context-tokens", "100", "--budget", "32", "--documents", files["long"],
+                          "--retrieval", "0", "--draft-layers", "1", "--points", "4"])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip() and ln.startswith(("error", "note"))]
+    assert lines == ["error: --context-tokens 100 exceeds the model's 64 positions; use --context-tokens <= 64."], \
+        res.stderr
+    assert not (tmp_path / "s.json").exists()
 
 
 @pytest.mark.parametrize("extra, said", [
