@@ -67,6 +67,86 @@ def test_key_rank_layer_sets_through_the_triton_attention_match_reference():
     torch.testing.assert_close(tri_m, ref_m, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.skipif(os.environ.get("SPECDEC_TEST_DEVICE", "cpu") != "cpu", reason="the tiny model runs on the CPU")
+def test_key_rank_triton_ranking_matches_the_torch_ranking(monkeypatch):
+    """``layer_scores="keys"`` with ``page_kernels="triton"``: the ranking's own kernels (the low-rank mass and the
+    per-row top ``room``) and the Triton attention give the torch ranking's tokens and margins on the reference."""
+    from specdec.cuda import triton_keyrank
+
+    calls = []
+    kernel = triton_keyrank.lowrank_mass
+    monkeypatch.setattr(triton_keyrank, "lowrank_mass", lambda *a: calls.append(1) or kernel(*a))
+    model = make_tiny("qwen2", seed=2, num_hidden_layers=2)
+
+    def run(kernels):
+        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=20, sinks=2, recent=4,
+                                  options=dict(layer_share=1.0, layer_scores="keys", key_rank=4, margin=0,
+                                               page_kernels=kernels))
+        eng = build_engine(model, cfg, eos_token_id=-1)
+        out = eng.generate(PROMPTS, max_new_tokens=4).tokens
+        return out, eng.verifier.last_margin.clone()
+
+    ref_tokens, ref_m = run("torch")
+    with model.using_backend(TritonBackend(TritonConfig(block_n=16, num_splits=3))):
+        tri_tokens, tri_m = run("triton")
+    assert calls  # the kernels ranked (not the torch path)
+    assert tri_tokens == ref_tokens
+    torch.testing.assert_close(tri_m, ref_m, atol=1e-3, rtol=1e-4)
+
+
+def _key_rank_case(seed, B=3, H=2, G=3, T=5, C=150, r=8, D=16, k_sel=40):
+    from specdec.selectors.key_rank import KeyRankPlan
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([C, C - 37, 61][:B])
+    new = torch.rand(B, C, generator=g) < 0.7
+    new &= torch.arange(C).view(1, C) < lengths.view(B, 1)
+    room = torch.minimum(torch.tensor([k_sel, 25, 40][:B]), new.sum(1))
+    plan = KeyRankPlan(indices=torch.tensor([[0, 1, -1]] * B).view(1, B, 1, 3), dense_from=lengths.clone(),
+                       lengths=lengths, room=room, basis=torch.randn(1, B, H, D, r, generator=g),
+                       keys=torch.randn(1, B, H, C, r, generator=g), new=new, k_sel=k_sel)
+    q = torch.randn(B, H * G, T, D, generator=g)
+    return plan, q
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lowrank_mass_kernel_equals_the_definition(seed):
+    """The kernel's mass = Σ over the group's rows of the softmax (over the cached positions) of the low-rank logits,
+    -inf off ``new``; its picks through ``select_top`` = the torch path's set per (sequence, KV head)."""
+    import dataclasses
+
+    from specdec.cuda.triton_keyrank import lowrank_mass
+
+    plan, q = _key_rank_case(seed)
+    B, H, C, r = plan.keys[0].shape
+    D = q.shape[-1]
+    qr = torch.einsum("bhgtd,bhdr->bhgtr", q.view(B, H, -1, q.shape[2], D), plan.basis[0]) * D ** -0.5
+    got = lowrank_mass(qr.reshape(B, H, -1, r).contiguous(), plan.keys[0], plan.lengths, plan.new)
+    want = torch.full((B, H, C), float("-inf"))
+    for b in range(B):
+        L = int(plan.lengths[b])
+        logits = torch.einsum("htr,hcr->htc", qr[b].reshape(H, -1, r), plan.keys[0, b, :, :L])
+        mass = torch.softmax(logits.double(), -1).sum(1).float()
+        want[b, :, :L] = torch.where(plan.new[b, :L], mass, torch.full_like(mass, float("-inf")))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    ref = plan.indices_for(0, q)
+    tri = dataclasses.replace(plan, use_triton=True).indices_for(0, q)
+    assert tri.shape == ref.shape
+    for b in range(B):
+        for h in range(H):
+            assert set(tri[b, h].tolist()) == set(ref[b, h].tolist())
+            assert (tri[b, h] >= 0).sum() == 2 + int(plan.room[b])
+
+
+def test_lowrank_mass_refuses_bad_inputs_in_one_line():
+    from specdec.cuda.triton_keyrank import lowrank_mass
+
+    with pytest.raises(ValueError, match="want float32 contiguous qr") as e:
+        lowrank_mass(torch.zeros(1, 2, 5, 4, dtype=torch.float64), torch.zeros(1, 2, 9, 4), torch.tensor([9]),
+                     torch.ones(1, 9, dtype=torch.bool))
+    assert "\n" not in str(e.value)
+
+
 def _brute_pages(page, new, room, fixed, k_sel, ps):
     """The definition: per (sequence, KV head) the room[b] new tokens ranked by their page's score, ties by position."""
     B, Hkv, P = page.shape

@@ -2,7 +2,8 @@
 # 8 per task of 2026-12-01 / 12-04: 32 per task at 4,096 tokens and 16 at 8,000 (issue 15: "every eval task within
 # 1 point of dense", "passkey / needle retrieval equal to dense at 4k and 8k"). float32, reference backend (the
 # CLI's choice for eval), B = 1, greedy. Six processes side by side (two tasks each; the GPU and 16 cores are shared,
-# no timing is read). Third call of the usual three (wheels + model part a, part b, part c + .heldout).
+# no timing is read). METHOD=... picks another method entry (e.g. dustin:layer_share=1.0:layer_scores=keys:key_rank=32,
+# 2026-12-06). Third call of the usual three (wheels + model part a, part b, part c + .heldout).
 set -x
 export PYTHONPATH=$PWD:/tmp/site PATH=$PATH:/tmp/site/bin PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 ls -la /tmp/m/smol.gguf || cat /tmp/m/part_aa /tmp/m/part_ab .model/c/part_ac > /tmp/m/smol.gguf
@@ -13,7 +14,7 @@ for ctx in 4096 8000; do
   n=$([ $ctx = 4096 ] && echo ${S4:-32} || echo ${S8:-16})
   for tasks in passkey,niah_single niah_multikey,niah_multivalue variable_tracking,common_words; do
     tag=${ctx}_${tasks%%,*}
-    timeout ${LIMIT:-520} python3 -m specdec eval --methods dustin --tasks $tasks --context-tokens $ctx --samples $n \
+    timeout ${LIMIT:-520} python3 -m specdec eval --methods ${METHOD:-dustin} --tasks $tasks --context-tokens $ctx --samples $n \
       --budget-ratio 0.25 --documents '' --device cuda --model /tmp/m/smol.gguf \
       --output-json $OUT/e/$tag.json --output-md $OUT/e/$tag.md > $OUT/e/$tag.log 2>&1 &
   done

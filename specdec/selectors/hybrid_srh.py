@@ -53,11 +53,12 @@ class HybridSRHConfig(BudgetConfig):
     layer_share: float = Field(default=0.0, ge=0, le=1, description="share of the free slots picked per layer and KV head "
                                "by Quest page bounds of the verify rows' queries (0 = one shared set, the paper)")
     page_size: int = Field(default=16, gt=0, le=4096, description="tokens per page of the per-layer part (layer_share > 0)")
-    page_kernels: Literal["auto", "torch", "triton"] = Field(default="auto", description="page bounds of the per-layer "
-                                                             "part: Triton kernels as Quest's ('auto': on CUDA)")
+    page_kernels: Literal["auto", "torch", "triton"] = Field(default="auto", description="kernels of the per-layer "
+                                                             "part (its page bounds, or with layer_scores='keys' its "
+                                                             "ranking): Triton ('auto': on CUDA) or torch")
     layer_scores: Literal["pages", "keys"] = Field(default="pages", description="how the per-layer part ranks tokens: "
                                                    "Quest page bounds ('pages') or the queries against rank-key_rank "
-                                                   "keys ('keys', Loki-style; eager, reference torch)")
+                                                   "keys ('keys', Loki-style; eager plans)")
     key_rank: int = Field(default=16, ge=1, le=1024, description="dimensions of the low-rank keys (layer_scores='keys')")
 
     @model_validator(mode="after")
@@ -367,8 +368,10 @@ class HybridSRHSelector(KVSelector):
         if c.layer_scores == "keys":
             self._keys.update(cache, lengths)
             new = _addable(lengths, shared, cache.capacity, c.sinks, c.recent)
+            room = torch.minimum(per, new.sum(1))  # never more picks than addable tokens (the kernel's contract)
             return KeyRankPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
-                               room=per, basis=self._keys.basis, keys=self._keys.keys, new=new, k_sel=k_sel)
+                               room=room, basis=self._keys.basis, keys=self._keys.keys, new=new, k_sel=k_sel,
+                               use_triton=self._layer_quest().use_triton(cache.k.device))
         q = self._layer_quest()
         q.update(cache, lengths)
         ps = c.page_size

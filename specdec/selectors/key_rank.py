@@ -9,9 +9,12 @@ The default, ``"pages"``, ranks Quest pages by their key bounds instead.
 
 :class:`KeyRankIndex` keeps the basis (taken once per generation, at the first sparse plan, from the keys then
 cached) and the projected keys ``(N, B, H_kv, capacity, key_rank)``, brought up to date at each plan. It reads lengths
-on the host, so a plan with this part is built eagerly (not replayed as a CUDA graph), and the ranking is plain torch:
-the reference path, written for fidelity, not yet for speed. Per pass a layer reads ``key_rank / (2 D)`` of a dense
-pass's K+V bytes for the ranking, on top of the entries it attends to (:func:`specdec.verifiers.plan_reads`).
+on the host, so a plan with this part is built eagerly (not replayed as a CUDA graph). The ranking itself runs inside
+each layer's attention call (captured with the verify step): plain torch on the reference path, or two Triton kernels
+(``HybridSRHConfig.page_kernels``; by default on CUDA): :func:`specdec.cuda.triton_keyrank.lowrank_mass` (the mass, two
+reads of the projected keys) and :func:`specdec.cuda.triton_select.select_top` (the ``room`` best per row, in position
+order). Per pass a layer reads ``key_rank / (2 D)`` of a dense pass's K+V bytes for the ranking (twice in the kernel),
+on top of the entries it attends to (:func:`specdec.verifiers.plan_reads`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,18 @@ from specdec.cache import KVCache
 from specdec.errors import SpecdecError
 from specdec.interfaces import SparsePlan
 from specdec.planner import planner_for
+
+
+def _triton_keyrank():
+    from specdec.cuda import triton_keyrank
+
+    return triton_keyrank
+
+
+def _triton_select():
+    from specdec.cuda import triton_select
+
+    return triton_select
 
 
 class KeyRankIndex:
@@ -44,8 +59,10 @@ class KeyRankIndex:
         if self.basis is None or self.basis.shape[1] != B or self.keys.shape[3] != C:
             pos = torch.arange(C, device=lengths.device)
             mask = (pos.view(1, C) < lengths.view(B, 1)).to(torch.float32)  # (B, C)
-            k = cache.k.float() * mask.view(1, B, 1, C, 1)
-            gram = torch.einsum("nbhcd,nbhce->nbhde", k, k)  # (N, B, H, D, D)
+            gram = torch.empty((N, B, H, D, D), dtype=torch.float32, device=cache.k.device)
+            for n in range(N):  # a layer at a time: one float32 copy of a layer's keys, not of the cache's
+                k = cache.k[n].float() * mask.view(B, 1, C, 1)
+                gram[n] = torch.einsum("bhcd,bhce->bhde", k, k)
             _, vecs = torch.linalg.eigh(gram)  # ascending eigenvalues: the last r columns are the top directions
             # the planner's buffers: a plan points at them and is not copied (Quest's page bounds do the same)
             planner = planner_for(cache)
@@ -54,9 +71,9 @@ class KeyRankIndex:
             self.keys = planner.buffer("key_rank.keys", (N, B, H, C, self.rank), cache.k.dtype)
             self.done = torch.zeros_like(lengths)  # every verified position is projected at the first update
         lo, hi = int(self.done.min()), int(lengths.max())
-        if hi > lo:
-            k = cache.k[:, :, :, lo:hi].float()
-            self.keys[:, :, :, lo:hi] = torch.einsum("nbhcd,nbhdr->nbhcr", k, self.basis).to(self.keys.dtype)
+        for n in range(N) if hi > lo else ():  # a layer at a time (the first update projects the whole prompt)
+            k = cache.k[n, :, :, lo:hi].float()
+            self.keys[n, :, :, lo:hi] = torch.einsum("bhcd,bhdr->bhcr", k, self.basis[n]).to(self.keys.dtype)
         self.done = lengths.clone()
 
 
@@ -76,6 +93,7 @@ class KeyRankPlan(SparsePlan):
     keys: torch.Tensor = None  # type: ignore[assignment]
     new: torch.Tensor = None  # type: ignore[assignment]
     k_sel: int = 0
+    use_triton: bool = False
 
     def indices_for(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """``(B, H_kv, F + k_sel)``: the shared part and this layer's best ``room`` new tokens per KV head."""
@@ -87,6 +105,11 @@ class KeyRankPlan(SparsePlan):
             return out
         Hq, T, D = q.shape[1], q.shape[2], q.shape[3]
         qr = torch.einsum("bhgtd,bhdr->bhgtr", q.float().view(B, H, Hq // H, T, D), self.basis[layer])
+        if self.use_triton and C <= _triton_select().MAX_L:  # two launches: the mass, the top room per row
+            qr = (qr * D ** -0.5).reshape(B, H, -1, r).contiguous()
+            mass = _triton_keyrank().lowrank_mass(qr, keys, self.lengths, self.new)
+            picked = _triton_select().select_top(mass.view(1, B, H, C), self.k_sel, self.room).view(B, H, -1)
+            return torch.cat([out, picked], dim=-1)
         logits = torch.einsum("bhgtr,bhcr->bhgtc", qr, keys.float()) * D ** -0.5
         seen = torch.arange(C, device=q.device).view(1, C) < self.lengths.view(B, 1)  # the verified positions
         logits = logits.masked_fill(~seen.view(B, 1, 1, 1, C), float("-inf"))
