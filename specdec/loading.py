@@ -118,6 +118,16 @@ def pipeline_config(
             raise SpecdecError(f"config file {config_file}: 'options' must be a JSON object of method options.")
         base["options"] = {**file_opts, **given_opts}
     given = {"method": method, "gamma": gamma, "budget": budget, "budget_ratio": budget_ratio}
+    # each value given as a flag is checked alone first, so its error names the flag and the value, not the
+    # config's field ("pipeline config: field 'gamma'"); a --config file's values keep their field names
+    for field, flag, value, cls in (("gamma", "--gamma", gamma, PipelineConfig),
+                                    ("budget", "--budget", budget, PipelineConfig),
+                                    ("budget_ratio", "--budget-ratio", budget_ratio, PipelineConfig),
+                                    ("temperature", "--temperature", temperature, SamplingConfig),
+                                    ("top_p", "--top-p", top_p, SamplingConfig), ("top_k", "--top-k", top_k, SamplingConfig),
+                                    ("seed", "--seed", seed, SamplingConfig)):
+        if value is not None:
+            _check_flag(cls, field, value, flag)
     if budget is not None or budget_ratio is not None:  # a budget given here replaces the file's
         base.pop("budget", None)
         base.pop("budget_ratio", None)
@@ -126,6 +136,22 @@ def pipeline_config(
     get_method(merged["method"])  # unknown names list the known ones
     merged["sampling"] = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     return PipelineConfig.make(**merged)
+
+
+def _check_flag(cls, field: str, value: Any, flag: str) -> None:
+    """``value``, given as ``flag``, against the field ``field`` of ``cls`` alone: one line naming the flag and the
+    value (``--gamma must be less than or equal to 64 (got 100).``)."""
+    from pydantic import ValidationError
+
+    try:
+        cls(**{field: value})
+    except ValidationError as exc:
+        msg = exc.errors()[0].get("msg", "is invalid")
+        msg = msg[len("Value error, "):] if msg.startswith("Value error, ") else msg.lower()
+        msg = msg.rstrip(".")
+        if msg.startswith("input should be "):
+            raise SpecdecError(f"{flag} must be {msg[len('input should be '):]} (got {value}).") from None
+        raise SpecdecError(f"{flag} {value}: {msg}.") from None
 
 
 def unused_settings(cfg, gamma: Optional[int], budget: Optional[int], budget_ratio: Optional[float],

@@ -31,19 +31,19 @@ CASES = [
     ("option-tree-count", "a tree of 0 nodes", ["--method", "dustin", "--option", "tree=0"], "(got 0)"),
     ("unknown-backend", "unknown backend", ["--backend", "nope"], "reference, torch"),
     ("unknown-dtype", "unknown dtype", ["--dtype", "float64"], "choose one of float32"),
-    ("gamma-0", "γ < 1", ["--gamma", "0"], "'gamma'"),
-    ("gamma-100", "γ absurd (> 64)", ["--gamma", "100"], "'gamma'"),
+    ("gamma-0", "γ < 1", ["--gamma", "0"], "--gamma must be greater than or equal to 1 (got 0)"),
+    ("gamma-100", "γ absurd (> 64)", ["--gamma", "100"], "--gamma must be less than or equal to 64 (got 100)"),
     ("gamma-abc", "γ not a number", ["--gamma", "abc"], "'--gamma'"),
-    ("budget-0", "budget ≤ 0", ["--budget", "0"], "'budget'"),
+    ("budget-0", "budget ≤ 0", ["--budget", "0"], "--budget must be greater than 0 (got 0)"),
     ("budget-both", "--budget and --budget-ratio together", ["--budget", "4", "--budget-ratio", "0.5"], "pass only one"),
     ("budget-big", "budget > context", ["--budget", "500"], "exceeds the context"),
-    ("ratio-0", "budget ratio 0", ["--budget-ratio", "0"], "'budget_ratio'"),
-    ("ratio-1.5", "budget ratio > 1", ["--budget-ratio", "1.5"], "'budget_ratio'"),
+    ("ratio-0", "budget ratio 0", ["--budget-ratio", "0"], "--budget-ratio must be greater than 0 (got 0.0)"),
+    ("ratio-1.5", "budget ratio > 1", ["--budget-ratio", "1.5"], "--budget-ratio must be less than or equal to 1"),
     ("batch-0", "batch size < 1", ["--batch-size", "0"], "--batch-size"),
-    ("temperature", "temperature < 0", ["--temperature", "-1"], "'temperature'"),
-    ("top-p-0", "top-p = 0", ["--top-p", "0"], "'top_p'"),
-    ("top-p-1.5", "top-p > 1", ["--top-p", "1.5"], "'top_p'"),
-    ("top-k", "top-k < 0", ["--top-k", "-1"], "'top_k'"),
+    ("temperature", "temperature < 0", ["--temperature", "-1"], "--temperature must be greater than or equal to 0"),
+    ("top-p-0", "top-p = 0", ["--top-p", "0"], "--top-p must be greater than 0 (got 0.0)"),
+    ("top-p-1.5", "top-p > 1", ["--top-p", "1.5"], "--top-p must be less than or equal to 1"),
+    ("top-k", "top-k < 0", ["--top-k", "-1"], "--top-k must be greater than or equal to 0 (got -1)"),
     ("max-new-0", "max-new-tokens < 1", ["--max-new-tokens", "0"], "'--max-new-tokens'"),
     ("context-0", "context-tokens < 1", ["--context-tokens", "0"], "--context-tokens"),
     ("empty-prompt", "empty prompt file", ["--prompt-file", "{empty}"], "empty or whitespace"),
@@ -436,6 +436,8 @@ def test_fidelity_refuses_what_it_cannot_run_before_loading_the_model(extra, sai
     (["bench", "--methods", "dense", "--documents", "stdlib:nosuch.sub"],
      "no pure-Python standard-library module 'nosuch.sub'"),  # was a ModuleNotFoundError traceback
     (["bench", "--methods", "dense", "--documents", "{tmp}"], "is a directory"),  # was "not an existing file"
+    (["bench", "--gamma", "100"], "--gamma must be less than or equal to 64 (got 100)"),  # "pipeline config: field"
+    (["demo", "--budget-ratio", "3"], "--budget-ratio must be less than or equal to 1 (got 3.0)"),  # (finding 36)
     (["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "256", "--budget", "1024"],
      "--budget 1024 must be smaller than --context-tokens 256"),  # wrote an artifact of arbitrary heads
     (["profile-srh", "--output", "{tmp}/s.json", "--context-tokens", "256", "--budget", "8"],

@@ -47,7 +47,7 @@ CASES = [
     ("oom", "a batch that cannot fit in memory", [*GEN, "--output-json", "{out}", "--batch-size", "1000000000"],
      "out of memory: batch 1000000000 × context 12"),
     ("seed-big", "a seed out of range", [*GEN, "--output-json", "{out}", "--temperature", "1", "--seed",
-                                         "100000000000000000000000"], "field 'seed' input should be less than or equal to 18446744073709551615"),
+                                         "100000000000000000000000"], "--seed must be less than or equal to 18446744073709551615 (got 1000"),
     ("config-latin1", "a --config file that is not UTF-8", [*GEN, "--output-json", "{out}", "--config", "{cfg_latin1}"],
      "not valid utf-8"),
     ("demo-methods", "demo --methods ,", ["demo", "--methods", ",", *NOMODEL], "names no method"),
