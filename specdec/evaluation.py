@@ -498,13 +498,14 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
         lines += ["", "## Real documents (greedy token agreement with dense, TV distance of verify distributions)", "",
                   "*Teacher-forced*: share of positions where the method's greedy token equals dense's given dense's "
                   "prefix (the method runs on dense's trajectory; rows = positions scored). *Free-running*: share of "
-                  "equal positions when the method follows its own output (one early divergence shifts the rest).", "",
+                  "equal positions when the method follows its own output (one early divergence shifts the rest). "
+                  "*First divergence*: the first generated token that differs from dense's (— : none).", "",
                   "| document | method | agreement, teacher-forced (rows) | agreement, free-running | first divergence | "
                   "TV mean | TV max | τ | KV read vs dense |", "|---|---|---|---|---|---|---|---|---|"]
         for r in result["documents"]:
             for l, m in r["methods"].items():
                 lines.append(f"| {r['document']} | {l} | {m['tf_agreement']:.2%} ({m['tf_rows']}) | {m['agreement']:.2%} | "
-                             f"{m['first_divergence']} | {m['tv_mean']:.4f} | {m['tv_max']:.4f} | {m['tau']:.2f} | "
+                             f"{'—' if m.get('identical') else m['first_divergence']} | {m['tv_mean']:.4f} | {m['tv_max']:.4f} | {m['tau']:.2f} | "
                              f"{_pct(m.get('kv_read_vs_dense'))} |")
         lines += ["", "| method | agreement, teacher-forced (all rows) | agreement, free-running (mean) | KV read vs dense |",
                   "|---|---|---|---|"]

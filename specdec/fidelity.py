@@ -241,6 +241,13 @@ def markdown(result: dict[str, Any], command: str, meta: dict[str, Any]) -> str:
     lines = [f"# Dustin fidelity on the CPU — {meta.get('date', '')}", "", f"- command: `{command}`",
              f"- settings: {json.dumps({k: v for k, v in meta.items() if k != 'date'})}", "",
              "## Averages per budget and variant", "",
+             "*Emitted agreement*: share of emitted tokens whose sparse verify pass picked the token a dense pass "
+             "over the same cache and rows picks (each pass on its own, on the cache the sparse run wrote: a "
+             "disagreement does not carry over). *Row agreement*: the same over every verify row. *Identical runs*: "
+             "runs whose whole text equals plain dense decoding's; a run can agree on 100 % of its passes and still "
+             "not be identical, as its cache holds the sparse run's own entries (and a near-tie flips with the "
+             "smallest difference), after which the texts differ. *First divergence*: the first generated token "
+             "that differs from dense decoding's (— : none).", "",
              "| variant@budget | docs | emitted agreement | row agreement | TV mean | identical runs | τ | dense passes | KV read vs dense | ARR draft-only | ARR target-only | ARR hybrid |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k, s in summ.items():
@@ -255,7 +262,7 @@ def markdown(result: dict[str, Any], command: str, meta: dict[str, Any]) -> str:
         arr = "/".join(f"{sum(r[f'arr_{k}']) / len(r[f'arr_{k}']):.3f}" if f"arr_{k}" in r else "-"
                        for k in ("draft_only", "target_only", "hybrid"))
         lines.append(f"| {r['document']} | {r['budget']} | {r['variant']} | {r['emitted_agreement']:.2%} | {r['tv_mean']:.4f} | "
-                     f"{r['first_divergence']} | {r['tau']:.2f} | {arr} |")
+                     f"{'—' if r['identical'] else r['first_divergence']} | {r['tau']:.2f} | {arr} |")
     if result.get("passkey_accuracy"):
         lines += ["", "## Passkey accuracy", "", "| verifier | accuracy |", "|---|---|"]
         lines += [f"| {k} | {v:.0%} ({sum(t['correct'][k] for t in result['passkey'])}/{len(result['passkey'])}) |"

@@ -279,3 +279,32 @@ def test_fidelity_checks_positions_documents_and_variants_before_any_prefill(tok
     with pytest.raises(SpecdecError, match=r"srh"):
         run_fidelity(tiny_vocab, ["pydoc"], 256, [64], {"static": ("dustin", {"srh": str(tmp_path / "no.json")})},
                      max_new_tokens=8, log=lambda s: None)
+
+
+def test_fidelity_report_explains_agreement_against_identical_runs_and_dashes_no_divergence():
+    """Finding 35 of a new user's walk: ``emitted agreement 100.00%`` beside ``identical runs 1/2`` read as a
+    contradiction with no legend, and a run that never diverged showed ``first divergence 8`` (its length)."""
+    from specdec.fidelity import markdown
+
+    row = dict(document="pydoc", budget=128, variant="static", emitted_agreement=1.0, row_agreement=1.0, tv_mean=0.0,
+               tau=2.0, verifier={})
+    result = dict(rows=[dict(row, identical=True, first_divergence=8),
+                        dict(row, document="stdlib:argparse", identical=False, first_divergence=7)], passkey=[])
+    md = markdown(result, "specdec fidelity", {})
+    assert "*Emitted agreement*" in md and "*Identical runs*" in md and "still not be identical" in md
+    per_doc = [ln for ln in md.splitlines() if ln.startswith(("| pydoc |", "| stdlib:argparse |"))]
+    assert [ln.split(" | ")[5] for ln in per_doc] == ["—", "7"], per_doc
+
+
+def test_eval_report_dashes_a_document_run_that_never_diverged():
+    """Finding 35, the same in ``specdec eval``'s document table: a run equal to dense's showed its length."""
+    from specdec.evaluation import markdown
+
+    m = dict(tf_agreement=1.0, tf_rows=8, agreement=1.0, tv_mean=0.0, tv_max=0.0, tau=2.0, kv_read_vs_dense=None)
+    result = dict(summary={"vegas": dict(tasks={}, tf_agreement=1.0, agreement=1.0)},
+                  documents=[dict(document="pydoc", methods={"vegas": dict(m, identical=True, first_divergence=8)}),
+                             dict(document="a.txt", methods={"vegas": dict(m, identical=False, first_divergence=3)})])
+    md = markdown(result, {})
+    rows = [ln for ln in md.splitlines() if ln.startswith(("| pydoc | vegas", "| a.txt | vegas"))]
+    assert [ln.split(" | ")[4] for ln in rows] == ["—", "3"], rows
+    assert "*First divergence*" in md
