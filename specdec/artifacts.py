@@ -46,6 +46,30 @@ def _describe(ident: dict) -> str:
     return f"{ident.get('model_type')} {ident.get('n_layers')}L/{ident.get('n_heads')}H #{ident.get('fingerprint')}{kind}"
 
 
+def is_draft_artifact(path: str | Path) -> bool:
+    """Whether ``path`` is a safetensors file carrying specdec's ``specdec_draft`` metadata (what ``specdec
+    train-draft`` writes). Reads the header only: 8 bytes of length, then that many bytes of JSON."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= 100_000_000:  # a text file's first 8 bytes read as an absurd length
+                return False
+            header = json.loads(f.read(n).decode("utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON (UnicodeDecodeError is a ValueError)
+        return False
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(meta, dict) and "specdec_draft" in meta
+
+
+def check_draft_out(path: str | Path, overwrite: bool, option: str = "--out") -> None:
+    """``train-draft --out``: an existing file is replaced only if it is a draft artifact (a head trained again) or
+    ``overwrite`` was given; any other file (``--out notes.md``, a model's weights) is refused in one line."""
+    p = Path(path)
+    if p.is_file() and not overwrite and not is_draft_artifact(p):
+        raise SpecdecError(f"{option} {p} exists and is not a specdec draft artifact (a .safetensors file with "
+                           f"specdec's metadata); choose another path, or pass --overwrite to replace it.")
+
+
 def read_draft_artifact(path: str | Path, train: str) -> tuple[Any, dict]:
     """``(metadata or None, tensors)`` of a safetensors draft artifact (``specdec_draft`` metadata).
 

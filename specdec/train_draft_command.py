@@ -56,6 +56,8 @@ def register(app) -> None:
                                    "sampled continuations; v1: the first shipped head's)"),
         seq: Optional[int] = typer.Option(None, help="eagle only: tokens per training sequence (default: the recipe's; "
                                           "v2: 2048 on a GPU, 256 on the CPU)"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out that is not a draft "
+                                       "artifact (one is replaced without it)"),
     ) -> None:
         """Self-distil a draft from the target: an EAGLE head (default) or a layer-skipping draft."""
         if kind not in ("eagle", "skip"):
@@ -84,9 +86,11 @@ def register(app) -> None:
         k, t, rank, full_vocab = (k if k is not None else 6), (t if t is not None else 4), \
             (rank if rank is not None else 384), (full_vocab if full_vocab is not None else 0.0)
         batch, recipe = (batch if batch is not None else 4), (recipe if recipe is not None else "v2")
+        from specdec.artifacts import check_draft_out
         from specdec.outputs import check_output
 
         check_output(out, "--out")
+        check_draft_out(out, overwrite)  # --out notes.md replaced a text file with safetensors
         log = lambda s: typer.echo(s, err=True)  # noqa: E731
         if kind == "eagle":
             from specdec.loading import resolve_device

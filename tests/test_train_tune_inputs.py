@@ -69,6 +69,27 @@ def test_train_draft_refuses_options_the_kind_does_not_read(args, needles, tmp_p
     assert not (tmp_path / "d.safetensors").exists()
 
 
+def test_train_draft_refuses_to_replace_a_file_that_is_not_a_draft(tmp_path):
+    """Finding 38 of a new user's walk: ``--out notes.md`` replaced a text file with safetensors (any existing file
+    was replaced). A file that is not a draft artifact is refused before the model loads unless ``--overwrite`` is
+    given; a draft artifact (a head trained again) is replaced as before."""
+    from safetensors.torch import save_file
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("# my notes\n")
+    weights = tmp_path / "weights.safetensors"
+    save_file({"w": torch.zeros(2)}, str(weights))  # a safetensors file without specdec's metadata
+    draft = tmp_path / "draft.safetensors"
+    save_file({"w": torch.zeros(2)}, str(draft), metadata={"specdec_draft": json.dumps({"kind": "eagle"})})
+    nowhere = tmp_path / "nowhere"
+    for out in (notes, weights):
+        one_error(cli("train-draft", "--model", nowhere, "--out", out), f"--out {out} exists and is not a specdec "
+                  "draft artifact", "pass --overwrite")
+    assert notes.read_text() == "# my notes\n"
+    for args in (["--out", draft], ["--out", notes, "--overwrite"]):  # past the check: the missing model is the error
+        one_error(cli("train-draft", "--model", nowhere, *args), "nowhere")
+
+
 def test_train_draft_refuses_tokens_below_one_sequence(tmp_path, tiny_dir, no_collection):
     # skip: the sequence is fixed (256 tokens), so this is refused before the model loads
     one_error(cli("train-draft", "--kind", "skip", "--tokens", "1", "--model", tmp_path / "nowhere",
