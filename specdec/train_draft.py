@@ -448,7 +448,9 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
         _, tensors = load_draft(init)
         adapter.load_state_dict({k_: v.float() for k_, v in tensors.items()})
     base = full_agreement(hf, adapter, eval_data, t)
-    log(f"held-out top-1 agreement before training (adapter = identity): {base:.3f}")
+    start = "the --init adapter" if init is not None else "adapter = identity"
+    log(f"held-out top-1 agreement before training ({start}): {base:.3f}")
+    best = None  # (held-out top-1, its index in history, its weights): the adapter written
     opt = torch.optim.AdamW(adapter.parameters(), lr=lr, weight_decay=0.0)
     deadline = c0 + budget
     step, epoch, history = 0, 0, []
@@ -474,15 +476,25 @@ def train(model: str = "smollm2-135m", k: int = 6, t: int = 4, rank: int = 384, 
         history.append(dict(epoch=epoch, loss=tot / len(train_data), train_top1=acc / len(train_data), heldout_top1=ev))
         log(f"epoch {epoch}: loss {tot / len(train_data):.3f} train top-1 {acc / len(train_data):.3f} "
             f"held-out top-1 {ev:.3f} ({per_epoch:.0f} CPU s)")
+        if best is None or ev > best[0]:  # a later epoch can be worse: the best one is kept
+            best = (ev, len(history) - 1, {k_: v.detach().clone() for k_, v in adapter.state_dict().items()})
         for g in opt.param_groups:
             g["lr"] *= 0.7
         if time.process_time() + per_epoch > deadline:
             break
     if not step:  # defensive: never write an adapter no optimizer step has touched
         raise SpecdecError("no optimizer step ran, so nothing was trained and nothing is written; raise --minutes.")
+    if best[1] != len(history) - 1:
+        adapter.load_state_dict(best[2])
+        log(f"kept epoch {best[1] + 1}'s adapter (held-out top-1 {best[0]:.3f}), better than the last epoch's "
+            f"({history[-1]['heldout_top1']:.3f})")
+    if best[0] < base:
+        log(f"warning: the written draft's held-out top-1 ({best[0]:.3f}) is below "
+            f"{'its --init' if init is not None else 'the untrained adapter (identity)'}'s ({base:.3f}); train "
+            f"longer (--minutes){' or keep the --init draft' if init is not None else ''}.")
     meta = dict(k=k, t=t, rank=rank, target=model_identity(sm), model=model, tokens=int(n_train),
                 full_vocab=full_vocab, warm_start=str(init) if init else None,
-                seq=seq, candidates=candidates, epochs=epoch, heldout_top1=history[-1]["heldout_top1"] if history else base,
+                seq=seq, candidates=candidates, epochs=epoch, kept_epoch=best[1] + 1, heldout_top1=best[0],
                 heldout_top1_identity=base, cpu_seconds=round(time.process_time() - c0, 1),
                 wall_seconds=round(time.perf_counter() - t0, 1),
                 held_out=dict(modules=list(HELD_OUT_MODULES), pydoc_topics="every 5th topic in sorted order"))

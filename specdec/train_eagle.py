@@ -363,9 +363,13 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
         if res.unexpected_keys or set(res.missing_keys) - {"proj.weight"}:
             raise SpecdecError(f"init={str(init)!r} does not fit this head (missing {res.missing_keys}, unexpected "
                                f"{res.unexpected_keys}); pass an EAGLE head of this target.")
+    init_ev = heldout_agreement(hf, head, eval_data, steps, exact) if start is not None else None
+    if init_ev is not None:  # the bar the trained head is held to (the same held-out rows)
+        log(f"--init head: held-out top-1 per step {', '.join(f'{x:.3f}' for x in init_ev)}")
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
     left = budget - (clock() - c0)
     history, step, epoch = [], 0, 0
+    best = None  # (mean held-out top-1 over the steps, its index in history, its weights): the head written
     e_est = None
 
     def lr_at(frac: float) -> float:
@@ -417,13 +421,25 @@ def _train(model, tokens, eval_tokens, batch, candidates, collect_share, lr, kl_
             f"per step {', '.join(f'{x:.3f}' for x in ev)}{msg} ({e_est:.0f} s)")
         if not step:  # defensive: never write a head no optimizer step has touched
             raise SpecdecError("no optimizer step ran, so nothing was trained and nothing is written; raise --minutes.")
-        if out is not None:  # a checkpoint per epoch: a stopped run still leaves a usable head
-            save_eagle(out, head, _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step,
-                                        history, c0, t0, clock, device, recipe, rc))
+        if best is None or sum(ev) / len(ev) > best[0]:  # a later epoch can be worse: the best one is kept
+            best = (sum(ev) / len(ev), len(history) - 1, {k: v.detach().clone() for k, v in head.state_dict().items()})
+            if out is not None:  # a checkpoint per better epoch: a stopped run still leaves the best head so far
+                save_eagle(out, head, _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch,
+                                            step, history, c0, t0, clock, device, recipe, rc, kept=best[1]))
         if clock() - c0 + e_est > budget:
             break
+    if best[1] != len(history) - 1:
+        head.load_state_dict(best[2])
+        log(f"kept epoch {best[1] + 1}'s head (held-out top-1 per step "
+            f"{', '.join(f'{x:.3f}' for x in history[best[1]]['heldout_top1'])}), better than the last epoch's")
+    kept = history[best[1]]["heldout_top1"]
+    if init_ev is not None and sum(kept) / len(kept) < sum(init_ev) / len(init_ev):
+        log(f"warning: the written head's held-out top-1 ({', '.join(f'{x:.3f}' for x in kept)}) is below its "
+            f"--init's ({', '.join(f'{x:.3f}' for x in init_ev)}); train longer (--minutes) or keep the --init head.")
     meta = _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0,
-                 clock, device, recipe, rc)
+                 clock, device, recipe, rc, kept=best[1])
+    if init_ev is not None:
+        meta["heldout_top1_init"] = init_ev
     if out is not None:
         save_eagle(out, head, meta)
         log(f"wrote {out}")
@@ -479,13 +495,16 @@ def _init_weights(sm, init, fl) -> tuple[dict, dict]:
 
 
 def _meta(sm, model, layer_from, n_train, seq, candidates, steps, kl_weight, epoch, step, history, c0, t0, clock,
-          device, recipe, rc) -> dict:
+          device, recipe, rc, kept: int | None = None) -> dict:
+    """The artifact's metadata; ``kept``: the index in ``history`` of the epoch whose head is written (default the
+    last)."""
     from specdec.artifacts import model_identity
 
     return dict(target=model_identity(sm), model=model, layer_from=layer_from, tokens=int(n_train), seq=seq,
                 feature_layers=rc.get("feature_layers"),
                 recipe=recipe, recipe_settings=rc,
                 candidates=candidates, steps=steps, kl_weight=kl_weight, epochs=epoch, optimizer_steps=step,
-                heldout_top1=history[-1]["heldout_top1"] if history else None,
+                heldout_top1=history[-1 if kept is None else kept]["heldout_top1"] if history else None,
+                kept_epoch=(len(history) if kept is None else kept + 1) if history else None,
                 device=device, budget_seconds_used=round(clock() - c0, 1), wall_seconds=round(time.perf_counter() - t0, 1),
                 held_out=dict(modules=list(HELD_OUT_MODULES), pydoc_topics="every 5th topic in sorted order"))

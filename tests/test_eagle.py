@@ -510,3 +510,46 @@ def test_draft_ahead_starts_the_next_draft_before_the_host_emits(target, artifac
     assert all(s < d for s, d in zip(starts, drafts[1:]))  # started before the tokens were on the host
     monkeypatch.setattr(EagleDrafter, "draft_ahead", lambda self, state, gamma: None)
     assert eng.generate(prompts, 24).tokens == res.tokens
+
+
+def test_train_eagle_writes_the_best_epoch_and_warns_below_its_init(tmp_path, monkeypatch):
+    """Finding 37 of a new user's walk: a warm-started run wrote a head worse than its ``--init`` without a word, and
+    a run whose first epoch was better than its last wrote the last. The best epoch's head is written (held-out top-1
+    averaged over the unrolled steps) and a ``warning:`` line says when it is still below the init's."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    import specdec.train_eagle as te
+    from specdec.eagle import read_meta
+    from specdec.models import _cache_dir, embedded_model_path, load_hf
+
+    g = embedded_model_path("smollm2-135m")
+    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
+    if not (cached / "tokenizer_config.json").is_file():
+        load_hf("smollm2-135m")
+    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=2)
+    d = tmp_path / "tiny"
+    tiny.hf.save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    first = tmp_path / "first.safetensors"
+    te.train(str(d), tokens=128, eval_tokens=64, seq=32, batch=4, minutes=0.03, collect_share=0.5, out=first,
+             log=lambda s: None)
+    scores, seen = iter([0.9, 0.5] + [0.2] * 10_000), []  # the --init head, epoch 1, every later epoch
+
+    def scripted(hf, head, data, steps, exact=True):
+        seen.append({k: v.detach().to(torch.float16).clone() for k, v in head.state_dict().items()})
+        return [next(scores)] * steps
+
+    monkeypatch.setattr(te, "heldout_agreement", scripted)
+    out, logs = tmp_path / "again.safetensors", []
+    res = te.train(str(d), tokens=128, eval_tokens=64, seq=32, batch=4, minutes=0.05, collect_share=0.5, out=out,
+                   init=first, log=logs.append)
+    assert res["epochs"] >= 2, res["epochs"]  # else there is no later, worse epoch to skip
+    meta = read_meta(out)
+    assert meta["kept_epoch"] == 1 and meta["heldout_top1"] == [0.5] * 3 and meta["heldout_top1_init"] == [0.9] * 3
+    written = load_file(str(out))
+    assert all(torch.equal(written[k], seen[1][k]) for k in written)  # epoch 1's weights, not the last epoch's
+    assert any(s.startswith("kept epoch 1's head") for s in logs), logs
+    warn = [s for s in logs if s.startswith("warning:")]
+    assert warn == ["warning: the written head's held-out top-1 (0.500, 0.500, 0.500) is below its --init's "
+                    "(0.900, 0.900, 0.900); train longer (--minutes) or keep the --init head."], logs

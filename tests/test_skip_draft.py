@@ -167,3 +167,39 @@ def test_train_draft_smoke_and_cli_errors(tmp_path):
     SkipLayerDrafter(SpecdecModel.from_pretrained(str(d)), out)
     r = CliRunner().invoke(app, ["train-draft", "--k", "0"])
     assert r.exit_code == 2 and "--k must be >= 1" in r.output
+
+
+def test_train_skip_writes_the_best_epoch_and_warns_below_the_start(tmp_path, monkeypatch):
+    """Finding 37, the layer-skipping draft: the last epoch was written even when an earlier one was better, and a
+    draft worse than where it started was written without a word."""
+    from transformers import AutoTokenizer
+
+    import specdec.train_draft as td
+    from specdec.models import _cache_dir, embedded_model_path, load_hf
+
+    g = embedded_model_path("smollm2-135m")
+    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
+    if not (cached / "tokenizer_config.json").is_file():
+        load_hf("smollm2-135m")
+    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=4)
+    d = tmp_path / "tiny"
+    tiny.hf.save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    scores, seen = iter([0.9, 0.5] + [0.2] * 10_000), []  # before training, epoch 1, every later epoch
+
+    def scripted(hf, adapter, data, t):
+        seen.append({k: v.detach().to(torch.float16).clone() for k, v in adapter.state_dict().items()})
+        return next(scores)
+
+    monkeypatch.setattr(td, "full_agreement", scripted)
+    out, logs = tmp_path / "d.safetensors", []
+    res = td.train(str(d), k=1, t=2, rank=16, tokens=256, eval_tokens=128, seq=64, batch=4, minutes=0.1, out=out,
+                   log=logs.append)
+    assert res["epochs"] >= 2, res["epochs"]
+    meta, tensors = td.load_draft(out)
+    assert meta["kept_epoch"] == 1 and meta["heldout_top1"] == 0.5
+    assert all(torch.equal(tensors[k], seen[1][k]) for k in tensors)  # epoch 1's weights
+    assert any(s.startswith("kept epoch 1's adapter") for s in logs), logs
+    assert [s for s in logs if s.startswith("warning:")] == [
+        "warning: the written draft's held-out top-1 (0.500) is below the untrained adapter (identity)'s (0.900); "
+        "train longer (--minutes)."], logs
