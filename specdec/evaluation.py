@@ -505,7 +505,8 @@ def markdown(result: dict[str, Any], meta: dict[str, Any]) -> str:
         for r in result["documents"]:
             for l, m in r["methods"].items():
                 lines.append(f"| {r['document']} | {l} | {m['tf_agreement']:.2%} ({m['tf_rows']}) | {m['agreement']:.2%} | "
-                             f"{'—' if m.get('identical') else m['first_divergence']} | {m['tv_mean']:.4f} | {m['tv_max']:.4f} | {m['tau']:.2f} | "
+                             f"{'—' if m.get('identical') else m['first_divergence']} | {m['tv_mean']:.4f} | "
+                             f"{m['tv_max']:.4f} | {m['tau']:.2f} | "
                              f"{_pct(m.get('kv_read_vs_dense'))} |")
         lines += ["", "| method | agreement, teacher-forced (all rows) | agreement, free-running (mean) | KV read vs dense |",
                   "|---|---|---|---|"]

@@ -124,7 +124,8 @@ def pipeline_config(
                                     ("budget", "--budget", budget, PipelineConfig),
                                     ("budget_ratio", "--budget-ratio", budget_ratio, PipelineConfig),
                                     ("temperature", "--temperature", temperature, SamplingConfig),
-                                    ("top_p", "--top-p", top_p, SamplingConfig), ("top_k", "--top-k", top_k, SamplingConfig),
+                                    ("top_p", "--top-p", top_p, SamplingConfig),
+                                    ("top_k", "--top-k", top_k, SamplingConfig),
                                     ("seed", "--seed", seed, SamplingConfig)):
         if value is not None:
             _check_flag(cls, field, value, flag)

@@ -419,8 +419,8 @@ def register(app) -> None:
         n = probe_positions(context, gamma)
         if points > n:  # linspace(...).round() measured positions twice
             raise SpecdecError(f"--points {points} exceeds the {n} distinct probe positions of --context-tokens "
-                               f"{context} (its second half, less γ + 1 = {gamma + 1} at the end); use --points <= {n} "
-                               "or a longer --context-tokens.")
+                               f"{context} (its second half, less γ + 1 = {gamma + 1} at the end); use "
+                               f"--points <= {n} or a longer --context-tokens.")
         if budget >= context:  # every head recalls everything: an artifact of arbitrary heads (ARR 1.000)
             raise SpecdecError(f"--budget {budget} must be smaller than --context-tokens {context}: a budget holding "
                                "the whole context selects nothing to rank the heads by.")
