@@ -39,6 +39,23 @@ def smol():
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 
 
+def tiny_llama_dir(tmp_path, layers: int):
+    """A random-weight llama of ``layers`` layers with the embedded SmolLM2's vocabulary and tokenizer, saved under
+    ``tmp_path / "tiny"`` (what ``specdec train-draft`` loads by path); returns that folder."""
+    from transformers import AutoTokenizer
+
+    from specdec.models import _cache_dir, embedded_model_path, load_hf
+
+    g = embedded_model_path("smollm2-135m")
+    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
+    if not (cached / "tokenizer_config.json").is_file():
+        load_hf("smollm2-135m")
+    d = tmp_path / "tiny"
+    make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=layers).hf.save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    return d
+
+
 def make_tiny(family: str, seed: int = 0, **over):
     """A tiny random :class:`SpecdecModel` (no tokenizer) of ``family`` (:func:`specdec.testing.tiny_model`)."""
     return tiny_model(family, seed=seed, **over)

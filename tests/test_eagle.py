@@ -8,7 +8,7 @@ import torch
 from specdec import PipelineConfig, build_engine
 from specdec.errors import SpecdecError
 
-from conftest import make_tiny
+from conftest import make_tiny, tiny_llama_dir
 
 
 @pytest.fixture(scope="module")
@@ -275,22 +275,14 @@ def test_shipped_eagle_head_is_the_default_draft(target, artifact, tmp_path, mon
 
 def test_train_eagle_smoke_and_cli_errors(tmp_path):
     """train() on a tiny Llama (the embedded tokenizer) writes a head the drafter loads; bad CLI input is one line."""
-    from transformers import AutoTokenizer
     from typer.testing import CliRunner
 
     from specdec.cli import app
     from specdec.eagle import EagleDrafter, read_meta
-    from specdec.models import SpecdecModel, _cache_dir, embedded_model_path, load_hf
+    from specdec.models import SpecdecModel
     from specdec.train_eagle import train
 
-    g = embedded_model_path("smollm2-135m")
-    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
-    if not (cached / "tokenizer_config.json").is_file():
-        load_hf("smollm2-135m")
-    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=2)
-    d = tmp_path / "tiny"
-    tiny.hf.save_pretrained(d)
-    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    d = tiny_llama_dir(tmp_path, layers=2)
     out = tmp_path / "e.safetensors"
     # collecting the 512 tokens' features may take most of the budget (CPU time inflates on a loaded 2-core box: with
     # 40 % of 9 s a CI run once collected 256)
@@ -517,20 +509,10 @@ def test_train_eagle_writes_the_best_epoch_and_warns_below_its_init(tmp_path, mo
     a run whose first epoch was better than its last wrote the last. The best epoch's head is written (held-out top-1
     averaged over the unrolled steps) and a ``warning:`` line says when it is still below the init's."""
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
-
     import specdec.train_eagle as te
     from specdec.eagle import read_meta
-    from specdec.models import _cache_dir, embedded_model_path, load_hf
 
-    g = embedded_model_path("smollm2-135m")
-    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
-    if not (cached / "tokenizer_config.json").is_file():
-        load_hf("smollm2-135m")
-    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=2)
-    d = tmp_path / "tiny"
-    tiny.hf.save_pretrained(d)
-    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    d = tiny_llama_dir(tmp_path, layers=2)
     first = tmp_path / "first.safetensors"
     te.train(str(d), tokens=128, eval_tokens=64, seq=32, batch=4, minutes=0.03, collect_share=0.5, out=first,
              log=lambda s: None)

@@ -9,7 +9,7 @@ import torch
 from specdec import PipelineConfig, build_engine
 from specdec.errors import SpecdecError
 
-from conftest import make_tiny
+from conftest import make_tiny, tiny_llama_dir
 
 
 @pytest.fixture(scope="module")
@@ -142,22 +142,14 @@ def test_shipped_draft_is_default_and_accepted(smol):
 
 def test_train_draft_smoke_and_cli_errors(tmp_path):
     """train() on a tiny Llama (the embedded tokenizer) writes an artifact the drafter loads; bad CLI input is one line."""
-    from transformers import AutoTokenizer
     from typer.testing import CliRunner
 
     from specdec.cli import app
-    from specdec.models import SpecdecModel, _cache_dir, embedded_model_path, load_hf
+    from specdec.models import SpecdecModel
     from specdec.skip_drafter import SkipLayerDrafter
     from specdec.train_draft import load_draft, train
 
-    g = embedded_model_path("smollm2-135m")
-    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
-    if not (cached / "tokenizer_config.json").is_file():
-        load_hf("smollm2-135m")
-    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=4)
-    d = tmp_path / "tiny"
-    tiny.hf.save_pretrained(d)
-    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    d = tiny_llama_dir(tmp_path, layers=4)
     out = tmp_path / "d.safetensors"
     res = train(str(d), k=1, t=2, rank=16, tokens=512, eval_tokens=256, seq=64, batch=4, minutes=0.2, out=out,
                 log=lambda s: None)
@@ -172,19 +164,9 @@ def test_train_draft_smoke_and_cli_errors(tmp_path):
 def test_train_skip_writes_the_best_epoch_and_warns_below_the_start(tmp_path, monkeypatch):
     """Finding 37, the layer-skipping draft: the last epoch was written even when an earlier one was better, and a
     draft worse than where it started was written without a word."""
-    from transformers import AutoTokenizer
-
     import specdec.train_draft as td
-    from specdec.models import _cache_dir, embedded_model_path, load_hf
 
-    g = embedded_model_path("smollm2-135m")
-    cached = _cache_dir() / f"{g.stem}-{g.stat().st_size}"
-    if not (cached / "tokenizer_config.json").is_file():
-        load_hf("smollm2-135m")
-    tiny = make_tiny("llama", seed=6, vocab_size=49152, num_hidden_layers=4)
-    d = tmp_path / "tiny"
-    tiny.hf.save_pretrained(d)
-    AutoTokenizer.from_pretrained(str(cached), local_files_only=True).save_pretrained(d)
+    d = tiny_llama_dir(tmp_path, layers=4)
     scores, seen = iter([0.9, 0.5] + [0.2] * 10_000), []  # before training, epoch 1, every later epoch
 
     def scripted(hf, adapter, data, t):
