@@ -109,10 +109,11 @@ def _key_rank_case(seed, B=3, H=2, G=3, T=5, C=150, r=8, D=16, k_sel=40):
     return plan, q
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lowrank_mass_kernel_equals_the_definition(seed):
+@pytest.mark.parametrize("seed,chunk", [(0, 256), (1, 32), (2, 16)])
+def test_lowrank_mass_kernel_equals_the_definition(seed, chunk):
     """The kernel's mass = Σ over the group's rows of the softmax (over the cached positions) of the low-rank logits,
-    -inf off ``new``; its picks through ``select_top`` = the torch path's set per (sequence, KV head)."""
+    -inf off ``new``; its picks through ``select_top`` = the torch path's set per (sequence, KV head). ``chunk`` below
+    the capacity (150) splits each row over programs: lengths end inside a chunk, and later chunks hold none."""
     import dataclasses
 
     from specdec.cuda.triton_keyrank import lowrank_mass
@@ -121,7 +122,7 @@ def test_lowrank_mass_kernel_equals_the_definition(seed):
     B, H, C, r = plan.keys[0].shape
     D = q.shape[-1]
     qr = torch.einsum("bhgtd,bhdr->bhgtr", q.view(B, H, -1, q.shape[2], D), plan.basis[0]) * D ** -0.5
-    got = lowrank_mass(qr.reshape(B, H, -1, r).contiguous(), plan.keys[0], plan.lengths, plan.new)
+    got = lowrank_mass(qr.reshape(B, H, -1, r).contiguous(), plan.keys[0], plan.lengths, plan.new, chunk)
     want = torch.full((B, H, C), float("-inf"))
     for b in range(B):
         L = int(plan.lengths[b])
@@ -209,3 +210,23 @@ def test_select_pages_refuses_bad_inputs_in_one_line():
         select_pages(page, counts, new.to(torch.uint8), room, fixed, k_sel, ps)
     with pytest.raises(ValueError, match="float32"):
         select_pages(page.double(), counts, new, room, fixed, k_sel, ps)
+
+
+def test_top_directions_equal_eigh_per_matrix_also_in_threads():
+    """The key basis's eigenvectors (host LAPACK, chunks in threads) = ``torch.linalg.eigh`` of each matrix, in
+    order, on the Gram's device and dtype float32."""
+    from specdec.selectors.key_rank import top_directions
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 50, 2, 8, 12, generator=g)
+    gram = x @ x.transpose(-1, -2)  # 300 matrices: more than one chunk with two threads
+    want = torch.linalg.eigh(gram)[1]
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = top_directions(gram)
+            assert got.shape == gram.shape and got.dtype == torch.float32 and got.device == gram.device
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+    finally:
+        torch.set_num_threads(threads)

@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
                    plan_and_forward_ms=timed(both, a.reps, dev, 3),
                    plan_captured=bool(getattr(sel, "capturable_plan", False)), plan_type=type(plan).__name__,
                    entries=plan.budget if hasattr(plan, "budget") else int(plan.indices.shape[-1]))
+        g = getattr(m, "_graphs", None)  # did the verify forward replay a graph, or run eagerly (and why)
+        if g is not None:
+            row.update(graph_captures=g.captures, graph_replays=g.replays,
+                       uncapturable=sorted({str(v) for v in g.uncapturable.values()}))
         res["rows"][label] = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
         save()
         if gpu:

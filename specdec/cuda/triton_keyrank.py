@@ -2,10 +2,12 @@
 
 :func:`lowrank_mass` gives, per (sequence, KV head) and cached position, the softmax attention mass the verify rows'
 projected queries ``q P`` put on the projected keys ``k P``, summed over the KV group's query heads and rows; the
-positions the per-layer part may not add are ``-inf``. One program per (sequence, KV head) reads its ``(C, r)`` row
-of projected keys twice: once for each query row's maximum and normaliser (an online softmax), once for the mass.
-The torch path (:meth:`~specdec.selectors.key_rank.KeyRankPlan.indices_for`) materialises the ``(B, H, G, T, C)``
-logits and their softmax in float32; this reads ``2 · C · r`` key elements per row and writes ``C`` floats.
+positions the per-layer part may not add are ``-inf``. Two launches, each of ``B · H_kv · ceil(C / CHUNK)``
+programs (a sequence, a KV head and a chunk of :data:`CHUNK` positions, so a batch of one still fills the GPU): the
+first reads its chunk of projected keys for each query row's maximum and normaliser over the chunk; the second combines
+the chunks' statistics (an online softmax across chunks) and reads its chunk again for the mass. The torch path
+(:meth:`~specdec.selectors.key_rank.KeyRankPlan.indices_for`) materialises the ``(B, H, G, T, C)`` logits and their
+softmax in float32; this reads ``2 · C · r`` key elements per row and writes ``C`` floats.
 Its output feeds :func:`specdec.cuda.triton_select.select_top`.
 
 This module imports nothing from specdec.
@@ -19,47 +21,90 @@ import triton.language as tl
 
 
 @triton.jit
-def _lowrank_mass_kernel(QR, K, LENS, NEW, OUT, H, C, R, r, stride_kb, stride_kh, stride_kc,
-                         BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid = tl.program_id(0)  # over (B, H) rows
+def _rows_and_keys_base(QR, K, H, R, r, stride_kb, stride_kh, pid, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This (sequence, KV head)'s scaled query rows ``(BLOCK_R, BLOCK_D)`` (zero padded) and its keys' base pointer."""
     b = pid // H
     h = pid % H
-    length = tl.load(LENS + b).to(tl.int32)
     rows = tl.arange(0, BLOCK_R)
     dims = tl.arange(0, BLOCK_D)
-    rmask = rows < R
-    dmask = dims < r
     qr = tl.load(QR + pid.to(tl.int64) * R * r + rows[:, None] * r + dims[None, :],
-                 mask=rmask[:, None] & dmask[None, :], other=0.0)  # (BLOCK_R, BLOCK_D) float32, scaled
-    kbase = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+                 mask=(rows < R)[:, None] & (dims < r)[None, :], other=0.0)
+    return qr, K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+
+
+@triton.jit
+def _chunk_stats_kernel(QR, K, LENS, STATS, H, R, r, NCH, stride_kb, stride_kh, stride_kc,
+                        CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Pass 1, one program per (sequence, KV head) and chunk of ``CHUNK`` positions: each query row's maximum logit
+    and normaliser over the chunk's cached positions (``-inf`` / 0 where it holds none)."""
+    pid = tl.program_id(0)
+    ch = tl.program_id(1)
+    length = tl.load(LENS + pid // H).to(tl.int32)
+    qr, kbase = _rows_and_keys_base(QR, K, H, R, r, stride_kb, stride_kh, pid, BLOCK_R, BLOCK_D)
+    dims = tl.arange(0, BLOCK_D)
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     z = tl.zeros((BLOCK_R,), tl.float32)
-    for c0 in range(0, length, BLOCK_C):  # pass 1: each row's maximum and normaliser over the cached positions
+    for c0 in range(ch * CHUNK, tl.minimum(ch * CHUNK + CHUNK, length), BLOCK_C):
         cs = c0 + tl.arange(0, BLOCK_C)
         seen = cs < length
         k = tl.load(kbase + cs[:, None].to(tl.int64) * stride_kc + dims[None, :],
-                    mask=seen[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+                    mask=seen[:, None] & (dims < r)[None, :], other=0.0).to(tl.float32)
         s = tl.dot(qr, tl.trans(k), input_precision="ieee")  # (BLOCK_R, BLOCK_C)
         s = tl.where(seen[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         z = z * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
         m = m_new
-    inv = tl.where(rmask & (z > 0), 1.0 / z, 0.0)  # padded rows weigh nothing
-    m = tl.where(rmask & (z > 0), m, 0.0)
+    rows = tl.arange(0, BLOCK_R)
+    base = STATS + (pid.to(tl.int64) * NCH + ch) * 2 * BLOCK_R
+    tl.store(base + rows, m)
+    tl.store(base + BLOCK_R + rows, z)
+
+
+@triton.jit
+def _chunk_mass_kernel(QR, K, LENS, NEW, STATS, OUT, H, C, R, r, NCH, stride_kb, stride_kh, stride_kc,
+                       CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    """Pass 2, same grid: combine every chunk's statistics into each row's maximum and normaliser, then write the
+    mass of this chunk's positions (``-inf`` where the part may not add one)."""
+    pid = tl.program_id(0)
+    ch = tl.program_id(1)
+    b = pid // H
+    length = tl.load(LENS + b).to(tl.int32)
+    qr, kbase = _rows_and_keys_base(QR, K, H, R, r, stride_kb, stride_kh, pid, BLOCK_R, BLOCK_D)
+    dims = tl.arange(0, BLOCK_D)
+    rows = tl.arange(0, BLOCK_R)
+    chunks = tl.arange(0, BLOCK_N)
+    sbase = STATS + pid.to(tl.int64) * NCH * 2 * BLOCK_R
+    at = sbase + chunks[:, None] * 2 * BLOCK_R + rows[None, :]
+    cm = tl.load(at, mask=(chunks < NCH)[:, None], other=float("-inf"))  # (BLOCK_N, BLOCK_R)
+    cz = tl.load(at + BLOCK_R, mask=(chunks < NCH)[:, None], other=0.0)
+    m = tl.max(cm, axis=0)
+    has = m > float("-inf")
+    m = tl.where(has, m, 0.0)
+    z = tl.sum(tl.where(cz > 0, cz * tl.exp(cm - m[None, :]), 0.0), axis=0)
+    ok_row = (rows < R) & has & (z > 0)
+    inv = tl.where(ok_row, 1.0 / z, 0.0)  # padded rows weigh nothing
+    m = tl.where(ok_row, m, 0.0)
     obase = OUT + pid.to(tl.int64) * C
-    for c0 in range(0, C, BLOCK_C):  # pass 2: the mass of every position (-inf where the part may not add it)
+    for c0 in range(ch * CHUNK, tl.minimum(ch * CHUNK + CHUNK, C), BLOCK_C):
         cs = c0 + tl.arange(0, BLOCK_C)
+        inside = (cs < C) & (cs < ch * CHUNK + CHUNK)
         seen = cs < length
         k = tl.load(kbase + cs[:, None].to(tl.int64) * stride_kc + dims[None, :],
-                    mask=seen[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+                    mask=seen[:, None] & (dims < r)[None, :], other=0.0).to(tl.float32)
         s = tl.dot(qr, tl.trans(k), input_precision="ieee")
         p = tl.exp(s - m[:, None]) * inv[:, None]
         mass = tl.sum(p, axis=0)  # (BLOCK_C,)
-        ok = tl.load(NEW + b.to(tl.int64) * C + cs, mask=cs < C, other=0) != 0
-        tl.store(obase + cs, tl.where(ok & seen, mass, float("-inf")), mask=cs < C)
+        ok = tl.load(NEW + b.to(tl.int64) * C + cs, mask=inside, other=0) != 0
+        tl.store(obase + cs, tl.where(ok & seen, mass, float("-inf")), mask=inside)
 
 
-def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+#: positions per program (pass 1 and pass 2 each run ``B · H · ceil(C / CHUNK)`` programs)
+CHUNK = 256
+
+
+def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor,
+                 chunk: int = CHUNK) -> torch.Tensor:
     """``(B, H, C)`` float32: per (sequence, KV head) the softmax mass of the ``R`` query rows of ``qr`` over the
     projected keys of the first ``lengths[b]`` positions, summed over the rows; ``-inf`` where ``new`` is false or at
     ``lengths[b]`` and after.
@@ -69,6 +114,7 @@ def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, ne
         keys: ``(B, H, C, r)`` projected keys in any float dtype, last dimension contiguous.
         lengths: ``(B,)`` cached positions per sequence.
         new: ``(B, C)`` bool, contiguous: the positions the per-layer part may add.
+        chunk: positions per program, a power of two >= 16 (the default suits the GPU; tests use small ones).
     """
     B, H, C, r = keys.shape
     R = qr.shape[2]
@@ -77,13 +123,21 @@ def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, ne
         raise ValueError(f"lowrank_mass: want float32 contiguous qr (B, H, R, r), keys (B, H, C, r), new (B, C), "
                          f"lengths (B,); got qr {qr.dtype} {tuple(qr.shape)}, keys {tuple(keys.shape)}, "
                          f"new {tuple(new.shape)}, lengths {tuple(lengths.shape)}")
+    if chunk < 16 or chunk & (chunk - 1):
+        raise ValueError(f"lowrank_mass: chunk must be a power of two >= 16, got {chunk}")
     out = torch.empty((B, H, C), dtype=torch.float32, device=keys.device)
     if B * H == 0 or C == 0:
         return out
     block_r = max(16, triton.next_power_of_2(R))
     block_d = max(16, triton.next_power_of_2(r))
-    block_c = 64 if block_r <= 32 else 32
-    _lowrank_mass_kernel[(B * H,)](qr, keys, lengths, new.view(torch.uint8), out, H, C, R, r,
-                                   keys.stride(0), keys.stride(1), keys.stride(2),
-                                   BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+    block_c = min(chunk, 64 if block_r <= 32 else 32)
+    nch = triton.cdiv(C, chunk)
+    stats = torch.empty((B * H, nch, 2, block_r), dtype=torch.float32, device=keys.device)
+    grid = (B * H, nch)
+    strides = (keys.stride(0), keys.stride(1), keys.stride(2))
+    _chunk_stats_kernel[grid](qr, keys, lengths, stats, H, R, r, nch, *strides,
+                              CHUNK=chunk, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+    _chunk_mass_kernel[grid](qr, keys, lengths, new.view(torch.uint8), stats, out, H, C, R, r, nch, *strides,
+                             CHUNK=chunk, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_D=block_d,
+                             BLOCK_N=max(16, triton.next_power_of_2(nch)), num_warps=4)
     return out
