@@ -227,6 +227,30 @@ def test_top_directions_equal_eigh_per_matrix_also_in_threads():
             torch.set_num_threads(n)
             got = top_directions(gram)
             assert got.shape == gram.shape and got.dtype == torch.float32 and got.device == gram.device
+            assert torch.get_num_threads() == n  # its single-threaded chunks leave torch's setting as it was
             torch.testing.assert_close(got, want, atol=0, rtol=0)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("grow", [3, 100])
+def test_key_rank_index_projects_each_new_position_once_and_exactly(grow):
+    """After the first update (basis + the whole prompt), a later update projects the positions verified since: a
+    few (one product over every layer) or many (a layer at a time) — the kept projected keys equal the cache's keys
+    times the basis at every verified position."""
+    from specdec.cache import KVCache
+    from specdec.selectors.key_rank import KeyRankIndex
+
+    g = torch.Generator().manual_seed(0)
+    cache = KVCache(3, 2, 2, 160, 8)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+    idx = KeyRankIndex(4)
+    lengths = torch.tensor([40, 33])
+    idx.update(cache, lengths)
+    basis = idx.basis.clone()
+    lengths = lengths + grow
+    idx.update(cache, lengths)
+    assert torch.equal(idx.basis, basis)  # taken once per generation
+    want = torch.einsum("nbhcd,nbhdr->nbhcr", cache.k, basis)
+    for b, L in enumerate(lengths.tolist()):
+        torch.testing.assert_close(idx.keys[:, b, :, :L], want[:, b, :, :L], atol=1e-5, rtol=1e-5)
