@@ -48,8 +48,8 @@ def top_directions(gram: torch.Tensor) -> torch.Tensor:
     Always LAPACK on the host: for ``D`` > 32 PyTorch's CUDA ``eigh`` runs one solver call per matrix (its batched
     Jacobi is for ``D`` <= 32), seconds for the 5,760 Gram matrices of a 30-layer model at B = 64 — the host does
     about 0.2 ms per 64 × 64 matrix and core (1.2 s on one core of a 2-core CI machine, 0.8 s on two), in chunks on
-    the threads torch may use, each single-threaded. The same code on every device also gives the same basis on the
-    CPU and the GPU."""
+    the threads torch may use, each single-threaded (torch's intra-op thread count is 1 while they run, then restored:
+    a process-wide setting). The same code on every device also gives the same basis on the CPU and the GPU."""
     host = gram.detach().to("cpu", torch.float32)
     flat = host.reshape(-1, *host.shape[-2:])
     n_torch = torch.get_num_threads()
