@@ -254,3 +254,13 @@ def test_key_rank_index_projects_each_new_position_once_and_exactly(grow):
     want = torch.einsum("nbhcd,nbhdr->nbhcr", cache.k, basis)
     for b, L in enumerate(lengths.tolist()):
         torch.testing.assert_close(idx.keys[:, b, :, :L], want[:, b, :, :L], atol=1e-5, rtol=1e-5)
+
+
+def test_lowrank_mass_default_chunk_keeps_a_launch_full():
+    """Long chunks where a launch keeps >= 512 programs (B 64 x 3 KV heads x 8k: 1,536), short ones for a small batch
+    (B 1: 3 x 32 = 96 programs instead of 24)."""
+    from specdec.cuda.triton_keyrank import default_chunk
+
+    assert default_chunk(64 * 3, 8192) == 1024
+    assert default_chunk(3, 8192) == 256
+    assert default_chunk(64, 8192) == 1024 and default_chunk(63, 8192) == 256  # 64 x 8 = 512
