@@ -101,9 +101,10 @@ class KeyRankIndex:
         if 0 < hi - lo <= 64:  # a plan's few new positions: every layer in one product (3 launches, not 3 N)
             k = cache.k[:, :, :, lo:hi].float()
             self.keys[:, :, :, lo:hi] = torch.einsum("nbhcd,nbhdr->nbhcr", k, self.basis).to(self.keys.dtype)
-        for n in range(N) if hi - lo > 64 else ():  # a layer at a time (the first update projects the whole prompt)
-            k = cache.k[n, :, :, lo:hi].float()
-            self.keys[n, :, :, lo:hi] = torch.einsum("bhcd,bhdr->bhcr", k, self.basis[n]).to(self.keys.dtype)
+        elif hi - lo > 64:  # a layer at a time (the first update projects the whole prompt)
+            for n in range(N):
+                k = cache.k[n, :, :, lo:hi].float()
+                self.keys[n, :, :, lo:hi] = torch.einsum("bhcd,bhdr->bhcr", k, self.basis[n]).to(self.keys.dtype)
         self.done = lengths.clone()
 
 
