@@ -176,6 +176,18 @@ class SparseVerifier(Verifier):
 
     def prefill(self, state) -> None:
         self._reset(state)
+        self._prepare(state)  # prompt work of the selector (the low-rank key basis), outside the decode loop
+
+    def _prepare(self, state) -> None:
+        """The selector's eager work before a plan (:meth:`HybridSRHSelector.prepare`), given the host's copy of the
+        lengths: each sequence's tokens but the pending one (``DecodeState.tokens``), so nothing waits for the device.
+        A state without usable token lists (a hand-made one) passes none, and the selector reads the device."""
+        prepare = getattr(self.selector, "prepare", None)
+        if prepare is None or state.cache.n_layers == 0:
+            return
+        tokens = getattr(state, "tokens", None)
+        host = [len(t) - 1 for t in tokens] if tokens is not None and len(tokens) == len(state.lengths) else None
+        prepare(state.cache, state.lengths, host if host and min(host) >= 0 else None)
 
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         import time
@@ -188,6 +200,8 @@ class SparseVerifier(Verifier):
         t0 = time.perf_counter()
         self.selector.observe_draft(getattr(self.drafter, "lookahead", None))
         reason = self._dense_reason(state)
+        if not reason:
+            self._prepare(state)
         plan = None if reason else planner_for(state.cache).plan(self.selector, state.lengths)
         if reason and self.selector.target_signal is not None:
             self.selector.mark(state.lengths)  # adaptive m still learns from dense passes

@@ -322,6 +322,41 @@ def test_key_rank_plan_at_full_rank_picks_the_top_attention_mass():
     assert low.basis.shape == (N, B, H, D, 3)
 
 
+def test_key_rank_basis_is_prompt_work_and_the_host_lengths_keep_every_verified_key_projected(target):
+    """With ``layer_scores="keys"`` the verifier takes the key basis at the prefill (outside the decode loop) and,
+    before each sparse plan, projects the newly verified keys over a span it knows from the host's token lists (no
+    device read): at every plan the host's lengths are the device's for the active sequences, and at the end every
+    verified position's projected key equals a fresh projection of the cache with the same basis."""
+    eng = engine(target, budget=16, layer_share=1.0, layer_scores="keys", key_rank=4)
+    sel = eng.verifier.selector
+    calls = []
+    real_prefill, real_prepare = eng.verifier.prefill, sel.prepare
+
+    def prefill(state):
+        real_prefill(state)
+        calls.append(("prefill", sel._keys.basis is not None))
+
+    def prepare(cache, lengths, host_lengths=None):
+        live = [b for b, a in enumerate(cache.live.tolist()) if a]
+        calls.append(("prepare", host_lengths is not None and all(host_lengths[b] == int(lengths[b]) for b in live)))
+        real_prepare(cache, lengths, host_lengths)
+
+    eng.verifier.prefill, sel.prepare = prefill, prepare
+    try:
+        out = eng.generate(PROMPTS, max_new_tokens=24)
+    finally:
+        del eng.verifier.prefill, sel.prepare
+    # the prefill's prepare took the basis; one prepare per sparse plan after it
+    assert calls[:2] == [("prepare", True), ("prefill", True)] and len(calls) > 4 and all(ok for _, ok in calls)
+    state = eng.verifier._state
+    index, cache = sel._keys, state.cache
+    fresh = torch.einsum("nbhcd,nbhdr->nbhcr", cache.k.float(), index.basis).to(index.keys.dtype)
+    for b, L in enumerate(state.lengths.tolist()):
+        assert L > len(PROMPTS[b]) + 8  # generation went on well past the prompt
+        assert torch.allclose(index.keys[:, b, :, :L], fresh[:, b, :, :L], atol=1e-5), b
+    assert out.stats.method == "dustin"
+
+
 def test_key_rank_sets_stay_in_the_budget_and_a_full_budget_equals_dense(target):
     from specdec.selectors.key_rank import KeyRankPlan
     from specdec.verifiers import plan_reads

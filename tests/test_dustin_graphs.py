@@ -312,12 +312,16 @@ def _freeze_plan_graphs(monkeypatch) -> None:
 @pytest.mark.parametrize("budget,split", [(dict(budget_ratio=0.25), {}), (dict(budget_ratio=1.0), {}),
                                           (dict(budget=12), dict(m=3)),
                                           (dict(budget_ratio=0.4), dict(layer_share=0.5, page_size=4,
-                                                                        page_kernels="triton"))])
+                                                                        page_kernels="triton")),
+                                          (dict(budget_ratio=0.4), dict(layer_share=1.0, layer_scores="keys",
+                                                                        key_rank=4, page_kernels="torch"))])
 def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
     """The hybrid plan replayed as a graph (stand-in above: no host read, frozen build) gives the eager plan
     at every iteration of a greedy Dustin generation, and the tokens are the eager run's; at budget = the whole
     context both equal dense greedy decoding. Per-layer sets too (their page bounds updated by the Triton kernel,
-    the interpreter on the CPU): their shared part and per-layer fields replay, and so do each layer's picks."""
+    the interpreter on the CPU): their shared part and per-layer fields replay, and so do each layer's picks; sets
+    ranked by low-rank keys as well (the verifier brings the keys up to date eagerly, from the host's lengths, before
+    each plan: the plan itself is captured)."""
     if split.get("page_kernels") == "triton":
         pytest.importorskip("triton", reason="the page-bound kernels need the optional 'triton' package")
         if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):  # read when the kernels are defined
@@ -341,10 +345,11 @@ def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
             if p is not None:
                 direct = eng.verifier.selector.plan(state.cache, state.lengths)
                 plans.append((p.indices.clone(), direct.indices))
-                if hasattr(p, "counts"):  # a per-layer plan: its fields and one layer's picks for the same queries
+                if hasattr(p, "room"):  # a per-layer plan: its fields and one layer's picks for the same queries
                     q = torch.randn(state.lengths.shape[0], target.dims.n_heads, 2, target.dims.head_dim)
                     for name in ("room", "new", "counts"):
-                        plans.append((getattr(p, name).clone(), getattr(direct, name)))
+                        if hasattr(p, name):
+                            plans.append((getattr(p, name).clone(), getattr(direct, name)))
                     plans.append((p.indices_for(1, q), direct.indices_for(1, q)))
             return out
 
@@ -358,6 +363,7 @@ def test_dustin_plan_captured_equals_eager(target, monkeypatch, budget, split):
     got, plans, pg = run(True)
     assert got == eager
     assert len(plans) >= 2 and pg is not None and pg.captures >= 1 and pg.replays >= 1
+    assert not pg.uncapturable
     for replayed, direct in plans:
         assert torch.equal(replayed, direct)  # the replayed buffers hold this iteration's plan
     if budget.get("budget_ratio") == 1.0:

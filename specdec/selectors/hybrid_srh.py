@@ -193,6 +193,10 @@ class HybridSRHSelector(KVSelector):
         if getattr(self, "_quest", None) is None:
             self._quest: Quest | None = None  # page bounds of the per-layer part (layer_share > 0)
         self._keys: KeyRankIndex | None = None  # low-rank keys of the per-layer part (layer_scores="keys")
+        # the index's buffers once prepare() has brought it up to date for the coming plan (None otherwise): tensor
+        # attributes, so a captured plan's key holds their addresses (specdec.graphs.PlanGraphs)
+        self.keys_basis: torch.Tensor | None = None
+        self.keys_projected: torch.Tensor | None = None
         if self.config.layer_scores == "keys":
             self._keys = KeyRankIndex(self.config.key_rank)
         elif cache is not None and self.config.layer_share > 0:
@@ -314,13 +318,33 @@ class HybridSRHSelector(KVSelector):
         # one set shared by the KV heads: (1, B, 1, K), as BudgetSelector's (the kernels broadcast it)
         return SparsePlan(indices=idx.view(1, B, 1, K), dense_from=lengths.clone(), static_size=bounds is not None)
 
+    def prepare(self, cache: KVCache, lengths: torch.Tensor, host_lengths: list[int] | None = None) -> None:
+        """Eager work before the next :meth:`plan` for ``lengths``: with ``layer_scores="keys"``, the low-rank keys
+        brought up to date (the basis at the first call: :class:`~specdec.selectors.key_rank.KeyRankIndex`).
+        ``host_lengths``: the host's copy of ``lengths`` (the engine's token lists), so nothing waits for the device.
+
+        :class:`~specdec.verifiers.SparseVerifier` calls it at the prefill (the basis is prompt work) and before each
+        sparse plan; the plan itself is then a pure function of the lengths and the signals, replayed as a CUDA graph.
+        A plan without it (a direct :meth:`plan` call) updates the keys itself, eagerly. Other settings: nothing."""
+        if self._keys is None:
+            return
+        self._keys.update(cache, lengths, host_lengths)
+        self.keys_basis, self.keys_projected = self._keys.basis, self._keys.keys
+
     @property
     def capturable_plan(self) -> bool:
         """Whether :meth:`plan` is a pure function of the lengths and the signals with shapes fixed per cache
-        (static ``m``; per-layer sets with their page bounds kept by the Triton kernels): the planner then replays
-        it as one CUDA graph (:class:`PlanGraphs`)."""
+        (static ``m``; per-layer sets with their page bounds kept by the Triton kernels, or ranked by low-rank keys
+        that :meth:`prepare` has brought up to date): the planner then replays it as one CUDA graph
+        (:class:`PlanGraphs`)."""
         c = self.config
-        return not c.adaptive and (c.layer_share == 0 or (c.layer_scores == "pages" and c.page_kernels != "torch"))
+        if c.adaptive:
+            return False
+        if c.layer_share == 0:
+            return True
+        if c.layer_scores == "keys":
+            return self.keys_projected is not None
+        return c.page_kernels != "torch"
 
     def max_room(self, capacity: int) -> int:
         """Most free slots (budget - sinks - recent) of any plan of a cache of ``capacity`` positions (host)."""
@@ -366,7 +390,8 @@ class HybridSRHSelector(KVSelector):
             self.mark(lengths)
         B = lengths.shape[0]
         if c.layer_scores == "keys":
-            self._keys.update(cache, lengths)
+            if self.keys_projected is None:  # not prepared for this plan: bring the keys up to date here (eager)
+                self._keys.update(cache, lengths)
             new = _addable(lengths, shared, cache.capacity, c.sinks, c.recent)
             room = torch.minimum(per, new.sum(1))  # never more picks than addable tokens (the kernel's contract)
             return KeyRankPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),

@@ -7,9 +7,10 @@ layer and KV head the softmax over the verified positions of ``(q P)·(k P)ᵀ /
 principal directions of that layer's and head's prompt keys), summed over the KV group's query heads and the rows.
 The default, ``"pages"``, ranks Quest pages by their key bounds instead.
 
-:class:`KeyRankIndex` keeps the basis (taken once per generation, at the first sparse plan, from the keys then
-cached) and the projected keys ``(N, B, H_kv, capacity, key_rank)``, brought up to date at each plan. It reads lengths
-on the host, so a plan with this part is built eagerly (not replayed as a CUDA graph). The ranking itself runs inside
+:class:`KeyRankIndex` keeps the basis (taken once per generation from the prompt's keys: at the prefill, by
+:meth:`~specdec.selectors.hybrid_srh.HybridSRHSelector.prepare`) and the projected keys ``(N, B, H_kv, capacity,
+key_rank)``, brought up to date eagerly before each plan over a span the engine knows from its host token lists (no
+device read); the plan itself is then replayed as a CUDA graph like the page plan's. The ranking itself runs inside
 each layer's attention call (captured with the verify step): plain torch on the reference path, or two Triton kernels
 (``HybridSRHConfig.page_kernels``; by default on CUDA): :func:`specdec.cuda.triton_keyrank.lowrank_mass` (the mass, two
 reads of the projected keys) and :func:`specdec.cuda.triton_select.select_top` (the ``room`` best per row, in position
@@ -76,14 +77,23 @@ class KeyRankIndex:
         self.basis: torch.Tensor | None = None  # (N, B, H_kv, D, r) float32
         self.keys: torch.Tensor | None = None  # (N, B, H_kv, capacity, r), the cache's dtype
         self.done: torch.Tensor | None = None  # (B,) positions projected so far
+        self.done_host: list[int] | None = None  # the host's copy of the last update's lengths (when given)
 
-    def update(self, cache: KVCache, lengths: torch.Tensor) -> None:
+    def update(self, cache: KVCache, lengths: torch.Tensor, host_lengths: list[int] | None = None) -> None:
         """Take the basis from the cached keys ``[0, lengths)`` on the first call, then project the positions
-        verified since the last call (eager: reads ``lengths`` on the host)."""
+        verified since the last call.
+
+        ``host_lengths``: the host's copy of ``lengths`` (a value per sequence, each at least its ``lengths`` entry),
+        which the engine has without waiting for the device; without it the span to project is read from the device
+        (a wait for the queued work)."""
         N, B, H, C, D = cache.k.shape
         if self.rank > D:
             raise SpecdecError(f"key_rank {self.rank} exceeds the head dimension {D}; use key_rank <= {D}.")
-        if self.basis is None or self.basis.shape[1] != B or self.keys.shape[3] != C:
+        if host_lengths is not None and len(host_lengths) != B:
+            raise SpecdecError(f"host_lengths has {len(host_lengths)} values for a batch of {B}; give one per "
+                               "sequence (or None).")
+        first = self.basis is None or self.basis.shape[1] != B or self.keys.shape[3] != C
+        if first:
             pos = torch.arange(C, device=lengths.device)
             mask = (pos.view(1, C) < lengths.view(B, 1)).to(torch.float32)  # (B, C)
             gram = torch.empty((N, B, H, D, D), dtype=torch.float32, device=cache.k.device)
@@ -91,13 +101,19 @@ class KeyRankIndex:
                 k = cache.k[n].float() * mask.view(B, 1, C, 1)
                 gram[n] = torch.einsum("bhcd,bhce->bhde", k, k)
             vecs = top_directions(gram)  # ascending eigenvalues: the last r columns are the top directions
-            # the planner's buffers: a plan points at them and is not copied (Quest's page bounds do the same)
+            # the planner's buffers: a plan points at them and is not copied (Quest's page bounds do the same);
+            # named by rank, so engines of two ranks on one cache never share (and reallocate) one
             planner = planner_for(cache)
-            self.basis = planner.buffer("key_rank.basis", (N, B, H, D, self.rank), torch.float32)
+            self.basis = planner.buffer(f"key_rank.basis.r{self.rank}", (N, B, H, D, self.rank), torch.float32)
             self.basis.copy_(vecs[..., D - self.rank:].flip(-1))
-            self.keys = planner.buffer("key_rank.keys", (N, B, H, C, self.rank), cache.k.dtype)
+            self.keys = planner.buffer(f"key_rank.keys.r{self.rank}", (N, B, H, C, self.rank), cache.k.dtype)
             self.done = torch.zeros_like(lengths)  # every verified position is projected at the first update
-        lo, hi = int(self.done.min()), int(lengths.max())
+            self.done_host = None
+        if host_lengths is not None:  # no device read: the previous call's host lengths bound what is projected
+            lo = 0 if first else min(self.done_host) if self.done_host is not None else int(self.done.min())
+            hi = min(max(host_lengths), C)
+        else:
+            lo, hi = int(self.done.min()), int(lengths.max())
         if 0 < hi - lo <= 64:  # a plan's few new positions: every layer in one product (3 launches, not 3 N)
             k = cache.k[:, :, :, lo:hi].float()
             self.keys[:, :, :, lo:hi] = torch.einsum("nbhcd,nbhdr->nbhcr", k, self.basis).to(self.keys.dtype)
@@ -106,6 +122,7 @@ class KeyRankIndex:
                 k = cache.k[n, :, :, lo:hi].float()
                 self.keys[n, :, :, lo:hi] = torch.einsum("bhcd,bhdr->bhcr", k, self.basis[n]).to(self.keys.dtype)
         self.done = lengths.clone()
+        self.done_host = None if host_lengths is None else [min(int(h), C) for h in host_lengths]
 
 
 @dataclass
