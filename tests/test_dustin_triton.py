@@ -139,12 +139,41 @@ def test_lowrank_mass_kernel_equals_the_definition(seed, chunk):
             assert (tri[b, h] >= 0).sum() == 2 + int(plan.room[b])
 
 
+@pytest.mark.parametrize("split,tol", [(3, 2e-6), (2, 1e-4), (0, 2e-6)])
+def test_lowrank_mass_with_bf16_keys_equals_the_definition(split, tol):
+    """bfloat16 projected keys (the GPU's cache dtype): the rows as ``split`` bfloat16 pieces (3: the float32 rows
+    whole, every product exact; 2: their first 16 bits) or three TF32 products (0) give the float64 definition's mass
+    on those keys; 3 pieces as closely as float32 itself."""
+    from specdec.cuda.triton_keyrank import lowrank_mass
+
+    g = torch.Generator().manual_seed(3)
+    B, H, R, r, C = 2, 2, 15, 16, 100
+    keys = (torch.randn(B, H, C, r, generator=g) * 2).to(torch.bfloat16)
+    qr = (torch.randn(B, H, R, r, generator=g) * 0.3).contiguous()
+    lengths = torch.tensor([C, 71])
+    new = torch.rand(B, C, generator=g) < 0.8
+    got = lowrank_mass(qr, keys, lengths, new, 32, split=split)
+    want = torch.full((B, H, C), float("-inf"), dtype=torch.float64)
+    for b in range(B):
+        L = int(lengths[b])
+        mass = torch.softmax(torch.einsum("htr,hcr->htc", qr[b].double(), keys[b, :, :L].double()), -1).sum(1)
+        want[b, :, :L] = torch.where(new[b, :L], mass, torch.full_like(mass, float("-inf")))
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), fin)
+    err = ((got.double() - want).abs()[fin] / want[fin]).max().item()
+    assert err < tol, err
+
+
 def test_lowrank_mass_refuses_bad_inputs_in_one_line():
     from specdec.cuda.triton_keyrank import lowrank_mass
 
     with pytest.raises(ValueError, match="want float32 contiguous qr") as e:
         lowrank_mass(torch.zeros(1, 2, 5, 4, dtype=torch.float64), torch.zeros(1, 2, 9, 4), torch.tensor([9]),
                      torch.ones(1, 9, dtype=torch.bool))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="split must be 0, or 2 or 3 with bfloat16 keys") as e:
+        lowrank_mass(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 9, 4), torch.tensor([9]),
+                     torch.ones(1, 9, dtype=torch.bool), split=3)
     assert "\n" not in str(e.value)
 
 

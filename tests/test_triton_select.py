@@ -62,6 +62,29 @@ def test_select_top_ties_and_room():
         select_top(s.double(), 6, room)
 
 
+@pytest.mark.parametrize("L,levels", [(7, 3), (100, 5), (1000, 0), (3000, 40)])
+def test_select_top_equals_the_definition_on_random_rows(L, levels):
+    """Per row: the room[b] largest scores (room capped at k_sel and at the row's length), ties at the threshold to
+    the lowest positions, in position order, -1 after; negative scores and -inf included (levels: few distinct values,
+    many ties; 0: distinct)."""
+    g = torch.Generator().manual_seed(L)
+    N, B, Hs, k_sel = 2, 3, 2, min(L + 5, 700)
+    if levels:
+        s = torch.randint(-levels, levels, (N, B, Hs, L), generator=g).float() + 0.5
+    else:
+        s = torch.randn(N, B, Hs, L, generator=g)
+    s[torch.rand(N, B, Hs, L, generator=g) < 0.1] = float("-inf")
+    room = torch.tensor([0, min(L + 5, k_sel), L // 3])
+    got = select_top(s.to(DEV).contiguous(), k_sel, room.to(DEV)).cpu()
+    for n in range(N):
+        for b in range(B):
+            for h in range(Hs):
+                k = min(int(room[b]), k_sel, L)
+                order = sorted(range(L), key=lambda i: (-float(s[n, b, h, i]), i))[:k]
+                assert got[n, b, h, :k].tolist() == sorted(order), (n, b, h)
+                assert (got[n, b, h, k:] == -1).all()
+
+
 def test_triton_select_greedy_vegas_equals_dense(monkeypatch):
     m = make_tiny("llama")
     m.hf.to(DEV)

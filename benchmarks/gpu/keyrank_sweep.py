@@ -4,6 +4,10 @@ largest relative error against the exact-float32 launch's mass (chunk 256, block
 A diagnostic (random keys: flat masses, so near-ties make the top-2,000 check strict).
 
     python3 benchmarks/gpu/keyrank_sweep.py --chunks 256,1024 --blocks 64,256 --warps 4 --precisions tf32x3,tf32,ieee
+    python3 benchmarks/gpu/keyrank_sweep.py --rank 16 --chunks 1024 --blocks 64,128 --precisions tf32x3,bf16x3,bf16x2
+
+``bf16xN``: bfloat16 keys against N bfloat16 pieces of the rows (the kernel's ``SPLIT``); the others are ``DOT_PREC``
+values for float32 products of the widened keys. ``--rank`` sets the projection's width (32 by default).
 """
 import argparse, statistics, itertools
 import torch, triton
@@ -14,10 +18,11 @@ ap.add_argument("--chunks", default="256,1024")
 ap.add_argument("--blocks", default="64,256")
 ap.add_argument("--warps", default="4")
 ap.add_argument("--precisions", default="tf32x3,tf32,ieee")
+ap.add_argument("--rank", type=int, default=32)
 a = ap.parse_args()
 ints = lambda x: [int(v) for v in x.split(",")]
 dev = "cuda"
-B, H, C, r, R, L = 64, 3, 8192, 32, 15, 8000
+B, H, C, r, R, L = 64, 3, 8192, a.rank, 15, 8000
 g = torch.Generator(device=dev).manual_seed(0)
 keys = (torch.randn(B, H, C, r, device=dev, generator=g) * 2).to(torch.bfloat16)
 qr = (torch.randn(B, H, R, r, device=dev, generator=g) * 0.3).contiguous()
@@ -36,13 +41,17 @@ def launch(chunk, bc, w, prec):
     stats = torch.empty((B * H, nch, 2, 16), dtype=torch.float32, device=dev)
     out = torch.empty((B, H, C), dtype=torch.float32, device=dev)
     st = (keys.stride(0), keys.stride(1), keys.stride(2))
+    split = int(prec[len("bf16x"):]) if prec.startswith("bf16x") else 0
+    dot = "tf32x3" if split else prec
+    bd = max(16, triton.next_power_of_2(r))
     def p1():
         tk._chunk_stats_kernel[(B * H, nch)](qr, keys, lengths, stats, H, R, r, nch, *st, CHUNK=chunk, BLOCK_C=bc,
-                                             BLOCK_R=16, BLOCK_D=32, DOT_PREC=prec, num_warps=w)
+                                             BLOCK_R=16, BLOCK_D=bd, DOT_PREC=dot, SPLIT=split, num_warps=w)
     def p2():
         tk._chunk_mass_kernel[(B * H, nch)](qr, keys, lengths, new.view(torch.uint8), stats, out, H, C, R, r, nch, *st,
-                                            CHUNK=chunk, BLOCK_C=bc, BLOCK_R=16, BLOCK_D=32,
-                                            BLOCK_N=max(16, triton.next_power_of_2(nch)), DOT_PREC=prec, num_warps=w)
+                                            CHUNK=chunk, BLOCK_C=bc, BLOCK_R=16, BLOCK_D=bd,
+                                            BLOCK_N=max(16, triton.next_power_of_2(nch)), DOT_PREC=dot, SPLIT=split,
+                                            num_warps=w)
     return p1, p2, out
 r1, r2, ref = launch(256, 64, 4, "ieee")
 r1(); r2(); torch.cuda.synchronize()

@@ -36,15 +36,51 @@ def _rows_and_keys_base(QR, K, H, R, r, stride_kb, stride_kh, pid, BLOCK_R: tl.c
 
 
 @triton.jit
+def _split_rows(qr):
+    """``qr`` (float32) as three bfloat16 pieces ``q1 + q2 + q3``: float32's 24 bits, 8 per piece."""
+    q1 = qr.to(tl.bfloat16)
+    rest = qr - q1.to(tl.float32)
+    q2 = rest.to(tl.bfloat16)
+    q3 = (rest - q2.to(tl.float32)).to(tl.bfloat16)
+    return q1, q2, q3
+
+
+@triton.jit
+def _logits(qr, q1, q2, q3, k, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, WIDEN: tl.constexpr):
+    """``(BLOCK_R, BLOCK_C)`` float32 logits of the rows against a block of keys ``k`` ``(BLOCK_C, BLOCK_D)``.
+    ``SPLIT`` 0: float32 products at ``DOT_PREC`` (keys of any float dtype, widened); 2 or 3: bfloat16 keys against
+    that many bfloat16 pieces of the rows, on bfloat16 tensor cores (each product of two bfloat16 numbers is exact in
+    the float32 accumulator: 3 pieces are the rows' float32 values, 2 pieces their first 16 bits). ``WIDEN``: the
+    pieces' products as exact float32 products instead (Triton's CPU interpreter multiplies a bfloat16 dot's raw bits)."""
+    if SPLIT == 0:
+        s = tl.dot(qr, tl.trans(k.to(tl.float32)), input_precision=DOT_PREC)
+    elif WIDEN:
+        kt = tl.trans(k.to(tl.float32))
+        s = tl.dot(q1.to(tl.float32), kt, input_precision="ieee")
+        s = tl.dot(q2.to(tl.float32), kt, s, input_precision="ieee")
+        if SPLIT == 3:
+            s = tl.dot(q3.to(tl.float32), kt, s, input_precision="ieee")
+    else:
+        kt = tl.trans(k)
+        s = tl.dot(q1, kt)
+        s = tl.dot(q2, kt, s)
+        if SPLIT == 3:
+            s = tl.dot(q3, kt, s)
+    return s
+
+
+@triton.jit
 def _chunk_stats_kernel(QR, K, LENS, STATS, H, R, r, NCH, stride_kb, stride_kh, stride_kc,
                         CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                        DOT_PREC: tl.constexpr):
+                        DOT_PREC: tl.constexpr, SPLIT: tl.constexpr = 0,
+                        WIDEN: tl.constexpr = False):
     """Pass 1, one program per (sequence, KV head) and chunk of ``CHUNK`` positions: each query row's maximum logit
     and normaliser over the chunk's cached positions (``-inf`` / 0 where it holds none)."""
     pid = tl.program_id(0)
     ch = tl.program_id(1)
     length = tl.load(LENS + pid // H).to(tl.int32)
     qr, kbase = _rows_and_keys_base(QR, K, H, R, r, stride_kb, stride_kh, pid, BLOCK_R, BLOCK_D)
+    q1, q2, q3 = _split_rows(qr)
     dims = tl.arange(0, BLOCK_D)
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     z = tl.zeros((BLOCK_R,), tl.float32)
@@ -52,8 +88,8 @@ def _chunk_stats_kernel(QR, K, LENS, STATS, H, R, r, NCH, stride_kb, stride_kh, 
         cs = c0 + tl.arange(0, BLOCK_C)
         seen = cs < length
         k = tl.load(kbase + cs[:, None].to(tl.int64) * stride_kc + dims[None, :],
-                    mask=seen[:, None] & (dims < r)[None, :], other=0.0).to(tl.float32)
-        s = tl.dot(qr, tl.trans(k), input_precision=DOT_PREC)  # (BLOCK_R, BLOCK_C)
+                    mask=seen[:, None] & (dims < r)[None, :], other=0.0)
+        s = _logits(qr, q1, q2, q3, k, SPLIT, DOT_PREC, WIDEN)  # (BLOCK_R, BLOCK_C)
         s = tl.where(seen[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         z = z * tl.exp(m - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
@@ -67,7 +103,8 @@ def _chunk_stats_kernel(QR, K, LENS, STATS, H, R, r, NCH, stride_kb, stride_kh, 
 @triton.jit
 def _chunk_mass_kernel(QR, K, LENS, NEW, STATS, OUT, H, C, R, r, NCH, stride_kb, stride_kh, stride_kc,
                        CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+                       BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr = 0,
+                        WIDEN: tl.constexpr = False):
     """Pass 2, same grid: combine every chunk's statistics into each row's maximum and normaliser, then write the
     mass of this chunk's positions (``-inf`` where the part may not add one)."""
     pid = tl.program_id(0)
@@ -75,6 +112,7 @@ def _chunk_mass_kernel(QR, K, LENS, NEW, STATS, OUT, H, C, R, r, NCH, stride_kb,
     b = pid // H
     length = tl.load(LENS + b).to(tl.int32)
     qr, kbase = _rows_and_keys_base(QR, K, H, R, r, stride_kb, stride_kh, pid, BLOCK_R, BLOCK_D)
+    q1, q2, q3 = _split_rows(qr)
     dims = tl.arange(0, BLOCK_D)
     rows = tl.arange(0, BLOCK_R)
     chunks = tl.arange(0, BLOCK_N)
@@ -95,8 +133,8 @@ def _chunk_mass_kernel(QR, K, LENS, NEW, STATS, OUT, H, C, R, r, NCH, stride_kb,
         inside = (cs < C) & (cs < ch * CHUNK + CHUNK)
         seen = cs < length
         k = tl.load(kbase + cs[:, None].to(tl.int64) * stride_kc + dims[None, :],
-                    mask=seen[:, None] & (dims < r)[None, :], other=0.0).to(tl.float32)
-        s = tl.dot(qr, tl.trans(k), input_precision=DOT_PREC)
+                    mask=seen[:, None] & (dims < r)[None, :], other=0.0)
+        s = _logits(qr, q1, q2, q3, k, SPLIT, DOT_PREC, WIDEN)
         p = tl.exp(s - m[:, None]) * inv[:, None]
         mass = tl.sum(p, axis=0)  # (BLOCK_C,)
         ok = tl.load(NEW + b.to(tl.int64) * C + cs, mask=inside, other=0) != 0
@@ -108,6 +146,11 @@ def _chunk_mass_kernel(QR, K, LENS, NEW, STATS, OUT, H, C, R, r, NCH, stride_kb,
 DOT_PREC = "tf32x3"
 
 
+#: bfloat16 pieces of the rows against bfloat16 keys (``SPLIT``): 3 carry the float32 rows whole (every product exact,
+#: float32 accumulation), on bfloat16 tensor cores at half TF32's cost per product and without widening the keys
+BF16_SPLIT = 3
+
+
 def default_chunk(rows: int, positions: int) -> int:
     """Positions per program: 1024 where a launch still has >= 512 programs (``B · H_kv`` rows of ``positions``),
     else 256 (a small batch: more, shorter programs fill the SMs). At B 64 x 8k on an H100 1024 was 1.2x faster."""
@@ -115,7 +158,7 @@ def default_chunk(rows: int, positions: int) -> int:
 
 
 def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor,
-                 chunk: int | None = None) -> torch.Tensor:
+                 chunk: int | None = None, split: int | None = None) -> torch.Tensor:
     """``(B, H, C)`` float32: per (sequence, KV head) the softmax mass of the ``R`` query rows of ``qr`` over the
     projected keys of the first ``lengths[b]`` positions, summed over the rows; ``-inf`` where ``new`` is false or at
     ``lengths[b]`` and after.
@@ -126,6 +169,8 @@ def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, ne
         lengths: ``(B,)`` cached positions per sequence.
         new: ``(B, C)`` bool, contiguous: the positions the per-layer part may add.
         chunk: positions per program, a power of two >= 16 (default :func:`default_chunk`; tests use small ones).
+        split: bfloat16 keys only: the products as 2 or 3 bfloat16 pieces of the rows (default :data:`BF16_SPLIT`),
+            or 0 for three TF32 products (:data:`DOT_PREC`), which keys of other dtypes always take.
     """
     B, H, C, r = keys.shape
     R = qr.shape[2]
@@ -138,6 +183,11 @@ def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, ne
         chunk = default_chunk(B * H, C)
     if chunk < 16 or chunk & (chunk - 1):
         raise ValueError(f"lowrank_mass: chunk must be a power of two >= 16, got {chunk}")
+    if split is None:
+        split = BF16_SPLIT if keys.dtype == torch.bfloat16 else 0
+    if split not in (0, 2, 3) or (split and keys.dtype != torch.bfloat16):
+        raise ValueError(f"lowrank_mass: split must be 0, or 2 or 3 with bfloat16 keys; got {split} with "
+                         f"{keys.dtype} keys")
     out = torch.empty((B, H, C), dtype=torch.float32, device=keys.device)
     if B * H == 0 or C == 0:
         return out
@@ -150,8 +200,9 @@ def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, ne
     strides = (keys.stride(0), keys.stride(1), keys.stride(2))
     _chunk_stats_kernel[grid](qr, keys, lengths, stats, H, R, r, nch, *strides,
                               CHUNK=chunk, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_D=block_d, DOT_PREC=DOT_PREC,
-                              num_warps=4)
+                              SPLIT=split, WIDEN=not keys.is_cuda, num_warps=4)
     _chunk_mass_kernel[grid](qr, keys, lengths, new.view(torch.uint8), stats, out, H, C, R, r, nch, *strides,
                              CHUNK=chunk, BLOCK_C=block_c, BLOCK_R=block_r, BLOCK_D=block_d,
-                             BLOCK_N=max(16, triton.next_power_of_2(nch)), DOT_PREC=DOT_PREC, num_warps=4)
+                             BLOCK_N=max(16, triton.next_power_of_2(nch)), DOT_PREC=DOT_PREC, SPLIT=split,
+                             WIDEN=not keys.is_cuda, num_warps=4)
     return out
