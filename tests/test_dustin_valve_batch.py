@@ -86,3 +86,41 @@ def test_the_valve_merges_per_sequence(monkeypatch):
     assert torch.equal(v._scores[:, 0], torch.tensor([0.0, 2.0, 0.0, 2.0]))  # no SRH heads: the re-run's signal is 0
     assert torch.equal(drafter.scores[0][:, 0, 0], torch.tensor([9.0, 2.0, 9.0, 2.0]))
     assert int(read) == 5 + 4 and v._stats["dense_margin"] == 2
+
+
+def test_a_large_batch_re_runs_unasked_with_the_same_tokens(monkeypatch):
+    """From ``VALVE_UNASKED_BATCH`` sequences on the valve queues its re-run without reading on the host whether any
+    sequence fired (no wait for the sparse pass): the tokens and the counters are those of the asking valve, with one
+    host read fewer per sparse pass."""
+    from specdec import verifiers
+
+    model = make_tiny("llama")
+    prompts = [PROMPTS[i % 4][i // 4:] for i in range(16)]
+    real = torch.Tensor.__bool__
+
+    def run(threshold, margin):
+        monkeypatch.setattr(verifiers, "VALVE_UNASKED_BATCH", threshold)
+        reads = []
+
+        def bool_(t):  # the host reads of a tensor's truth (the valve's redo.any())
+            reads.append(1)
+            return real(t)
+
+        monkeypatch.setattr(torch.Tensor, "__bool__", bool_)
+        try:
+            tokens, report = _run(model, prompts, margin)
+        finally:
+            monkeypatch.setattr(torch.Tensor, "__bool__", real)
+        return tokens, report, len(reads)
+
+    fired = []
+    for margin in (0.05, 0.3):
+        asked = run(10**9, margin)
+        unasked = run(16, margin)
+        assert unasked[0] == asked[0], margin
+        for key in ("dense_margin", "passes", "dense_passes", "kv_read", "kv_dense"):
+            assert unasked[1][key] == asked[1][key], (margin, key)
+        sparse = asked[1]["passes"] - asked[1]["dense_passes"]
+        assert asked[2] - unasked[2] == sparse > 0, margin
+        fired.append(asked[1]["dense_margin"])
+    assert 0 < fired[0] < fired[1]

@@ -9,9 +9,8 @@ Measured on the H200 (``benchmarks/results/gpu_select_2026-12-01d.md``): this ke
 what would cut the time (fewer dependent passes per row, the head sum and the length mask fused in).
 
 :func:`select_top` does it per row in one program: the row is loaded once, each score mapped to an int32
-key ordered like the floats, the ``room``-th largest key found by a radix select over registers
-(:data:`RADIX_BITS` bits a pass from the top: 7 histogram passes; it was 32 counting passes of a bisection over the
-key range, 42 µs per 192 rows of 8k on an H100), then the positions with a larger key and, for ties at the
+key ordered like the floats, the ``room``-th largest key found by bisection over the key range (32 counting
+passes over registers, not over memory), then the positions with a larger key and, for ties at the
 threshold, the lowest positions first (the documented tie-break; ``torch.topk`` leaves ties unspecified)
 are written in position order into slots ``[0, room)``, and -1 into ``[room, k_sel)``. The same index SET as
 the sorted top-k for distinct scores; the order within the slots is by position, not by score (the sparse
@@ -31,38 +30,47 @@ MAX_L = 16384
 
 
 @triton.jit
-def _select_kernel(S, OUT, ROOM, L, k_sel, Hs, B, BLOCK: tl.constexpr, KBLOCK: tl.constexpr, BITS: tl.constexpr,
-                   NB: tl.constexpr, PASSES: tl.constexpr, EXTRA: tl.constexpr):
+def _select_kernel(S, OUT, ROOM, L, k_sel, Hs, B, BLOCK: tl.constexpr, KBLOCK: tl.constexpr, WIDE: tl.constexpr = False):
     row = tl.program_id(0)  # over (N', B, Hs) rows
     b = (row // Hs) % B
-    room = tl.minimum(tl.load(ROOM + b), k_sel).to(tl.int32)  # never past the row's k_sel slots
+    # never past the row's k_sel slots, nor past its L positions (the slots after them get -1)
+    room = tl.minimum(tl.minimum(tl.load(ROOM + b), k_sel), L).to(tl.int32)
     offs = tl.arange(0, BLOCK)
     inb = offs < L
     x = tl.load(S + row.to(tl.int64) * L + offs, mask=inb, other=float("-inf"))
     bits = x.to(tl.int32, bitcast=True)
     key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed order == float order (no NaN)
-    room = tl.minimum(room, tl.sum(inb.to(tl.int32), axis=0))  # never more picks than positions
-    ukey = key ^ (-2147483647 - 1)  # unsigned order as bits
-    bins = tl.arange(0, NB)
-    prefix = tl.zeros((), tl.int32)
-    need = room
-    for p in tl.static_range(PASSES):  # radix select, BITS a pass from the top: the room-th largest key
-        HI = 32 - BITS * p  # (constexpr) the bits above HI are fixed by the earlier passes
-        WIDTH = BITS - (p == PASSES - 1) * EXTRA  # (constexpr) the digit's width
-        m = inb
-        if p > 0:
-            m = m & ((ukey & (-(1 << HI))) == prefix)
-        dig = tl.where(m, (ukey >> (HI - WIDTH)) & ((1 << WIDTH) - 1), 0)
-        h = tl.histogram(dig, NB) - tl.where(bins == 0, BLOCK - tl.sum(m.to(tl.int32), axis=0), 0)
-        prefix, need = _digit(h, bins, need, prefix, HI - WIDTH)
-    thr = prefix ^ (-2147483647 - 1)
-    gt = inb & (key > thr)
-    eq = inb & (key == thr)
-    tie = eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need)  # ties at the threshold: lowest positions first
-    take = tl.where(gt | tie, room > 0, False)  # (a where: the interpreter's bool & scalar is int32)
+    key = tl.where(inb, key, -2147483647 - 1)  # padding: below every score, -inf included
+    if WIDE:  # the bisection over int64 keys (before 2026-12-06)
+        lo = tl.full((), -2147483647 - 1, tl.int64)
+        hi = tl.full((), 2147483647, tl.int64)
+        key64 = key.to(tl.int64)
+        for _ in range(32):  # largest t with count(key >= t) >= room: the room-th largest key
+            mid = (lo + hi + 1) // 2
+            cnt = tl.sum((key64 >= mid).to(tl.int32), axis=0)
+            ok = cnt >= room
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+        gt = key64 > lo
+        eq = key64 == lo
+    else:  # the same bisection over the keys as uint32 (padding 0, -inf 0x007FFFFF, +inf 0xFF800000): half the bits
+        ukey = (key ^ (-2147483647 - 1)).to(tl.uint32, bitcast=True)
+        lo = tl.full((), 0, tl.uint32)
+        hi = tl.full((), 0xFF800000, tl.uint32)  # +inf's: no larger key, so mid never wraps
+        for _ in range(32):
+            mid = lo + ((hi - lo) >> 1) + 1  # hi == lo: mid = hi + 1 fails and keeps lo
+            cnt = tl.sum((ukey >= mid).to(tl.int32), axis=0)
+            ok = cnt >= room
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+        gt = ukey > lo
+        eq = ukey == lo
+    need = room - tl.sum(gt.to(tl.int32), axis=0)
+    tie = tl.where(eq, tl.cumsum(eq.to(tl.int32), axis=0) <= need, False)
+    take = tl.where(inb & (gt | tie), room > 0, False)
     slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
     base = OUT + row.to(tl.int64) * k_sel
-    tl.store(base + slot, offs.to(tl.int64), mask=take & (slot < room))
+    tl.store(base + slot, offs.to(tl.int64), mask=take)
     ks = tl.arange(0, KBLOCK)
     tl.store(base + ks, tl.full((KBLOCK,), -1, tl.int64), mask=(ks >= room) & (ks < k_sel))
 
@@ -86,11 +94,8 @@ def select_top(s: torch.Tensor, k_sel: int, room: torch.Tensor) -> torch.Tensor:
     rows = N * B * Hs
     if rows and k_sel:
         block = triton.next_power_of_2(max(L, 16))
-        bits = RADIX_BITS
-        passes = -(-32 // bits)
         _select_kernel[(rows,)](s, out, room, L, k_sel, Hs, B, BLOCK=block,
-                                KBLOCK=triton.next_power_of_2(max(k_sel, 16)), BITS=bits, NB=1 << bits, PASSES=passes,
-                                EXTRA=bits * passes - 32, num_warps=8 if block >= 4096 else 4)
+                                KBLOCK=triton.next_power_of_2(max(k_sel, 16)), num_warps=8 if block >= 4096 else 4)
     return out
 
 
