@@ -4,7 +4,8 @@
 # of the float32 rows) with a radix select. Three calls, as the usual model upload:
 #   STAGE=1 (carry .whl .model/a): wheels, model part a; select_top's sweep; ranking kernel sweeps at rank 32 and 16
 #                                  + one layer's ranking and selection vs torch
-#   STAGE=2 (carry .model/b):      model part b; the verify step's breakdown (random weights, B 64 x 8k)
+#   STAGE=2 (carry .model/b):      model part b; the verify step's and the valve re-run's breakdowns (random weights,
+#                                  B 64 x 8k)
 #   STAGE=3 (carry .model/c .heldout): `specdec bench` at 8k x B 64 (8 / 4 windows per document), dense interleaved
 set -x
 export PYTHONPATH=$PWD:/tmp/site PATH=$PATH:/tmp/site/bin PYTHONUNBUFFERED=1
@@ -30,6 +31,8 @@ case "${STAGE:-3}" in
     '{"25% layer_share 1.0 pages": {"layer_share": 1.0}, "25% keys r32": {"layer_share": 1.0, "layer_scores": "keys", "key_rank": 32}, "25% keys r16": {"layer_share": 1.0, "layer_scores": "keys", "key_rank": 16}}' \
     > $OUT/layer_plan_speed.txt 2>&1; echo lps rc=$?
   tail -n 80 $OUT/layer_plan_speed.md
+  timeout 150 python3 benchmarks/gpu/valve_rerun_speed.py --out $OUT > $OUT/valve_rerun_speed.txt 2>&1; echo valve rc=$?
+  head -n 16 $OUT/valve_rerun_speed.md
   ;;
 3)
   ls -la /tmp/m/smol.gguf || cat /tmp/m/part_aa /tmp/m/part_ab .model/c/part_ac > /tmp/m/smol.gguf

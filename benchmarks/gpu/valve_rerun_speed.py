@@ -1,0 +1,110 @@
+"""What Dustin's confidence valve costs per pass at B = 64 x 8k (a diagnostic): the dense re-run of the γ + 1 = 5 rows
+with only the fired sequences live (the others read none of their context), against a dense forward with all live and
+the sparse verify step it follows (low-rank keys, rank 16, 25 %), each with and without the target's SRH score request
+the verifier records in the same pass. Random-weight SmolLM2-135M shape, bf16, Triton backend, CUDA graphs; medians of
+``--reps`` CUDA-event timings; kernel tables of the re-run (``DIR/valve_rerun_speed.{json,md}``).
+
+    python3 benchmarks/gpu/valve_rerun_speed.py --out DIR [--live 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from layer_plan_speed import kernel_table  # noqa: E402
+from script_io import timed  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=8000)
+    ap.add_argument("--live", type=int, default=8, help="fired sequences in the re-run")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--smoke", action="store_true", help="CPU, float32, tiny sizes (checks the script runs)")
+    a = ap.parse_args(argv)
+    gpu = not a.smoke
+    if a.smoke:
+        a.context, a.batch, a.live, a.reps = 96, 4, 1, 1
+    from specdec.dustin import default_heads
+    from specdec.loading import load_model
+    from specdec.planner import planner_for
+    from specdec.selectors.hybrid_srh import HybridSRHConfig, HybridSRHSelector
+    from specdec.verifiers import srh_request
+
+    m = load_model("random", "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu", "triton" if gpu else "reference",
+                   gpu, False, gpu, shape="smollm2-135m")
+    dev = m.device
+    B, L, T = a.batch, a.context, 5
+    cache = m.new_cache(B, L + 128)
+    torch.manual_seed(0)
+    for t in (cache.k, cache.v):
+        t.normal_()
+    cache.live = torch.ones(B, dtype=torch.bool, device=dev)
+    lengths = torch.full((B,), L, device=dev, dtype=torch.long)
+    ids = torch.randint(0, 1000, (B, T), device=dev)
+    t_heads, _ = default_heads(m.dims.n_global, m.dims.n_heads, 1)
+    heads = {}
+    for layer, h in t_heads:
+        heads.setdefault(int(layer), []).append(int(h))
+    fired = torch.zeros(B, dtype=torch.bool, device=dev)
+    fired[: a.live] = True
+    sel = HybridSRHSelector(HybridSRHConfig(budget_ratio=0.25, target_heads=[tuple(x) for x in t_heads], layer_share=1.0,
+                                            layer_scores="keys", key_rank=16))
+    sel.draft_signal = torch.rand(B, cache.capacity, device=dev)
+    sel.target_signal = torch.rand(B, cache.capacity, device=dev)
+    sel.prepare(cache, lengths, [L] * B)
+    planner = planner_for(cache)
+
+    def dense(live=None, srh=False):
+        def run():
+            if live is not None:
+                cache.live.copy_(live)
+            try:
+                return m.forward(ids, cache, lengths, scores=[srh_request(heads, T)] if srh else ())
+            finally:
+                cache.live.fill_(True)
+        return run
+
+    def sparse(srh=False):
+        return lambda: m.forward(ids, cache, lengths, plan=planner.plan(sel, lengths),
+                                 scores=[srh_request(heads, T)] if srh else ())
+
+    cases = {"dense, all live": dense(), "dense, all live + SRH": dense(srh=True),
+             f"re-run, {a.live} live": dense(fired), f"re-run, {a.live} live + SRH": dense(fired, True),
+             "re-run, none live + SRH": dense(torch.zeros_like(fired), True),
+             "sparse keys r16 (plan + forward)": sparse(), "sparse keys r16 + SRH": sparse(True)}
+    res = dict(meta=dict(batch=B, context=L, rows=T, live=a.live, srh_heads=heads, device=torch.cuda.get_device_name() if gpu else "cpu",
+                         torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                         command=" ".join(sys.argv)), ms={}, kernels={})
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, fn in cases.items():
+        res["ms"][name] = round(timed(fn, a.reps, dev, 3), 4)
+        print(name, res["ms"][name], flush=True)
+    for name in (f"re-run, {a.live} live + SRH", "sparse keys r16 + SRH") if gpu else ():
+        res["kernels"][name] = kernel_table(cases[name], 5)
+    (out / "valve_rerun_speed.json").write_text(json.dumps(res, indent=1))
+    lines = [f"# Dustin's valve re-run at B = {B} x {L} — {res['meta']['date']}", "",
+             f"`{res['meta']['command']}` on {res['meta']['device']} (torch {torch.__version__}); T = {T}, random-weight "
+             f"SmolLM2-135M shape, SRH heads {heads}.", "", "| case | ms |", "|---|---|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in res["ms"].items()]
+    for name, p in res["kernels"].items():
+        lines += ["", f"## {name}: kernels ({p['device_us_per_call']} µs, {p['launches_per_call']} launches)", "",
+                  "| kernel | µs | launches |", "|---|---|---|"]
+        lines += [f"| `{k['name']}` | {k['us_per_call']} | {k['count']:g} |" for k in p["top"]]
+    (out / "valve_rerun_speed.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
