@@ -3,8 +3,6 @@ sparse verification set (near-lossless)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from specdec.attention.recording import head_attention  # noqa: F401  (re-exported)
@@ -63,10 +61,6 @@ def plan_reads(plan, lengths: torch.Tensor) -> torch.Tensor:
 #: batch size from which :class:`SparseVerifier`'s confidence valve re-runs without first reading on the host whether
 #: any sequence fired (the re-run reads only the fired sequences' context; at 8k x B 64 some fire in nearly every pass)
 VALVE_UNASKED_BATCH = 16
-#: the share of a batch the valve's re-run expects to read (a backend with ``for_few_live`` sizes its dense attention's
-#: splits for that many sequences): at 8k x B 64, 25 %, margin 0.1 it fires for ~1 in 8 sequences per pass, and the
-#: re-run of 8 live sequences took 2.9 ms in one split per sequence (1.4 ms with none live; H100, 2026-12-06)
-VALVE_LIVE_SHARE = 0.125
 
 
 class _RowsKept:
@@ -289,10 +283,8 @@ class SparseVerifier(Verifier):
         if masked:
             live &= redo
         srh = srh_request(self.selector.target_heads, T)
-        few = getattr(getattr(model, "backend", None), "for_few_live", None) if masked else None  # split few reads
         try:
-            with model.using_backend(few(VALVE_LIVE_SHARE)) if few is not None else contextlib.nullcontext():
-                dense = model.forward(tokens, cache, state.lengths, scores=[r for r in (scores, srh) if r is not None])
+            dense = model.forward(tokens, cache, state.lengths, scores=[r for r in (scores, srh) if r is not None])
         finally:
             if masked:
                 live.copy_(before)

@@ -124,39 +124,3 @@ def test_a_large_batch_re_runs_unasked_with_the_same_tokens(monkeypatch):
         assert asked[2] - unasked[2] == sparse > 0, margin
         fired.append(asked[1]["dense_margin"])
     assert 0 < fired[0] < fired[1]
-
-
-def test_the_re_run_splits_the_few_live_sequences_reads_with_the_same_tokens(monkeypatch):
-    """On the Triton backend the valve's re-run goes through :meth:`TritonBackend.for_few_live` (its dense attention
-    split for the few sequences that read): the tokens, the re-verified count and the reads are those of the re-run on
-    the backend as it is."""
-    pytest.importorskip("triton", reason="the Triton backend needs the optional 'triton' package")
-    import os
-
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        pytest.skip("the tiny model runs on the CPU: the Triton kernels need TRITON_INTERPRET=1 (the test command's)")
-    from specdec.cuda.triton_backend import TritonBackend, TritonConfig
-
-    model = make_tiny("llama")
-    calls = []
-    real = TritonBackend.for_few_live
-
-    def few(self, share):
-        calls.append(share)
-        return real(self, share)
-
-    def run():
-        cfg = PipelineConfig.make(method="dustin", gamma=3, budget=8, sinks=2, recent=4, adaptive=False,
-                                  options={"margin": 0.3})
-        eng = build_engine(model, cfg, eos_token_id=-1)
-        return eng.generate(PROMPTS[:2], max_new_tokens=8).tokens, eng.verifier.report()
-
-    # one program per SM (the interpreter counts 4): 2 sequences x 2 KV heads take 1 split each, an eighth of them 4
-    with model.using_backend(TritonBackend(TritonConfig(block_n=16, ctas_per_sm=1))):
-        monkeypatch.setattr(TritonBackend, "for_few_live", few)
-        split, rep_split = run()
-        assert calls and all(s == 0.125 for s in calls)
-        monkeypatch.setattr(TritonBackend, "for_few_live", lambda self, share: self)
-        plain, rep_plain = run()
-    assert split == plain
-    assert rep_split["dense_margin"] == rep_plain["dense_margin"] > 0 and rep_split["kv_read"] == rep_plain["kv_read"]

@@ -356,26 +356,6 @@ def test_choose_splits_fills_gpu_without_empty_tiles():
     assert choose_splits(1, 100, cpu, cfg) == 2  # never more chunks than tiles
 
 
-def test_choose_splits_for_a_few_live_pairs(monkeypatch):
-    """``live_share``: a dense call where only that share of the (sequence, KV head) pairs reads (the valve's re-run)
-    gets the split count of that many pairs and never the single split; sparse calls and a fixed count are unchanged.
-    At the H100's 132 SMs and B 64 x 3 KV heads x 8k: 1 split for every pair live, 22 for an eighth of them."""
-    from specdec.cuda import triton_attention
-
-    monkeypatch.setattr(triton_attention, "_sm_count", lambda device: 132)
-    gpu = torch.device("cuda")  # the device type only (nothing runs): the dense single-split rule applies on a GPU
-    cfg = LaunchConfig(block_n=128, dense_single_split_at=1.0)
-    assert choose_splits(192, 8000, gpu, cfg) == 1
-    few = LaunchConfig(block_n=128, dense_single_split_at=1.0, live_share=0.125)
-    assert choose_splits(192, 8000, gpu, few) == 22
-    assert choose_splits(192, 8000, gpu, few, sparse=True) == choose_splits(192, 8000, gpu, cfg, sparse=True)
-    assert choose_splits(192, 8000, gpu, LaunchConfig(num_splits=2, live_share=0.125)) == 2
-    assert choose_splits(192, 300, gpu, few) == 3  # never more chunks than tiles
-    backend = TritonBackend()
-    assert backend.for_few_live(0.125).config.live_share == 0.125 and backend.for_few_live(0.125) is backend.for_few_live(0.125)
-    assert backend.config.live_share is None
-
-
 def test_registry_and_validate():
     from specdec.registry import BACKENDS
 

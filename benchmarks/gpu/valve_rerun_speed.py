@@ -1,6 +1,5 @@
 """What Dustin's confidence valve costs per pass at B = 64 x 8k (a diagnostic): the dense re-run of the γ + 1 = 5 rows
-with only the fired sequences live (the others read none of their context), with the backend's split count for a full
-batch or for the few live ones (``TritonBackend.for_few_live``, what the verifier uses), against a dense forward with all live and
+with only the fired sequences live (the others read none of their context), against a dense forward with all live and
 the sparse verify step it follows (low-rank keys, rank 16, 25 %), each with and without the target's SRH score request
 the verifier records in the same pass. Random-weight SmolLM2-135M shape, bf16, Triton backend, CUDA graphs; medians of
 ``--reps`` CUDA-event timings; kernel tables of the re-run (``DIR/valve_rerun_speed.{json,md}``).
@@ -40,7 +39,7 @@ def main(argv=None) -> int:
     from specdec.loading import load_model
     from specdec.planner import planner_for
     from specdec.selectors.hybrid_srh import HybridSRHConfig, HybridSRHSelector
-    from specdec.verifiers import VALVE_LIVE_SHARE, srh_request
+    from specdec.verifiers import srh_request
 
     m = load_model("random", "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu", "triton" if gpu else "reference",
                    gpu, False, gpu, shape="smollm2-135m")
@@ -66,15 +65,12 @@ def main(argv=None) -> int:
     sel.prepare(cache, lengths, [L] * B)
     planner = planner_for(cache)
 
-    def dense(live=None, srh=False, few=False):
-        backend = m.backend.for_few_live(VALVE_LIVE_SHARE) if few and hasattr(m.backend, "for_few_live") else m.backend
-
+    def dense(live=None, srh=False):
         def run():
             if live is not None:
                 cache.live.copy_(live)
             try:
-                with m.using_backend(backend):
-                    return m.forward(ids, cache, lengths, scores=[srh_request(heads, T)] if srh else ())
+                return m.forward(ids, cache, lengths, scores=[srh_request(heads, T)] if srh else ())
             finally:
                 cache.live.fill_(True)
         return run
@@ -86,8 +82,6 @@ def main(argv=None) -> int:
     cases = {"dense, all live": dense(), "dense, all live + SRH": dense(srh=True),
              f"re-run, {a.live} live": dense(fired), f"re-run, {a.live} live + SRH": dense(fired, True),
              "re-run, none live + SRH": dense(torch.zeros_like(fired), True),
-             f"re-run, {a.live} live + SRH, split for the few (shipped)": dense(fired, True, True),
-             "re-run, none live + SRH, split for the few": dense(torch.zeros_like(fired), True, True),
              "sparse keys r16 (plan + forward)": sparse(), "sparse keys r16 + SRH": sparse(True)}
     res = dict(meta=dict(batch=B, context=L, rows=T, live=a.live, srh_heads=heads, device=torch.cuda.get_device_name() if gpu else "cpu",
                          torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -97,7 +91,7 @@ def main(argv=None) -> int:
     for name, fn in cases.items():
         res["ms"][name] = round(timed(fn, a.reps, dev, 3), 4)
         print(name, res["ms"][name], flush=True)
-    for name in (f"re-run, {a.live} live + SRH, split for the few (shipped)", "sparse keys r16 + SRH") if gpu else ():
+    for name in (f"re-run, {a.live} live + SRH", "sparse keys r16 + SRH") if gpu else ():
         res["kernels"][name] = kernel_table(cases[name], 5)
     (out / "valve_rerun_speed.json").write_text(json.dumps(res, indent=1))
     lines = [f"# Dustin's valve re-run at B = {B} x {L} — {res['meta']['date']}", "",

@@ -758,10 +758,6 @@ class LaunchConfig:
     # one takes the byte mask), or gathered from the (T, T) mask in the tiles that reach the new rows (False);
     # None: ``TREE_BITS`` (True)
     tree_bits: bool | None = None
-    # the share of the (sequence, KV head) pairs expected to read in a dense call: a batch whose other sequences are
-    # finished (the confidence valve's re-run of the few sequences it fired for) gets the split count of that many
-    # pairs and never the single split, so those few pairs spread over the GPU; None: every pair reads
-    live_share: float | None = None
 
     def resolve(self, sparse: bool, head_dim: int, raw_scores: bool = False, pairs: int | None = None,
                 length: int = 0, sink_scores: bool = False, rows: int | None = None) -> "LaunchConfig":
@@ -780,7 +776,7 @@ class LaunchConfig:
                             pick(self.fused_combine, sparse and auto in FUSED_COMBINE_ROWS),
                             pick(self.sink_anchors, anchors), pick(self.score_store, store),
                             pick(self.fast_loop, FAST_LOOP), pick(self.row_block, ROW_BLOCK),
-                            pick(self.tree_bits, TREE_BITS), self.live_share)  # explicit wins
+                            pick(self.tree_bits, TREE_BITS))  # explicit wins
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -840,9 +836,6 @@ def choose_splits(bh: int, virtual_len: int, device: torch.device, cfg: LaunchCo
     if cfg.num_splits is not None:
         return max(1, cfg.num_splits)
     sms = _sm_count(device)
-    if cfg.live_share is not None and not sparse:  # few pairs read (the others' sequences are finished)
-        bh = max(1, math.ceil(bh * cfg.live_share))
-        cfg = dataclasses.replace(cfg, dense_single_split_at=None)
     if sparse and cfg.sparse_single_split_at is not None and bh >= cfg.sparse_single_split_at * sms:
         return 1
     one = cfg.dense_single_split_at

@@ -54,9 +54,6 @@ class TritonConfig(ComponentConfig):
         dense_single_split_at: dense attention runs in one split (no combine launch) once the
             (sequence, KV head) programs reach this many per SM; ``"auto"``: 1.0 at head dim <= 64
             (measured faster on an H200), never at head dim 128; ``None``: always split.
-        live_share: the share of the (sequence, KV head) pairs expected to read in a dense call, the others'
-            sequences being finished (:meth:`for_few_live`: the confidence valve's re-run); the split count is
-            chosen for that many pairs, never one split. ``None``: every pair reads.
         sparse_single_split_at: sparse plans run in one split (no combine launch) once the
             (sequence, KV head) programs reach this many per SM; ``None``: always split.
         v_early: gather a tile's V rows right after its K rows (``True``) or after its softmax
@@ -146,7 +143,6 @@ class TritonConfig(ComponentConfig):
     dense_single_split_at: float | Literal["auto"] | None = "auto"
     flash_attn: Literal["auto", "off", "on"] = "auto"
     fused_softmax_scores: bool = False
-    live_share: float | None = Field(default=None, gt=0, le=1)
     peers: Literal["auto", "off", "fa4", "flashinfer"] = "auto"
     score_reduce: Literal["mma", "colsum"] = "colsum"
     score_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -247,7 +243,7 @@ class TritonBackend(AttentionBackend):
                          dense_single_split_at=c.dense_single_split_at, v_early=c.v_early,
                          min_tiles=c.min_tiles, fused_combine=c.fused_combine,
                          sink_anchors=c.sink_anchors, score_store=c.score_store, fast_loop=c.fast_loop,
-                         row_block=c.row_block, tree_bits=c.tree_bits, live_share=c.live_share)
+                         row_block=c.row_block, tree_bits=c.tree_bits)
             if LaunchConfig is not None
             else None
         )
@@ -269,14 +265,6 @@ class TritonBackend(AttentionBackend):
         # host synchronisation, so they can be captured in a CUDA graph (not with ``sdpa_decode``,
         # which syncs; prefill-sized forwards sync too and are never captured)
         self.capture_safe = not c.sdpa_decode
-
-    def for_few_live(self, share: float) -> "TritonBackend":
-        """This backend for dense forwards where only ``share`` of the batch's sequences read (the others finished:
-        the confidence valve's re-run): the same settings with ``live_share`` (made once per share)."""
-        few = self.__dict__.setdefault("_few_live", {})
-        if share not in few:
-            few[share] = TritonBackend(self.config.model_copy(update=dict(live_share=share)))
-        return few[share]
 
     def uses_flash_attn(self, q: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether this call goes to flash-attn: dense, no scores, CUDA, fp16/bf16, flash-attn in use."""
