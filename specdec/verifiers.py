@@ -58,11 +58,6 @@ def plan_reads(plan, lengths: torch.Tensor) -> torch.Tensor:
     return read
 
 
-#: batch size from which :class:`SparseVerifier`'s confidence valve re-runs without first reading on the host whether
-#: any sequence fired (the re-run reads only the fired sequences' context; at 8k x B 64 some fire in nearly every pass)
-VALVE_UNASKED_BATCH = 16
-
-
 class _RowsKept:
     """The K/V rows a forward of ``T`` rows is about to write (positions ``lengths .. lengths + T - 1`` of every global
     layer, and the ring slots ``position % C`` of every local one), kept so that :meth:`restore` can put them back for
@@ -153,7 +148,7 @@ class SparseVerifier(Verifier):
     @property
     def stats(self) -> dict:
         """Counters (the KV-read ones are summed on the device and read here: one host sync)."""
-        st = {k: int(v) if isinstance(v, torch.Tensor) else v for k, v in self._stats.items()}  # device counters
+        st = dict(self._stats)
         if self._kv is not None:
             kv_read, kv_dense = self._kv.tolist()
             st.update(kv_read=kv_read, kv_dense=kv_dense)
@@ -260,25 +255,21 @@ class SparseVerifier(Verifier):
         self.last_margin = low
         self.last_deciding = first_no.view(-1).clamp(max=T - 1) + 1  # (B,) rows that decide
         redo = low < self.margin
+        if not bool(redo.any()):  # one host read per sparse pass, only with the valve on
+            return logits, logits.new_zeros((), dtype=state.lengths.dtype)
         # Only the sequences whose margin fired are re-verified: the others keep everything the sparse pass gave them
         # (logits, the K/V rows it wrote, the hidden states an EAGLE draft reads, the history signal, the drafter's
         # scores), so a sequence's output does not depend on its batch-mates; and, through the cache's live flags
         # (specdec.models.SKIP_FINISHED_READS), they read none of their context in the re-run.
         from specdec import models
 
-        cache = state.cache
-        live = getattr(cache, "live", None)
-        live = live if live is not None and live.shape == redo.shape else None
-        masked = live is not None and models.SKIP_FINISHED_READS is True and B > 1
-        # whether any sequence fired: a host read (a wait for the sparse pass) where the re-run would cost a dense
-        # pass, or where a batch this small often has none; from VALVE_UNASKED_BATCH sequences on (some sequence fires
-        # in nearly every pass) the re-run is queued unasked, reading only the fired sequences' context (none, if none)
-        if not (masked and B >= VALVE_UNASKED_BATCH) and not bool(redo.any()):
-            return logits, logits.new_zeros((), dtype=state.lengths.dtype)
-        model = self.model
+        cache, model = state.cache, self.model
         kept = _RowsKept(cache, state.lengths, T) if cache is not None else None
         hidden = getattr(model, "last_hidden", None)
         drafter_scores = dict(scores.scores) if scores is not None else None
+        live = getattr(cache, "live", None)
+        live = live if live is not None and live.shape == redo.shape else None
+        masked = live is not None and models.SKIP_FINISHED_READS is True and B > 1
         before = live.clone() if masked else None
         if masked:
             live &= redo
@@ -300,7 +291,7 @@ class SparseVerifier(Verifier):
                 new = scores.scores.get(layer)
                 if new is not None and new.shape == old.shape:
                     scores.scores[layer] = torch.where(redo.view(B, *([1] * (new.dim() - 1))), new, old)
-        self._stats["dense_margin"] = self._stats["dense_margin"] + redo.sum()  # on the device (read by stats)
+        self._stats["dense_margin"] += int(redo.sum())
         read = state.active & redo if masked else state.active
         return torch.where(redo.view(B, 1, 1), dense, logits), (state.lengths * read.to(state.lengths.dtype)).sum()
 
