@@ -139,8 +139,9 @@ def test_lowrank_mass_kernel_equals_the_definition(seed, chunk):
             assert (tri[b, h] >= 0).sum() == 2 + int(plan.room[b])
 
 
+@pytest.mark.parametrize("chunk", [32, None])  # None: the default launch (blocks of 128 positions on bfloat16 keys)
 @pytest.mark.parametrize("split,tol", [(3, 2e-6), (2, 1e-4), (0, 2e-6)])
-def test_lowrank_mass_with_bf16_keys_equals_the_definition(split, tol):
+def test_lowrank_mass_with_bf16_keys_equals_the_definition(split, tol, chunk):
     """bfloat16 projected keys (the GPU's cache dtype): the rows as ``split`` bfloat16 pieces (3: the float32 rows
     whole, every product exact; 2: their first 16 bits) or three TF32 products (0) give the float64 definition's mass
     on those keys; 3 pieces as closely as float32 itself."""
@@ -152,7 +153,7 @@ def test_lowrank_mass_with_bf16_keys_equals_the_definition(split, tol):
     qr = (torch.randn(B, H, R, r, generator=g) * 0.3).contiguous()
     lengths = torch.tensor([C, 71])
     new = torch.rand(B, C, generator=g) < 0.8
-    got = lowrank_mass(qr, keys, lengths, new, 32, split=split)
+    got = lowrank_mass(qr, keys, lengths, new, chunk, split=split)
     want = torch.full((B, H, C), float("-inf"), dtype=torch.float64)
     for b in range(B):
         L = int(lengths[b])

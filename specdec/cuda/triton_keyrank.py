@@ -6,9 +6,11 @@ positions the per-layer part may not add are ``-inf``. Two launches, each of ``B
 programs (a sequence, a KV head and a chunk of positions: :func:`default_chunk` keeps a launch at >= 512 programs, so a
 batch of one still fills the GPU): the first reads its chunk of projected keys for each query row's maximum and
 normaliser over the chunk; the second combines the chunks' statistics (an online softmax across chunks) and reads its
-chunk again for the mass. The logits are float32 products done as three TF32 tensor-core products (Triton's
-``"tf32x3"``: ~1e-5 relative error, 3.4x faster than its FMA ``"ieee"`` path at B 64 x 8k on an H100, measured
-2026-12-06); the torch path (:meth:`~specdec.selectors.key_rank.KeyRankPlan.indices_for`) materialises the
+chunk again for the mass. The logits are float32 products: with bfloat16 projected keys (the GPU's cache dtype) as
+three bfloat16 tensor-core products of the keys with three bfloat16 pieces of the float32 rows (each product exact, the
+sums in float32; both passes 140-157 us against 206-217 us for three TF32 products at B 64 x 8k x rank 32 on an H100,
+2026-12-06, the same top-2,000 sets: ``benchmarks/results/gpu_keyrank_bf16_2026-12-06.md``), with other keys as three
+TF32 products (Triton's ``"tf32x3"``: ~1e-5 relative error, 3.4x faster than its FMA ``"ieee"`` path); the torch path (:meth:`~specdec.selectors.key_rank.KeyRankPlan.indices_for`) materialises the
 ``(B, H, G, T, C)`` logits and their softmax in float32. This reads ``2 · C · r`` key elements per row and writes
 ``C`` floats.
 Its output feeds :func:`specdec.cuda.triton_select.select_top`.
@@ -193,7 +195,9 @@ def lowrank_mass(qr: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor, ne
         return out
     block_r = max(16, triton.next_power_of_2(R))
     block_d = max(16, triton.next_power_of_2(r))
-    block_c = min(chunk, 64 if block_r <= 32 else 32)
+    # 128 positions per block on the bfloat16 path (both passes 140-157 vs 161-187 us at 64, B 64 x 8k x rank 32,
+    # three H100 sweeps of benchmarks/gpu/keyrank_sweep.py, 2026-12-06)
+    block_c = min(chunk, (128 if split else 64) if block_r <= 32 else 32)
     nch = triton.cdiv(C, chunk)
     stats = torch.empty((B * H, nch, 2, block_r), dtype=torch.float32, device=keys.device)
     grid = (B * H, nch)
