@@ -1,7 +1,8 @@
 """Sweep ``select_top``'s kernel (:func:`specdec.cuda.triton_select.select_top`) on the GPU at the shape of Dustin's
 low-rank key ranking: 192 rows (B 64 x 3 KV heads) of 8,192 float32 masses (8,000 cached, -inf off the addable ones),
-the top 2,000 per row. The bisection over int64 keys (``WIDE``, the kernel before 2026-12-06) and over uint32 keys, at
-4, 8 and 16 warps: microseconds per launch (median of 50, CUDA events) and whether the picks equal the first variant's.
+the top 2,000 per row, at 4, 8 and 16 warps: microseconds per launch (median of 50, CUDA events) and whether the picks
+equal the first launch's. (On 2026-12-06 it also ran the bisection over int64 keys, the kernel before, since removed:
+``benchmarks/results/gpu_keyrank_bf16_2026-12-06.md``.)
 
     python3 benchmarks/gpu/select_sweep.py
 """
@@ -32,18 +33,15 @@ def t(fn, reps=50):
 
 
 ref = None
-for wide in (True, False):
-    for w in (4, 8, 16):
-        out = torch.empty((1, B, H, k), dtype=torch.long, device=dev)
-        fn = lambda: ts._select_kernel[(B * H,)](s, out, room, C, k, H, B, BLOCK=triton.next_power_of_2(C),  # noqa: E731
-                                                KBLOCK=triton.next_power_of_2(k), WIDE=wide, num_warps=w)
-        us = t(fn)
-        fn(); torch.cuda.synchronize()
-        if ref is None:
-            ref = out.clone()
-        same = bool(torch.equal(out, ref))
-        print(f"{'int64' if wide else 'uint32'} warps {w:2d}: {us:7.1f} us per launch (192 rows), same picks: {same}",
-              flush=True)
+for w in (4, 8, 16):
+    out = torch.empty((1, B, H, k), dtype=torch.long, device=dev)
+    fn = lambda: ts._select_kernel[(B * H,)](s, out, room, C, k, H, B, BLOCK=triton.next_power_of_2(C),  # noqa: E731
+                                            KBLOCK=triton.next_power_of_2(k), num_warps=w)
+    us = t(fn)
+    fn(); torch.cuda.synchronize()
+    if ref is None:
+        ref = out.clone()
+    print(f"warps {w:2d}: {us:7.1f} us per launch (192 rows), same picks: {bool(torch.equal(out, ref))}", flush=True)
 out = ts.select_top(s, k, room)
 torch.cuda.synchronize()
 print("select_top (shipped launch) same picks:", bool(torch.equal(out, ref)), f"{t(lambda: ts.select_top(s, k, room)):.1f} us")

@@ -10,8 +10,8 @@ chunk again for the mass. The logits are float32 products: with bfloat16 project
 three bfloat16 tensor-core products of the keys with three bfloat16 pieces of the float32 rows (each product exact, the
 sums in float32; both passes 140-157 us against 206-217 us for three TF32 products at B 64 x 8k x rank 32 on an H100,
 2026-12-06, the same top-2,000 sets: ``benchmarks/results/gpu_keyrank_bf16_2026-12-06.md``), with other keys as three
-TF32 products (Triton's ``"tf32x3"``: ~1e-5 relative error, 3.4x faster than its FMA ``"ieee"`` path); the torch path (:meth:`~specdec.selectors.key_rank.KeyRankPlan.indices_for`) materialises the
-``(B, H, G, T, C)`` logits and their softmax in float32. This reads ``2 · C · r`` key elements per row and writes
+TF32 products (Triton's ``"tf32x3"``: ~1e-5 relative error, 3.4x faster than its FMA ``"ieee"`` path); the torch
+path (:meth:`~specdec.selectors.key_rank.KeyRankPlan.indices_for`) materialises the ``(B, H, G, T, C)`` logits and their softmax in float32. This reads ``2 · C · r`` key elements per row and writes
 ``C`` floats.
 Its output feeds :func:`specdec.cuda.triton_select.select_top`.
 
@@ -106,7 +106,7 @@ def _chunk_stats_kernel(QR, K, LENS, STATS, H, R, r, NCH, stride_kb, stride_kh, 
 def _chunk_mass_kernel(QR, K, LENS, NEW, STATS, OUT, H, C, R, r, NCH, stride_kb, stride_kh, stride_kc,
                        CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, SPLIT: tl.constexpr = 0,
-                        WIDEN: tl.constexpr = False):
+                       WIDEN: tl.constexpr = False):
     """Pass 2, same grid: combine every chunk's statistics into each row's maximum and normaliser, then write the
     mass of this chunk's positions (``-inf`` where the part may not add one)."""
     pid = tl.program_id(0)

@@ -30,7 +30,7 @@ MAX_L = 16384
 
 
 @triton.jit
-def _select_kernel(S, OUT, ROOM, L, k_sel, Hs, B, BLOCK: tl.constexpr, KBLOCK: tl.constexpr, WIDE: tl.constexpr = False):
+def _select_kernel(S, OUT, ROOM, L, k_sel, Hs, B, BLOCK: tl.constexpr, KBLOCK: tl.constexpr):
     row = tl.program_id(0)  # over (N', B, Hs) rows
     b = (row // Hs) % B
     # never past the row's k_sel slots, nor past its L positions (the slots after them get -1)
@@ -41,30 +41,19 @@ def _select_kernel(S, OUT, ROOM, L, k_sel, Hs, B, BLOCK: tl.constexpr, KBLOCK: t
     bits = x.to(tl.int32, bitcast=True)
     key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed order == float order (no NaN)
     key = tl.where(inb, key, -2147483647 - 1)  # padding: below every score, -inf included
-    if WIDE:  # the bisection over int64 keys (before 2026-12-06)
-        lo = tl.full((), -2147483647 - 1, tl.int64)
-        hi = tl.full((), 2147483647, tl.int64)
-        key64 = key.to(tl.int64)
-        for _ in range(32):  # largest t with count(key >= t) >= room: the room-th largest key
-            mid = (lo + hi + 1) // 2
-            cnt = tl.sum((key64 >= mid).to(tl.int32), axis=0)
-            ok = cnt >= room
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
-        gt = key64 > lo
-        eq = key64 == lo
-    else:  # the same bisection over the keys as uint32 (padding 0, -inf 0x007FFFFF, +inf 0xFF800000): half the bits
-        ukey = (key ^ (-2147483647 - 1)).to(tl.uint32, bitcast=True)
-        lo = tl.full((), 0, tl.uint32)
-        hi = tl.full((), 0xFF800000, tl.uint32)  # +inf's: no larger key, so mid never wraps
-        for _ in range(32):
-            mid = lo + ((hi - lo) >> 1) + 1  # hi == lo: mid = hi + 1 fails and keeps lo
-            cnt = tl.sum((ukey >= mid).to(tl.int32), axis=0)
-            ok = cnt >= room
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
-        gt = ukey > lo
-        eq = ukey == lo
+    # largest t with count(key >= t) >= room (the room-th largest key), by bisection over the keys as uint32
+    # (padding 0, -inf 0x007FFFFF, +inf 0xFF800000: +inf's is the largest, so mid never wraps)
+    ukey = (key ^ (-2147483647 - 1)).to(tl.uint32, bitcast=True)
+    lo = tl.full((), 0, tl.uint32)
+    hi = tl.full((), 0xFF800000, tl.uint32)
+    for _ in range(32):
+        mid = lo + ((hi - lo) >> 1) + 1  # hi == lo: mid = hi + 1 fails and keeps lo
+        cnt = tl.sum((ukey >= mid).to(tl.int32), axis=0)
+        ok = cnt >= room
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    gt = ukey > lo
+    eq = ukey == lo
     need = room - tl.sum(gt.to(tl.int32), axis=0)
     tie = tl.where(eq, tl.cumsum(eq.to(tl.int32), axis=0) <= need, False)
     take = tl.where(inb & (gt | tie), room > 0, False)
