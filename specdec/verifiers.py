@@ -182,12 +182,12 @@ class SparseVerifier(Verifier):
         """The selector's eager work before a plan (:meth:`HybridSRHSelector.prepare`), given the host's copy of the
         lengths: each sequence's tokens but the pending one (``DecodeState.tokens``), so nothing waits for the device.
         A state without usable token lists (a hand-made one) passes none, and the selector reads the device."""
-        prepare = getattr(self.selector, "prepare", None)
-        if prepare is None or state.cache.n_layers == 0:
+        # only where the selector has work: the host list below costs B lengths per pass in the decode loop
+        if not getattr(self.selector, "prepares", False) or state.cache.n_layers == 0:
             return
         tokens = getattr(state, "tokens", None)
         host = [len(t) - 1 for t in tokens] if tokens is not None and len(tokens) == len(state.lengths) else None
-        prepare(state.cache, state.lengths, host if host and min(host) >= 0 else None)
+        self.selector.prepare(state.cache, state.lengths, host if host and min(host) >= 0 else None)
 
     def verify(self, state, tokens: torch.Tensor, scores: ScoreRequest | None) -> torch.Tensor:
         import time

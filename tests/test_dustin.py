@@ -357,6 +357,16 @@ def test_key_rank_basis_is_prompt_work_and_the_host_lengths_keep_every_verified_
     assert out.stats.method == "dustin"
 
 
+def test_key_rank_index_refuses_host_lengths_of_another_batch_in_one_line():
+    from specdec.cache import KVCache
+    from specdec.selectors.key_rank import KeyRankIndex
+
+    cache = KVCache(1, 2, 1, 16, 4)
+    with pytest.raises(SpecdecError, match=r"host_lengths has 3 values for a batch of 2") as e:
+        KeyRankIndex(2).update(cache, torch.tensor([5, 6]), [5, 6, 7])
+    assert "\n" not in str(e.value)
+
+
 def test_key_rank_sets_stay_in_the_budget_and_a_full_budget_equals_dense(target):
     from specdec.selectors.key_rank import KeyRankPlan
     from specdec.verifiers import plan_reads

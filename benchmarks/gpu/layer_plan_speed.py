@@ -67,6 +67,25 @@ def kernels_alone(m, plan, reps: int) -> dict:
     return out
 
 
+def random_verify_step(gpu: bool, B: int, L: int, T: int = 5):
+    """``(model, cache, lengths, ids, target_heads)`` of a verify step at B x L: the random-weight SmolLM2-135M shape
+    (bf16, Triton backend, fused projections, CUDA graphs on a GPU; float32 reference on the CPU), a cache of random
+    K/V at ``L`` positions per sequence, ``T`` random rows, and Dustin's default retrieval heads."""
+    from specdec.dustin import default_heads
+    from specdec.loading import load_model
+
+    m = load_model("random", "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu",
+                   "triton" if gpu else "reference", gpu, False, gpu, shape="smollm2-135m")
+    cache = m.new_cache(B, L + 128)
+    torch.manual_seed(0)
+    for t in (cache.k, cache.v):
+        t.normal_()
+    lengths = torch.full((B,), L, device=m.device, dtype=torch.long)
+    ids = torch.randint(0, 1000, (B, T), device=m.device)
+    t_heads, _ = default_heads(m.dims.n_global, m.dims.n_heads, 1)
+    return m, cache, lengths, ids, t_heads
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -77,25 +96,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSON {label: HybridSRHConfig fields} (budget_ratio 0.25 unless given)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
-    from specdec.dustin import default_heads
-    from specdec.loading import load_model
     from specdec.planner import planner_for
     from specdec.selectors.hybrid_srh import HybridSRHConfig, HybridSRHSelector
 
     gpu = not a.smoke
     if a.smoke:
         a.context, a.batch, a.reps = 96, 2, 2
-    m = load_model("random", "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu",
-                   "triton" if gpu else "reference", gpu, False, gpu, shape="smollm2-135m")
+    m, cache, lengths, ids, t_heads = random_verify_step(gpu, a.batch, a.context)
     dev = m.device
-    B, L, T = a.batch, a.context, 5
-    cache = m.new_cache(B, L + 128)
-    torch.manual_seed(0)
-    for t in (cache.k, cache.v):
-        t.normal_()
-    lengths = torch.full((B,), L, device=dev, dtype=torch.long)
-    ids = torch.randint(0, 1000, (B, T), device=dev)
-    t_heads, _ = default_heads(m.dims.n_global, m.dims.n_heads, 1)
+    B, L, T = a.batch, a.context, ids.shape[1]
     planner = planner_for(cache)
     res: dict = dict(meta=dict(batch=B, context=L, rows=T, device=torch.cuda.get_device_name() if gpu else "cpu",
                                torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

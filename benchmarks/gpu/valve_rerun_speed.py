@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from layer_plan_speed import kernel_table  # noqa: E402
+from layer_plan_speed import kernel_table, random_verify_step  # noqa: E402
 from script_io import timed  # noqa: E402
 
 
@@ -35,27 +35,15 @@ def main(argv=None) -> int:
     gpu = not a.smoke
     if a.smoke:
         a.context, a.batch, a.live, a.reps = 96, 4, 1, 1
-    from specdec.dustin import default_heads
-    from specdec.loading import load_model
     from specdec.planner import planner_for
-    from specdec.selectors.hybrid_srh import HybridSRHConfig, HybridSRHSelector
+    from specdec.selectors.hybrid_srh import HybridSRHConfig, HybridSRHSelector, heads_by_layer
     from specdec.verifiers import srh_request
 
-    m = load_model("random", "bfloat16" if gpu else "float32", "cuda" if gpu else "cpu", "triton" if gpu else "reference",
-                   gpu, False, gpu, shape="smollm2-135m")
+    m, cache, lengths, ids, t_heads = random_verify_step(gpu, a.batch, a.context)
     dev = m.device
-    B, L, T = a.batch, a.context, 5
-    cache = m.new_cache(B, L + 128)
-    torch.manual_seed(0)
-    for t in (cache.k, cache.v):
-        t.normal_()
+    B, L, T = a.batch, a.context, ids.shape[1]
     cache.live = torch.ones(B, dtype=torch.bool, device=dev)
-    lengths = torch.full((B,), L, device=dev, dtype=torch.long)
-    ids = torch.randint(0, 1000, (B, T), device=dev)
-    t_heads, _ = default_heads(m.dims.n_global, m.dims.n_heads, 1)
-    heads = {}
-    for layer, h in t_heads:
-        heads.setdefault(int(layer), []).append(int(h))
+    heads = heads_by_layer(t_heads)
     fired = torch.zeros(B, dtype=torch.bool, device=dev)
     fired[: a.live] = True
     sel = HybridSRHSelector(HybridSRHConfig(budget_ratio=0.25, target_heads=[tuple(x) for x in t_heads], layer_share=1.0,

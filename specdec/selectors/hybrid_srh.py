@@ -318,6 +318,12 @@ class HybridSRHSelector(KVSelector):
         # one set shared by the KV heads: (1, B, 1, K), as BudgetSelector's (the kernels broadcast it)
         return SparsePlan(indices=idx.view(1, B, 1, K), dense_from=lengths.clone(), static_size=bounds is not None)
 
+    @property
+    def prepares(self) -> bool:
+        """Whether :meth:`prepare` has work to do (``layer_scores="keys"``): callers skip it, and the host lengths it
+        takes, otherwise."""
+        return self._keys is not None
+
     def prepare(self, cache: KVCache, lengths: torch.Tensor, host_lengths: list[int] | None = None) -> None:
         """Eager work before the next :meth:`plan` for ``lengths``: with ``layer_scores="keys"``, the low-rank keys
         brought up to date (the basis at the first call: :class:`~specdec.selectors.key_rank.KeyRankIndex`).
