@@ -44,6 +44,11 @@ class KVCache:
     #: ``state.active`` IS this tensor) on the caches it decodes into; a dense forward over this cache then reads only
     #: the first positions of the other, finished sequences (:data:`specdec.models.SKIP_FINISHED_READS`).
     live: torch.Tensor | None = None
+    #: ``n > 0``: a dense forward over this cache has at most ``n`` live sequences (set by Dustin's confidence valve
+    #: around its re-run of the sequences that fired, ``n`` a power of two): the attention gets their ids first
+    #: (``AttentionMetadata.live_order``) and the Triton split kernel runs ``n`` program slots per KV head, split for
+    #: ``n`` sequences; part of a captured graph's key. ``0``: off
+    few_live: int = 0
 
     def __init__(
         self,

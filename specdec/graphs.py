@@ -80,6 +80,7 @@ class Step:
     hidden_layers: tuple = ()  # and these decoder layers' outputs (``model.hidden_layers``, fused features)
     chain: int = 0  # > 0: this many greedy steps of the forward in one graph (:meth:`GraphCache.greedy_chain`)
     tree: tuple | None = None  # a draft tree's rows: the tree object's id, paths and lookup branch (its mask is read)
+    few_live: int = 0  # a dense forward for at most this many live sequences (``KVCache.few_live``: a valve's re-run)
 
 
 def plan_description(plan: SparsePlan | None) -> tuple | None:
@@ -111,7 +112,8 @@ def describe_step(model, input_ids: torch.Tensor, cache: KVCache, plan: SparsePl
                 logits_to_keep=int(logits_to_keep), backend=backend_description(model.backend),
                 hidden=bool(getattr(model, "keep_hidden", False)),
                 hidden_layers=tuple(getattr(model, "hidden_layers", ())) if getattr(model, "keep_hidden", False) else (),
-                tree=None if tree is None else (id(tree), tree.paths, tree.lookup))
+                tree=None if tree is None else (id(tree), tree.paths, tree.lookup),
+                few_live=int(getattr(cache, "few_live", 0)) if plan is None else 0)
 
 
 def _ring_memory(cache: KVCache) -> tuple | None:

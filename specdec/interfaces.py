@@ -191,6 +191,11 @@ class AttentionMetadata:
         tree: ``(T, T)`` bool, or ``None``: the new rows are a draft tree (:mod:`specdec.tree`); row ``t`` sees
             the cached positions ``< lengths[b]`` and new row ``j`` only where ``tree[t, j]`` (itself and its
             ancestors) instead of every new row ``<= t``. Backends declare ``supports_tree``.
+        live_order, live_count: a dense call in which few sequences are live (the confidence valve's re-run,
+            :attr:`specdec.cache.KVCache.few_live`): ``(B,)`` int32 sequence ids with the live ones first and ``(1,)``
+            int32 how many are live, both on the device, and ``live_bound`` a host int that the count never exceeds.
+            Only the live sequences' rows are used; a backend may compute just those (the Triton split kernel runs
+            programs for them alone, ``live_bound`` slots) or ignore these fields.
     """
 
     lengths: torch.Tensor
@@ -206,6 +211,9 @@ class AttentionMetadata:
     softcap: float | None = None
     static: bool = False
     tree: torch.Tensor | None = None
+    live_order: torch.Tensor | None = None
+    live_count: torch.Tensor | None = None
+    live_bound: int = 0
 
     @property
     def sparse(self) -> bool:

@@ -71,6 +71,25 @@ def _read_lengths(ctx) -> torch.Tensor:
                        lambda: torch.where(live, ctx.lengths, torch.zeros_like(ctx.lengths)))
 
 
+def _live_order(ctx) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """``(order, count, bound)`` for a dense forward over a cache marked :attr:`~specdec.cache.KVCache.few_live` (the
+    confidence valve's re-run): the live sequences' ids first (``(B,)`` int32) and how many (``(1,)`` int32), computed
+    on the device once per forward, and the cache's bound on that count (:attr:`AttentionMetadata.live_order`);
+    ``None`` where the finished sequences' reads are not skipped (:data:`SKIP_FINISHED_READS`, no live flags, one
+    sequence)."""
+    live = getattr(ctx.cache, "live", None)
+    bound = int(getattr(ctx.cache, "few_live", 0))
+    if (not bound or SKIP_FINISHED_READS is not True or live is None or live.shape[0] < 2
+            or live.shape != ctx.lengths.shape):
+        return None
+
+    def build():
+        order = torch.argsort((~live).to(torch.int8), stable=True).to(torch.int32)
+        return order, live.sum().to(torch.int32).view(1)
+    order, count = per_forward(ctx.lengths, ("live_order",), build)
+    return order, count, min(bound, live.shape[0])
+
+
 def _no_mask(device: torch.device) -> torch.Tensor:
     """A ``(1, 1, 1, 1)`` placeholder mask per device (see :meth:`SpecdecModel._eager_forward`)."""
     key = str(device)
@@ -117,6 +136,9 @@ def _specdec_attention(module, query, key, value, attention_mask, scaling=None, 
         meta = meta.replace(softcap=softcap)
     if ctx.tree is not None:
         meta = meta.replace(tree=ctx.tree)
+    few = _live_order(ctx) if plan is None else None
+    if few is not None:
+        meta = meta.replace(live_order=few[0], live_count=few[1], live_bound=few[2])
     out, scores = ctx.backend.attend(query, k_cache, v_cache, meta)
     if ctx.requests:
         record(ctx.requests, layer, query, k_cache, meta, scores)

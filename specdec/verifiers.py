@@ -10,6 +10,14 @@ from specdec.interfaces import ScoreRequest, Verifier
 from specdec.models import SpecdecModel
 from specdec.planner import planner_for
 
+#: Dustin's confidence valve re-runs the fired sequences with the cache marked
+#: :attr:`~specdec.cache.KVCache.few_live` (the count rounded up to a power of two) when that bound is at most
+#: :data:`VALVE_FEW_LIVE_UPTO` of the batch: the attention runs programs for those sequences alone, split for that
+#: many (the Triton backend; the others ignore it). ``False``: the re-run's attention keeps the full batch's launch (the
+#: other sequences' programs read nothing but still run, one split each), for side-by-side timing.
+VALVE_FEW_LIVE = True
+VALVE_FEW_LIVE_UPTO = 0.25
+
 
 class FullVerifier(Verifier):
     """Dense attention over the whole cache; emits the requested scores in the same pass."""
@@ -255,7 +263,8 @@ class SparseVerifier(Verifier):
         self.last_margin = low
         self.last_deciding = first_no.view(-1).clamp(max=T - 1) + 1  # (B,) rows that decide
         redo = low < self.margin
-        if not bool(redo.any()):  # one host read per sparse pass, only with the valve on
+        fired = int(redo.sum())  # one host read per sparse pass, only with the valve on
+        if not fired:
             return logits, logits.new_zeros((), dtype=state.lengths.dtype)
         # Only the sequences whose margin fired are re-verified: the others keep everything the sparse pass gave them
         # (logits, the K/V rows it wrote, the hidden states an EAGLE draft reads, the history signal, the drafter's
@@ -273,12 +282,16 @@ class SparseVerifier(Verifier):
         before = live.clone() if masked else None
         if masked:
             live &= redo
+            bound = 1 << (fired - 1).bit_length()  # a power of two: few captured graphs
+            # the attention runs programs for the fired sequences alone (VALVE_FEW_LIVE_UPTO of the batch at most)
+            cache.few_live = bound if VALVE_FEW_LIVE and bound <= VALVE_FEW_LIVE_UPTO * B else 0
         srh = srh_request(self.selector.target_heads, T)
         try:
             dense = model.forward(tokens, cache, state.lengths, scores=[r for r in (scores, srh) if r is not None])
         finally:
             if masked:
                 live.copy_(before)
+                cache.few_live = 0
         if kept is not None:
             kept.restore(~redo)
         new_scores, old_scores = srh_scores(srh, like), getattr(self, "_scores", None)

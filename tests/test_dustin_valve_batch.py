@@ -33,15 +33,19 @@ def test_the_valve_gives_each_sequence_of_a_batch_what_it_gets_alone():
     assert fired_some  # some re-verifications covered part of the batch only: the case this is about
 
 
-def test_the_valve_merges_per_sequence(monkeypatch):
+@pytest.mark.parametrize("upto,few", [(0.5, 2), (0.25, 0)])
+def test_the_valve_merges_per_sequence(monkeypatch, upto, few):
     """The valve's merge, with a stand-in target: sequences 0 and 2 have a small margin and get the re-run's logits,
     K/V rows, hidden states, history signal and drafter scores; 1 and 3 keep the sparse pass's, read nothing in the
     re-run (their live flags are off while it runs, and back on after) and count no KV read."""
     from types import SimpleNamespace
 
+    import specdec.verifiers as verifiers
     from specdec.cache import KVCache
     from specdec.interfaces import ScoreRequest
     from specdec.verifiers import SparseVerifier
+
+    monkeypatch.setattr(verifiers, "VALVE_FEW_LIVE_UPTO", upto)  # 2 fired of 4: the few-live launch up to half only
 
     B, T, V, L = 4, 3, 7, 12
     cache = KVCache(2, B, 1, L, 4)
@@ -56,7 +60,7 @@ def test_the_valve_merges_per_sequence(monkeypatch):
         last_hidden = torch.zeros(B, T, 2)
 
         def forward(self, tokens, c, lens, scores=()):
-            seen["live"] = c.live.clone()
+            seen["live"], seen["few_live"] = c.live.clone(), c.few_live
             for b in range(B):
                 c.k[:, b, :, int(lens[b]) : int(lens[b]) + T] = 9.0
                 c.v[:, b, :, int(lens[b]) : int(lens[b]) + T] = 9.0
@@ -78,6 +82,7 @@ def test_the_valve_merges_per_sequence(monkeypatch):
     out, read = v._margin_valve(state, tokens, logits, drafter, torch.zeros(B, L))
     redo = torch.tensor([True, False, True, False])
     assert torch.equal(seen["live"], redo) and bool(cache.live.all())
+    assert seen["few_live"] == few and cache.few_live == 0  # the re-run's attention serves the 2 fired alone
     assert torch.equal(out[:, 0, 0], torch.tensor([9.0, 3.0, 9.0, 3.0]))
     for b in range(B):
         rows = cache.k[:, b, :, int(lengths[b]) : int(lengths[b]) + T]

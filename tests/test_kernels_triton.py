@@ -1201,3 +1201,95 @@ def test_fit_shared_keeps_bf16_rows_and_shrinks_float32():
     for bn, st, d, e in [(128, 4, 128, 4), (128, 3, 256, 2), (64, 2, 64, 4)]:
         b2, s2 = fit_shared(bn, st, d, e)
         assert s2 >= 2 and (s2 - 1) * 2 * b2 * d * e <= SHARED_TILE_BYTES
+
+
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("live,bound", [([1, 0, 1, 0, 0], 2), ([1, 0, 1, 0, 0], None), ([0, 0, 0, 0, 1], 1),
+                                        ([1, 1, 1, 1, 1], 5), ([1, 1, 1, 1, 1], None), ([0, 0, 0, 0, 0], 4)])
+def test_few_live_programs_serve_the_live_sequences_alone(live, bound, splits):
+    """A dense call with ``live_order`` (the confidence valve's re-run): the program slots (``live_bound`` of them,
+    or one per sequence) serve the live sequences (ids first in the order, ``live_count`` of them), each live
+    sequence's rows equal the plain launch's (and the reference's), and the other sequences' rows read 0 (their
+    programs exit without writing, or do not exist)."""
+    lengths = [37, 5, 61, 0, 50]
+    T, B = 3, len(lengths)
+    q, k, v, lens = make_case(B, 2, 3, T, 16, 72, torch.float32, lengths, seed=11)
+    mask = torch.tensor(live, dtype=torch.bool, device=DEV)
+    order = torch.argsort((~mask).to(torch.int8), stable=True).to(torch.int32)
+    count = mask.sum().to(torch.int32).view(1)
+    meta = AttentionMetadata(lens, 16 ** -0.5)
+    cfg = LaunchConfig(block_n=16, num_splits=splits)
+    plain, plain_lse, _, _ = splitk_attention(q, k, v, meta, cfg=cfg)
+    few, few_lse, _, _ = splitk_attention(q, k, v, meta, cfg=cfg, live_order=order, live_count=count,
+                                          live_bound=bound)
+    o_ref, _ = REF.attend(q, k, v, meta)
+    for b in range(B):
+        if live[b]:
+            torch.testing.assert_close(few[b], plain[b], atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(few_lse[b], plain_lse[b], atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(few[b], o_ref[b], atol=2e-5, rtol=1e-4)
+        else:
+            assert (few[b] == 0).all() and (few_lse[b] == 0).all()
+
+
+def test_few_live_splits_are_sized_for_a_share_of_the_batch(monkeypatch):
+    """Without a forced count, a few-live launch chooses its splits for ``live_bound`` sequences (or
+    ``FEW_LIVE_SHARE`` of them), a plain one for all of them; a few-live call with scores, without its count or with
+    a bound outside 1 .. B is refused in one line."""
+    import specdec.cuda.triton_attention as ta
+
+    seen = []
+    real = ta.choose_splits
+    monkeypatch.setattr(ta, "choose_splits", lambda bh, *a, **k: seen.append(bh) or real(bh, *a, **k))
+    q, k, v, lens = make_case(16, 2, 3, 3, 16, 40, torch.float32, [20] * 16)
+    meta = AttentionMetadata(lens, 0.25)
+    order, count = torch.arange(16, dtype=torch.int32, device=DEV), torch.tensor([16], dtype=torch.int32, device=DEV)
+    splitk_attention(q, k, v, meta, cfg=LaunchConfig(block_n=16))
+    splitk_attention(q, k, v, meta, cfg=LaunchConfig(block_n=16), live_order=order, live_count=count)
+    splitk_attention(q, k, v, meta, cfg=LaunchConfig(block_n=16), live_order=order, live_count=count, live_bound=4)
+    assert seen == [32, 2 * 2, 4 * 2]  # 16 x 2 pairs; 1/8 of 16 sequences x 2 KV heads; 4 x 2
+    with pytest.raises(ValueError, match="few-live call"):
+        splitk_attention(q, k, v, meta, live_order=order)
+    with pytest.raises(ValueError, match="few-live call"):
+        splitk_attention(q, k, v, meta, live_order=order, live_count=count, row_weights=torch.ones(6, 3, device=DEV))
+    with pytest.raises(ValueError, match="live_bound must be 1 to the batch"):
+        splitk_attention(q, k, v, meta, live_order=order, live_count=count, live_bound=17)
+
+
+def test_a_few_live_forward_gives_the_live_sequences_the_plain_forwards_logits():
+    """Through a model (the valve's re-run): with ``cache.few_live`` set and some sequences finished, every dense layer
+    call gets the live ids first and their count, the live sequences' logits equal those of the same forward without
+    the flag, and the graph key tells the two forwards apart."""
+    from conftest import make_tiny
+
+    from specdec.graphs import describe_step
+
+    m = make_tiny("llama")
+    m.hf.to(DEV)
+    be = TritonBackend(TritonConfig(block_n=16, num_splits=2))
+    B = 4
+    ids = torch.randint(0, 96, (B, 20), device=DEV)
+    lens = torch.zeros(B, dtype=torch.long, device=DEV)
+    seen = []
+    attend = be.attend
+
+    def spy(q, k, v, meta):
+        if q.shape[2] == 4:
+            seen.append(None if meta.live_order is None else (meta.live_order.tolist(), meta.live_count.tolist(),
+                                                              meta.live_bound))
+        return attend(q, k, v, meta)
+
+    be.attend = spy
+    logits = {}
+    with m.using_backend(be):
+        for few in (0, 2):
+            cache = m.new_cache(B, 32)
+            m.forward(ids[:, :16], cache, lens)
+            cache.live = torch.tensor([False, True, False, True], device=DEV)
+            cache.few_live = few
+            logits[few] = m.forward(ids[:, 16:], cache, lens + 16)
+            key = describe_step(m, ids[:, 16:], cache, None, (), 0)
+            assert key.few_live == few
+    n = m.dims.n_layers
+    assert seen == [None] * n + [([1, 3, 0, 2], [2], 2)] * n
+    torch.testing.assert_close(logits[2][[1, 3]], logits[0][[1, 3]], atol=1e-5, rtol=1e-5)

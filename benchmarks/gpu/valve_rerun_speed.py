@@ -53,14 +53,16 @@ def main(argv=None) -> int:
     sel.prepare(cache, lengths, [L] * B)
     planner = planner_for(cache)
 
-    def dense(live=None, srh=False):
+    def dense(live=None, srh=False, few=0):
         def run():
             if live is not None:
                 cache.live.copy_(live)
+            cache.few_live = few  # > 0: the valve's launch for at most that many live (KVCache.few_live)
             try:
                 return m.forward(ids, cache, lengths, scores=[srh_request(heads, T)] if srh else ())
             finally:
                 cache.live.fill_(True)
+                cache.few_live = 0
         return run
 
     def sparse(srh=False):
@@ -70,6 +72,13 @@ def main(argv=None) -> int:
     cases = {"dense, all live": dense(), "dense, all live + SRH": dense(srh=True),
              f"re-run, {a.live} live": dense(fired), f"re-run, {a.live} live + SRH": dense(fired, True),
              "re-run, none live + SRH": dense(torch.zeros_like(fired), True),
+             f"re-run few-live launch, {a.live} live + SRH": dense(fired, True, a.live),
+             "re-run few-live launch, 1 live + SRH": dense(torch.arange(B, device=dev) < 1, True, 1),
+             "re-run, 1 live + SRH": dense(torch.arange(B, device=dev) < 1, True),
+             f"re-run few-live launch, {2 * a.live} live + SRH": dense(torch.arange(B, device=dev) < 2 * a.live, True, 2 * a.live),
+             f"re-run, {2 * a.live} live + SRH": dense(torch.arange(B, device=dev) < 2 * a.live, True),
+             f"re-run few-live launch, {4 * a.live} live + SRH": dense(torch.arange(B, device=dev) < 4 * a.live, True, 4 * a.live),
+             f"re-run, {4 * a.live} live + SRH": dense(torch.arange(B, device=dev) < 4 * a.live, True),
              "sparse keys r16 (plan + forward)": sparse(), "sparse keys r16 + SRH": sparse(True)}
     res = dict(meta=dict(batch=B, context=L, rows=T, live=a.live, srh_heads=heads, device=torch.cuda.get_device_name() if gpu else "cpu",
                          torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -79,7 +88,7 @@ def main(argv=None) -> int:
     for name, fn in cases.items():
         res["ms"][name] = round(timed(fn, a.reps, dev, 3), 4)
         print(name, res["ms"][name], flush=True)
-    for name in (f"re-run, {a.live} live + SRH", "sparse keys r16 + SRH") if gpu else ():
+    for name in (f"re-run, {a.live} live + SRH", f"re-run few-live launch, {a.live} live + SRH") if gpu else ():
         res["kernels"][name] = kernel_table(cases[name], 5)
     (out / "valve_rerun_speed.json").write_text(json.dumps(res, indent=1))
     lines = [f"# Dustin's valve re-run at B = {B} x {L} — {res['meta']['date']}", "",

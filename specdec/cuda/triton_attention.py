@@ -153,12 +153,18 @@ def _splitk_attn_kernel(
     ANCHOR_LOOP: tl.constexpr = False, PDL: tl.constexpr = False, SINK_FOLD: tl.constexpr = False,
     LOG2_FOLD: tl.constexpr = False, SPLIT_TILES: tl.constexpr = False,
     TreeMask=None, TREE: tl.constexpr = False, TREE_BITS: tl.constexpr = False, PART_M: tl.constexpr = None,
+    Order=None, NLive=None, ORDERED: tl.constexpr = False,
 ):
     if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
+    if ORDERED:  # few live sequences (a valve's re-run): program slot i serves the i-th live one, the rest exit
+        slot = pid_bh // HKV
+        if slot >= tl.load(NLive):
+            return
+        pid_bh = tl.load(Order + slot) * HKV + pid_bh % HKV
     # row blocks (PART_M > BLOCK_M): program (., ., r) takes packed rows [r BLOCK_M, (r + 1) BLOCK_M); the partials
     # of a split hold all PART_M rows (PART_M = BLOCK_M: one block)
     b, b64, h, length, n_ctx, offs_m, g, t, row_valid, offs_d, q = _packed_rows_q(
@@ -472,13 +478,19 @@ def _combine_kernel(
     stride_ob, stride_oh, stride_ot,
     NUM_SPLITS,
     HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_S: tl.constexpr, PDL: tl.constexpr = False, Order=None, NLive=None, ORDERED: tl.constexpr = False,
 ):
-    """One program per (sequence, KV head, packed row): log-sum-exp merge of the chunks."""
+    """One program per (sequence, KV head, packed row): log-sum-exp merge of the chunks (``ORDERED``: as the split
+    kernel, program slot ``i`` merges the ``i``-th live sequence's)."""
     if PDL:  # programmatic dependent launch (specdec.cuda.triton_pdl): wait before any load or store
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
+    if ORDERED:
+        slot = pid_bh // HKV
+        if slot >= tl.load(NLive):
+            return
+        pid_bh = tl.load(Order + slot) * HKV + pid_bh % HKV
     m_row = tl.program_id(1)
     b = pid_bh // HKV
     h = pid_bh % HKV
@@ -708,6 +720,10 @@ FAST_LOOP_MIN_TILES = 8
 #: 21-row causal chain's 50.4 / 100.9 / 10.9; row blocks of 16 or 32 were slower everywhere (76-334 us at B 16 / 64)
 ROW_BLOCK = 0
 TREE_BITS = True
+#: a dense call for few live sequences (``splitk_attention(live_order=...)``, the confidence valve's re-run) without a
+#: ``live_bound`` sizes its splits as if this share of the batch were live (the count is on the device; a valve fires
+#: for ~1 in 8 sequences per pass at B = 64 x 8k with ``margin=0.1``) and keeps a program slot for every sequence
+FEW_LIVE_SHARE = 0.125
 
 
 @dataclass(frozen=True)
@@ -886,6 +902,9 @@ def splitk_attention(
     sink_anchors: str | None = None,
     score_store: str | None = None,
     tree: torch.Tensor | None = None,
+    live_order: torch.Tensor | None = None,
+    live_count: torch.Tensor | None = None,
+    live_bound: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the split-K kernel and (with more than one split) the combine.
 
@@ -935,6 +954,13 @@ def splitk_attention(
         tree: ``(T, T)`` bool, a draft tree's visibility among the new rows (:attr:`AttentionMetadata.tree`): row
             ``t`` sees new row ``j`` where ``tree[t, j]`` instead of where ``j <= t`` (the cached positions as
             always); no scores with it.
+        live_order: a dense call for few live sequences (:attr:`AttentionMetadata.live_order`): ``(B,)`` int32
+            sequence ids, the live ones first. The grid's program slots serve the live sequences only (slots past
+            ``live_count`` exit at once); the other sequences' rows come back 0. No scores, plan or tree with it.
+        live_count: with ``live_order``: ``(1,)`` int32, how many sequences are live.
+        live_bound: with ``live_order``, at most this many sequences are live (the caller's promise; a host int,
+            so a captured graph is one per bound): the grid holds that many program slots per KV head and the splits
+            are sized for them. ``None``: a slot for every sequence, splits sized for :data:`FEW_LIVE_SHARE` of them.
 
     Returns:
         ``(out (B, H, T, D) (with ``cfg.out_bthd``, the default, a transposed view of a contiguous
@@ -958,7 +984,8 @@ def splitk_attention(
     block_m = max(16, triton.next_power_of_2(T * G))
     scored = row_weights is not None or row_slots is not None or row_queries is not None
     n_rb = 1
-    if cfg.row_block and not scored and block_m > cfg.row_block:
+    ordered = live_order is not None
+    if cfg.row_block and not scored and not ordered and block_m > cfg.row_block:
         if cfg.row_block < 16 or cfg.row_block & (cfg.row_block - 1):
             raise ValueError(f"row_block must be a power of two >= 16, not {cfg.row_block}.")
         n_rb = triton.cdiv(T * G, cfg.row_block)
@@ -967,6 +994,8 @@ def splitk_attention(
     else:
         part_m = block_m
     sparse = plan_indices is not None
+    if ordered and (sparse or scored or tree is not None or live_count is None):
+        raise ValueError("a few-live call (live_order) is dense, without scores or a tree, and needs live_count.")
     if sparse:
         idx = plan_indices
         if idx.stride(-1) != 1:
@@ -977,18 +1006,26 @@ def splitk_attention(
     else:
         idx, df, kplan = lengths, lengths, 0
         virtual = L
-    S = choose_splits(B * Hkv, virtual, dev, cfg, sparse=sparse)
+    # few live: the grid holds live_bound program slots per KV head (a slot for every sequence without a bound) and
+    # the splits are sized for the bound (FEW_LIVE_SHARE of the batch without one) -- shapes only: a captured graph
+    # replays one launch whatever the count on the device
+    if ordered and live_bound is not None and not 1 <= live_bound <= B:
+        raise ValueError(f"live_bound must be 1 to the batch ({B}), not {live_bound}.")
+    slots = (live_bound or B) if ordered else B  # program slots per KV head
+    pairs = (live_bound or max(1, math.ceil(B * FEW_LIVE_SHARE))) * Hkv if ordered else B * Hkv
+    S = choose_splits(pairs, virtual, dev, cfg, sparse=sparse)
     direct = S == 1
     # the unmasked pass of the fast loop: dense calls whose splits span FAST_LOOP_MIN_TILES tiles or more (shapes
     # only: the cache capacity, not the lengths)
     split_tiles = (bool(cfg.fast_loop) and not sparse
                    and math.ceil(math.ceil(virtual / S) / cfg.block_n) >= FAST_LOOP_MIN_TILES)
 
+    new = torch.zeros if ordered else torch.empty  # few live: the rows no program writes read 0
     if cfg.out_bthd:  # (B, H, T, D) view of a (B, T, H, D) buffer: see LaunchConfig.out_bthd
-        out = torch.empty((B, T, H, D), dtype=q.dtype, device=dev).transpose(1, 2)
+        out = new((B, T, H, D), dtype=q.dtype, device=dev).transpose(1, 2)
     else:
-        out = torch.empty((B, H, T, D), dtype=q.dtype, device=dev)
-    lse = torch.empty((B, H, T), dtype=torch.float32, device=dev)
+        out = new((B, H, T, D), dtype=q.dtype, device=dev)
+    lse = new((B, H, T), dtype=torch.float32, device=dev)
     fused = bool(cfg.fused_combine) and not direct and n_rb == 1
     sem = _semaphores(B * Hkv, dev) if fused else lse  # lse: a dummy, never touched
     if direct:  # the split kernel writes out/lse itself: no partials, no combine
@@ -1058,7 +1095,7 @@ def splitk_attention(
             num_warps=4,
         )
 
-    _splitk_attn_kernel[(B * Hkv, S, n_rb)](
+    _splitk_attn_kernel[(slots * Hkv, S, n_rb)](
         q, k_cache, v_cache, lengths, idx, df, rw, rs,
         part_o, part_lse, scores if scores is not None else lse, raw if raw is not None else lse, out, lse,
         float(scale),
@@ -1079,15 +1116,17 @@ def splitk_attention(
         LOG2_FOLD=bool(cfg.fast_loop), SPLIT_TILES=split_tiles,
         TreeMask=tree if tree is not None else lse, TREE=tree is not None,
         TREE_BITS=bits, PART_M=part_m,
+        Order=live_order if ordered else lse, NLive=live_count if ordered else lse, ORDERED=ordered,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(dev),
     )
     if direct or fused:
         return out, lse, scores, raw
-    _combine_kernel[(B * Hkv, T * G)](
+    _combine_kernel[(slots * Hkv, T * G)](
         part_o, part_lse, out, lse,
         out.stride(0), out.stride(1), out.stride(2),
         S,
         HKV=Hkv, T=T, G=G, D=D, BLOCK_M=part_m, BLOCK_S=min(32, triton.next_power_of_2(S)),
+        Order=live_order if ordered else lse, NLive=live_count if ordered else lse, ORDERED=ordered,
         num_warps=cfg.combine_warps, **pdl_args(dev),
     )
     return out, lse, scores, raw

@@ -473,7 +473,11 @@ class TritonBackend(AttentionBackend):
         if T * (H // Hkv) > self.config.max_packed_rows:
             return self._many_rows(q, k_cache, v_cache, meta)
         if rows is None:
-            out, _, _, _ = splitk_attention(q, k_cache, v_cache, meta, cfg=self._launch)
+            few = meta.live_order is not None and not meta.sparse  # a valve's re-run: programs for the live only
+            out, _, _, _ = splitk_attention(q, k_cache, v_cache, meta, cfg=self._launch,
+                                            live_order=meta.live_order if few else None,
+                                            live_count=meta.live_count if few else None,
+                                            live_bound=(meta.live_bound or None) if few else None)
             return out, None
         if kind not in ("logits", "softmax", "sink_softmax"):
             raise ValueError(f"unknown score kind {kind!r}; use 'logits', 'softmax' or 'sink_softmax'.")
