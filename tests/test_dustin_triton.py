@@ -94,7 +94,7 @@ def test_key_rank_triton_ranking_matches_the_torch_ranking(monkeypatch):
     torch.testing.assert_close(tri_m, ref_m, atol=1e-3, rtol=1e-4)
 
 
-def _key_rank_case(seed, B=3, H=2, G=3, T=5, C=150, r=8, D=16, k_sel=40):
+def _key_rank_case(seed, B=3, H=2, G=3, T=5, C=150, r=8, D=16, k_sel=40, finished=False):
     from specdec.selectors.key_rank import KeyRankPlan
 
     g = torch.Generator().manual_seed(seed)
@@ -102,6 +102,8 @@ def _key_rank_case(seed, B=3, H=2, G=3, T=5, C=150, r=8, D=16, k_sel=40):
     new = torch.rand(B, C, generator=g) < 0.7
     new &= torch.arange(C).view(1, C) < lengths.view(B, 1)
     room = torch.minimum(torch.tensor([k_sel, 25, 40][:B]), new.sum(1))
+    if finished:  # sequence 1 finished: its plan ranks nothing (length 0) and picks nothing (as _layer_plan makes it)
+        lengths[1], room[1] = 0, 0
     plan = KeyRankPlan(indices=torch.tensor([[0, 1, -1]] * B).view(1, B, 1, 3), dense_from=lengths.clone(),
                        lengths=lengths, room=room, basis=torch.randn(1, B, H, D, r, generator=g),
                        keys=torch.randn(1, B, H, C, r, generator=g), new=new, k_sel=k_sel)
@@ -109,16 +111,18 @@ def _key_rank_case(seed, B=3, H=2, G=3, T=5, C=150, r=8, D=16, k_sel=40):
     return plan, q
 
 
-@pytest.mark.parametrize("seed,chunk", [(0, 256), (1, 32), (2, 16)])
-def test_lowrank_mass_kernel_equals_the_definition(seed, chunk):
+@pytest.mark.parametrize("seed,chunk,finished", [(0, 256, False), (1, 32, False), (2, 16, False), (3, 32, True),
+                                                 (4, 256, True)])
+def test_lowrank_mass_kernel_equals_the_definition(seed, chunk, finished):
     """The kernel's mass = Σ over the group's rows of the softmax (over the cached positions) of the low-rank logits,
     -inf off ``new``; its picks through ``select_top`` = the torch path's set per (sequence, KV head). ``chunk`` below
-    the capacity (150) splits each row over programs: lengths end inside a chunk, and later chunks hold none."""
+    the capacity (150) splits each row over programs: lengths end inside a chunk, and later chunks hold none;
+    ``finished``: a sequence of length 0 and no room (a finished one) reads -inf everywhere and picks nothing."""
     import dataclasses
 
     from specdec.cuda.triton_keyrank import lowrank_mass
 
-    plan, q = _key_rank_case(seed)
+    plan, q = _key_rank_case(seed, finished=finished)
     B, H, C, r = plan.keys[0].shape
     D = q.shape[-1]
     qr = torch.einsum("bhgtd,bhdr->bhgtr", q.view(B, H, -1, q.shape[2], D), plan.basis[0]) * D ** -0.5

@@ -119,3 +119,32 @@ def test_a_switch_value_other_than_true_or_false_is_refused(tiny, monkeypatch):
 
     with pytest.raises(SpecdecError, match="SKIP_FINISHED_READS is 'yes'; set True"):
         _engine(tiny, "dense", -1).generate(PROMPTS, max_new_tokens=2)
+
+
+def test_a_finished_sequence_ranks_and_picks_nothing_in_dustins_keys_plan(tiny, monkeypatch):
+    """Dustin's per-layer sets by low-rank keys (``layer_scores=keys``): once a sequence has finished, its plan ranks
+    none of its context (length 0) and picks nothing (room 0), so the ranking, the selection and the sparse attention
+    cost it nothing in the batch's last iterations; the live sequences' tokens are the same as with every sequence
+    read (``SKIP_FINISHED_READS=False``)."""
+    from specdec.selectors.key_rank import KeyRankPlan
+
+    eos, _ = _eos(tiny)
+    opts = {"layer_share": 1.0, "layer_scores": "keys", "key_rank": 4}
+    cfg = PipelineConfig.make(method="dustin", gamma=3, budget=12, sinks=2, recent=4, adaptive=False, options=opts)
+    plans = []
+    real = KeyRankPlan.indices_for
+
+    def spy(self, layer, q):
+        if layer == 0:
+            plans.append((self.lengths.clone(), self.room.clone()))
+        return real(self, layer, q)
+
+    monkeypatch.setattr(KeyRankPlan, "indices_for", spy)
+    on = build_engine(tiny, cfg, eos_token_id=eos).generate(PROMPTS, max_new_tokens=12).tokens
+    finished = [p for p in plans if int(p[0][0]) == 0]
+    assert finished and all(int(p[1][0]) == 0 and int(p[0][1]) > 0 and int(p[1][1]) > 0 for p in finished)
+    monkeypatch.setattr(models, "SKIP_FINISHED_READS", False)
+    plans.clear()
+    off = build_engine(tiny, cfg, eos_token_id=eos).generate(PROMPTS, max_new_tokens=12).tokens
+    assert not any(int(p[0][0]) == 0 for p in plans)
+    assert on == off and len(on[0]) < 12

@@ -127,12 +127,17 @@ def _chunk_mass_kernel(QR, K, LENS, NEW, STATS, OUT, H, C, R, r, NCH, stride_kb,
     m = tl.where(has, m, 0.0)
     z = tl.sum(tl.where(cz > 0, cz * tl.exp(cm - m[None, :]), 0.0), axis=0)
     ok_row = (rows < R) & has & (z > 0)
-    inv = tl.where(ok_row, 1.0 / z, 0.0)  # padded rows weigh nothing
+    inv = tl.where(ok_row, 1.0 / tl.where(ok_row, z, 1.0), 0.0)  # padded rows (and a finished sequence's) weigh nothing
     m = tl.where(ok_row, m, 0.0)
     obase = OUT + pid.to(tl.int64) * C
-    for c0 in range(ch * CHUNK, tl.minimum(ch * CHUNK + CHUNK, C), BLOCK_C):
+    lo = ch * CHUNK
+    end = tl.minimum(lo + CHUNK, C)
+    # the blocks that hold cached positions are scored; the rest of the chunk (past the length: a finished sequence,
+    # whose plan ranks nothing, has length 0) only reads -inf, without a product
+    mid = tl.minimum(end, lo + tl.cdiv(tl.maximum(length - lo, 0), BLOCK_C) * BLOCK_C)
+    for c0 in range(lo, mid, BLOCK_C):
         cs = c0 + tl.arange(0, BLOCK_C)
-        inside = (cs < C) & (cs < ch * CHUNK + CHUNK)
+        inside = (cs < C) & (cs < lo + CHUNK)
         seen = cs < length
         k = tl.load(kbase + cs[:, None].to(tl.int64) * stride_kc + dims[None, :],
                     mask=seen[:, None] & (dims < r)[None, :], other=0.0)
@@ -141,6 +146,9 @@ def _chunk_mass_kernel(QR, K, LENS, NEW, STATS, OUT, H, C, R, r, NCH, stride_kb,
         mass = tl.sum(p, axis=0)  # (BLOCK_C,)
         ok = tl.load(NEW + b.to(tl.int64) * C + cs, mask=inside, other=0) != 0
         tl.store(obase + cs, tl.where(ok & seen, mass, float("-inf")), mask=inside)
+    for c0 in range(mid, end, BLOCK_C):
+        cs = c0 + tl.arange(0, BLOCK_C)
+        tl.store(obase + cs, tl.full((BLOCK_C,), float("-inf"), tl.float32), mask=(cs < C) & (cs < lo + CHUNK))
 
 
 #: the dot's precision: three TF32 products (float32 accuracy to ~1e-5, on tensor cores); ``"ieee"`` (FMA) is exact

@@ -35,31 +35,32 @@ def _select_kernel(S, OUT, ROOM, L, k_sel, Hs, B, BLOCK: tl.constexpr, KBLOCK: t
     b = (row // Hs) % B
     # never past the row's k_sel slots, nor past its L positions (the slots after them get -1)
     room = tl.minimum(tl.minimum(tl.load(ROOM + b), k_sel), L).to(tl.int32)
-    offs = tl.arange(0, BLOCK)
-    inb = offs < L
-    x = tl.load(S + row.to(tl.int64) * L + offs, mask=inb, other=float("-inf"))
-    bits = x.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed order == float order (no NaN)
-    key = tl.where(inb, key, -2147483647 - 1)  # padding: below every score, -inf included
-    # largest t with count(key >= t) >= room (the room-th largest key), by bisection over the keys as uint32
-    # (padding 0, -inf 0x007FFFFF, +inf 0xFF800000: +inf's is the largest, so mid never wraps)
-    ukey = (key ^ (-2147483647 - 1)).to(tl.uint32, bitcast=True)
-    lo = tl.full((), 0, tl.uint32)
-    hi = tl.full((), 0xFF800000, tl.uint32)
-    for _ in range(32):
-        mid = lo + ((hi - lo) >> 1) + 1  # hi == lo: mid = hi + 1 fails and keeps lo
-        cnt = tl.sum((ukey >= mid).to(tl.int32), axis=0)
-        ok = cnt >= room
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    gt = ukey > lo
-    eq = ukey == lo
-    need = room - tl.sum(gt.to(tl.int32), axis=0)
-    tie = tl.where(eq, tl.cumsum(eq.to(tl.int32), axis=0) <= need, False)
-    take = tl.where(inb & (gt | tie), room > 0, False)
-    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
     base = OUT + row.to(tl.int64) * k_sel
-    tl.store(base + slot, offs.to(tl.int64), mask=take)
+    if room > 0:  # (a row without room -- a finished sequence's -- reads nothing: its slots are all -1)
+        offs = tl.arange(0, BLOCK)
+        inb = offs < L
+        x = tl.load(S + row.to(tl.int64) * L + offs, mask=inb, other=float("-inf"))
+        bits = x.to(tl.int32, bitcast=True)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # signed order == float order (no NaN)
+        key = tl.where(inb, key, -2147483647 - 1)  # padding: below every score, -inf included
+        # largest t with count(key >= t) >= room (the room-th largest key), by bisection over the keys as uint32
+        # (padding 0, -inf 0x007FFFFF, +inf 0xFF800000: +inf's is the largest, so mid never wraps)
+        ukey = (key ^ (-2147483647 - 1)).to(tl.uint32, bitcast=True)
+        lo = tl.full((), 0, tl.uint32)
+        hi = tl.full((), 0xFF800000, tl.uint32)
+        for _ in range(32):
+            mid = lo + ((hi - lo) >> 1) + 1  # hi == lo: mid = hi + 1 fails and keeps lo
+            cnt = tl.sum((ukey >= mid).to(tl.int32), axis=0)
+            ok = cnt >= room
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+        gt = ukey > lo
+        eq = ukey == lo
+        need = room - tl.sum(gt.to(tl.int32), axis=0)
+        tie = tl.where(eq, tl.cumsum(eq.to(tl.int32), axis=0) <= need, False)
+        take = tl.where(inb & (gt | tie), room > 0, False)
+        slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+        tl.store(base + slot, offs.to(tl.int64), mask=take)
     ks = tl.arange(0, KBLOCK)
     tl.store(base + ks, tl.full((KBLOCK,), -1, tl.int64), mask=(ks >= room) & (ks < k_sel))
 

@@ -400,7 +400,12 @@ class HybridSRHSelector(KVSelector):
                 self._keys.update(cache, lengths)
             new = _addable(lengths, shared, cache.capacity, c.sinks, c.recent)
             room = torch.minimum(per, new.sum(1))  # never more picks than addable tokens (the kernel's contract)
-            return KeyRankPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=lengths.clone(),
+            ranked = lengths.clone()
+            live = _finished_skipped(cache, lengths)
+            if live is not None:  # a finished sequence ranks and picks nothing (its rows are dropped anyway)
+                ranked = torch.where(live, ranked, torch.zeros_like(ranked))
+                room = torch.where(live, room, torch.zeros_like(room))
+            return KeyRankPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=ranked,
                                room=room, basis=self._keys.basis, keys=self._keys.keys, new=new, k_sel=k_sel,
                                use_triton=self._layer_quest().use_triton(cache.k.device))
         q = self._layer_quest()
@@ -473,6 +478,17 @@ class HybridSRHSelector(KVSelector):
             both.scatter_add_(1, torch.where(idx < 0, torch.full_like(idx, L), idx), torch.ones_like(idx, dtype=torch.float32))
         overlap = (both[:, :L] >= 2).sum(1) - (budget - room)  # the fixed positions are in both
         return torch.where(room > 0, 1 - overlap.float() / room.clamp(min=1).float(), torch.zeros_like(overlap, dtype=torch.float32))
+
+
+def _finished_skipped(cache: KVCache, lengths: torch.Tensor) -> torch.Tensor | None:
+    """The cache's live flags where a forward skips the finished sequences' reads
+    (:data:`specdec.models.SKIP_FINISHED_READS`, an engine's cache of several sequences), else ``None``."""
+    from specdec import models
+
+    live = getattr(cache, "live", None)
+    if models.SKIP_FINISHED_READS is not True or live is None or live.shape != lengths.shape or live.shape[0] < 2:
+        return None
+    return live
 
 
 def _addable(lengths: torch.Tensor, shared: torch.Tensor, width: int, sinks: int, recent: int) -> torch.Tensor:
