@@ -126,7 +126,9 @@ def test_lowrank_mass_kernel_equals_the_definition(seed, chunk, finished):
     B, H, C, r = plan.keys[0].shape
     D = q.shape[-1]
     qr = torch.einsum("bhgtd,bhdr->bhgtr", q.view(B, H, -1, q.shape[2], D), plan.basis[0]) * D ** -0.5
-    got = lowrank_mass(qr.reshape(B, H, -1, r).contiguous(), plan.keys[0], plan.lengths, plan.new, chunk)
+    dev = torch.device("cuda" if os.environ.get("SPECDEC_TEST_DEVICE", "cpu") == "cuda" else "cpu")
+    got = lowrank_mass(qr.reshape(B, H, -1, r).contiguous().to(dev), plan.keys[0].to(dev), plan.lengths.to(dev),
+                       plan.new.to(dev), chunk).cpu()
     want = torch.full((B, H, C), float("-inf"))
     for b in range(B):
         L = int(plan.lengths[b])
@@ -134,6 +136,8 @@ def test_lowrank_mass_kernel_equals_the_definition(seed, chunk, finished):
         mass = torch.softmax(logits.double(), -1).sum(1).float()
         want[b, :, :L] = torch.where(plan.new[b, :L], mass, torch.full_like(mass, float("-inf")))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    if dev.type != "cpu":  # (the plan's tensors below are on the CPU)
+        return
     ref = plan.indices_for(0, q)
     tri = dataclasses.replace(plan, use_triton=True).indices_for(0, q)
     assert tri.shape == ref.shape
