@@ -367,10 +367,14 @@ def test_key_rank_index_refuses_host_lengths_of_another_batch_in_one_line():
     assert "\n" not in str(e.value)
 
 
-def test_key_rank_sets_stay_in_the_budget_and_a_full_budget_equals_dense(target):
+def test_key_rank_sets_stay_in_the_budget_and_a_full_budget_equals_dense(target, monkeypatch):
+    import specdec.models as models
     from specdec.selectors.key_rank import KeyRankPlan
     from specdec.verifiers import plan_reads
 
+    # every sequence's plan in full, also after a faster sequence has finished (which otherwise ranks and picks
+    # nothing: tests/test_finished_reads.py); the plans share their buffers, so the last one holds the final lengths
+    monkeypatch.setattr(models, "SKIP_FINISHED_READS", False)
     eng = engine(target, budget=16, layer_share=1.0, layer_scores="keys", key_rank=4)
     seen = _plans(eng)
     try:
