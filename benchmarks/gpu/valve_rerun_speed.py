@@ -1,5 +1,6 @@
 """What Dustin's confidence valve costs per pass at B = 64 x 8k (a diagnostic): the dense re-run of the γ + 1 = 5 rows
-with only the fired sequences live (the others read none of their context), against a dense forward with all live and
+with only the fired sequences live (the others read none of their context; with the few-live launch,
+``KVCache.few_live``, and without it, at 1 / ``--live`` / 2x / 4x live), against a dense forward with all live and
 the sparse verify step it follows (low-rank keys, rank 16, 25 %), each with and without the target's SRH score request
 the verifier records in the same pass. Random-weight SmolLM2-135M shape, bf16, Triton backend, CUDA graphs; medians of
 ``--reps`` CUDA-event timings; kernel tables of the re-run (``DIR/valve_rerun_speed.{json,md}``).
