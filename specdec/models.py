@@ -58,14 +58,24 @@ _NO_MASK: dict = {}
 SKIP_FINISHED_READS = True
 
 
-def _read_lengths(ctx) -> torch.Tensor:
-    """The lengths a dense layer call reads: ``ctx.lengths``, with 0 for the finished sequences of an engine's cache
-    (:data:`SKIP_FINISHED_READS`; once per forward). One sequence alone is never finished inside a forward."""
+def skipped_live(cache, lengths: torch.Tensor) -> torch.Tensor | None:
+    """The cache's live flags where the finished sequences' work is skipped (:data:`SKIP_FINISHED_READS` on, an
+    engine's cache of several sequences, flags for ``lengths``' batch), else ``None``. One sequence alone is never
+    finished inside a forward."""
     if SKIP_FINISHED_READS not in (True, False):
         raise SpecdecError(f"specdec.models.SKIP_FINISHED_READS is {SKIP_FINISHED_READS!r}; set True (finished sequences "
                            "read nothing) or False (every sequence reads its whole context).")
-    live = getattr(ctx.cache, "live", None)
-    if not SKIP_FINISHED_READS or live is None or live.shape[0] < 2 or live.shape != ctx.lengths.shape:
+    live = getattr(cache, "live", None)
+    if not SKIP_FINISHED_READS or live is None or live.shape[0] < 2 or live.shape != lengths.shape:
+        return None
+    return live
+
+
+def _read_lengths(ctx) -> torch.Tensor:
+    """The lengths a dense layer call reads: ``ctx.lengths``, with 0 for the finished sequences of an engine's cache
+    (:func:`skipped_live`; once per forward)."""
+    live = skipped_live(ctx.cache, ctx.lengths)
+    if live is None:
         return ctx.lengths
     return per_forward(ctx.lengths, ("live_reads",),
                        lambda: torch.where(live, ctx.lengths, torch.zeros_like(ctx.lengths)))
@@ -75,12 +85,10 @@ def _live_order(ctx) -> tuple[torch.Tensor, torch.Tensor, int] | None:
     """``(order, count, bound)`` for a dense forward over a cache marked :attr:`~specdec.cache.KVCache.few_live` (the
     confidence valve's re-run): the live sequences' ids first (``(B,)`` int32) and how many (``(1,)`` int32), computed
     on the device once per forward, and the cache's bound on that count (:attr:`AttentionMetadata.live_order`);
-    ``None`` where the finished sequences' reads are not skipped (:data:`SKIP_FINISHED_READS`, no live flags, one
-    sequence)."""
-    live = getattr(ctx.cache, "live", None)
+    ``None`` where the finished sequences' reads are not skipped (:func:`skipped_live`)."""
     bound = int(getattr(ctx.cache, "few_live", 0))
-    if (not bound or SKIP_FINISHED_READS is not True or live is None or live.shape[0] < 2
-            or live.shape != ctx.lengths.shape):
+    live = skipped_live(ctx.cache, ctx.lengths) if bound else None
+    if live is None:
         return None
 
     def build():

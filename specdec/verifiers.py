@@ -276,9 +276,8 @@ class SparseVerifier(Verifier):
         kept = _RowsKept(cache, state.lengths, T) if cache is not None else None
         hidden = getattr(model, "last_hidden", None)
         drafter_scores = dict(scores.scores) if scores is not None else None
-        live = getattr(cache, "live", None)
-        live = live if live is not None and live.shape == redo.shape else None
-        masked = live is not None and models.SKIP_FINISHED_READS is True and B > 1
+        live = models.skipped_live(cache, state.lengths)
+        masked = live is not None
         before = live.clone() if masked else None
         if masked:
             live &= redo

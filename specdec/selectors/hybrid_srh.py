@@ -400,10 +400,10 @@ class HybridSRHSelector(KVSelector):
                 self._keys.update(cache, lengths)
             new = _addable(lengths, shared, cache.capacity, c.sinks, c.recent)
             room = torch.minimum(per, new.sum(1))  # never more picks than addable tokens (the kernel's contract)
-            ranked = lengths.clone()
             live = _finished_skipped(cache, lengths)
+            ranked = lengths.clone()
             if live is not None:  # a finished sequence ranks and picks nothing (its rows are dropped anyway)
-                ranked = torch.where(live, ranked, torch.zeros_like(ranked))
+                ranked.masked_fill_(~live, 0)
                 room = torch.where(live, room, torch.zeros_like(room))
             return KeyRankPlan(indices=shared.view(1, B, 1, -1), dense_from=lengths.clone(), lengths=ranked,
                                room=room, basis=self._keys.basis, keys=self._keys.keys, new=new, k_sel=k_sel,
@@ -481,14 +481,10 @@ class HybridSRHSelector(KVSelector):
 
 
 def _finished_skipped(cache: KVCache, lengths: torch.Tensor) -> torch.Tensor | None:
-    """The cache's live flags where a forward skips the finished sequences' reads
-    (:data:`specdec.models.SKIP_FINISHED_READS`, an engine's cache of several sequences), else ``None``."""
+    """:func:`specdec.models.skipped_live` (imported when called: models imports the selectors' registry)."""
     from specdec import models
 
-    live = getattr(cache, "live", None)
-    if models.SKIP_FINISHED_READS is not True or live is None or live.shape != lengths.shape or live.shape[0] < 2:
-        return None
-    return live
+    return models.skipped_live(cache, lengths)
 
 
 def _addable(lengths: torch.Tensor, shared: torch.Tensor, width: int, sinks: int, recent: int) -> torch.Tensor:
